@@ -1,0 +1,45 @@
+# The two commands: `make writeup` (the main job) and `make test`.
+# Both create .venv in the repo root and install the project into it when needed.
+#
+#   make writeup                 execute notebooks/*.ipynb, export writeups/*.html + index.html
+#   make writeup PROFILE=gpu     the same at the reference sizes (needs CUDA)
+#   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs)
+#   make lab                     JupyterLab on the project's .venv
+#   make strip                   clear notebook outputs before committing
+#
+# TORCH is installed first: the default resolves to a local CPU build on the
+# course machines and to a CUDA build from PyPI elsewhere. On a machine whose
+# Python already has a CUDA torch, reuse it:
+#   make setup VENV_ARGS=--system-site-packages TORCH=
+
+PYTHON    ?= python3
+VENV      := .venv
+PY        := $(VENV)/bin/python
+TORCH     ?= torch==2.13.0
+VENV_ARGS ?=
+PROFILE   ?= auto
+
+.PHONY: setup test writeup lab strip clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
+	$(if $(strip $(TORCH)),$(PY) -m pip install --quiet "$(TORCH)")
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: setup
+	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=900 tests notebooks
+
+writeup: setup
+	$(PY) -m helpers writeup --profile $(PROFILE)
+
+lab: setup
+	$(PY) -m jupyter lab notebooks
+
+strip: setup
+	$(PY) -m jupyter nbconvert --clear-output --inplace notebooks/*.ipynb
+
+clean:
+	rm -rf writeups data/local

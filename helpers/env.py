@@ -1,0 +1,113 @@
+"""What machine this is, which run profile to use, and seeding.
+
+Every notebook starts with ``profile = resolve_profile(PROFILE)`` and shows
+``environment_table()`` so its numbers say which machine made them.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import random
+
+import torch
+import torch.distributed as dist
+
+PROFILES = {
+    "cpu": "quick: gloo, Triton interpreter, CPU-scale model presets (the '/8' sizes), small messages; minutes on a 2-core laptop",
+    "gpu": "full: CUDA, compiled Triton, the reference model sizes (small..2.7B), NCCL when there is one GPU per rank",
+}
+
+
+def resolve_profile(profile: str = "auto") -> str:
+    """Turn a notebook's PROFILE parameter into "cpu" or "gpu" ("auto": gpu when CUDA is present)."""
+    profile = (profile or "auto").lower()
+    if profile == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if profile not in PROFILES:
+        raise ValueError(f"unknown PROFILE={profile!r}; use 'auto', 'cpu' or 'gpu'")
+    if profile == "gpu" and not torch.cuda.is_available():
+        raise ValueError("PROFILE='gpu' needs CUDA, and torch sees no GPU here; use 'auto' or 'cpu'")
+    return profile
+
+
+def _cpu_name() -> str:
+    """The CPU model name from /proc/cpuinfo, else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def package_version(name: str) -> str | None:
+    """Installed version of a distribution without importing it (importing triton would fix its mode)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (respects taskset/cgroup affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def machine_facts() -> dict:
+    """Device, core and GPU counts and library versions: the provenance of every measurement."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {
+        "device": torch.cuda.get_device_name(0) if gpus else _cpu_name(),
+        "device_type": "cuda" if gpus else "cpu",
+        "gpu_count": gpus,
+        "cpu_count": usable_cores(),
+        "torch": torch.__version__,
+        "triton": package_version("triton"),
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+    }
+
+
+def backends() -> dict:
+    """Which torch.distributed backends this build offers and which devices each can use here."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available() and gpus > 0,
+        "mpi": dist.is_mpi_available(),
+    }
+
+
+def triton_mode() -> str:
+    """'interpreter' when TRITON_INTERPRET=1 (set by `import helpers` on machines without CUDA), else 'compiled'."""
+    return "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled"
+
+
+def environment_table(profile: str | None = None) -> list[tuple[str, str]]:
+    """(key, value) rows for the environment report notebook 00 shows."""
+    facts = machine_facts()
+    rows = [(k, str(v)) for k, v in facts.items()]
+    rows.append(("distributed backends", ", ".join(k for k, ok in backends().items() if ok) or "none"))
+    rows.append(("triton mode", triton_mode() if facts["triton"] else "not installed"))
+    if profile is not None:
+        rows.append(("profile", f"{profile}: {PROFILES[profile]}"))
+    return rows
+
+
+def seed_everything(seed: int = 0) -> None:
+    """Seed Python, torch (CPU and CUDA) so runs repeat."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
