@@ -1,0 +1,69 @@
+"""Command line: `python -m helpers COMMAND ...` (also under torchrun).
+
+    python -m helpers env                          # what machine this is, which backends
+    python -m helpers demo --world-size 2          # spawn 2 ranks, all-reduce their ids
+    torchrun --nproc-per-node 2 -m helpers demo    # the same worker, ranks from torchrun
+    python -m helpers writeup [--profile gpu]      # execute notebooks, export HTML (make writeup)
+
+Later topics add their experiments here (e.g. `bench collectives`) as further
+entries of COMMANDS: a function taking the remaining argv and returning an exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def cmd_env(argv: list[str]) -> int:
+    """Print the environment report."""
+    from helpers.env import environment_table, resolve_profile
+
+    parser = argparse.ArgumentParser(prog="python -m helpers env")
+    parser.add_argument("--profile", default="auto", help="auto | cpu | gpu")
+    profile = resolve_profile(parser.parse_args(argv).profile)
+    for key, value in environment_table(profile):
+        print(f"{key:>22}: {value}")
+    return 0
+
+
+def cmd_demo(argv: list[str]) -> int:
+    """All-reduce the rank ids on N ranks (spawned here, or the torchrun world) and check the sum."""
+    from helpers.launch import all_reduce_rank_ids, launch
+
+    parser = argparse.ArgumentParser(prog="python -m helpers demo")
+    parser.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 2)))
+    parser.add_argument("--backend", default="auto")
+    args = parser.parse_args(argv)
+    results = launch(all_reduce_rank_ids, args.world_size, backend=args.backend)
+    if int(os.environ.get("RANK", 0)) != 0:
+        return 0  # under torchrun only rank 0 reports
+    expected = sum(range(args.world_size))
+    for r in results:
+        print(f"rank {r['rank']}/{r['world_size']} {r['backend']} on {r['device']}: sum = {r['sum']:g}")
+    ok = all(r["sum"] == expected for r in results)
+    print(f"{'OK' if ok else 'WRONG'}: expected {expected}")
+    return 0 if ok else 1
+
+
+def cmd_writeup(argv: list[str]) -> int:
+    """Execute the notebooks and export HTML writeups."""
+    from helpers.writeup import main
+
+    return main(argv)
+
+
+COMMANDS = {"env": cmd_env, "demo": cmd_demo, "writeup": cmd_writeup}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__)
+        print("commands:", ", ".join(COMMANDS))
+        return 2 if argv else 0
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
