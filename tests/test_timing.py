@@ -1,0 +1,186 @@
+"""benchmark/time_call: warm-up, sample counts, statistics, units, progress bar, device choice."""
+import statistics
+import time
+
+import pytest
+import torch
+
+from helpers import timing
+from helpers.timing import Timing, benchmark, time_call
+
+
+def _counter():
+    calls = []
+    return calls, lambda: calls.append(1)
+
+
+def _sleeper(seconds):
+    return lambda: time.sleep(seconds)
+
+
+@pytest.mark.parametrize("warmup, steps", [(0, 1), (3, 10), (2, 5)])
+def test_warmup_calls_happen_and_every_step_is_sampled(warmup, steps):
+    calls, fn = _counter()
+    t = benchmark(fn, warmup=warmup, steps=steps, progress=False)
+    assert len(calls) == warmup + steps
+    assert len(t.samples) == t.steps == steps
+    assert t.warmup == warmup and t.device == "cpu"
+    assert all(s >= 0 for s in t.samples)
+
+
+def test_warmup_is_not_timed():
+    slow_first = iter([0.2])  # only the first call is slow: it must land in warm-up
+    t = benchmark(lambda: time.sleep(next(slow_first, 0.0)), warmup=1, steps=3, progress=False)
+    assert t.max < 0.1
+
+
+def test_statistics_match_the_statistics_module_on_known_sleeps():
+    t = benchmark(_sleeper(0.010), warmup=1, steps=5, progress=False, label="sleep")
+    s = t.samples
+    assert 0.009 <= t.median <= 0.030
+    assert t.mean == pytest.approx(statistics.mean(s))
+    assert t.std == pytest.approx(statistics.stdev(s))
+    assert t.median == statistics.median(s)
+    assert (t.min, t.max) == (min(s), max(s))
+    q = statistics.quantiles(s, n=4, method="inclusive")
+    assert t.iqr == pytest.approx(q[2] - q[0])
+
+
+def test_statistics_on_fixed_samples():
+    t = Timing(samples=[1.0, 2.0, 3.0, 4.0, 10.0], warmup=0, device="cpu")
+    assert (t.mean, t.median, t.min, t.max) == (4.0, 3.0, 1.0, 10.0)
+    assert t.std == pytest.approx(statistics.stdev(t.samples))
+    assert t.iqr == pytest.approx(2.0)  # numpy.percentile([1,2,3,4,10], [25, 75]) -> 2, 4
+    one = Timing(samples=[0.5], warmup=0, device="cpu")
+    assert (one.std, one.iqr, one.median) == (0.0, 0.0, 0.5)
+
+
+@pytest.mark.parametrize("warmup, steps", [(-1, 10), (3, 0), (0, -2)])
+def test_bad_arguments_raise(warmup, steps):
+    calls, fn = _counter()
+    with pytest.raises(ValueError, match="warmup"):
+        benchmark(fn, warmup=warmup, steps=steps)
+    assert calls == []
+
+
+def test_as_row_is_a_tidy_row():
+    t = Timing(samples=[0.001, 0.003], warmup=2, device="cpu", label="fwd")
+    row = t.as_row(batch=8)
+    assert list(row) == ["label", "device", "warmup", "steps", "mean_s", "std_s", "median_s",
+                         "min_s", "max_s", "batch"]
+    assert row["steps"] == 2 and row["mean_s"] == pytest.approx(0.002) and row["batch"] == 8
+
+
+@pytest.mark.parametrize("seconds, unit", [(2.5, " s "), (0.0123, " ms "), (4.2e-5, " µs ")])
+def test_str_picks_units(seconds, unit):
+    text = str(Timing(samples=[seconds] * 3, warmup=3, device="cpu", label="fwd"))
+    assert text.startswith("fwd: median ") and unit in text
+    assert "n=3" in text and "warm-up 3" in text and text.endswith("cpu)")
+
+
+def test_str_reads_like_the_example():
+    t = Timing(samples=[0.0123, 0.0123, 0.0129, 0.0121], warmup=3, device="cpu", label="fwd")
+    assert str(t) == "fwd: median 12.3 ms (mean 12.4 ± 0.35 ms, n=4, warm-up 3, cpu)"
+    assert not str(Timing([0.01], 0, "cpu")).startswith(":")
+
+
+class _SpyBar:
+    """Stands in for tqdm: records how it was built and how far it got."""
+
+    made = []
+
+    def __init__(self, total=None, initial=0, desc=None, disable=False, **kw):
+        self.total, self.n, self.desc, self.disable = total, initial, desc, disable
+        _SpyBar.made.append(self)
+
+    def update(self, n=1):
+        self.n += n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.fixture
+def spy_bar(monkeypatch):
+    _SpyBar.made = []
+    monkeypatch.setattr(timing, "tqdm", _SpyBar)
+    return _SpyBar.made
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_forced_progress(spy_bar, progress):
+    t = benchmark(_counter()[1], warmup=1, steps=4, progress=progress, label="fwd")
+    assert len(t.samples) == 4
+    (bar,) = spy_bar
+    assert bar.disable is (not progress) and bar.desc == "fwd" and bar.n == bar.total == 4
+
+
+def test_forced_progress_draws_a_real_bar(capsys):
+    benchmark(_counter()[1], warmup=0, steps=3, progress=True, label="real")
+    assert "real" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_auto_progress_hides_the_bar_for_a_fast_fn(spy_bar, warmup):
+    benchmark(_counter()[1], warmup=warmup, steps=5)
+    (bar,) = spy_bar
+    assert bar.disable is True and bar.n == 5
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_auto_progress_shows_the_bar_for_a_long_run(spy_bar, monkeypatch, warmup):
+    monkeypatch.setattr(timing, "PROGRESS_AFTER_S", 0.01)  # 4 steps x 5 ms is "long"
+    calls, count = _counter()
+    t = benchmark(lambda: (count(), time.sleep(0.005)), warmup=warmup, steps=4)
+    (bar,) = spy_bar
+    assert bar.disable is False and bar.n == bar.total == 4
+    assert len(t.samples) == 4 and len(calls) == warmup + 4
+
+
+def test_device_inference(monkeypatch):
+    assert timing._resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert timing._resolve_device(torch.device("cpu")) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert timing._resolve_device(None) == torch.device("cpu")  # CUDA present but unused
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert timing._resolve_device(None) == torch.device("cuda")
+
+
+class _FakeEvent:
+    """A CUDA event that reads the host clock, to run the CUDA code path without a GPU."""
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        assert _FakeEvent.synced, "elapsed_time read before synchronize"
+        return (end.t - self.t) * 1e3  # ms, like CUDA
+
+
+def test_cuda_path_uses_event_pairs_and_converts_ms(monkeypatch):
+    syncs = []
+    _FakeEvent.synced = False
+
+    def synchronize(device=None):
+        syncs.append(device)
+        _FakeEvent.synced = True
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    t = benchmark(_sleeper(0.010), warmup=1, steps=3, device="cuda", progress=False)
+    assert t.device == "cuda" and len(t.samples) == 3
+    assert all(0.009 <= s <= 0.05 for s in t.samples)  # seconds, not ms
+    assert len(syncs) == 3  # before and after warm-up, once at the end
+
+
+def test_time_call_returns_result_and_seconds():
+    result, seconds = time_call(lambda: (time.sleep(0.01), 42)[1])
+    assert result == 42 and 0.009 <= seconds <= 0.1
