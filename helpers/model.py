@@ -1,0 +1,242 @@
+"""The Transformer LM every notebook measures, its sizes, and its analytic parameter count.
+
+    model = build_model("small/8")                       # or a ModelConfig; device=, dtype=, **overrides
+    x, y = random_batch(model.cfg, batch_size=4)         # (B, T) int64 each, y is x shifted by one
+    loss = lm_loss(model(x), y)
+
+A pre-norm decoder: token + learned position embeddings, `n_layers` blocks of
+`x + attn(norm1(x))` and `x + ffn(norm2(x))`, a final norm and an untied LM head.
+Every Linear is bias-free. Attention is written out (no fused SDPA kernel) so a
+profiler shows the softmax as its own op.
+
+Sizes: the five reference sizes (small ... 2.7B) are for GPUs. Each has a CPU-scale
+preset "<name>/8": d_model, d_ff, n_layers and vocab_size divided by 8 (layers rounded
+up), heads and context kept, so each head is 8x narrower. Scaling the vocabulary too
+keeps the LM head a minor share of the work, as it is at the reference sizes (with
+10,000 tokens it would be ~80% of small/8's FLOPs). Same shape of model, a few MB.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of one TransformerLM, as plain data."""
+    name: str
+    d_model: int
+    d_ff: int
+    n_layers: int
+    n_heads: int
+    vocab_size: int = 10_000
+    context_length: int = 128
+    norm: str = "rmsnorm"
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def scaled(cfg: ModelConfig, factor: int = 8) -> ModelConfig:
+    """The CPU-scale preset of `cfg`: d_model, d_ff, n_layers, vocab_size / factor (layers rounded up); heads kept."""
+    return dataclasses.replace(cfg, name=f"{cfg.name}/{factor}", d_model=cfg.d_model // factor,
+                               d_ff=cfg.d_ff // factor, n_layers=math.ceil(cfg.n_layers / factor),
+                               vocab_size=cfg.vocab_size // factor)
+
+
+REFERENCE_SIZES = ["small", "medium", "large", "xl", "2.7B"]
+CPU_SIZES = [s + "/8" for s in REFERENCE_SIZES]
+_REFERENCE = [  # name, d_model, d_ff, n_layers, n_heads
+    ModelConfig("small", 768, 3072, 12, 12),
+    ModelConfig("medium", 1024, 4096, 24, 16),
+    ModelConfig("large", 1280, 5120, 36, 20),
+    ModelConfig("xl", 1600, 6400, 48, 25),
+    ModelConfig("2.7B", 2560, 10240, 32, 32),
+]
+MODEL_SIZES: dict[str, ModelConfig] = {c.name: c for c in _REFERENCE + [scaled(c) for c in _REFERENCE]}
+
+
+def sizes_for(profile: str) -> list[str]:
+    """The model sizes a profile runs: the "/8" presets on "cpu", the reference sizes on "gpu"."""
+    if profile == "cpu":
+        return list(CPU_SIZES)
+    if profile == "gpu":
+        return list(REFERENCE_SIZES)
+    raise ValueError(f"unknown profile {profile!r}; expected 'cpu' or 'gpu'")
+
+
+def get_config(name_or_cfg: str | ModelConfig, **overrides) -> ModelConfig:
+    """A ModelConfig from a MODEL_SIZES name or a config, with fields replaced by `overrides`."""
+    if isinstance(name_or_cfg, ModelConfig):
+        cfg = name_or_cfg
+    elif name_or_cfg in MODEL_SIZES:
+        cfg = MODEL_SIZES[name_or_cfg]
+    else:
+        raise ValueError(f"unknown model size {name_or_cfg!r}; known: {', '.join(MODEL_SIZES)}")
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learnable gain, computed in float32 whatever the input dtype."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()  # (..., C) in fp32, also under autocast
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., C)
+        return (y * self.weight).to(x.dtype)
+
+
+NORM_LAYERS: dict[str, Callable[[int], nn.Module]] = {
+    "rmsnorm": RMSNorm,
+    "layernorm": lambda d: nn.LayerNorm(d, eps=1e-5, bias=False),  # no bias: same count as RMSNorm
+}
+
+
+def register_norm(name: str, factory: Callable[[int], nn.Module]) -> Callable[[int], nn.Module]:
+    """Make `factory(d_model)` available as ModelConfig(norm=name); returns the factory."""
+    NORM_LAYERS[name] = factory
+    return factory
+
+
+def make_norm(name: str, d_model: int) -> nn.Module:
+    """A norm layer of width d_model from NORM_LAYERS."""
+    if name not in NORM_LAYERS:
+        raise ValueError(f"unknown norm {name!r}; known: {', '.join(NORM_LAYERS)}")
+    return NORM_LAYERS[name](d_model)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention, written out op by op."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        T = cfg.context_length
+        self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=-1)  # 3 x (B, T, C)
+        q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, T)
+        scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))
+        att = torch.softmax(scores, dim=-1)  # (B, H, T, T)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.proj(y)
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: w2(gelu(w1(x)))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.gelu(self.w1(x)))  # (B, T, d_ff) -> (B, T, C)
+
+
+class Block(nn.Module):
+    """One pre-norm Transformer block."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm1 = make_norm(cfg.norm, cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.norm2 = make_norm(cfg.norm, cfg.d_model)
+        self.ffn = FeedForward(cfg)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.norm1(x))  # (B, T, C)
+        return x + self.ffn(self.norm2(x))  # (B, T, C)
+
+
+class TransformerLM(nn.Module):
+    """Decoder-only language model: token ids (B, T) -> next-token logits (B, T, vocab_size)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.context_length, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm_f = make_norm(cfg.norm, cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        B, T = idx.shape
+        if T > self.cfg.context_length:
+            raise ValueError(f"sequence length {T} exceeds context_length {self.cfg.context_length}")
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)  # (B, T, C)
+        return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+
+def build_model(name_or_cfg: str | ModelConfig, device=None, dtype=None, **overrides) -> TransformerLM:
+    """A TransformerLM allocated directly on `device` ("meta" allocates nothing), optionally cast to `dtype`."""
+    cfg = get_config(name_or_cfg, **overrides)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = TransformerLM(cfg)
+    return model.to(dtype) if dtype is not None else model
+
+
+def parameter_breakdown(name_or_cfg: str | ModelConfig) -> dict[str, int]:
+    """Analytic parameter count per part of the model, from the config alone."""
+    c = get_config(name_or_cfg)
+    d, L = c.d_model, c.n_layers
+    return {
+        "embeddings": c.vocab_size * d + c.context_length * d,  # token + position
+        "attention": L * 4 * d * d,  # qkv (3 d^2) + proj (d^2)
+        "feed_forward": L * 2 * d * c.d_ff,  # w1 + w2
+        "norms": L * 2 * d + d,  # two per block + final
+        "lm_head": d * c.vocab_size,  # untied
+    }
+
+
+def count_parameters(name_or_cfg: str | ModelConfig) -> int:
+    """Analytic total parameter count of the model a config describes (no model is built)."""
+    return sum(parameter_breakdown(name_or_cfg).values())
+
+
+def random_batch(cfg: str | ModelConfig, batch_size: int, context_length: int | None = None,
+                 device="cpu", generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Random (inputs, targets) token ids, each (B, T) int64; targets are inputs shifted by one."""
+    cfg = get_config(cfg)
+    T = cfg.context_length if context_length is None else context_length
+    draw_on = generator.device if generator is not None else device  # a seeded CPU generator works for any device
+    tokens = torch.randint(cfg.vocab_size, (batch_size, T + 1), generator=generator, device=draw_on)  # (B, T+1)
+    tokens = tokens.to(device)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()  # (B, T), (B, T)
+
+
+def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean next-token cross entropy over every position."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (B*T, V) vs (B*T,)
