@@ -33,17 +33,18 @@ def inject_parameters(nb, **params) -> None:
     nb.cells.insert(tagged[0] + 1 if tagged else 0, cell)
 
 
-def _kernel_manager():
-    """A kernel manager that runs this very Python (the project's .venv), whatever kernels the user has installed."""
+def _this_python_kernel_manager():
+    """A KernelManager class that runs this very Python (the project's .venv), whatever kernels are installed."""
     from ipykernel.kernelspec import get_kernel_dict
-    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+    from jupyter_client.kernelspec import KernelSpec
     from jupyter_client.manager import KernelManager
 
-    class ThisPython(KernelSpecManager):
-        def get_kernel_spec(self, kernel_name):
+    class ThisPython(KernelManager):
+        @property
+        def kernel_spec(self):
             return KernelSpec(resource_dir=str(ROOT), **get_kernel_dict())
 
-    return KernelManager(kernel_spec_manager=ThisPython(), kernel_name="python3")
+    return ThisPython
 
 
 def execute(path: Path, params: dict, timeout_s: int = 3600):
@@ -53,8 +54,8 @@ def execute(path: Path, params: dict, timeout_s: int = 3600):
 
     nb = nbformat.read(path, as_version=4)
     inject_parameters(nb, **params)
-    client = NotebookClient(nb, km=_kernel_manager(), timeout=timeout_s,
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(nb, kernel_manager_class=_this_python_kernel_manager(), kernel_name="python3",
+                            timeout=timeout_s, resources={"metadata": {"path": str(path.parent)}})
     try:
         client.execute()
         return nb, None
