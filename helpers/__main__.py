@@ -4,9 +4,10 @@
     python -m helpers demo --world-size 2          # spawn 2 ranks, all-reduce their ids
     torchrun --nproc-per-node 2 -m helpers demo    # the same worker, ranks from torchrun
     python -m helpers writeup [--profile gpu]      # execute notebooks, export HTML (make writeup)
+    python -m helpers bench TOPIC [...]            # helpers.TOPIC.bench_main(argv), e.g. `bench collectives`
 
-Later topics add their experiments here (e.g. `bench collectives`) as further
-entries of COMMANDS: a function taking the remaining argv and returning an exit code.
+A topic module joins `bench` by defining `bench_main(argv) -> int`; other
+commands are entries of COMMANDS: a function taking the remaining argv and returning an exit code.
 """
 from __future__ import annotations
 
@@ -53,7 +54,22 @@ def cmd_writeup(argv: list[str]) -> int:
     return main(argv)
 
 
-COMMANDS = {"env": cmd_env, "demo": cmd_demo, "writeup": cmd_writeup}
+def cmd_bench(argv: list[str]) -> int:
+    """Run a topic's benchmark script: `bench TOPIC ...` calls helpers.TOPIC.bench_main(...)."""
+    import importlib
+    import pkgutil
+
+    import helpers
+
+    topics = sorted(m.name for m in pkgutil.iter_modules(helpers.__path__) if not m.name.startswith("_")
+                    if hasattr(importlib.import_module(f"helpers.{m.name}"), "bench_main"))
+    if not argv or argv[0] not in topics:
+        print(f"usage: python -m helpers bench TOPIC [args]; topics: {', '.join(topics) or 'none yet'}")
+        return 0 if not argv else 2
+    return importlib.import_module(f"helpers.{argv[0]}").bench_main(argv[1:])
+
+
+COMMANDS = {"env": cmd_env, "demo": cmd_demo, "writeup": cmd_writeup, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
