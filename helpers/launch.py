@@ -105,6 +105,7 @@ def _worker(rank, world_size, backend, device_type, port, payload, workdir, thre
     threading.Thread(target=_exit_if_orphaned, args=(parent_pid,), daemon=True).start()
     workdir = Path(workdir)
     try:
+        fn, args = cloudpickle.loads(payload)  # before the rendezvous: an import error here fails fast
         torch.set_num_threads(threads)
         _DEVICE = _rank_device(rank, device_type)
         if _DEVICE.type == "cuda":
@@ -113,7 +114,6 @@ def _worker(rank, world_size, backend, device_type, port, payload, workdir, thre
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # all ranks are on this machine: stay on loopback
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=60))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
-        fn, args = cloudpickle.loads(payload)
         result = fn(*args)
         torch.save(result, workdir / f"rank{rank}.pt")
         dist.destroy_process_group()
