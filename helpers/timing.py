@@ -30,7 +30,7 @@ def _resolve_device(device=None) -> torch.device:
     return torch.device("cpu")
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     """Wait for queued work on `device` (a no-op on CPU, whose ops are synchronous)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -104,10 +104,10 @@ class Timing:
 def time_call(fn, device=None) -> tuple[object, float]:
     """Run `fn()` once between device syncs: (its result, seconds). For first-step costs (compile, autotune, caches)."""
     dev = _resolve_device(device)
-    _sync(dev)
+    sync(dev)
     start = time.perf_counter()
     result = fn()
-    _sync(dev)
+    sync(dev)
     return result, time.perf_counter() - start
 
 
@@ -128,7 +128,7 @@ def _time_steps_cuda(fn, steps: int, dev: torch.device, on_step) -> list[float]:
 
 
 def _time_steps_host(fn, steps: int, dev: torch.device, on_step) -> list[float]:
-    """Time each step with perf_counter between syncs (CPU is synchronous; MPS is synced by _sync)."""
+    """Time each step with perf_counter between syncs (CPU is synchronous; MPS is synced by sync)."""
     samples = []
     for _ in range(steps):
         samples.append(time_call(fn, dev)[1])
@@ -143,11 +143,11 @@ def benchmark(fn, warmup: int = 3, steps: int = 10, device=None, progress: bool 
         raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={warmup}, steps={steps}")
     dev = _resolve_device(device)
     timer = _time_steps_cuda if dev.type == "cuda" else _time_steps_host
-    _sync(dev)
+    sync(dev)
     start = time.perf_counter()
     for _ in range(warmup):
         fn()
-    _sync(dev)
+    sync(dev)
     first, estimate = [], None
     if warmup:
         estimate = (time.perf_counter() - start) / warmup * steps

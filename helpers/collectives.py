@@ -1,0 +1,353 @@
+"""Collective benchmarks (all_reduce, all_gather, reduce_scatter, broadcast): time, algbw, busbw, alpha-beta fit.
+
+Runbook (notebook 03 calls the same functions):
+
+    python -m helpers bench collectives                                   # this machine's profile grid, spawned ranks
+    python -m helpers bench collectives --sizes 1MB 64MB --ops all_reduce --world-sizes 2 4 --backends gloo:cpu
+    python -m helpers bench collectives --reference                       # save under data/reference/<device>/
+    torchrun --standalone --nproc-per-node 8 -m helpers bench collectives --backend nccl --device cuda
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+             -m helpers bench collectives --backend nccl --device cuda --reference     # then --node-rank 1 on the other
+
+Under torchrun the world is torchrun's (one configuration) and only rank 0 prints and saves.
+Results go to data/local/<device>/collectives.jsonl (or --out DIR) with provenance; notebook 03 plots them.
+
+Method (per op and size, on every rank): 5 warm-up calls, then `iters` timed calls (fewer, never under 3, where
+--budget-s would be exceeded: the gpu profile's 1 GB gloo runs), each between a barrier and a device sync, each
+result compared with the exact expected values (small integers, exact in float32); wrong ones are counted.
+Reported time = max over ranks of each rank's median; algbw = bytes / time; busbw = algbw x the nccl-tests factor.
+`bytes` is nccl-tests' size: the all_reduce/broadcast buffer, the all_gather output, the reduce_scatter input.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from helpers import launch as L
+from helpers.timing import sync as _sync
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+KB, MB, GB = 2**10, 2**20, 2**30
+SEED_SIZES = (512 * KB, 1 * MB, 10 * MB, 50 * MB, 100 * MB, 500 * MB, 1 * GB)  # seed 004, section 3.1
+SMALL_SIZES = (8 * KB, 64 * KB)  # below the seed's grid, so the latency term shows
+PROFILE_GRID = {
+    "cpu": dict(sizes=SMALL_SIZES + (512 * KB, 1 * MB, 4 * MB, 10 * MB, 16 * MB), world_sizes=(2, 4),
+                combos=(("gloo", "cpu"),), warmup=5, iters=10, budget_s=None),
+    "gpu": dict(sizes=SMALL_SIZES + SEED_SIZES, world_sizes=(2, 4, 6),
+                combos=(("gloo", "cpu"), ("gloo", "cuda"), ("nccl", "cuda")), warmup=5, iters=10, budget_s=5.0),
+}
+MIN_WARMUP = 5  # untimed calls before timing each (op, size)
+RESULTS_NAME = "collectives"  # what `python -m helpers bench collectives` saves
+
+
+# ---- bandwidth formulas (nccl-tests, doc/PERFORMANCE.md) ----
+
+def busbw_factor(op: str, world_size: int) -> float:
+    """nccl-tests factor from algbw to busbw: all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n, broadcast 1."""
+    n = world_size
+    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n, "broadcast": 1.0}
+    if op not in factors:
+        raise ValueError(f"unknown op {op!r}; use one of {OPS}")
+    return factors[op]
+
+
+def algbw(size_bytes: float, seconds: float) -> float:
+    """Algorithm bandwidth in bytes/s: the op's size over its time."""
+    return size_bytes / seconds
+
+
+def busbw(op: str, size_bytes: float, seconds: float, world_size: int) -> float:
+    """Bus bandwidth in bytes/s: algbw scaled so it is comparable with the link's peak, whatever n."""
+    return algbw(size_bytes, seconds) * busbw_factor(op, world_size)
+
+
+def parse_size(text: str) -> int:
+    """'512KB' / '16MB' / '1GB' / '4096' -> bytes (binary units, as the seed's table)."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    units = {"K": KB, "M": MB, "G": GB}
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
+
+
+def format_size(size_bytes: int) -> str:
+    """Bytes -> '512 KB', '16 MB', '1 GB'."""
+    for unit, scale in (("GB", GB), ("MB", MB), ("KB", KB)):
+        if size_bytes >= scale:
+            return f"{size_bytes / scale:.3g} {unit}"
+    return f"{size_bytes} B"
+
+
+# ---- the worker: runs on every rank through helpers.launch.launch ----
+
+def _buffers(op: str, numel: int, rank: int, n: int, dev: torch.device):
+    """(input source, output buffer or None, expected output) for known integer inputs: rank + (i mod 251)."""
+    base = (torch.arange(numel, dtype=torch.int32, device=dev) % 251).float()  # (numel,) exact small integers
+    chunk = numel // n
+    if op == "all_reduce":
+        return base + rank, None, n * base + n * (n - 1) / 2
+    if op == "all_gather":  # each rank sends its chunk; output = every rank's chunk, in rank order
+        mine = base[rank * chunk:(rank + 1) * chunk] + rank  # (numel/n,)
+        return mine, torch.empty(numel, device=dev), base + torch.arange(n, device=dev).repeat_interleave(chunk)
+    if op == "reduce_scatter":  # input (numel,), output this rank's reduced chunk (numel/n,)
+        return base + rank, torch.empty(chunk, device=dev), n * base[rank * chunk:(rank + 1) * chunk] + n * (n - 1) / 2
+    if op == "broadcast":  # from rank 0; other ranks start with different values, so a no-op is caught
+        return base + rank, None, base.clone()
+    raise ValueError(f"unknown op {op!r}; use one of {OPS}")
+
+
+def _call(op: str, work: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """Run one collective; return the tensor that holds its result."""
+    if op == "all_reduce":
+        dist.all_reduce(work)
+        return work
+    if op == "all_gather":
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, work)
+        return out
+    if op == "reduce_scatter":
+        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, work)
+        return out
+    dist.broadcast(work, src=0)
+    return work
+
+
+def _timed_call(op, source, work, out, corrupt: bool, dev) -> tuple[float, torch.Tensor]:
+    """Reset the input, barrier, run the op between device syncs: (seconds, result tensor)."""
+    work.copy_(source)
+    if corrupt:
+        work[0] += 1  # the planted wrong result
+    dist.barrier()
+    _sync(dev)
+    start = time.perf_counter()
+    result = _call(op, work, out)
+    _sync(dev)
+    return time.perf_counter() - start, result
+
+
+def _agreed_iters(warm_s: float, iters: int, budget_s: float | None, dev) -> int:
+    """Timed calls that fit `budget_s` (3 <= k <= iters), the same on every rank (slowest rank's warm-up)."""
+    if budget_s is None:
+        return iters
+    per_call = torch.tensor([warm_s], dtype=torch.float64, device=dev)
+    dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
+    return int(min(iters, max(3, budget_s // per_call.item())))
+
+
+def bench_worker(ops, sizes, warmup: int = 5, iters: int = 10, corrupt_rank: int | None = None,
+                 budget_s: float | None = None) -> list[dict]:
+    """Time and check every (op, size) on this rank; `corrupt_rank` plants a wrong input there (for tests).
+
+    budget_s: cap the timed calls per (op, size) at about budget_s seconds (never fewer than 3); None: always `iters`.
+    """
+    if warmup < MIN_WARMUP:
+        raise ValueError(f"warmup={warmup}: use at least {MIN_WARMUP} warm-up calls")
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), L.device()
+    for op in ops:  # a fresh process group's first calls are slow (connections, allocations): pay that here
+        source, out, _ = _buffers(op, n * 256, rank, n, dev)
+        for _ in range(20):
+            _call(op, source.clone(), out)
+    _sync(dev)
+    out_rows = []
+    for size in sizes:
+        numel = max(n, size // 4 // n * n)  # float32, divisible into n equal chunks
+        for op in ops:
+            source, out, expected = _buffers(op, numel, rank, n, dev)
+            work, corrupt = source.clone(), rank == corrupt_rank
+            warm = [_timed_call(op, source, work, out, corrupt, dev)[0] for _ in range(warmup)]
+            samples, wrong = [], []
+            for _ in range(_agreed_iters(statistics.median(warm), iters, budget_s, dev)):
+                seconds, result = _timed_call(op, source, work, out, corrupt, dev)
+                samples.append(seconds)
+                wrong.append(not torch.equal(result, expected))
+            out_rows.append({"op": op, "size_bytes": numel * 4, "samples": samples, "wrong": wrong})
+            del source, out, expected, work
+    return out_rows
+
+
+def summarize(per_rank: list[list[dict]], backend: str, device: str, nodes: int = 1) -> list[dict]:
+    """Combine every rank's samples into tidy rows: time = max over ranks of the per-rank median."""
+    n, rows = len(per_rank), []
+    for i, first in enumerate(per_rank[0]):
+        medians = [statistics.median(r[i]["samples"]) for r in per_rank]
+        wrong = [any(r[i]["wrong"][k] for r in per_rank) for k in range(len(first["wrong"]))]  # per timed call
+        t, size, op = max(medians), first["size_bytes"], first["op"]
+        rows.append({"backend": backend, "device": device, "world_size": n, "nodes": nodes, "op": op,
+                     "size_bytes": size, "size": format_size(size), "time_s": t, "min_rank_time_s": min(medians),
+                     "iters": len(wrong), "algbw_GBps": algbw(size, t) / 1e9, "busbw_GBps": busbw(op, size, t, n) / 1e9,
+                     "wrong": sum(wrong)})
+    return rows
+
+
+# ---- the grid: which configurations can run here, then one launch per configuration ----
+
+def skip_reason(backend: str, device: str, world_size: int, gpus: int) -> str | None:
+    """Why (backend, device, world_size) cannot run on a machine with `gpus` GPUs; None when it can."""
+    if device == "cuda" and gpus == 0:
+        return "no CUDA GPU here"
+    if backend == "nccl" and device != "cuda":
+        return "NCCL only moves CUDA tensors"
+    if backend == "nccl" and gpus < world_size:
+        return f"NCCL needs one GPU per rank: {world_size} ranks, {gpus} GPU(s)"
+    if backend == "nccl" and not dist.is_nccl_available():
+        return "this torch build has no NCCL"
+    return None
+
+
+def plan(world_sizes, combos, gpus: int | None = None) -> pd.DataFrame:
+    """One row per (backend, device, world_size): run or skip, with the reason or a note."""
+    gpus = torch.cuda.device_count() if gpus is None else gpus
+    rows = []
+    for backend, device in combos:
+        for ws in world_sizes:
+            reason = skip_reason(backend, device, ws, gpus)
+            note = f"{ws} ranks share {gpus} GPU(s)" if reason is None and device == "cuda" and gpus < ws else ""
+            rows.append({"backend": backend, "device": device, "world_size": ws, "run": reason is None,
+                         "reason": reason or note})
+    return pd.DataFrame(rows)
+
+
+def run_grid(sizes, ops=OPS, world_sizes=(2,), combos=(("gloo", "cpu"),), warmup: int = MIN_WARMUP, iters: int = 10,
+             corrupt_rank: int | None = None, budget_s: float | None = None,
+             timeout_s: float = 1800) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run every runnable configuration of plan() (one launch each, progress bar); return (rows, plan).
+
+    A configuration whose launch fails is marked run=False in the plan with the error, and the grid goes on.
+    """
+    todo, rows = plan(world_sizes, combos), []
+    for i in tqdm(todo.index[todo["run"]], desc="collectives"):
+        cfg = todo.loc[i]
+        try:
+            per_rank = L.launch(bench_worker, int(cfg.world_size), tuple(ops), tuple(sizes), warmup, iters, corrupt_rank,
+                                budget_s, backend=cfg.backend, device=cfg.device, timeout_s=timeout_s)
+        except L.RankError as err:
+            todo.loc[i, ["run", "reason"]] = [False, "failed: " + str(err).splitlines()[0]]
+            continue
+        rows += summarize(per_rank, cfg.backend, cfg.device)
+    return pd.DataFrame(rows), todo
+
+
+# ---- the alpha-beta model: time = alpha + bytes / beta ----
+
+@dataclass
+class AlphaBeta:
+    """A latency-bandwidth fit: alpha (s), beta (bytes/s), and how far the points are from it."""
+
+    alpha_s: float
+    beta_Bps: float
+    median_rel_err: float
+    max_rel_err: float
+    points: int
+
+    def predict(self, size_bytes):
+        """Modelled time (s) for `size_bytes`."""
+        return self.alpha_s + np.asarray(size_bytes, dtype=float) / self.beta_Bps
+
+    @property
+    def crossover_bytes(self) -> float:
+        """alpha * beta: below this size the latency term is larger than the bandwidth term."""
+        return self.alpha_s * self.beta_Bps
+
+
+def fit_alpha_beta(size_bytes, seconds) -> AlphaBeta:
+    """Least squares on relative error (rows divided by time) of t = alpha + bytes/beta; alpha >= 0."""
+    x, t = np.asarray(size_bytes, dtype=float), np.asarray(seconds, dtype=float)
+    design = np.stack([np.ones_like(x), x], axis=1) / t[:, None]  # (points, 2), each row / t: relative residuals
+    (alpha, inv_beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if alpha < 0:  # latency too small to see: refit through the origin
+        alpha, inv_beta = 0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))
+    rel = np.abs(alpha + x * inv_beta - t) / t
+    return AlphaBeta(float(alpha), float(1 / inv_beta), float(np.median(rel)), float(np.max(rel)), len(t))
+
+
+def fit_table(df: pd.DataFrame, keys=("backend", "device", "world_size", "op")) -> pd.DataFrame:
+    """One alpha-beta fit per (backend, device, world_size, op) group of a results frame."""
+    rows = []
+    for group, part in df.groupby(list(keys)):
+        fit = fit_alpha_beta(part["size_bytes"], part["time_s"])
+        rows.append({**dict(zip(keys, group)), "alpha_us": fit.alpha_s * 1e6, "beta_GBps": fit.beta_Bps / 1e9,
+                     "crossover_bytes": fit.crossover_bytes, "median_rel_err": fit.median_rel_err,
+                     "max_rel_err": fit.max_rel_err, "points": fit.points, "fit": fit})
+    return pd.DataFrame(rows)
+
+
+def plot_collectives(df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str = "all_reduce", title: str = ""):
+    """Log-log time vs size and busbw vs size, one line per (backend, device, world_size); fits dashed."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
+    part = df[df["op"] == op]
+    for (backend, device, ws), g in part.groupby(["backend", "device", "world_size"]):
+        g = g.sort_values("size_bytes")
+        line, = ax_t.plot(g["size_bytes"], g["time_s"], "o", label=f"{backend}+{device}, {ws} ranks")
+        ax_b.plot(g["size_bytes"], g["busbw_GBps"], "o-", color=line.get_color(), label=line.get_label())
+        if fits is not None:
+            match = fits[(fits.backend == backend) & (fits.device == device) & (fits.world_size == ws) & (fits.op == op)]
+            if len(match):
+                xs = np.geomspace(g["size_bytes"].min(), g["size_bytes"].max(), 50)
+                ax_t.plot(xs, match.iloc[0]["fit"].predict(xs), "--", color=line.get_color())
+    ax_t.set(xscale="log", yscale="log", xlabel="size (bytes)", ylabel="time (s)", title=f"{op}: time (dashed: α–β fit)")
+    ax_b.set(xscale="log", xlabel="size (bytes)", ylabel="busbw (GB/s)", title=f"{op}: bus bandwidth")
+    ax_b.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ---- command line: python -m helpers bench collectives (spawned grid, or the torchrun world) ----
+
+def bench_main(argv: list[str]) -> int:
+    """Run the benchmark from the command line and save the rows with provenance; 1 if any result was wrong."""
+    from helpers.env import resolve_profile
+    from helpers.results import save_results
+
+    p = argparse.ArgumentParser(prog="python -m helpers bench collectives", description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", default="auto", help="auto | cpu | gpu: the default grid")
+    p.add_argument("--sizes", nargs="+", type=parse_size, help="e.g. 512KB 1MB 1GB (default: the profile's)")
+    p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
+    p.add_argument("--world-sizes", nargs="+", type=int, help="spawned runs only (default: the profile's)")
+    p.add_argument("--backends", nargs="+", help="backend:device pairs, e.g. gloo:cpu nccl:cuda (spawned runs)")
+    p.add_argument("--backend", default="auto", help="under torchrun: auto | gloo | nccl")
+    p.add_argument("--device", default="auto", help="under torchrun: auto | cpu | cuda")
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--iters", type=int)
+    p.add_argument("--budget-s", type=float, help="about this many seconds of timed calls per (op, size), >= 3 calls")
+    p.add_argument("--name", default=RESULTS_NAME)
+    p.add_argument("--out", help="save into this folder instead of data/<kind>/<device>/")
+    p.add_argument("--reference", action="store_true", help="save under data/reference/<device>/ (to commit)")
+    args = p.parse_args(argv)
+    profile = resolve_profile(args.profile)
+    grid = PROFILE_GRID[profile]
+    sizes, warmup, iters = args.sizes or grid["sizes"], args.warmup or grid["warmup"], args.iters or grid["iters"]
+    budget_s = args.budget_s or grid["budget_s"]
+    if L._under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        per_rank = L.launch(bench_worker, world, tuple(args.ops), tuple(sizes), warmup, iters, None, budget_s,
+                            backend=args.backend, device=args.device)
+        backend, device = dist.get_backend(), L.device().type
+        nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        dist.destroy_process_group()
+        if int(os.environ["RANK"]) != 0:
+            return 0
+        df, skipped = pd.DataFrame(summarize(per_rank, backend, device, nodes)), None
+    else:
+        combos = [tuple(b.split(":")) for b in args.backends] if args.backends else grid["combos"]
+        df, todo = run_grid(sizes, args.ops, args.world_sizes or grid["world_sizes"], combos, warmup, iters, None, budget_s)
+        skipped = todo[~todo["run"]]
+    if df.empty:
+        print("nothing ran here:\n" + skipped.to_string(index=False))
+        return 2
+    path = save_results(df, args.name, profile=profile, kind="reference" if args.reference else "local",
+                        directory=args.out, method="max over ranks of per-rank median", warmup=warmup)
+    print(df.drop(columns=["size_bytes"]).to_string(index=False))
+    if skipped is not None and len(skipped):
+        print("skipped:\n" + skipped.to_string(index=False))
+    print(f"saved {path}")
+    return 1 if df["wrong"].sum() else 0

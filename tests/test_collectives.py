@@ -1,0 +1,162 @@
+"""Collective benchmarks: bandwidth formulas, exact-result checks that catch a planted error, the alpha-beta fit,
+skipped combinations, and the command line both spawned and under torchrun (gloo, CPU, 2 ranks)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import collectives as C
+from helpers.launch import launch
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = (4 * C.KB, 64 * C.KB)
+
+
+# ---- formulas ----
+
+@pytest.mark.parametrize("op, n, factor", [("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
+                                           ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875),
+                                           ("broadcast", 6, 1.0), ("all_reduce", 1, 0.0)])
+def test_busbw_factors_match_nccl_tests(op, n, factor):
+    assert C.busbw_factor(op, n) == pytest.approx(factor)
+
+
+def test_algbw_and_busbw():
+    assert C.algbw(1e9, 0.5) == pytest.approx(2e9)
+    assert C.busbw("all_reduce", 1e9, 0.5, 4) == pytest.approx(2e9 * 1.5)
+    assert C.busbw("all_gather", 8e6, 2e-3, 2) == pytest.approx(4e9 * 0.5)
+    with pytest.raises(ValueError, match="unknown op"):
+        C.busbw_factor("all_to_all", 2)
+
+
+def test_sizes_parse_and_format():
+    assert [C.parse_size(s) for s in ("512KB", "1MB", "1GB", "4096", "10MiB")] == [2**19, 2**20, 2**30, 4096, 10 * 2**20]
+    assert [C.format_size(b) for b in (2**19, 10 * 2**20, 2**30, 100, 263000)] == ["512 KB", "10 MB", "1 GB", "100 B", "257 KB"]
+
+
+@pytest.mark.parametrize("op", C.OPS)
+def test_expected_values_equal_a_reference_collective(op):
+    """The exact expected outputs equal the collective computed directly from every rank's input (3 ranks)."""
+    n, numel, dev = 3, 3 * 300, torch.device("cpu")
+    inputs = [C._buffers(op, numel, r, n, dev)[0] for r in range(n)]
+    for rank in range(n):
+        expected = C._buffers(op, numel, rank, n, dev)[2]
+        reference = {"all_reduce": lambda: sum(inputs), "all_gather": lambda: torch.cat(inputs),
+                     "reduce_scatter": lambda: sum(inputs).chunk(n)[rank], "broadcast": lambda: inputs[0]}[op]()
+        assert torch.equal(expected, reference), (op, rank)
+        assert expected.abs().max() < 2**24  # integers, exact in float32
+
+
+# ---- the correctness check, on 2 real gloo ranks ----
+
+def test_clean_run_has_no_wrong_results_and_planted_error_is_caught():
+    clean = C.summarize(launch(C.bench_worker, 2, C.OPS, TINY, 5, 4, backend="gloo", device="cpu"), "gloo", "cpu")
+    assert len(clean) == len(C.OPS) * len(TINY)
+    assert all(r["wrong"] == 0 and r["iters"] == 4 and r["time_s"] > 0 for r in clean), clean
+    planted = C.summarize(launch(C.bench_worker, 2, C.OPS, TINY, 5, 4, 0, backend="gloo", device="cpu"), "gloo", "cpu")
+    assert all(r["wrong"] == 4 for r in planted), [(r["op"], r["wrong"]) for r in planted]
+
+
+def test_a_wrong_input_off_the_broadcast_root_is_overwritten_not_counted():
+    """Also: a tiny time budget cuts the timed calls to the minimum, 3, on both ranks alike."""
+    rows = C.summarize(launch(C.bench_worker, 2, ("all_reduce", "broadcast"), TINY[:1], 5, 10, 1, 1e-9,
+                              backend="gloo", device="cpu"), "gloo", "cpu")
+    assert {r["op"]: (r["wrong"], r["iters"]) for r in rows} == {"all_reduce": (3, 3), "broadcast": (0, 3)}
+
+
+def test_fewer_than_five_warmup_calls_are_refused():
+    with pytest.raises(ValueError, match="at least 5"):
+        C.bench_worker(("all_reduce",), TINY, warmup=4)
+
+
+# ---- the alpha-beta fit ----
+
+def test_fit_recovers_alpha_beta_from_noisy_synthetic_data():
+    alpha, beta = 50e-6, 10e9
+    sizes = np.geomspace(1e3, 1e9, 25)
+    noise = np.random.default_rng(0).normal(1.0, 0.05, sizes.size)  # 5% multiplicative noise
+    fit = C.fit_alpha_beta(sizes, (alpha + sizes / beta) * noise)
+    assert fit.alpha_s == pytest.approx(alpha, rel=0.1) and fit.beta_Bps == pytest.approx(beta, rel=0.1)
+    assert 0.01 < fit.median_rel_err < 0.1 and fit.max_rel_err < 0.25
+    assert fit.crossover_bytes == pytest.approx(alpha * beta, rel=0.2)
+    exact = C.fit_alpha_beta(sizes, alpha + sizes / beta)
+    assert exact.alpha_s == pytest.approx(alpha, rel=1e-6) and exact.max_rel_err < 1e-6
+
+
+def test_fit_clamps_a_negative_latency_to_zero():
+    sizes = np.array([1e6, 2e6, 4e6])
+    fit = C.fit_alpha_beta(sizes, sizes / 1e9 - 1e-4)  # a straight line through a negative intercept
+    assert fit.alpha_s == 0.0 and fit.beta_Bps > 0
+
+
+def test_fit_table_one_row_per_group():
+    sizes = np.geomspace(1e4, 1e7, 6)
+    df = C.pd.DataFrame([{"backend": "gloo", "device": "cpu", "world_size": n, "op": "all_reduce",
+                          "size_bytes": s, "time_s": 1e-4 * n + s / (1e9 / n)} for n in (2, 4) for s in sizes])
+    fits = C.fit_table(df).set_index("world_size")
+    assert fits.loc[2, "alpha_us"] == pytest.approx(200) and fits.loc[4, "beta_GBps"] == pytest.approx(0.25)
+
+
+# ---- skipped combinations ----
+
+def test_skip_reasons(monkeypatch):
+    monkeypatch.setattr(C.dist, "is_nccl_available", lambda: True)  # as on a CUDA build
+    assert C.skip_reason("gloo", "cpu", 6, gpus=0) is None
+    assert "no CUDA" in C.skip_reason("gloo", "cuda", 2, gpus=0)
+    assert "one GPU per rank" in C.skip_reason("nccl", "cuda", 4, gpus=2)
+    assert "CUDA tensors" in C.skip_reason("nccl", "cpu", 2, gpus=8)
+    todo = C.plan((2, 4), (("gloo", "cpu"), ("gloo", "cuda"), ("nccl", "cuda")), gpus=2).set_index(
+        ["backend", "device", "world_size"])
+    assert todo["run"].tolist() == [True, True, True, True, True, False]
+    monkeypatch.setattr(C.dist, "is_nccl_available", lambda: False)
+    assert "no NCCL" in C.skip_reason("nccl", "cuda", 2, gpus=2)
+    assert "share 2 GPU" in todo.loc[("gloo", "cuda", 4), "reason"] and todo.loc[("gloo", "cuda", 2), "reason"] == ""
+
+
+def test_grid_runs_only_what_can_run_here(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    df, todo = C.run_grid(TINY[:1], ("all_reduce",), (2,), (("gloo", "cpu"), ("nccl", "cuda")), warmup=5, iters=2)
+    assert df[["backend", "world_size", "wrong"]].values.tolist() == [["gloo", 2, 0]]
+    assert todo[~todo["run"]]["reason"].tolist() == ["no CUDA GPU here"]
+
+
+def test_a_failing_configuration_is_reported_and_the_grid_goes_on(monkeypatch):
+    def fake_launch(fn, world_size, *args, **kwargs):
+        if world_size == 4:
+            raise C.L.RankError("rank 3 of 4 raised RuntimeError: unsupported\n\ntraceback", rank=3)
+        return [[{"op": "all_reduce", "size_bytes": 4096, "samples": [1e-3] * 3, "wrong": [False] * 3}]] * world_size
+    monkeypatch.setattr(C.L, "launch", fake_launch)
+    df, todo = C.run_grid(TINY[:1], ("all_reduce",), (2, 4), (("gloo", "cpu"),))
+    assert df["world_size"].tolist() == [2] and df["busbw_GBps"].iloc[0] == pytest.approx(4096 / 1e-3 / 1e9)
+    assert todo["run"].tolist() == [True, False] and todo["reason"].iloc[1].startswith("failed: rank 3 of 4")
+
+
+# ---- command line ----
+
+def _saved(path):
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    return lines[0]["provenance"], lines[1:]
+
+
+def test_bench_main_spawned_writes_results_with_provenance(tmp_path, capsys):
+    code = C.bench_main(["--profile", "cpu", "--sizes", "4KB", "--ops", "all_reduce", "all_gather",
+                         "--world-sizes", "2", "--iters", "2", "--out", str(tmp_path)])
+    prov, rows = _saved(tmp_path / "collectives.jsonl")
+    assert code == 0 and prov["profile"] == "cpu" and prov["method"].startswith("max over ranks")
+    assert [(r["op"], r["world_size"], r["wrong"]) for r in rows] == [("all_reduce", 2, 0), ("all_gather", 2, 0)]
+
+
+def test_torchrun_entry_point_two_cpu_ranks(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "helpers", "bench", "collectives", "--backend", "gloo", "--device", "cpu", "--profile", "cpu",
+           "--sizes", "4KB", "64KB", "--ops", "all_reduce", "broadcast", "--iters", "3", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("saved ") == 1, done.stdout  # only rank 0 reports
+    prov, rows = _saved(tmp_path / "collectives.jsonl")
+    assert prov["device_type"] == "cpu" and len(rows) == 4
+    assert all(r["world_size"] == 2 and r["nodes"] == 1 and r["backend"] == "gloo" and r["wrong"] == 0 for r in rows)
