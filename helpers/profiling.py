@@ -1,0 +1,350 @@
+"""Where a training step's time goes: profiler tables, op classes, stacks -> flame graph, FLOPs and MFU.
+
+    prof = run_profiler(lambda: train_step(lm, opt, x, y), steps=2, model=lm)
+    op_table(prof, steps=2)                # top ops by self device time (CPU time on CPU), share, calls/step
+    class_shares(prof)                     # matmul vs elementwise/other
+    stacks = module_stacks(prof)           # [(("TransformerLM", "blocks.0", "attn", "aten::mm"), µs), ...]
+    plot_flame(stacks); module_share(stacks, "RMSNorm")
+    train_flops(cfg, batch, T), counted_flops(fn), mfu(flops_per_s, device_name, dtype)
+
+Stacks come from the profiler's op tree, with each module's forward wrapped in a
+`record_function` labelled by its name and class; backward ops are attributed to
+the module whose forward op created them (the profiler's sequence numbers link the two).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pandas as pd
+import torch
+import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from helpers.model import get_config
+
+MATMUL_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+              "aten::_scaled_mm", "aten::addbmm"}
+MATMUL_KERNEL_HINTS = ("gemm", "xmma", "cutlass", "cublas", "matmul", "wgmma")
+
+
+# --- steps to profile ----------------------------------------------------------------------------
+
+def forward_step(lm, x, autocast_dtype=None):
+    """Forward pass only, no graph (inference), optionally under autocast."""
+    ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    with torch.no_grad(), ctx:
+        return lm(x)
+
+
+def train_step(lm, opt, x, y, autocast_dtype=None, optimizer_step: bool = True):
+    """Forward, backward and (optionally) AdamW step; grads set to None first. Returns the loss."""
+    from helpers.model import lm_loss
+
+    lm.zero_grad(set_to_none=True)
+    ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    with ctx:
+        loss = lm_loss(lm(x), y)
+    loss.backward()
+    if optimizer_step:
+        opt.step()
+    return loss.detach()
+
+
+def guarded(fn):
+    """fn(), or the string "OOM" when the GPU runs out of memory (the cache is emptied so the run goes on)."""
+    try:
+        return fn()
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return "OOM"
+
+
+# --- running the profiler ------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def label_modules(model: nn.Module):
+    """Wrap every submodule's forward in record_function("name (Class)") so the profiler sees modules."""
+    handles, open_ranges = [], {}
+
+    def enter(mod, _inputs, name):
+        rf = record_function(f"{name or 'model'} ({type(mod).__name__})")
+        rf.__enter__()
+        open_ranges.setdefault(id(mod), []).append(rf)
+
+    def leave(mod, _inputs, _output):
+        open_ranges[id(mod)].pop().__exit__(None, None, None)
+
+    for name, mod in model.named_modules():
+        handles.append(mod.register_forward_pre_hook(lambda m, i, n=name: enter(m, i, n)))
+        handles.append(mod.register_forward_hook(leave))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def run_profiler(fn, steps: int = 2, warmup: int = 1, model: nn.Module | None = None, device=None):
+    """Profile `steps` calls of fn() after `warmup` untimed calls; CUDA activity too when on a GPU."""
+    from helpers.timing import sync
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    for _ in range(warmup):
+        fn()
+    sync(dev)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    labels = label_modules(model) if model is not None else contextlib.nullcontext()
+    with labels, profile(activities=activities, record_shapes=False) as prof:
+        for _ in range(steps):
+            fn()
+        sync(dev)
+    prof.device_type = dev.type
+    return prof
+
+
+def _is_label(name: str) -> bool:
+    """True for record_function ranges (module labels, ProfilerStep) and autograd wrappers, not ops."""
+    return name.endswith(")") and " (" in name or name.startswith(("ProfilerStep", "autograd::", "Optimizer."))
+
+
+def _leaf_times(prof) -> list[tuple[str, float, int]]:
+    """(name, self time µs, count) per op/kernel: device kernels on CUDA, CPU ops on CPU."""
+    rows = []
+    for e in prof.key_averages():
+        if getattr(prof, "device_type", "cpu") == "cuda":
+            t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+            if e.device_type == torch.autograd.DeviceType.CUDA and t > 0:
+                rows.append((e.key, t, e.count))
+        elif not _is_label(e.key) and e.self_cpu_time_total > 0:
+            rows.append((e.key, e.self_cpu_time_total, e.count))
+    return rows
+
+
+def op_table(prof, steps: int, top: int = 10) -> pd.DataFrame:
+    """Top ops (kernels on CUDA) by self time: ms per step, share of the total, calls per step, class."""
+    rows = _leaf_times(prof)
+    total = sum(t for _, t, _ in rows)
+    df = pd.DataFrame([{"op": n, "ms/step": t / 1e3 / steps, "share": t / total, "calls/step": c / steps,
+                        "class": op_class(n)} for n, t, c in rows])
+    return df.sort_values("ms/step", ascending=False).head(top).reset_index(drop=True)
+
+
+def op_class(name: str) -> str:
+    """'matmul' for matrix multiplies (aten ops or GEMM kernels), else 'elementwise/other'."""
+    low = name.lower()
+    if name in MATMUL_OPS or (not name.startswith("aten::") and any(h in low for h in MATMUL_KERNEL_HINTS)):
+        return "matmul"
+    return "elementwise/other"
+
+
+def class_shares(prof) -> dict[str, float]:
+    """Share of self time per op class; sums to 1."""
+    rows = _leaf_times(prof)
+    total = sum(t for _, t, _ in rows)
+    shares = {"matmul": 0.0, "elementwise/other": 0.0}
+    for n, t, _ in rows:
+        shares[op_class(n)] += t / total
+    return shares
+
+
+# --- stacks and the flame graph ------------------------------------------------------------------
+
+def module_stacks(prof) -> list[tuple[tuple[str, ...], float]]:
+    """(stack of module labels ending in the op, self µs) per op event; backward ops under their forward's module.
+
+    The time is the op's self CPU time on CPU, and the device time of the kernels it launched on CUDA.
+    """
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+    on_cuda = getattr(prof, "device_type", "cpu") == "cuda"
+    self_time = (lambda e: e.self_device_time_total) if on_cuda else (lambda e: e.self_cpu_time_total)
+
+    def chain(e):
+        names = []
+        while e is not None:
+            if not e.name.startswith("ProfilerStep"):
+                names.append(e.name)
+            e = e.cpu_parent
+        return names[::-1]
+
+    forward_of = {}  # sequence_nr -> module labels of the forward op that recorded it
+    for e in events:
+        if e.sequence_nr >= 0 and not e.name.startswith("autograd::") and e.sequence_nr not in forward_of:
+            labels = [n for n in chain(e) if _is_label(n)]
+            if labels:
+                forward_of[e.sequence_nr] = labels
+    out = []
+    for e in events:
+        if _is_label(e.name) or self_time(e) <= 0:
+            continue
+        names = chain(e)
+        bw = next((p for p in _ancestors(e) if p.name.startswith("autograd::engine::evaluate_function")), None)
+        if bw is not None:
+            node = bw.name.split(": ")[-1]
+            names = ["backward"] + forward_of.get(bw.sequence_nr, []) + [node] + ([e.name] if e.name != node else [])
+        elif any(n.startswith("Optimizer.") for n in names):
+            names = ["optimizer step", e.name]
+        else:
+            names = ["forward"] + [n for n in names if _is_label(n)] + [e.name]
+        out.append((tuple(names), self_time(e)))
+    return out
+
+
+def _ancestors(e):
+    """The profiler event's parents, innermost first."""
+    e = e.cpu_parent
+    while e is not None:
+        yield e
+        e = e.cpu_parent
+
+
+def module_share(stacks, module_class: str) -> float:
+    """Share of the stacks' time spent inside modules of class `module_class` (forward and backward)."""
+    tag = f"({module_class})"
+    total = sum(v for _, v in stacks)
+    return sum(v for s, v in stacks if any(f.endswith(tag) for f in s[:-1])) / total
+
+
+def op_share(stacks, *names: str) -> float:
+    """Share of the stacks' time whose innermost frame (op or backward node) is one of `names`."""
+    total = sum(v for _, v in stacks)
+    return sum(v for s, v in stacks if any(f in names for f in s[-2:])) / total
+
+
+def parse_collapsed(lines) -> list[tuple[tuple[str, ...], float]]:
+    """Read collapsed stacks ("a;b;c 123" per line, as profiler.export_stacks writes) into (stack, value)."""
+    out = []
+    for line in lines:
+        line = line.strip()
+        if line:
+            frames, value = line.rsplit(" ", 1)
+            out.append((tuple(frames.split(";")), float(value)))
+    return out
+
+
+def flame_rects(stacks) -> list[dict]:
+    """Flame-graph boxes: merge equal prefixes; each box has depth, start, width (same units as values), name."""
+    tree: dict = {}
+    for frames, value in stacks:
+        node = tree
+        for f in frames:
+            node = node.setdefault(f, {"_v": 0.0, "_kids": {}})
+            node["_v"] += value
+            node = node["_kids"]
+    rects = []
+
+    def walk(children, depth, start):
+        for name, node in children.items():
+            rects.append({"name": name, "depth": depth, "start": start, "width": node["_v"]})
+            walk(node["_kids"], depth + 1, start)
+            start += node["_v"]
+    walk(tree, 0, 0.0)
+    return rects
+
+
+def plot_flame(stacks, ax=None, title: str = "", min_label_share: float = 0.03):
+    """Draw a flame graph (root at the bottom) with matplotlib; label boxes wider than `min_label_share`."""
+    import matplotlib.pyplot as plt
+
+    rects = flame_rects(stacks)
+    total = sum(r["width"] for r in rects if r["depth"] == 0) or 1.0
+    if ax is None:
+        _, ax = plt.subplots(figsize=(12, 0.35 * (1 + max(r["depth"] for r in rects)) + 1))
+    cmap = plt.get_cmap("YlOrRd")
+    for r in rects:
+        x, w = r["start"] / total, r["width"] / total
+        ax.barh(r["depth"], w, left=x, height=0.9, color=cmap(0.2 + 0.6 * (sum(map(ord, r["name"])) % 97) / 97),
+                edgecolor="white", linewidth=0.3)
+        if w >= min_label_share:
+            ax.text(x + 0.002, r["depth"], r["name"].split(" (")[0][: int(w * 160)], va="center", fontsize=7)
+    ax.set(xlim=(0, 1), ylim=(-0.5, max(r["depth"] for r in rects) + 0.5), xlabel="share of profiled time",
+           ylabel="stack depth", title=title)
+    return ax
+
+
+# --- FLOPs and utilisation -----------------------------------------------------------------------
+
+def matmul_params(cfg) -> int:
+    """Parameters that take part in a matmul: every block's qkv, proj, w1, w2 and the LM head (not embeddings, norms)."""
+    c = get_config(cfg)
+    return c.n_layers * (4 * c.d_model**2 + 2 * c.d_model * c.d_ff) + c.d_model * c.vocab_size
+
+
+def forward_flops(cfg, batch_size: int, context_length: int | None = None) -> dict[str, int]:
+    """Forward matmul FLOPs: 2·N_matmul·B·T for weights, 2·2·B·T²·d per layer for QKᵀ and AV (full T², as computed)."""
+    c = get_config(cfg)
+    T = context_length or c.context_length
+    return {"weights": 2 * matmul_params(c) * batch_size * T,
+            "attention": c.n_layers * 2 * 2 * batch_size * T * T * c.d_model}
+
+
+def train_flops(cfg, batch_size: int, context_length: int | None = None) -> int:
+    """FLOPs of forward + backward (backward = 2× forward): 6·N·B·T + 12·L·B·T²·d."""
+    return 3 * sum(forward_flops(cfg, batch_size, context_length).values())
+
+
+def counted_flops(fn) -> int:
+    """FLOPs torch.utils.flop_counter.FlopCounterMode counts while fn() runs (matmuls and convolutions)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+# Dense peak FLOP/s (no sparsity) from NVIDIA's datasheets: H100 SXM5 / H200 (H100 and H200 datasheets,
+# nvidia.com/en-us/data-center/h100 and /h200), H100 PCIe, A100 SXM (A100 datasheet, 2021).
+# "fp32" is plain FP32 (PyTorch's default: no TF32 in matmuls); "tf32" when TF32 is allowed.
+PEAK_FLOPS = {
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+}
+
+
+def peak_flops(device_name: str, precision: str = "fp32") -> float | None:
+    """Dense peak FLOP/s of a known GPU at `precision` (bf16, fp16, tf32, fp32); None when unknown (e.g. CPUs)."""
+    for key, peaks in PEAK_FLOPS.items():  # "H100 PCIe" is checked before "H100"
+        if all(part.lower() in device_name.lower() for part in key.split()):
+            return peaks.get(precision)
+    return None
+
+
+def mfu(flops: float, seconds: float, device_name: str, precision: str = "fp32") -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s over the device's peak; None where no peak is known."""
+    peak = peak_flops(device_name, precision)
+    return None if peak is None or seconds <= 0 else flops / seconds / peak
+
+
+# --- mixed precision: dtypes seen by hooks -------------------------------------------------------
+
+class ToyModel(nn.Module):
+    """The handout's toy model: fc1 -> ReLU -> LayerNorm -> fc2."""
+
+    def __init__(self, in_features: int = 10, out_features: int = 5):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, 10, bias=False)
+        self.ln = nn.LayerNorm(10)
+        self.fc2 = nn.Linear(10, out_features, bias=False)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        return self.fc2(self.ln(self.relu(self.fc1(x))))
+
+
+def autocast_dtypes(model: nn.Module, x, y, device_type: str = "cpu", dtype=torch.bfloat16) -> dict[str, str]:
+    """Dtypes of parameters, fc1's output, the norm's output, logits, loss and grads under autocast, via hooks."""
+    seen = {"parameters": str({p.dtype for p in model.parameters()}.pop())}
+    hooks = [model.fc1.register_forward_hook(lambda m, i, o: seen.__setitem__("fc1 output", str(o.dtype))),
+             model.ln.register_forward_hook(lambda m, i, o: seen.__setitem__("norm output", str(o.dtype)))]
+    try:
+        with torch.autocast(device_type, dtype=dtype):
+            logits = model(x)
+            loss = nn.functional.cross_entropy(logits, y)
+        seen["logits"], seen["loss"] = str(logits.dtype), str(loss.dtype)
+        loss.backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    seen["gradients"] = str({p.grad.dtype for p in model.parameters()}.pop())
+    return seen
