@@ -43,6 +43,18 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's instruction-set flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def package_version(name: str) -> str | None:
     """Installed version of a distribution without importing it (importing triton would fix its mode)."""
     try:

@@ -164,6 +164,22 @@ def track(fn, existing=(), model: torch.nn.Module | None = None, device=None) ->
                        dict(tracker.history), set(tracker.peak_ids), allocator_peak, result)
 
 
+def step_peaks(size, batch_size: int, context_length: int, autocast_dtype=None, device=None) -> dict[str, MemoryTrace]:
+    """Traces of forward-only and of a steady-state training step (AdamW state exists) of a fresh model of `size`."""
+    from helpers.model import build_model, random_batch
+    from helpers.profiling import forward_step, train_step
+
+    lm = build_model(size, device=device)
+    opt = torch.optim.AdamW(lm.parameters())
+    x, y = random_batch(lm.cfg, batch_size, context_length, device=device)
+    train_step(lm, opt, x, y, autocast_dtype=autocast_dtype)  # creates the AdamW state
+    lm.zero_grad(set_to_none=True)
+    state = model_state(lm, opt, x, y)
+    return {"forward": track(lambda: forward_step(lm, x, autocast_dtype), existing=state, device=device),
+            "full step": track(lambda: train_step(lm, opt, x, y, autocast_dtype=autocast_dtype),
+                               existing=state, device=device)}
+
+
 # --- CUDA: the allocator's own record, for PyTorch's memory viewer -----------------------------
 
 def cuda_snapshot(fn, path, max_entries: int = 100_000):

@@ -59,6 +59,51 @@ def guarded(fn):
         return "OOM"
 
 
+# --- timing one model per size (notebook 01) ----------------------------------------------------
+
+def pass_fn(lm, x, y, kind: str, autocast_dtype=None):
+    """A callable for one pass of `lm`: "forward" (building the graph), "backward" (re-run on one retained graph)
+    or "both"; the forward runs under autocast when `autocast_dtype` is given."""
+    from helpers.model import lm_loss
+
+    def loss():
+        ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+        with ctx:
+            return lm_loss(lm(x), y)
+
+    if kind == "forward":
+        return loss
+    if kind == "backward":
+        graph = loss()  # one graph: backward alone is timed
+        return lambda: graph.backward(retain_graph=True)
+    if kind == "both":
+        return lambda: loss().backward()
+    raise ValueError(f"kind={kind!r}: use 'forward', 'backward' or 'both'")
+
+
+def time_size(size, batch_size: int, context_length: int, warmup: int, steps: int, device=None,
+              kinds=("forward", "backward", "both"), autocast_dtype=None) -> list[dict]:
+    """One row per pass of a freshly built model of `size`: timing stats and the first sample, or status "OOM"."""
+    from helpers.model import build_model, random_batch
+    from helpers.timing import benchmark
+
+    def run(kind):
+        lm = build_model(size, device=device)
+        x, y = random_batch(lm.cfg, batch_size, context_length, device=device)
+        fn = pass_fn(lm, x, y, kind, autocast_dtype)
+        return benchmark(fn, warmup=warmup, steps=steps, device=device, label=f"{size} {kind}")
+
+    rows = []
+    for kind in kinds:
+        t = guarded(lambda: run(kind))
+        row = {"size": size, "pass": kind, "warm-up": warmup,
+               "precision": "fp32" if autocast_dtype is None else f"autocast {str(autocast_dtype)[6:]}"}
+        row.update({"mean_s": None, "median_s": None, "std_s": None, "status": "OOM"} if t == "OOM" else
+                   {**t.as_row(), "first_s": t.samples[0], "status": "ok"})
+        rows.append(row)
+    return rows
+
+
 # --- running the profiler ------------------------------------------------------------------------
 
 @contextlib.contextmanager

@@ -45,3 +45,8 @@ def test_seed_everything_repeats():
     a = torch.rand(4)
     env.seed_everything(3)
     torch.testing.assert_close(a, torch.rand(4))
+
+
+def test_cpu_flags_is_a_set_of_names():
+    flags = env.cpu_flags()
+    assert isinstance(flags, set) and all(isinstance(f, str) and " " not in f for f in flags)

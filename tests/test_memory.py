@@ -80,3 +80,11 @@ def test_timeline_from_a_synthetic_cuda_snapshot():
              {"action": "alloc", "size": 2048}]
     points = memory.timeline_from_snapshot({"device_traces": [trace]})
     assert [b for _, b in points] == [512, 1536, 1536, 1024, 3072]
+
+
+def test_step_peaks_full_step_above_forward_and_state_counted():
+    cfg = model.get_config("small/8", n_layers=1)
+    traces = memory.step_peaks(cfg, 2, 16)
+    state = memory.param_bytes(cfg) + memory.buffer_bytes(cfg) + memory.adamw_state_bytes(cfg) + 2 * 2 * 16 * 8
+    assert traces["forward"].baseline_bytes == traces["full step"].baseline_bytes == state  # exact
+    assert traces["full step"].peak_bytes > traces["forward"].peak_bytes > state

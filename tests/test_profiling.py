@@ -83,3 +83,25 @@ def test_autocast_dtype_table():
     assert seen["parameters"] == "torch.float32" and seen["gradients"] == "torch.float32"
     assert seen["fc1 output"] == "torch.bfloat16" and seen["logits"] == "torch.bfloat16"
     assert seen["loss"] == "torch.float32"
+
+
+def test_time_size_rows_per_pass_and_oom_is_recorded(monkeypatch):
+    cfg = model.get_config("small/8", n_layers=1)
+    rows = profiling.time_size(cfg, 2, 16, warmup=1, steps=2, autocast_dtype=torch.bfloat16)
+    assert [r["pass"] for r in rows] == ["forward", "backward", "both"]
+    assert all(r["status"] == "ok" and r["steps"] == 2 and r["precision"] == "autocast bfloat16" for r in rows)
+    assert all(0 < r["first_s"] and 0 < r["median_s"] for r in rows)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(model, "build_model", out_of_memory)
+    rows = profiling.time_size(cfg, 2, 16, warmup=0, steps=1, kinds=("both",))
+    assert rows == [{"size": cfg, "pass": "both", "warm-up": 0, "precision": "fp32", "mean_s": None,
+                     "median_s": None, "std_s": None, "status": "OOM"}]
+
+
+def test_pass_fn_refuses_unknown_kind(tiny):
+    lm, _, x, y = tiny
+    with pytest.raises(ValueError, match="forward"):
+        profiling.pass_fn(lm, x, y, "sideways")
