@@ -417,16 +417,22 @@ def optimal_buckets(grad_bytes: float, backward_s: float, alpha_s: float, beta_B
     return max(1.0, (backward_s - grad_bytes / beta_Bps) / alpha_s, math.sqrt(backward_s / alpha_s))
 
 
-def bench_main(argv: list[str]) -> int:
-    """`python -m helpers bench ddp`: DDPBucketed vs torch DDP step time (gloo, 2 ranks, CPU), same run."""
-    parser = argparse.ArgumentParser(prog="python -m helpers bench ddp")
+def bench_parser(prog: str) -> argparse.ArgumentParser:
+    """The options the 2-rank training benchmarks share (bench ddp, bench sharding): model, steps, batch, device."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--model", default="small/8")
-    parser.add_argument("--bucket-mb", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--context-length", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="cpu | cuda (gloo either way)")
+    return parser
+
+
+def bench_main(argv: list[str]) -> int:
+    """`python -m helpers bench ddp`: DDPBucketed vs torch DDP step time (gloo, 2 ranks, CPU), same run."""
+    parser = bench_parser("python -m helpers bench ddp")
+    parser.add_argument("--bucket-mb", type=float, default=1.0)
     args = parser.parse_args(argv)
     per_rank = L.launch(_bench_with_weights, 2, args.model, args.bucket_mb, args.steps, args.warmup, args.batch_size,
                         args.context_length, backend="gloo", device=args.device)

@@ -18,7 +18,6 @@ Zero1Optimizer cuts one flat buffer per param group into N equal slices, so each
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import time
@@ -71,6 +70,20 @@ class _Sharded(torch.optim.Optimizer):
         for k, v in self.local.param_groups[-1].items():  # the inner optimizer's defaults show in the full group too
             full.setdefault(k, v)
 
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Run the closure (if any), copy the hyperparameters into the inner optimizer, then the sharded update."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync_hyperparameters()
+        self._step()
+        return loss
+
+    def _step(self) -> None:
+        raise NotImplementedError
+
     def _sync_hyperparameters(self) -> None:
         """Copy lr etc. from the full groups (what schedulers change) into the inner optimizer's groups."""
         for full, loc in zip(self.param_groups, self.local.param_groups):
@@ -119,18 +132,11 @@ class ShardedOptimizer(_Sharded):
                     p.data = view.view_as(p)  # the old storage is freed here, one tensor at a time
             self._buckets.append((src, params, flat))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def _step(self) -> None:
         self._consolidated = None
-        self._sync_hyperparameters()
         self.local.step()
         if self.world > 1:
             self._timed_comm(self._broadcast)
-        return loss
 
     def _broadcast(self) -> None:
         """Each owner broadcasts its flat buffer; the others receive straight into their parameters' storage."""
@@ -246,12 +252,7 @@ class Zero1Optimizer(_Sharded):
             for p, v in zip(f["params"], f["grad_views"]):
                 p.grad = v
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def _step(self) -> None:
         for f in self.flats:  # a gradient not in the buffer (zero_grad was skipped or bypassed): copy it in
             for p, v in zip(f["params"], f["grad_views"]):
                 if p.grad is None:
@@ -259,13 +260,11 @@ class Zero1Optimizer(_Sharded):
                 elif p.grad.data_ptr() != v.data_ptr():
                     v.copy_(p.grad)
                 p.grad = v
-        self._sync_hyperparameters()
         if self.world > 1:
             self._timed_comm(self._reduce_scatter)
         self.local.step()
         if self.world > 1:
             self._timed_comm(self._all_gather)
-        return loss
 
     def _reduce_scatter(self) -> None:
         for f in self.flats:
@@ -596,14 +595,7 @@ def summarize_speed(per_rank: list[dict]) -> list[dict]:
 
 def bench_main(argv: list[str]) -> int:
     """`python -m helpers bench sharding`: ShardedOptimizer vs torch's ZeroRedundancyOptimizer, gloo, 2 ranks."""
-    parser = argparse.ArgumentParser(prog="python -m helpers bench sharding")
-    parser.add_argument("--model", default="small/8")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--context-length", type=int, default=64)
-    parser.add_argument("--device", default="cpu", help="cpu | cuda (gloo either way)")
-    args = parser.parse_args(argv)
+    args = D.bench_parser("python -m helpers bench sharding").parse_args(argv)
     kinds = ["unsharded", "sharded", "torch_zero"]
     per_rank = L.launch(speed_worker, 2, args.model, kinds, args.steps, args.warmup, args.batch_size,
                         args.context_length, backend="gloo", device=args.device)
