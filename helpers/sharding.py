@@ -228,6 +228,10 @@ class Zero1Optimizer(_Sharded):
         super().add_param_group(param_group)
         full = self.param_groups[-1]
         params = [p for p in full["params"] if p.requires_grad]  # frozen ones stay out: never updated
+        if len({(p.dtype, p.device) for p in params}) > 1:
+            raise ValueError("Zero1Optimizer keeps one flat buffer per param group, so a group's parameters need one "
+                             f"dtype and device; got {sorted({f'{p.dtype} on {p.device}' for p in params})}. "
+                             "Put each kind in a param group of its own.")
         numel = sum(p.numel() for p in params)
         S = -(-numel // self.world)  # shard length, ceil(numel / N)
         like = params[0] if params else torch.empty(0)

@@ -129,3 +129,11 @@ def test_calculator_on_meta_matches_counts_and_a_measured_run(two_ranks):
             after = [r for r in measured[kind]["rows"] if r["point"] == "after step"][0]
             expected = S.live_bytes(kind, "small/8", 2, rank, 2, 32, "after step")
             assert after["live"] == sum(expected.values()), (kind, after["live"], expected)
+
+
+def test_zero1_refuses_a_group_of_mixed_dtypes():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4).double())
+    with pytest.raises(ValueError, match="one dtype and device"):
+        S.Zero1Optimizer(model.parameters(), torch.optim.AdamW)
+    groups = [{"params": model[0].parameters()}, {"params": model[1].parameters()}]
+    S.Zero1Optimizer(groups, torch.optim.AdamW)  # one group per dtype is fine
