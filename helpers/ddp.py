@@ -25,17 +25,20 @@ import copy
 import math
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from helpers import launch as L
 from helpers.model import build_model, lm_loss, random_batch
-from helpers.timing import time_call
+from helpers.timing import sync, time_call
 
 MB = 2**20  # bucket sizes are in binary MB, as torch's bucket_cap_mb
+BACKWARD_RANGE = "ddp: backward"  # the record_function range around loss.backward() in train_step
 
 
 class _DataParallel(nn.Module):
@@ -271,7 +274,8 @@ def train_step(ddp, optimizer, x, y, times: dict | None = None) -> float:
     ddp.on_train_batch_start()
     loss = lm_loss(ddp(x), y)
     b0 = time.perf_counter()
-    loss.backward()
+    with record_function(BACKWARD_RANGE):  # what traced_steps finds in the profile
+        loss.backward()
     b1 = time.perf_counter()
     ddp.finish_gradient_synchronization()
     optimizer.step()
@@ -335,14 +339,37 @@ def _gather(t: torch.Tensor) -> list[torch.Tensor]:
     return parts
 
 
-def speed_worker(name, variants, steps, warmup, batch_size, context_length, seed=0, timeline_steps=3) -> dict:
+def traced_steps(ddp, optimizer, batches, trace_path=None) -> list[dict]:
+    """Train one step per (x, y) under torch.profiler. Per step: the backward interval (its record_function range)
+    and each all-reduce's execution interval as gloo's worker threads record it ("gloo:all_reduce"), in µs of the
+    host clock. `trace_path`: also save the rank's Chrome trace (open it in Perfetto or chrome://tracing)."""
+    dev = L.device()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])) as prof:
+        for x, y in batches:
+            train_step(ddp, optimizer, x, y)
+        sync(dev)
+    if trace_path is not None:
+        prof.export_chrome_trace(str(trace_path))
+    events = prof.events()
+    backward = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == BACKWARD_RANGE)
+    comm = sorted((e.time_range.start, e.time_range.end) for e in events if e.name.startswith("gloo:all_reduce"))
+    ends = [b0 for b0, _ in backward[1:]] + [float("inf")]
+    return [{"backward": (b0, b1), "comm": [[a, b] for a, b in comm if b0 <= a < end]}
+            for (b0, b1), end in zip(backward, ends)]
+
+
+def speed_worker(name, variants, steps, warmup, batch_size, context_length, seed=0, timeline_steps=3,
+                 traced=2, trace_dir=None) -> dict:
     """Time one step of every (label, kind, bucket_size_mb), interleaved step by step so drift hits all alike.
 
     kind None = this rank's compute alone (no wrapper, no communication). Returns per label: step samples (s), comm
-    samples (s in finish), backward durations, and for the last `timeline_steps` steps the backward interval and
-    every all-reduce's [launch, done] times.
+    samples (s in finish), backward durations, for the last `timeline_steps` steps the backward interval and every
+    all-reduce's [launch, done] times, and under "traced" `traced` more steps profiled (traced_steps; not timed),
+    whose Chrome traces go to trace_dir/<label>.rank<r>.json when trace_dir is given.
     """
     rank, world, dev = dist.get_rank(), dist.get_world_size(), L.device()
+    if trace_dir is not None:
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
     base = make_model(name, seed)
     runs = {}
     for label, kind, mb in variants:
@@ -365,6 +392,12 @@ def speed_worker(name, variants, steps, warmup, batch_size, context_length, seed
                 r["backward"].append(times["backward"][1] - times["backward"][0])
             if record:
                 r["timeline"].append({"backward": times["backward"], "comm": [list(s) for s in ddp.timeline]})
+    for label, r in runs.items():  # after the timed steps: the profiler's overhead stays out of the samples
+        if isinstance(r["ddp"], _Local) or not traced:
+            continue
+        path = None if trace_dir is None else Path(trace_dir) / f"{label.replace(' ', '_')}.rank{rank}.json"
+        xy = [tuple(t[share].to(dev) for t in batches[i % len(batches)]) for i in range(traced)]
+        r["traced"] = traced_steps(r["ddp"], r["opt"], xy, path)
     return {label: {k: v for k, v in r.items() if k not in ("ddp", "opt")} for label, r in runs.items()}
 
 

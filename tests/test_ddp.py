@@ -106,3 +106,21 @@ def test_parameter_unused_on_one_rank_only():
         assert len(out) == len(kinds)
         for label, diff in out.items():
             assert diff < 1e-6, (rank, label, diff)
+
+
+def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
+    """speed_worker's traced steps: gloo's own all-reduce events vs the backward range, and a Chrome trace per rank."""
+    variants = [("local", None, None), ("naive", "naive", None), ("per parameter", "per_parameter", None)]
+    per_rank = launch(D.speed_worker, 2, "small/8", variants, 1, 0, 4, 16, 0, 1, 2, str(tmp_path),
+                      backend="gloo", device="cpu")
+    for rank, out in enumerate(per_rank):
+        assert "traced" not in out["local"]
+        for label in ("naive", "per parameter"):
+            steps = out[label]["traced"]
+            assert len(steps) == 2 and all(s["comm"] for s in steps), (rank, label)
+            assert (tmp_path / f"{label.replace(' ', '_')}.rank{rank}.json").stat().st_size > 0
+        naive = [D.overlap_fraction(s["backward"], s["comm"]) for s in out["naive"]["traced"]]
+        ours = [D.overlap_fraction(s["backward"], s["comm"]) for s in out["per parameter"]["traced"]]
+        assert naive == [0.0, 0.0] and min(ours) > 0.0, (rank, naive, ours)
+        calls = len([p for p in D.make_model("small/8", 0).parameters() if p.requires_grad])
+        assert all(len(s["comm"]) == calls for s in out["naive"]["traced"])  # one gloo event per all-reduce
