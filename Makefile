@@ -6,6 +6,7 @@
 #   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs)
 #   make lab                     JupyterLab on the project's .venv
 #   make strip                   clear notebook outputs before committing
+#   make bench [TOPICS=ddp]      the benchmark scripts (python -m helpers bench TOPIC), one after another
 #
 # TORCH is installed first: the default resolves to a local CPU build on the
 # course machines and to a CUDA build from PyPI elsewhere. On a machine whose
@@ -18,8 +19,9 @@ PY        := $(VENV)/bin/python
 TORCH     ?= torch==2.13.0
 VENV_ARGS ?=
 PROFILE   ?= auto
+TOPICS    ?= rmsnorm collectives ddp sharding
 
-.PHONY: setup test writeup lab strip clean
+.PHONY: setup test writeup lab strip bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -40,6 +42,9 @@ lab: setup
 
 strip: setup
 	$(PY) -m jupyter nbconvert --clear-output --inplace notebooks/*.ipynb
+
+bench: setup
+	set -e; for t in $(TOPICS); do echo "== bench $$t"; $(PY) -m helpers bench $$t; done
 
 clean:
 	rm -rf writeups data/local

@@ -533,7 +533,8 @@ def memory_worker(name, kinds, batch_size, context_length, steps=1, optimizer="a
 
         def live():
             inner = [p.grad for g in getattr(opt, "local", opt).param_groups for p in g["params"]]
-            return M.model_state(model, opt, x, y) + [p.grad for p in model.parameters()] + inner
+            buckets = getattr(grad_sync, "bucket_buffers", [])  # gradient storage, also while the grads are None
+            return M.model_state(model, opt, x, y) + [p.grad for p in model.parameters()] + inner + buckets
 
         for step in range(1, steps + 1):
             for point, fn in (("before step", lambda: forward_backward(model, grad_sync, opt, x, y)),

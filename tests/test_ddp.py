@@ -124,3 +124,36 @@ def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
         assert naive == [0.0, 0.0] and min(ours) > 0.0, (rank, naive, ours)
         calls = len([p for p in D.make_model("small/8", 0).parameters() if p.requires_grad])
         assert all(len(s["comm"]) == calls for s in out["naive"]["traced"])  # one gloo event per all-reduce
+
+
+def zeroed_views_worker(steps: int) -> dict:
+    """DDPBucketed driven with zero_grad(set_to_none=False) and no on_train_batch_start: backward adds into zeroed
+    bucket views in place; the weights must match the usual set_to_none loop."""
+    import torch.distributed as dist
+
+    rank, out = dist.get_rank(), {}
+    for mode in ("set_to_none", "zeroed views"):
+        model = D.make_model("toy", 0)
+        ddp = D.DDPBucketed(model, _mb_for(2))
+        opt = D.make_optimizer(ddp.parameters(), "sgd")
+        for x, y in D.make_batches("toy", steps, BATCH, CONTEXT, 0):
+            x, y = x[rank::2], y[rank::2]  # this rank's half
+            if mode == "set_to_none":
+                D.train_step(ddp, opt, x, y)
+                continue
+            opt.zero_grad(set_to_none=False)
+            D.lm_loss(ddp(x), y).backward()
+            ddp.finish_gradient_synchronization()
+            opt.step()
+        out[mode] = {k: v.clone() for k, v in model.state_dict().items()}
+        out[mode + " grads are views"] = all(
+            p.grad.untyped_storage().data_ptr() in {b.untyped_storage().data_ptr() for b in ddp.bucket_buffers}
+            for p in ddp.params)
+    return out
+
+
+def test_zeroed_gradient_views_accumulate_in_place():
+    for rank, out in enumerate(launch(zeroed_views_worker, 2, STEPS, backend="gloo", device="cpu")):
+        assert out["set_to_none grads are views"] and out["zeroed views grads are views"], rank
+        for key, value in out["set_to_none"].items():
+            torch.testing.assert_close(out["zeroed views"][key], value, rtol=0, atol=0, msg=f"rank {rank} {key}")
