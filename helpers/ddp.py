@@ -31,10 +31,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import record_function
 
 from helpers import launch as L
 from helpers.model import build_model, lm_loss, random_batch
+from helpers.profiling import quiet_profiler
 from helpers.timing import sync, time_call
 
 MB = 2**20  # bucket sizes are in binary MB, as torch's bucket_cap_mb
@@ -345,7 +346,7 @@ def traced_steps(ddp, optimizer, batches, trace_path=None) -> list[dict]:
     and each all-reduce's execution interval as gloo's worker threads record it ("gloo:all_reduce"), in µs of the
     host clock. `trace_path`: also save the rank's Chrome trace (open it in Perfetto or chrome://tracing)."""
     dev = L.device()
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])) as prof:
+    with quiet_profiler(dev) as prof:
         for x, y in batches:
             train_step(ddp, optimizer, x, y)
         sync(dev)

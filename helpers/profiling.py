@@ -137,14 +137,45 @@ def run_profiler(fn, steps: int = 2, warmup: int = 1, model: nn.Module | None = 
     for _ in range(warmup):
         fn()
     sync(dev)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     labels = label_modules(model) if model is not None else contextlib.nullcontext()
-    with labels, profile(activities=activities, record_shapes=False) as prof:
+    with labels, quiet_profiler(dev) as prof:
         for _ in range(steps):
             fn()
         sync(dev)
     prof.device_type = dev.type
     return prof
+
+
+@contextlib.contextmanager
+def quiet_profiler(device: torch.device, **kwargs):
+    """torch.profiler.profile (CPU, plus CUDA on a GPU), without the lines Kineto's C++ prints to stderr as the
+    profiler starts and stops ("USDT: ... profiler_start"); errors inside the profiled code still show."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof = profile(activities=activities, **kwargs)
+    with _native_stderr_silenced():
+        prof.start()
+    try:
+        yield prof
+    finally:
+        with _native_stderr_silenced():
+            prof.stop()
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Point file descriptor 2 at /dev/null (C++ writes there directly), then restore it."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _is_label(name: str) -> bool:
