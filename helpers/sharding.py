@@ -52,6 +52,11 @@ def partition_by_bytes(sizes: list[int], world_size: int, loads: list[int] | Non
     return owner
 
 
+def _lives_in(p: torch.Tensor, flat: torch.Tensor) -> bool:
+    """True while `p` is still a view into `flat` (model.to() and friends give parameters new storage)."""
+    return p.device == flat.device and p.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+
+
 class _Sharded(torch.optim.Optimizer):
     """What both sharded optimizers share: a full view of the param groups, an inner optimizer for this rank's share."""
 
@@ -134,6 +139,8 @@ class ShardedOptimizer(_Sharded):
 
     def _step(self) -> None:
         self._consolidated = None
+        if not all(_lives_in(p, flat) for _, params, flat in self._buckets for p in params):
+            self._plan()  # model.to(), .half() etc. gave some parameters new storage: pack them again
         self.local.step()
         if self.world > 1:
             self._timed_comm(self._broadcast)
@@ -257,6 +264,10 @@ class Zero1Optimizer(_Sharded):
                 p.grad = v
 
     def _step(self) -> None:
+        if not all(_lives_in(p, f["flat"]) for f in self.flats for p in f["params"]):
+            raise RuntimeError("a parameter no longer lives in Zero1Optimizer's flat buffer (model.to(), .half() or "
+                               "a .data assignment after the optimizer was built); build the optimizer after "
+                               "moving or casting the model")
         for f in self.flats:  # a gradient not in the buffer (zero_grad was skipped or bypassed): copy it in
             for p, v in zip(f["params"], f["grad_views"]):
                 if p.grad is None:

@@ -137,3 +137,21 @@ def test_zero1_refuses_a_group_of_mixed_dtypes():
         S.Zero1Optimizer(model.parameters(), torch.optim.AdamW)
     groups = [{"params": model[0].parameters()}, {"params": model[1].parameters()}]
     S.Zero1Optimizer(groups, torch.optim.AdamW)  # one group per dtype is fine
+
+
+def test_parameters_given_new_storage_are_repacked_or_refused():
+    """model.to(dtype) after building the optimizer replaces every parameter's storage: ShardedOptimizer packs them
+    again before its step (so its broadcasts still carry the updates); Zero1Optimizer says what to do instead."""
+    x, y = S.make_batches("uneven", 1, BATCH, CONTEXT)[0]
+    model, _, opt = S.build("sharded", "uneven")
+    ref_model, _, ref_opt = S.build("unsharded", "uneven")
+    for m in (model, ref_model):
+        m.double()
+    S.train_step(model, None, opt, x, y)
+    S.train_step(ref_model, None, ref_opt, x, y)
+    _assert_same(model.state_dict(), ref_model.state_dict(), "after .double()")
+    assert all(S._lives_in(p, flat) for _, params, flat in opt._buckets for p in params)
+    model, _, opt = S.build("zero1", "uneven")
+    model.double()
+    with pytest.raises(RuntimeError, match="build the optimizer after"):
+        S.train_step(model, None, opt, x, y)
