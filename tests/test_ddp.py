@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from helpers import ddp as D
+from helpers import ddp_runs as R
 from helpers.launch import launch
 
 STEPS, BATCH, CONTEXT = 3, 8, 6
-TOY_SIZES = [p.numel() * p.element_size() for p in D.ToyModel().parameters() if p.requires_grad]
+TOY_SIZES = [p.numel() * p.element_size() for p in R.ToyModel().parameters() if p.requires_grad]
 
 
 def _mb_for(n_buckets: int) -> float:
@@ -28,8 +29,8 @@ TOY_VARIANTS = [("naive", "naive", None), ("flat", "flat", None), ("per_paramete
 @pytest.fixture(scope="module")
 def toy_runs():
     """One launch: every variant trained on 2 ranks; plus the single-process reference."""
-    per_rank = launch(D.equivalence_worker, 2, "toy", TOY_VARIANTS, STEPS, BATCH, CONTEXT, backend="gloo", device="cpu")
-    return per_rank, D.reference_training("toy", STEPS, BATCH, CONTEXT)
+    per_rank = launch(R.equivalence_worker, 2, "toy", TOY_VARIANTS, STEPS, BATCH, CONTEXT, backend="gloo", device="cpu")
+    return per_rank, R.reference_training("toy", STEPS, BATCH, CONTEXT)
 
 
 def test_plan_buckets_reverse_order_and_limits():
@@ -46,14 +47,14 @@ def test_plan_buckets_reverse_order_and_limits():
 @pytest.mark.parametrize("bad", [0, -1, -0.5, float("nan")])
 def test_bad_bucket_size_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="bucket_size_mb must be > 0"):
-        D.DDPBucketed(D.ToyModel(), bucket_size_mb=bad)
+        D.DDPBucketed(R.ToyModel(), bucket_size_mb=bad)
 
 
 def test_ranks_start_different_and_training_moves_weights():
     """Preconditions that make the equivalence checks able to fail: the broadcast matters, training changes weights."""
-    rank0, rank1 = D.make_model("toy", 0).state_dict(), D.make_model("toy", 1).state_dict()
+    rank0, rank1 = R.make_model("toy", 0).state_dict(), R.make_model("toy", 1).state_dict()
     assert all(not torch.equal(rank0[k], rank1[k]) for k in rank0)
-    trained = D.reference_training("toy", STEPS, BATCH, CONTEXT)
+    trained = R.reference_training("toy", STEPS, BATCH, CONTEXT)
     assert not torch.equal(trained["fc.weight"], rank0["fc.weight"])
     assert not torch.equal(trained["emb.weight"], rank0["emb.weight"])
     assert torch.equal(trained["frozen.weight"], rank0["frozen.weight"])
@@ -80,8 +81,8 @@ def test_transformer_equals_single_process():
     """small/8 with AdamW, 3 steps: naive, flat, per-parameter, bucketed (0.05 MB and one bucket)."""
     variants = [("naive", "naive", None), ("flat", "flat", None), ("per_parameter", "per_parameter", None),
                 ("bucketed small", "bucketed", 0.05), ("bucketed one", "bucketed", None)]
-    per_rank = launch(D.equivalence_worker, 2, "small/8", variants, 2, 4, 16, 0, "adamw", backend="gloo", device="cpu")
-    reference = D.reference_training("small/8", 2, 4, 16, optimizer="adamw")
+    per_rank = launch(R.equivalence_worker, 2, "small/8", variants, 2, 4, 16, 0, "adamw", backend="gloo", device="cpu")
+    reference = R.reference_training("small/8", 2, 4, 16, optimizer="adamw")
     assert per_rank[0]["bucketed small"]["buckets"] > 3
     for rank, out in enumerate(per_rank):
         for label, _, _ in variants:
@@ -101,7 +102,7 @@ def test_parameter_unused_on_one_rank_only():
     launching in the order gradients arrive would pair different tensors across ranks here (gloo aborts)."""
     kinds = [("naive", None), ("flat", None), ("per_parameter", None), ("bucketed", None), ("bucketed", 1e-6),
              ("bucketed", 300 / D.MB)]
-    per_rank = launch(D.uneven_worker, 2, kinds, backend="gloo", device="cpu", timeout_s=60)
+    per_rank = launch(R.uneven_worker, 2, kinds, backend="gloo", device="cpu", timeout_s=60)
     for rank, out in enumerate(per_rank):
         assert len(out) == len(kinds)
         for label, diff in out.items():
@@ -111,7 +112,7 @@ def test_parameter_unused_on_one_rank_only():
 def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
     """speed_worker's traced steps: gloo's own all-reduce events vs the backward range, and a Chrome trace per rank."""
     variants = [("local", None, None), ("naive", "naive", None), ("per parameter", "per_parameter", None)]
-    per_rank = launch(D.speed_worker, 2, "small/8", variants, 1, 0, 4, 16, 0, 1, 2, str(tmp_path),
+    per_rank = launch(R.speed_worker, 2, "small/8", variants, 1, 0, 4, 16, 0, 1, 2, str(tmp_path),
                       backend="gloo", device="cpu")
     for rank, out in enumerate(per_rank):
         assert "traced" not in out["local"]
@@ -122,7 +123,7 @@ def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
         naive = [D.overlap_fraction(s["backward"], s["comm"]) for s in out["naive"]["traced"]]
         ours = [D.overlap_fraction(s["backward"], s["comm"]) for s in out["per parameter"]["traced"]]
         assert naive == [0.0, 0.0] and min(ours) > 0.0, (rank, naive, ours)
-        calls = len([p for p in D.make_model("small/8", 0).parameters() if p.requires_grad])
+        calls = len([p for p in R.make_model("small/8", 0).parameters() if p.requires_grad])
         assert all(len(s["comm"]) == calls for s in out["naive"]["traced"])  # one gloo event per all-reduce
 
 
@@ -133,16 +134,16 @@ def zeroed_views_worker(steps: int) -> dict:
 
     rank, out = dist.get_rank(), {}
     for mode in ("set_to_none", "zeroed views"):
-        model = D.make_model("toy", 0)
+        model = R.make_model("toy", 0)
         ddp = D.DDPBucketed(model, _mb_for(2))
-        opt = D.make_optimizer(ddp.parameters(), "sgd")
-        for x, y in D.make_batches("toy", steps, BATCH, CONTEXT, 0):
+        opt = R.make_optimizer(ddp.parameters(), "sgd")
+        for x, y in R.make_batches("toy", steps, BATCH, CONTEXT, 0):
             x, y = x[rank::2], y[rank::2]  # this rank's half
             if mode == "set_to_none":
-                D.train_step(ddp, opt, x, y)
+                R.train_step(ddp, opt, x, y)
                 continue
             opt.zero_grad(set_to_none=False)
-            D.lm_loss(ddp(x), y).backward()
+            R.lm_loss(ddp(x), y).backward()  # helpers.model.lm_loss
             ddp.finish_gradient_synchronization()
             opt.step()
         out[mode] = {k: v.clone() for k, v in model.state_dict().items()}

@@ -8,6 +8,7 @@ import torch
 
 from helpers import memory as M
 from helpers import sharding as S
+from helpers import sharding_runs as SR
 from helpers.launch import launch
 from helpers.model import count_parameters
 
@@ -19,12 +20,12 @@ CONFIGS = [("uneven", "adamw", False, 3), ("toy", "sgd", True, 3), ("small/8", "
 @pytest.fixture(scope="module")
 def two_ranks():
     """One 2-rank launch: every config trained by every kind, a checkpointed run, and a measured memory run."""
-    calls = [(S.equivalence_worker, (name, KINDS, steps, BATCH, CONTEXT, opt, groups))
+    calls = [(SR.equivalence_worker, (name, KINDS, steps, BATCH, CONTEXT, opt, groups))
              for name, opt, groups, steps in CONFIGS]
-    calls += [(S.checkpoint_worker, ("small/8", 4, BATCH, CONTEXT)),
-              (S.checkpoint_worker, ("small/8", 2, BATCH, CONTEXT)),
-              (S.memory_worker, ("small/8", ["unsharded", "sharded", "zero1"], 4, 32))]
-    return launch(S.run_all, 2, calls, backend="gloo", device="cpu")
+    calls += [(SR.checkpoint_worker, ("small/8", 4, BATCH, CONTEXT)),
+              (SR.checkpoint_worker, ("small/8", 2, BATCH, CONTEXT)),
+              (SR.memory_worker, ("small/8", ["unsharded", "sharded", "zero1"], 4, 32))]
+    return launch(SR.run_all, 2, calls, backend="gloo", device="cpu")
 
 
 def _assert_same(a: dict, b: dict, what: str):
@@ -55,7 +56,7 @@ def test_two_ranks_equal_unsharded_exactly(two_ranks, config):
 def test_one_rank_equals_unsharded_exactly():
     """No process group: world size 1, everything on this rank (no communication)."""
     for name, opt, groups, steps in CONFIGS[:2]:
-        runs = S.equivalence_worker(name, KINDS, steps, BATCH, CONTEXT, opt, groups)
+        runs = SR.equivalence_worker(name, KINDS, steps, BATCH, CONTEXT, opt, groups)
         for kind in KINDS[1:]:
             _assert_same(runs[kind]["weights"], runs["unsharded"]["weights"], f"{name} {kind} 1 rank")
             assert runs[kind]["collectives"] == [[]] * steps
@@ -76,36 +77,36 @@ def test_state_is_one_nth_and_collectives_match_the_formulas(two_ranks):
                     counted[op] = counted.get(op, 0) + b
                 assert counted == S.expected_collectives(kind, size, 2), (kind, counted)
         assert len(runs["sharded"]["collectives"][0]) == 1 + 2  # one all-reduce bucket, one broadcast per owner
-        assert len(runs["naive_sharded"]["collectives"][0]) == 1 + len(list(S.make_model("small/8", 0).parameters()))
+        assert len(runs["naive_sharded"]["collectives"][0]) == 1 + len(list(SR.make_model("small/8", 0).parameters()))
 
 
 def test_state_dict_round_trip_across_world_sizes(two_ranks):
     straight, first = two_ranks[0][3], two_ranks[0][4]
     saved = first["state_dict"]
     # resume at world size 2 from the consolidated dict: the same weights as never stopping
-    resumed = launch(S.checkpoint_worker, 2, "small/8", 2, BATCH, CONTEXT, first, 2, backend="gloo", device="cpu")
+    resumed = launch(SR.checkpoint_worker, 2, "small/8", 2, BATCH, CONTEXT, first, 2, backend="gloo", device="cpu")
     _assert_same(resumed[0]["weights"], straight["weights"], "resumed at 2 ranks")
     for key, state in straight["state_dict"]["state"].items():
         _assert_same(resumed[0]["state_dict"]["state"][key], state, f"state {key}")
     # load at world size 1: the sharded optimizer and plain AdamW continue identically, and re-save the same dict
-    model, _, opt = S.build("sharded", "small/8", groups=True)
+    model, _, opt = SR.build("sharded", "small/8", groups=True)
     model.load_state_dict(first["weights"])
     opt.load_state_dict(copy.deepcopy(saved))  # torch's load_state_dict may keep the given tensors: one copy each
     again = opt.state_dict()
     assert again["param_groups"] == saved["param_groups"]
     for key, state in saved["state"].items():
         _assert_same(again["state"][key], state, f"re-saved state {key}")
-    ref_model, _, ref_opt = S.build("unsharded", "small/8", groups=True)
+    ref_model, _, ref_opt = SR.build("unsharded", "small/8", groups=True)
     ref_model.load_state_dict(first["weights"])
     ref_opt.load_state_dict(copy.deepcopy(saved))
-    for batch in S.make_batches("small/8", 4, BATCH, CONTEXT)[2:]:
-        S.train_step(model, None, opt, *batch)
-        S.train_step(ref_model, None, ref_opt, *batch)
+    for batch in SR.make_batches("small/8", 4, BATCH, CONTEXT)[2:]:
+        SR.train_step(model, None, opt, *batch)
+        SR.train_step(ref_model, None, ref_opt, *batch)
     _assert_same(model.state_dict(), ref_model.state_dict(), "1 rank after loading")
 
 
 def test_state_dict_needs_consolidation():
-    model, _, opt = S.build("sharded", "uneven")
+    model, _, opt = SR.build("sharded", "uneven")
     opt.world = 2  # pretend: a multi-rank optimizer must be consolidated first
     with pytest.raises(RuntimeError, match="consolidate_state_dict"):
         opt.state_dict()
@@ -142,16 +143,16 @@ def test_zero1_refuses_a_group_of_mixed_dtypes():
 def test_parameters_given_new_storage_are_repacked_or_refused():
     """model.to(dtype) after building the optimizer replaces every parameter's storage: ShardedOptimizer packs them
     again before its step (so its broadcasts still carry the updates); Zero1Optimizer says what to do instead."""
-    x, y = S.make_batches("uneven", 1, BATCH, CONTEXT)[0]
-    model, _, opt = S.build("sharded", "uneven")
-    ref_model, _, ref_opt = S.build("unsharded", "uneven")
+    x, y = SR.make_batches("uneven", 1, BATCH, CONTEXT)[0]
+    model, _, opt = SR.build("sharded", "uneven")
+    ref_model, _, ref_opt = SR.build("unsharded", "uneven")
     for m in (model, ref_model):
         m.double()
-    S.train_step(model, None, opt, x, y)
-    S.train_step(ref_model, None, ref_opt, x, y)
+    SR.train_step(model, None, opt, x, y)
+    SR.train_step(ref_model, None, ref_opt, x, y)
     _assert_same(model.state_dict(), ref_model.state_dict(), "after .double()")
     assert all(S._lives_in(p, flat) for _, params, flat in opt._buckets for p in params)
-    model, _, opt = S.build("zero1", "uneven")
+    model, _, opt = SR.build("zero1", "uneven")
     model.double()
     with pytest.raises(RuntimeError, match="build the optimizer after"):
-        S.train_step(model, None, opt, x, y)
+        SR.train_step(model, None, opt, x, y)
