@@ -27,6 +27,11 @@ from helpers.timing import sync, time_call
 BACKWARD_RANGE = "ddp: backward"  # the record_function range around loss.backward() in train_step
 
 
+def cpu_state(model: nn.Module) -> dict:
+    """A copy of model.state_dict() on the CPU: what workers return to the parent for comparison."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
 class ToyModel(nn.Module):
     """ids (B, T) -> logits (B, T, vocab): tied embedding/head, a frozen Linear, an unused Parameter, a buffer."""
 
@@ -94,7 +99,7 @@ def reference_training(name, steps, batch_size, context_length, seed=0, optimize
         opt.zero_grad(set_to_none=True)
         lm_loss(model(x), y).backward()
         opt.step()
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return cpu_state(model)
 
 
 def equivalence_worker(name, variants, steps, batch_size, context_length, seed=0, optimizer="sgd") -> dict:
@@ -109,7 +114,7 @@ def equivalence_worker(name, variants, steps, batch_size, context_length, seed=0
         for x, y in make_batches(name, steps, batch_size, context_length, seed):
             share = slice(rank * batch_size // world, (rank + 1) * batch_size // world)
             train_step(ddp, opt, x[share].to(L.device()), y[share].to(L.device()))
-        out[label] = {"state": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        out[label] = {"state": cpu_state(model),
                       "buckets": len(getattr(ddp, "buckets", [])) or None}
     return out
 

@@ -20,6 +20,7 @@ The models, training step and multi-rank workers that notebook 05 runs with them
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import torch
@@ -340,10 +341,17 @@ def expected_collectives(kind: str, grad_bytes: int, world_size: int) -> dict[st
 PRECISIONS = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}  # bytes per parameter: weights, gradients, Adam state (K)
 
 
+@functools.lru_cache(maxsize=64)
+def meta_sizes(model) -> tuple[int, ...]:
+    """numel of each parameter of a model name / ModelConfig, built once on the meta device (nothing allocated)."""
+    return tuple(p.numel() for p in build_model(model, device="meta").parameters())
+
+
 def meta_numel(model) -> int:
-    """Parameters of a model name / ModelConfig (built on the meta device: nothing allocated) or an nn.Module."""
-    module = model if isinstance(model, nn.Module) else build_model(model, device="meta")
-    return sum(p.numel() for p in module.parameters())
+    """Parameters of a model name / ModelConfig (counted on the meta device) or an nn.Module."""
+    if isinstance(model, nn.Module):
+        return sum(p.numel() for p in model.parameters())
+    return sum(meta_sizes(model))
 
 
 def zero_memory(model, world_size: int, stage: int, precision: str = "mixed") -> dict[str, float]:
@@ -370,7 +378,7 @@ def zero_table(model="xl", world_size: int = 8, precision: str = "mixed"):
 
 def state_bytes(kind: str, model_name, world_size: int, rank: int) -> int:
     """AdamW state this rank holds: exp_avg and exp_avg_sq (fp32) per owned element + a 4-byte step per owned tensor."""
-    sizes = [p.numel() for p in build_model(model_name, device="meta").parameters()]
+    sizes = list(meta_sizes(model_name))
     if kind == "unsharded":
         owned = sizes
     elif kind in ("sharded", "naive_sharded"):

@@ -120,10 +120,6 @@ def _share(batch, dev):
     return tuple(t[rank * n // world:(rank + 1) * n // world].clone().to(dev) for t in batch)  # own storage
 
 
-def _weights(model) -> dict:
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
 def equivalence_worker(name, kinds, steps, batch_size, context_length, optimizer="adamw", groups=False) -> dict:
     """Train each kind on this rank's share of the same batches; return final weights, state bytes and, per step,
     the collectives' (op, bytes)."""
@@ -135,7 +131,7 @@ def equivalence_worker(name, kinds, steps, batch_size, context_length, optimizer
             with count_collectives() as log:
                 train_step(model, grad_sync, opt, *_share(batch, L.device()))
             logs.append(log)
-        out[kind] = {"weights": _weights(model), "state_bytes": optimizer_state_bytes(opt), "collectives": logs}
+        out[kind] = {"weights": DR.cpu_state(model), "state_bytes": optimizer_state_bytes(opt), "collectives": logs}
     return out
 
 
@@ -150,7 +146,7 @@ def checkpoint_worker(name, steps, batch_size, context_length, resume=None, star
     for batch in make_batches(name, start + steps, batch_size, context_length, 0)[start:]:
         train_step(model, grad_sync, opt, *_share(batch, L.device()))
     opt.consolidate_state_dict(to=0)
-    return {"state_dict": opt.state_dict() if _rank_world()[0] == 0 else None, "weights": _weights(model)}
+    return {"state_dict": opt.state_dict() if _rank_world()[0] == 0 else None, "weights": DR.cpu_state(model)}
 
 
 def run_all(calls: list) -> list:
@@ -218,8 +214,8 @@ def speed_worker(name, kinds, steps, warmup, batch_size, context_length, optimiz
             train_step(*runs[kind], x, y, times)
             if i >= warmup:
                 samples[kind].append(times)
-    first = _weights(runs[kinds[0]][0])
-    same = {k: all(torch.equal(first[n], v) for n, v in _weights(r[0]).items()) for k, r in runs.items()}
+    first = DR.cpu_state(runs[kinds[0]][0])
+    same = {k: all(torch.equal(first[n], v) for n, v in DR.cpu_state(r[0]).items()) for k, r in runs.items()}
     return {"samples": samples, "state_bytes": {k: optimizer_state_bytes(r[2]) for k, r in runs.items()},
             "same_weights": same}
 
