@@ -78,7 +78,20 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         print("commands:", ", ".join(COMMANDS))
         return 2 if argv else 0
-    return COMMANDS[argv[0]](argv[1:])
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    finally:
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Under torchrun the ranks share a process group to the end: wait for each other, then tear it down together
+    (a rank that exits while a peer's gloo thread still talks to it can abort with 'terminate called ...')."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
