@@ -13,9 +13,10 @@ Under torchrun the world is torchrun's (one configuration) and only rank 0 print
 Results go to data/local/<device>/collectives.jsonl (or --out DIR) with provenance; notebook 03 plots them.
 
 Method (per op and size, on every rank): 5 warm-up calls, then `iters` timed calls (fewer, never under 3, where
---budget-s would be exceeded: the gpu profile's 1 GB gloo runs), each between a barrier and a device sync, each
+--budget-s would be exceeded: the largest sizes), each between a barrier and a device sync, each
 result compared with the exact expected values (small integers, exact in float32); wrong ones are counted.
-Reported time = max over ranks of each rank's median; algbw = bytes / time; busbw = algbw x the nccl-tests factor.
+A call's time is its slowest rank's; reported: the median over calls (time_s) and the quartiles (p25_s, p75_s);
+algbw = bytes / time; busbw = algbw x the nccl-tests factor. The alpha-beta fit uses p25_s (see fit_table).
 `bytes` is nccl-tests' size: the all_reduce/broadcast buffer, the all_gather output, the reduce_scatter input.
 """
 from __future__ import annotations
@@ -41,12 +42,13 @@ SEED_SIZES = (512 * KB, 1 * MB, 10 * MB, 50 * MB, 100 * MB, 500 * MB, 1 * GB)  #
 SMALL_SIZES = (8 * KB, 64 * KB)  # below the seed's grid, so the latency term shows
 PROFILE_GRID = {
     "cpu": dict(sizes=SMALL_SIZES + (512 * KB, 1 * MB, 4 * MB, 10 * MB, 16 * MB), world_sizes=(2, 4),
-                combos=(("gloo", "cpu"),), warmup=5, iters=10, budget_s=None),
+                combos=(("gloo", "cpu"),), warmup=5, iters=30, budget_s=0.3),
     "gpu": dict(sizes=SMALL_SIZES + SEED_SIZES, world_sizes=(2, 4, 6),
                 combos=(("gloo", "cpu"), ("gloo", "cuda"), ("nccl", "cuda")), warmup=5, iters=10, budget_s=5.0),
 }
 MIN_WARMUP = 5  # untimed calls before timing each (op, size)
 RESULTS_NAME = "collectives"  # what `python -m helpers bench collectives` saves
+METHOD = "per call: slowest rank; time_s = median over calls, p25_s/p75_s = quartiles"
 
 
 # ---- bandwidth formulas (nccl-tests, doc/PERFORMANCE.md) ----
@@ -172,14 +174,15 @@ def bench_worker(ops, sizes, warmup: int = 5, iters: int = 10, corrupt_rank: int
 
 
 def summarize(per_rank: list[list[dict]], backend: str, device: str, nodes: int = 1) -> list[dict]:
-    """Combine every rank's samples into tidy rows: time = max over ranks of the per-rank median."""
+    """Combine every rank's samples into tidy rows: one call's time = its slowest rank; median and quartiles of that."""
     n, rows = len(per_rank), []
     for i, first in enumerate(per_rank[0]):
-        medians = [statistics.median(r[i]["samples"]) for r in per_rank]
+        calls = np.max([r[i]["samples"] for r in per_rank], axis=0)  # (iters,) every call waits for its slowest rank
+        p25, t, p75 = (float(q) for q in np.percentile(calls, [25, 50, 75]))
         wrong = [any(r[i]["wrong"][k] for r in per_rank) for k in range(len(first["wrong"]))]  # per timed call
-        t, size, op = max(medians), first["size_bytes"], first["op"]
+        size, op = first["size_bytes"], first["op"]
         rows.append({"backend": backend, "device": device, "world_size": n, "nodes": nodes, "op": op,
-                     "size_bytes": size, "size": format_size(size), "time_s": t, "min_rank_time_s": min(medians),
+                     "size_bytes": size, "size": format_size(size), "time_s": t, "p25_s": p25, "p75_s": p75,
                      "iters": len(wrong), "algbw_GBps": algbw(size, t) / 1e9, "busbw_GBps": busbw(op, size, t, n) / 1e9,
                      "wrong": sum(wrong)})
     return rows
@@ -266,33 +269,42 @@ def fit_alpha_beta(size_bytes, seconds) -> AlphaBeta:
     return AlphaBeta(float(alpha), float(1 / inv_beta), float(np.median(rel)), float(np.max(rel)), len(t))
 
 
-def fit_table(df: pd.DataFrame, keys=("backend", "device", "world_size", "op")) -> pd.DataFrame:
-    """One alpha-beta fit per (backend, device, world_size, op) group of a results frame."""
+def fit_table(df: pd.DataFrame, keys=("backend", "device", "world_size", "op"), col: str = "p25_s") -> pd.DataFrame:
+    """One alpha-beta fit per (backend, device, world_size, op) group of a results frame, fitted to column `col`.
+
+    The default is the lower quartile of the call times: on a shared or virtual machine a fraction of calls also wait
+    for a descheduled rank (milliseconds), enough to move the median of a few calls from one mode to the other, while
+    the lower quartile keeps to the calls that did not wait. Rows saved before p25_s existed are fitted on time_s.
+    """
+    col = col if col in df else "time_s"
     rows = []
     for group, part in df.groupby(list(keys)):
-        fit = fit_alpha_beta(part["size_bytes"], part["time_s"])
+        fit = fit_alpha_beta(part["size_bytes"], part[col])
         rows.append({**dict(zip(keys, group)), "alpha_us": fit.alpha_s * 1e6, "beta_GBps": fit.beta_Bps / 1e9,
                      "crossover_bytes": fit.crossover_bytes, "median_rel_err": fit.median_rel_err,
-                     "max_rel_err": fit.max_rel_err, "points": fit.points, "fit": fit})
+                     "max_rel_err": fit.max_rel_err, "points": fit.points, "fitted_to": col, "fit": fit})
     return pd.DataFrame(rows)
 
 
 def plot_collectives(df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str = "all_reduce", title: str = ""):
-    """Log-log time vs size and busbw vs size, one line per (backend, device, world_size); fits dashed."""
+    """Log-log time (median, quartile bars) and busbw vs size, one line per (backend, device, world_size); fits dashed."""
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
     part = df[df["op"] == op]
     for (backend, device, ws), g in part.groupby(["backend", "device", "world_size"]):
         g = g.sort_values("size_bytes")
-        line, = ax_t.plot(g["size_bytes"], g["time_s"], "o", label=f"{backend}+{device}, {ws} ranks")
-        ax_b.plot(g["size_bytes"], g["busbw_GBps"], "o-", color=line.get_color(), label=line.get_label())
+        label = f"{backend}+{device}, {ws} ranks"
+        spread = [g["time_s"] - g["p25_s"], g["p75_s"] - g["time_s"]] if "p25_s" in g else None  # middle half of calls
+        color = ax_t.errorbar(g["size_bytes"], g["time_s"], yerr=spread, fmt="o", capsize=2, label=label).lines[0].get_color()
+        ax_b.plot(g["size_bytes"], g["busbw_GBps"], "o-", color=color, label=label)
         if fits is not None:
             match = fits[(fits.backend == backend) & (fits.device == device) & (fits.world_size == ws) & (fits.op == op)]
             if len(match):
                 xs = np.geomspace(g["size_bytes"].min(), g["size_bytes"].max(), 50)
-                ax_t.plot(xs, match.iloc[0]["fit"].predict(xs), "--", color=line.get_color())
-    ax_t.set(xscale="log", yscale="log", xlabel="size (bytes)", ylabel="time (s)", title=f"{op}: time (dashed: α–β fit)")
+                ax_t.plot(xs, match.iloc[0]["fit"].predict(xs), "--", color=color)
+    ax_t.set(xscale="log", yscale="log", xlabel="size (bytes)", ylabel="time (s)",
+             title=f"{op}: median, quartile bars; dashed: α–β fit")
     ax_b.set(xscale="log", xlabel="size (bytes)", ylabel="busbw (GB/s)", title=f"{op}: bus bandwidth")
     ax_b.legend(fontsize=8)
     if title:
@@ -345,7 +357,7 @@ def bench_main(argv: list[str]) -> int:
         print("nothing ran here:\n" + skipped.to_string(index=False))
         return 2
     path = save_results(df, args.name, profile=profile, kind="reference" if args.reference else "local",
-                        directory=args.out, method="max over ranks of per-rank median", warmup=warmup)
+                        directory=args.out, method=METHOD, warmup=warmup)
     print(df.drop(columns=["size_bytes"]).to_string(index=False))
     if skipped is not None and len(skipped):
         print("skipped:\n" + skipped.to_string(index=False))

@@ -68,6 +68,15 @@ def test_a_wrong_input_off_the_broadcast_root_is_overwritten_not_counted():
     assert {r["op"]: (r["wrong"], r["iters"]) for r in rows} == {"all_reduce": (3, 3), "broadcast": (0, 3)}
 
 
+def test_summary_times_each_call_by_its_slowest_rank():
+    """A call's time is the max over ranks of that call; time_s, p25_s, p75_s are its median and quartiles."""
+    r0 = [{"op": "all_reduce", "size_bytes": 1000, "samples": [1.0, 5.0, 2.0, 2.0, 9.0], "wrong": [False] * 5}]
+    r1 = [{"op": "all_reduce", "size_bytes": 1000, "samples": [3.0, 1.0, 2.0, 4.0, 1.0], "wrong": [False] * 4 + [True]}]
+    row, = C.summarize([r0, r1], "gloo", "cpu")
+    assert (row["p25_s"], row["time_s"], row["p75_s"]) == (3.0, 4.0, 5.0)  # per call: 3, 5, 2, 4, 9
+    assert row["wrong"] == 1 and row["iters"] == 5 and row["busbw_GBps"] == pytest.approx(1000 / 4.0 / 1e9)
+
+
 def test_fewer_than_five_warmup_calls_are_refused():
     with pytest.raises(ValueError, match="at least 5"):
         C.bench_worker(("all_reduce",), TINY, warmup=4)
@@ -93,12 +102,16 @@ def test_fit_clamps_a_negative_latency_to_zero():
     assert fit.alpha_s == 0.0 and fit.beta_Bps > 0
 
 
-def test_fit_table_one_row_per_group():
+def test_fit_table_one_row_per_group_fitted_to_the_lower_quartile():
     sizes = np.geomspace(1e4, 1e7, 6)
-    df = C.pd.DataFrame([{"backend": "gloo", "device": "cpu", "world_size": n, "op": "all_reduce",
-                          "size_bytes": s, "time_s": 1e-4 * n + s / (1e9 / n)} for n in (2, 4) for s in sizes])
+    df = C.pd.DataFrame([{"backend": "gloo", "device": "cpu", "world_size": n, "op": "all_reduce", "size_bytes": s,
+                          "p25_s": 1e-4 * n + s / (1e9 / n), "time_s": 3e-3 * (k % 2)}  # medians: noise, not α–β
+                         for n in (2, 4) for k, s in enumerate(sizes)])
     fits = C.fit_table(df).set_index("world_size")
     assert fits.loc[2, "alpha_us"] == pytest.approx(200) and fits.loc[4, "beta_GBps"] == pytest.approx(0.25)
+    assert (fits["fitted_to"] == "p25_s").all() and fits["max_rel_err"].max() < 1e-9
+    old = C.fit_table(df.drop(columns="time_s").rename(columns={"p25_s": "time_s"}))  # rows saved before p25_s
+    assert (old["fitted_to"] == "time_s").all() and old["alpha_us"].tolist() == pytest.approx([200, 400])
 
 
 # ---- skipped combinations ----
@@ -146,7 +159,7 @@ def test_bench_main_spawned_writes_results_with_provenance(tmp_path, capsys):
     code = C.bench_main(["--profile", "cpu", "--sizes", "4KB", "--ops", "all_reduce", "all_gather",
                          "--world-sizes", "2", "--iters", "2", "--out", str(tmp_path)])
     prov, rows = _saved(tmp_path / "collectives.jsonl")
-    assert code == 0 and prov["profile"] == "cpu" and prov["method"].startswith("max over ranks")
+    assert code == 0 and prov["profile"] == "cpu" and prov["method"] == C.METHOD
     assert [(r["op"], r["world_size"], r["wrong"]) for r in rows] == [("all_reduce", 2, 0), ("all_gather", 2, 0)]
 
 
