@@ -4,10 +4,10 @@
     python -m helpers demo --world-size 2          # spawn 2 ranks, all-reduce their ids
     torchrun --nproc-per-node 2 -m helpers demo    # the same worker, ranks from torchrun
     python -m helpers writeup [--profile gpu]      # execute notebooks, export HTML (make writeup)
-    python -m helpers bench TOPIC [...]            # helpers.TOPIC.bench_main(argv), e.g. `bench collectives`
+    python -m helpers bench TOPIC [...]            # a topic's benchmark script, e.g. `bench collectives`
 
-A topic module joins `bench` by defining `bench_main(argv) -> int`; other
-commands are entries of COMMANDS: a function taking the remaining argv and returning an exit code.
+Commands are the entries of COMMANDS, benchmarks those of BENCHMARKS (topic -> the experiment module whose
+bench_main(argv) runs it): a function taking the remaining argv and returning an exit code.
 """
 from __future__ import annotations
 
@@ -54,19 +54,22 @@ def cmd_writeup(argv: list[str]) -> int:
     return main(argv)
 
 
+BENCHMARKS = {  # topic -> experiment module with bench_main(argv) -> exit code
+    "rmsnorm": "helpers.experiments.rmsnorm",
+    "collectives": "helpers.experiments.collectives",
+    "ddp": "helpers.experiments.ddp",
+    "sharding": "helpers.experiments.sharding",
+}
+
+
 def cmd_bench(argv: list[str]) -> int:
-    """Run a topic's benchmark script: `bench TOPIC ...` calls helpers.TOPIC.bench_main(...)."""
+    """Run a topic's benchmark script: `bench TOPIC ...` calls BENCHMARKS[TOPIC].bench_main(...)."""
     import importlib
-    import pkgutil
 
-    import helpers
-
-    topics = sorted(m.name for m in pkgutil.iter_modules(helpers.__path__) if not m.name.startswith("_")
-                    if hasattr(importlib.import_module(f"helpers.{m.name}"), "bench_main"))
-    if not argv or argv[0] not in topics:
-        print(f"usage: python -m helpers bench TOPIC [args]; topics: {', '.join(topics) or 'none yet'}")
+    if not argv or argv[0] not in BENCHMARKS:
+        print(f"usage: python -m helpers bench TOPIC [args]; topics: {', '.join(BENCHMARKS)}")
         return 0 if not argv else 2
-    return importlib.import_module(f"helpers.{argv[0]}").bench_main(argv[1:])
+    return importlib.import_module(BENCHMARKS[argv[0]]).bench_main(argv[1:])
 
 
 COMMANDS = {"env": cmd_env, "demo": cmd_demo, "writeup": cmd_writeup, "bench": cmd_bench}
@@ -80,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if argv else 0
     try:
         return COMMANDS[argv[0]](argv[1:])
+    except ValueError as err:  # the project's ValueErrors say what was wrong and what to do: one line, no traceback
+        print(f"python -m helpers {argv[0]}: error: {err}", file=sys.stderr)
+        return 2
     finally:
         _close_process_group()
 

@@ -10,9 +10,9 @@ Runbook:
         ddp.finish_gradient_synchronization()          # wait (naive/flat: all-reduce here); grads = rank mean
         optimizer.step()
 
-    python -m helpers bench ddp [--model small/8 --bucket-mb 1 --steps 30]   # DDPBucketed vs torch DDP, gloo, 2 ranks
+    ddp.close()                                        # overlapped variants: remove the gradient hooks (or `with`)
 
-The models, training step and multi-rank workers that notebook 04 runs with these wrappers are in helpers.ddp_runs.
+The workers notebook 04 runs with these wrappers, and `python -m helpers bench ddp`, are in helpers.experiments.ddp.
 
 Every wrapper broadcasts rank 0's parameters and buffers at construction, averages the gradients of the
 parameters that require them (a tied Parameter once: named_parameters() dedupes by identity), in
@@ -22,18 +22,17 @@ the two agree). `comm_s` adds up the time spent waiting in finish_gradient_synch
 """
 from __future__ import annotations
 
-import argparse
-import math
 import time
+import weakref
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers import launch as L
+from helpers.formulas import MiB
 
-MB = 2**20  # bucket sizes are in binary MB, as torch's bucket_cap_mb
+MB = MiB  # bucket sizes are in binary MB, as torch's bucket_cap_mb
+_HOOKED = weakref.WeakValueDictionary()  # id(parameter) -> the live wrapper whose gradient hook it carries
 
 
 class _DataParallel(nn.Module):
@@ -55,6 +54,15 @@ class _DataParallel(nn.Module):
 
     def on_train_batch_start(self) -> None:
         """Nothing to prepare, except for DDPBucketed."""
+
+    def close(self) -> None:
+        """Remove what this wrapper attached to the module (hooks); nothing for the wrappers that attach none."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _all_reduce(self, flat: torch.Tensor):
         """Start an async all-reduce of flat / world (the mean over ranks); return its handle."""
@@ -123,6 +131,10 @@ class DDPBucketed(_DataParallel):
         plan = self._plan([p.numel() * p.element_size() for p in self.params], bucket_size_mb)
         self.buckets = [[self.params[i] for i in b] for b in plan]  # parameters per bucket, launch order
         self.bucket_buffers, self._where = [], {}  # flat gradient buffers, launch order; id(param) -> (bucket, view)
+        for p in self.params:  # the module was wrapped before (a re-run notebook cell): that wrapper's hooks go
+            if id(p) in _HOOKED:
+                _HOOKED[id(p)].close()
+        self._handles_hooks = []
         for k, bucket in enumerate(self.buckets):
             if len({p.dtype for p in bucket}) > 1:
                 raise ValueError("DDPBucketed needs one dtype per bucket; cast the model or use smaller buckets")
@@ -130,8 +142,18 @@ class DDPBucketed(_DataParallel):
             self.bucket_buffers.append(flat)
             for p, view in zip(bucket, flat.split([p.numel() for p in bucket])):
                 self._where[id(p)] = (k, view.view_as(p))
-                p.register_post_accumulate_grad_hook(self._hook)
+                self._handles_hooks.append(p.register_post_accumulate_grad_hook(self._hook))
+                _HOOKED[id(p)] = self
         self._reset()
+
+    def close(self) -> None:
+        """Remove the gradient hooks (a module wrapped again gets a fresh wrapper; this one stops syncing)."""
+        for h in self._handles_hooks:
+            h.remove()
+        self._handles_hooks = []
+        for p in self.params:
+            if _HOOKED.get(id(p)) is self:
+                del _HOOKED[id(p)]
 
     @staticmethod
     def _plan(sizes_bytes: list[int], bucket_size_mb: float | None) -> list[list[int]]:
@@ -213,68 +235,11 @@ VARIANTS = {"naive": NaiveDDP, "flat": FlatDDP, "per_parameter": DDPIndividualPa
 
 
 def wrap(kind: str, module: nn.Module, bucket_size_mb: float | None = None, **kwargs) -> _DataParallel:
-    """VARIANTS[kind](module), with bucket_size_mb for "bucketed" and "torch_ddp"."""
+    """VARIANTS[kind](module), with bucket_size_mb for "bucketed" and "torch_ddp" (the others have no buckets)."""
+    if kind not in VARIANTS:
+        raise ValueError(f"unknown DDP variant {kind!r}; expected one of {', '.join(VARIANTS)}")
+    if bucket_size_mb is not None and kind not in ("bucketed", "torch_ddp"):
+        raise ValueError(f"{kind!r} has no buckets, so bucket_size_mb={bucket_size_mb!r} would be ignored; pass None")
     if kind in ("bucketed", "torch_ddp"):
         kwargs["bucket_size_mb"] = bucket_size_mb if bucket_size_mb is not None or kind == "bucketed" else 25
     return VARIANTS[kind](module, **kwargs)
-
-
-def overlap_fraction(backward: tuple[float, float], spans: list) -> float:
-    """Share of the time with an all-reduce in flight (union of [launch, done]) that falls inside backward."""
-    spans = sorted((a, b) for a, b in spans if b is not None)
-    merged = []
-    for a, b in spans:
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    total = sum(b - a for a, b in merged)
-    inside = sum(max(0.0, min(b, backward[1]) - max(a, backward[0])) for a, b in merged)
-    return inside / total if total > 0 else 0.0
-
-
-# ---- the bucket-size model (notebook 04 derives it) ----
-
-def bucket_overhead(n_buckets, grad_bytes: float, backward_s: float, alpha_s: float, beta_Bps: float):
-    """Modelled time from backward's end to the last all-reduce's end, with n equal buckets ready evenly in backward."""
-    n = np.asarray(n_buckets, dtype=float)
-    per_bucket = alpha_s + grad_bytes / (n * beta_Bps)  # one bucket's all-reduce
-    return np.maximum(per_bucket, n * per_bucket - backward_s * (1 - 1 / n))
-
-
-def optimal_buckets(grad_bytes: float, backward_s: float, alpha_s: float, beta_Bps: float) -> float:
-    """The n minimizing bucket_overhead: max((T_b - S/beta)/alpha, sqrt(T_b/alpha)), at least 1."""
-    return max(1.0, (backward_s - grad_bytes / beta_Bps) / alpha_s, math.sqrt(backward_s / alpha_s))
-
-
-def bench_parser(prog: str) -> argparse.ArgumentParser:
-    """The options the 2-rank training benchmarks share (bench ddp, bench sharding): model, steps, batch, device."""
-    parser = argparse.ArgumentParser(prog=prog)
-    parser.add_argument("--model", default="small/8")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--context-length", type=int, default=64)
-    parser.add_argument("--device", default="cpu", help="cpu | cuda (gloo either way)")
-    return parser
-
-
-def bench_main(argv: list[str]) -> int:
-    """`python -m helpers bench ddp`: DDPBucketed vs torch DDP step time (gloo, 2 ranks, CPU), same run."""
-    parser = bench_parser("python -m helpers bench ddp")
-    parser.add_argument("--bucket-mb", type=float, default=1.0)
-    args = parser.parse_args(argv)
-    from helpers.ddp_runs import _bench_with_weights, summarize_speed  # ddp_runs imports this module
-
-    per_rank = L.launch(_bench_with_weights, 2, args.model, args.bucket_mb, args.steps, args.warmup, args.batch_size,
-                        args.context_length, backend="gloo", device=args.device)
-    rows = {r["variant"]: r for r in summarize_speed([p["speed"] for p in per_rank])}
-    ours, theirs = rows["bucketed"]["step_s"], rows["torch_ddp"]["step_s"]
-    slowest = {k: np.max([p["speed"][k]["step"] for p in per_rank], axis=0) for k in ("bucketed", "torch_ddp")}
-    paired = np.quantile(slowest["bucketed"] / slowest["torch_ddp"], [0.25, 0.5, 0.75])  # step i vs step i
-    same = all(p["same_weights"] for p in per_rank)
-    print(f"{args.model}, bucket {args.bucket_mb:g} MB, gloo on {args.device}, 2 ranks, {args.steps} interleaved steps "
-          f"(slowest rank): DDPBucketed median {ours * 1e3:.2f} ms ({rows['bucketed']['buckets']} buckets), "
-          f"torch DDP {theirs * 1e3:.2f} ms, ratio of medians {ours / theirs:.3f}; median of the per-step ratios "
-          f"{paired[1]:.3f} (IQR {paired[0]:.3f}-{paired[2]:.3f}; target <= 1.05); identical weights after training: {same}")
-    return 0 if same else 1

@@ -1,9 +1,9 @@
-"""Memory of a training step: measured (a device-agnostic tracker) and analytic (from the config).
+"""Memory of a training step, measured: a device-agnostic tracker (the closed forms are in helpers.formulas).
 
     trace = track(lambda: train_step(lm, opt, x, y), existing=lm.parameters(), model=lm)
     trace.peak_bytes, trace.timeline, trace.largest(5)          # measured, any device
     trace.categorize(params=..., grads=..., optimizer_state=...) # what was live at the peak
-    step_breakdown(cfg, batch_size, context_length)              # analytic bytes per part
+    model_state(model, opt, x, y)                                 # what is live before a step (as `existing`)
 
 The tracker is a TorchDispatchMode: every op's output storages are counted when they
 first appear and uncounted by a weakref finalizer when they die, so it sees the bytes
@@ -22,9 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from helpers.model import ModelConfig, count_parameters, get_config
-
-MiB = 2**20
+from helpers.formulas import MiB
 
 
 @dataclass
@@ -164,22 +162,6 @@ def track(fn, existing=(), model: torch.nn.Module | None = None, device=None) ->
                        dict(tracker.history), set(tracker.peak_ids), allocator_peak, result)
 
 
-def step_peaks(size, batch_size: int, context_length: int, autocast_dtype=None, device=None) -> dict[str, MemoryTrace]:
-    """Traces of forward-only and of a steady-state training step (AdamW state exists) of a fresh model of `size`."""
-    from helpers.model import build_model, random_batch
-    from helpers.profiling import forward_step, train_step
-
-    lm = build_model(size, device=device)
-    opt = torch.optim.AdamW(lm.parameters())
-    x, y = random_batch(lm.cfg, batch_size, context_length, device=device)
-    train_step(lm, opt, x, y, autocast_dtype=autocast_dtype)  # creates the AdamW state
-    lm.zero_grad(set_to_none=True)
-    state = model_state(lm, opt, x, y)
-    return {"forward": track(lambda: forward_step(lm, x, autocast_dtype), existing=state, device=device),
-            "full step": track(lambda: train_step(lm, opt, x, y, autocast_dtype=autocast_dtype),
-                               existing=state, device=device)}
-
-
 # --- CUDA: the allocator's own record, for PyTorch's memory viewer -----------------------------
 
 def cuda_snapshot(fn, path, max_entries: int = 100_000):
@@ -206,93 +188,10 @@ def timeline_from_snapshot(snapshot: dict, device: int = 0) -> list[tuple[int, i
     return out
 
 
-# --- analytic accounting ------------------------------------------------------------------------
-
-def dtype_bytes(dtype: torch.dtype) -> int:
-    """Bytes per element of `dtype`."""
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def param_bytes(cfg: ModelConfig | str, dtype=torch.float32) -> int:
-    """Bytes of the parameters (also of their gradients, which have the parameters' dtype)."""
-    return count_parameters(cfg) * dtype_bytes(dtype)
-
-
-def param_tensor_count(cfg: ModelConfig | str) -> int:
-    """Number of parameter tensors: embeddings 2, per block 2 norms + 4 linears, final norm, LM head."""
-    return 2 + 6 * get_config(cfg).n_layers + 2
-
-
-def adamw_state_bytes(cfg: ModelConfig | str, dtype=torch.float32) -> int:
-    """AdamW state: exp_avg and exp_avg_sq like each parameter, plus a 4-byte fp32 `step` per parameter tensor."""
-    return 2 * param_bytes(cfg, dtype) + 4 * param_tensor_count(cfg)
-
-
-def residual_stream_bytes(batch_size: int, context_length: int, d_model: int, dtype=torch.float32) -> int:
-    """One residual-stream activation (B, T, d_model): B·T·d·bytes."""
-    return batch_size * context_length * d_model * dtype_bytes(dtype)
-
-
-def buffer_bytes(cfg: ModelConfig | str) -> int:
-    """The causal-mask buffers: one (context, context) bool matrix per block."""
-    c = get_config(cfg)
-    return c.n_layers * c.context_length**2
-
-
-def activation_bytes(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
-                     dtype=torch.float32) -> dict[str, int]:
-    """Bytes autograd saves for backward in one forward pass of TransformerLM (fp32), per part.
-
-    Per block, with R = B·T·d: the block input, norm1's y and output, q, k and v made contiguous
-    for the matmuls (3R), the re-assembled heads, the mid-block residual, norm2's y and output
-    (10 R in all), two rsqrt columns (2 B·T), the attention probabilities (B·H·T²), the negated
-    causal mask (T² bool), and the FFN's d_ff-wide w1 output and GELU output. After the blocks:
-    the last residual, the final norm's y, output and rsqrt, the log-softmax output (B·T·V) and
-    the loss with its total weight (2 scalars). The position ids (int64 T) for the embedding backward.
-    """
-    c = get_config(cfg)
-    B, T = batch_size, context_length or c.context_length
-    e = dtype_bytes(dtype)
-    R = B * T * c.d_model
-    per_block = (10 * R + 2 * B * T + 2 * B * T * c.d_ff + B * c.n_heads * T * T) * e + T * T
-    return {"blocks": c.n_layers * per_block,
-            "final norm + head + loss": (3 * R + B * T + B * T * c.vocab_size + 2) * e,
-            "position ids": T * 8}
-
+# --- what is live before a step -----------------------------------------------------------------
 
 def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *batch) -> list:
     """Parameters, buffers, optimizer state and batch tensors: what is live before a step (pass as `existing`)."""
     state = [t for s in (optimizer.state.values() if optimizer else []) for t in s.values()
              if isinstance(t, torch.Tensor)]
     return list(model.parameters()) + list(model.buffers()) + state + list(batch)
-
-
-def step_breakdown(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
-                   dtype=torch.float32) -> dict[str, int]:
-    """Analytic bytes of one training step's state: parameters, gradients, AdamW state, saved activations."""
-    return {"parameters": param_bytes(cfg, dtype), "buffers": buffer_bytes(cfg), "gradients": param_bytes(cfg, dtype),
-            "optimizer state": adamw_state_bytes(cfg, dtype),
-            "activations": sum(activation_bytes(cfg, batch_size, context_length, dtype).values()),
-            "token ids": 2 * batch_size * (context_length or get_config(cfg).context_length) * 8}  # inputs, targets
-
-
-def loss_grad_bytes(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
-                    dtype=torch.float32) -> int:
-    """The two (B, T, V) buffers live as backward starts: d loss/d log-probs and d loss/d logits."""
-    c = get_config(cfg)
-    return 2 * batch_size * (context_length or c.context_length) * c.vocab_size * dtype_bytes(dtype)
-
-
-def peak_breakdown(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
-                   dtype=torch.float32) -> dict[str, int]:
-    """What is live as backward starts in a steady-state step (AdamW state exists, grads were set to None).
-
-    That moment holds every saved activation plus the two (B, T, V) loss-gradient buffers and is
-    the step's peak when activations outweigh the gradients (as at the reference sizes); otherwise
-    the peak falls later in backward, as gradients pile up, and this sum is a lower bound.
-    """
-    full = step_breakdown(cfg, batch_size, context_length, dtype)
-    return {"parameters": full["parameters"], "buffers": full["buffers"], "optimizer state": full["optimizer state"],
-            "gradients": 0, "activations": full["activations"],
-            "loss gradients (B·T·V ×2)": loss_grad_bytes(cfg, batch_size, context_length, dtype),
-            "token ids": full["token ids"]}

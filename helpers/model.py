@@ -89,8 +89,9 @@ def get_config(name_or_cfg: str | ModelConfig, **overrides) -> ModelConfig:
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
-class RMSNorm(nn.Module):
-    """Root-mean-square norm with a learnable gain, computed in float32 whatever the input dtype."""
+class RMSNormTorch(nn.Module):
+    """The model's default norm: root-mean-square norm with a learnable gain, in PyTorch ops, in float32 whatever
+    the input dtype. (helpers.rmsnorm.RMSNormLayer is the same layer with a choice of kernel.)"""
 
     def __init__(self, d_model: int, eps: float = 1e-5):
         super().__init__()
@@ -103,9 +104,20 @@ class RMSNorm(nn.Module):
         return (y * self.weight).to(x.dtype)
 
 
+def _rmsnorm_layer(impl: str) -> Callable[[int], nn.Module]:
+    """A factory for helpers.rmsnorm.RMSNormLayer(d, impl), imported when a model asks for it (Triton is heavy)."""
+    def make(d_model: int) -> nn.Module:
+        from helpers.rmsnorm import RMSNormLayer
+
+        return RMSNormLayer(d_model, impl=impl)
+    return make
+
+
 NORM_LAYERS: dict[str, Callable[[int], nn.Module]] = {
-    "rmsnorm": RMSNorm,
+    "rmsnorm": RMSNormTorch,
     "layernorm": lambda d: nn.LayerNorm(d, eps=1e-5, bias=False),  # no bias: same count as RMSNorm
+    "rmsnorm_triton": _rmsnorm_layer("triton"),  # fused Triton kernels (notebook 02)
+    "rmsnorm_torchfn": _rmsnorm_layer("torchfn"),  # the hand-derived autograd Function
 }
 
 
@@ -208,17 +220,29 @@ def build_model(name_or_cfg: str | ModelConfig, device=None, dtype=None, **overr
     return model.to(dtype) if dtype is not None else model
 
 
-def parameter_breakdown(name_or_cfg: str | ModelConfig) -> dict[str, int]:
-    """Analytic parameter count per part of the model, from the config alone."""
+def parameter_shapes(name_or_cfg: str | ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's shape, named and ordered as TransformerLM.named_parameters(), from the config alone."""
     c = get_config(name_or_cfg)
-    d, L = c.d_model, c.n_layers
-    return {
-        "embeddings": c.vocab_size * d + c.context_length * d,  # token + position
-        "attention": L * 4 * d * d,  # qkv (3 d^2) + proj (d^2)
-        "feed_forward": L * 2 * d * c.d_ff,  # w1 + w2
-        "norms": L * 2 * d + d,  # two per block + final
-        "lm_head": d * c.vocab_size,  # untied
-    }
+    d = c.d_model
+    shapes = {"tok_emb.weight": (c.vocab_size, d), "pos_emb.weight": (c.context_length, d)}
+    for i in range(c.n_layers):
+        shapes.update({f"blocks.{i}.norm1.weight": (d,), f"blocks.{i}.attn.qkv.weight": (3 * d, d),
+                       f"blocks.{i}.attn.proj.weight": (d, d), f"blocks.{i}.norm2.weight": (d,),
+                       f"blocks.{i}.ffn.w1.weight": (c.d_ff, d), f"blocks.{i}.ffn.w2.weight": (d, c.d_ff)})
+    shapes.update({"norm_f.weight": (d,), "lm_head.weight": (c.vocab_size, d)})
+    return shapes
+
+
+PARTS = {"emb": "embeddings", "attn": "attention", "ffn": "feed_forward", "norm": "norms", "lm_head": "lm_head"}
+
+
+def parameter_breakdown(name_or_cfg: str | ModelConfig) -> dict[str, int]:
+    """Analytic parameter count per part of the model (embeddings, attention, feed_forward, norms, lm_head)."""
+    out = dict.fromkeys(PARTS.values(), 0)
+    for name, shape in parameter_shapes(name_or_cfg).items():
+        part = next(v for k, v in PARTS.items() if k in name)
+        out[part] += math.prod(shape)
+    return out
 
 
 def count_parameters(name_or_cfg: str | ModelConfig) -> int:

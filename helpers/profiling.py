@@ -1,11 +1,11 @@
-"""Where a training step's time goes: profiler tables, op classes, stacks -> flame graph, FLOPs and MFU.
+"""Where a training step's time goes: profiler tables, op classes, stacks -> flame graph, counted FLOPs.
 
-    prof = run_profiler(lambda: train_step(lm, opt, x, y), steps=2, model=lm)
+    prof = run_profiler(lambda: train_step(lm, opt, x, y), steps=2, model=lm)   # any step function
     op_table(prof, steps=2)                # top ops by self device time (CPU time on CPU), share, calls/step
     class_shares(prof)                     # matmul vs elementwise/other
     stacks = module_stacks(prof)           # [(("TransformerLM", "blocks.0", "attn", "aten::mm"), µs), ...]
-    plot_flame(stacks); module_share(stacks, "RMSNorm")
-    train_flops(cfg, batch, T), counted_flops(fn), mfu(flops_per_s, device_name, dtype)
+    plot_flame(stacks); module_share(stacks, "RMSNormTorch")
+    counted_flops(fn)                      # what FlopCounterMode counts (the closed forms are in helpers.formulas)
 
 Stacks come from the profiler's op tree, with each module's forward wrapped in a
 `record_function` labelled by its name and class; backward ops are attributed to
@@ -20,88 +20,11 @@ import torch
 import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from helpers.model import get_config
+from helpers.timing import sync
 
 MATMUL_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear",
               "aten::_scaled_mm", "aten::addbmm"}
 MATMUL_KERNEL_HINTS = ("gemm", "xmma", "cutlass", "cublas", "matmul", "wgmma")
-
-
-# --- steps to profile ----------------------------------------------------------------------------
-
-def forward_step(lm, x, autocast_dtype=None):
-    """Forward pass only, no graph (inference), optionally under autocast."""
-    ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-    with torch.no_grad(), ctx:
-        return lm(x)
-
-
-def train_step(lm, opt, x, y, autocast_dtype=None, optimizer_step: bool = True):
-    """Forward, backward and (optionally) AdamW step; grads set to None first. Returns the loss."""
-    from helpers.model import lm_loss
-
-    lm.zero_grad(set_to_none=True)
-    ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-    with ctx:
-        loss = lm_loss(lm(x), y)
-    loss.backward()
-    if optimizer_step:
-        opt.step()
-    return loss.detach()
-
-
-def guarded(fn):
-    """fn(), or the string "OOM" when the GPU runs out of memory (the cache is emptied so the run goes on)."""
-    try:
-        return fn()
-    except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return "OOM"
-
-
-# --- timing one model per size (notebook 01) ----------------------------------------------------
-
-def pass_fn(lm, x, y, kind: str, autocast_dtype=None):
-    """A callable for one pass of `lm`: "forward" (building the graph), "backward" (re-run on one retained graph)
-    or "both"; the forward runs under autocast when `autocast_dtype` is given."""
-    from helpers.model import lm_loss
-
-    def loss():
-        ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-        with ctx:
-            return lm_loss(lm(x), y)
-
-    if kind == "forward":
-        return loss
-    if kind == "backward":
-        graph = loss()  # one graph: backward alone is timed
-        return lambda: graph.backward(retain_graph=True)
-    if kind == "both":
-        return lambda: loss().backward()
-    raise ValueError(f"kind={kind!r}: use 'forward', 'backward' or 'both'")
-
-
-def time_size(size, batch_size: int, context_length: int, warmup: int, steps: int, device=None,
-              kinds=("forward", "backward", "both"), autocast_dtype=None) -> list[dict]:
-    """One row per pass of a freshly built model of `size`: timing stats and the first sample, or status "OOM"."""
-    from helpers.model import build_model, random_batch
-    from helpers.timing import benchmark
-
-    def run(kind):
-        lm = build_model(size, device=device)
-        x, y = random_batch(lm.cfg, batch_size, context_length, device=device)
-        fn = pass_fn(lm, x, y, kind, autocast_dtype)
-        return benchmark(fn, warmup=warmup, steps=steps, device=device, label=f"{size} {kind}")
-
-    rows = []
-    for kind in kinds:
-        t = guarded(lambda: run(kind))
-        row = {"size": size, "pass": kind, "warm-up": warmup,
-               "precision": "fp32" if autocast_dtype is None else f"autocast {str(autocast_dtype)[6:]}"}
-        row.update({"mean_s": None, "median_s": None, "std_s": None, "status": "OOM"} if t == "OOM" else
-                   {**t.as_row(), "first_s": t.samples[0], "status": "ok"})
-        rows.append(row)
-    return rows
 
 
 # --- running the profiler ------------------------------------------------------------------------
@@ -131,8 +54,6 @@ def label_modules(model: nn.Module):
 
 def run_profiler(fn, steps: int = 2, warmup: int = 1, model: nn.Module | None = None, device=None):
     """Profile `steps` calls of fn() after `warmup` untimed calls; CUDA activity too when on a GPU."""
-    from helpers.timing import sync
-
     dev = torch.device(device) if device is not None else torch.device("cpu")
     for _ in range(warmup):
         fn()
@@ -337,26 +258,7 @@ def plot_flame(stacks, ax=None, title: str = "", min_label_share: float = 0.03):
     return ax
 
 
-# --- FLOPs and utilisation -----------------------------------------------------------------------
-
-def matmul_params(cfg) -> int:
-    """Parameters that take part in a matmul: every block's qkv, proj, w1, w2 and the LM head (not embeddings, norms)."""
-    c = get_config(cfg)
-    return c.n_layers * (4 * c.d_model**2 + 2 * c.d_model * c.d_ff) + c.d_model * c.vocab_size
-
-
-def forward_flops(cfg, batch_size: int, context_length: int | None = None) -> dict[str, int]:
-    """Forward matmul FLOPs: 2·N_matmul·B·T for weights, 2·2·B·T²·d per layer for QKᵀ and AV (full T², as computed)."""
-    c = get_config(cfg)
-    T = context_length or c.context_length
-    return {"weights": 2 * matmul_params(c) * batch_size * T,
-            "attention": c.n_layers * 2 * 2 * batch_size * T * T * c.d_model}
-
-
-def train_flops(cfg, batch_size: int, context_length: int | None = None) -> int:
-    """FLOPs of forward + backward (backward = 2× forward): 6·N·B·T + 12·L·B·T²·d."""
-    return 3 * sum(forward_flops(cfg, batch_size, context_length).values())
-
+# --- FLOPs as torch counts them -----------------------------------------------------------------
 
 def counted_flops(fn) -> int:
     """FLOPs torch.utils.flop_counter.FlopCounterMode counts while fn() runs (matmuls and convolutions)."""
@@ -365,62 +267,3 @@ def counted_flops(fn) -> int:
     with FlopCounterMode(display=False) as counter:
         fn()
     return counter.get_total_flops()
-
-
-# Dense peak FLOP/s (no sparsity) from NVIDIA's datasheets: H100 SXM5 / H200 (H100 and H200 datasheets,
-# nvidia.com/en-us/data-center/h100 and /h200), H100 PCIe, A100 SXM (A100 datasheet, 2021).
-# "fp32" is plain FP32 (PyTorch's default: no TF32 in matmuls); "tf32" when TF32 is allowed.
-PEAK_FLOPS = {
-    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
-    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
-    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
-    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
-}
-
-
-def peak_flops(device_name: str, precision: str = "fp32") -> float | None:
-    """Dense peak FLOP/s of a known GPU at `precision` (bf16, fp16, tf32, fp32); None when unknown (e.g. CPUs)."""
-    for key, peaks in PEAK_FLOPS.items():  # "H100 PCIe" is checked before "H100"
-        if all(part.lower() in device_name.lower() for part in key.split()):
-            return peaks.get(precision)
-    return None
-
-
-def mfu(flops: float, seconds: float, device_name: str, precision: str = "fp32") -> float | None:
-    """Model FLOPs utilisation: achieved FLOP/s over the device's peak; None where no peak is known."""
-    peak = peak_flops(device_name, precision)
-    return None if peak is None or seconds <= 0 else flops / seconds / peak
-
-
-# --- mixed precision: dtypes seen by hooks -------------------------------------------------------
-
-class ToyModel(nn.Module):
-    """The handout's toy model: fc1 -> ReLU -> LayerNorm -> fc2."""
-
-    def __init__(self, in_features: int = 10, out_features: int = 5):
-        super().__init__()
-        self.fc1 = nn.Linear(in_features, 10, bias=False)
-        self.ln = nn.LayerNorm(10)
-        self.fc2 = nn.Linear(10, out_features, bias=False)
-        self.relu = nn.ReLU()
-
-    def forward(self, x):
-        return self.fc2(self.ln(self.relu(self.fc1(x))))
-
-
-def autocast_dtypes(model: nn.Module, x, y, device_type: str = "cpu", dtype=torch.bfloat16) -> dict[str, str]:
-    """Dtypes of parameters, fc1's output, the norm's output, logits, loss and grads under autocast, via hooks."""
-    seen = {"parameters": str({p.dtype for p in model.parameters()}.pop())}
-    hooks = [model.fc1.register_forward_hook(lambda m, i, o: seen.__setitem__("fc1 output", str(o.dtype))),
-             model.ln.register_forward_hook(lambda m, i, o: seen.__setitem__("norm output", str(o.dtype)))]
-    try:
-        with torch.autocast(device_type, dtype=dtype):
-            logits = model(x)
-            loss = nn.functional.cross_entropy(logits, y)
-        seen["logits"], seen["loss"] = str(logits.dtype), str(loss.dtype)
-        loss.backward()
-    finally:
-        for h in hooks:
-            h.remove()
-    seen["gradients"] = str({p.grad.dtype for p in model.parameters()}.pop())
-    return seen

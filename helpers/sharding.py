@@ -1,4 +1,4 @@
-"""Optimizer-state sharding by hand (notebook 05): ShardedOptimizer, the ZeRO-1 variant, bytes sent, memory calculator.
+"""Optimizer-state sharding by hand (notebook 05): ShardedOptimizer (whole tensors per rank) and ZeRO-1 (flat slices).
 
 Runbook:
 
@@ -8,29 +8,20 @@ Runbook:
 
     opt = Zero1Optimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)     # no DDP: it reduce-scatters itself
     opt.consolidate_state_dict(to=0); sd = opt.state_dict()         # ShardedOptimizer, on rank 0; loads at any N
-    with count_collectives() as log: train_step(...)                # [(op, bytes passed), ...]
-    zero_memory("xl", world_size=8, stage=1, precision="mixed")      # per-rank bytes, counted on the meta device
-
-    python -m helpers bench sharding [--model small/8 --steps 30]   # vs torch's ZeroRedundancyOptimizer, gloo, 2 ranks
 
 ShardedOptimizer assigns whole tensors to ranks, largest first to the least-loaded rank (balanced by bytes);
 Zero1Optimizer cuts one flat buffer per param group into N equal slices, so each rank holds exactly 1/N of the state.
-The models, training step and multi-rank workers that notebook 05 runs with them are in helpers.sharding_runs.
+Their memory and bytes in closed form are in helpers.formulas; the workers notebook 05 runs with them, and
+`python -m helpers bench sharding`, in helpers.experiments.sharding.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
-from helpers import ddp as D
-from helpers import launch as L
-from helpers import memory as M
-from helpers.model import build_model
+from helpers.comm import all_gather, reduce_scatter
 from helpers.timing import sync
 
 
@@ -211,15 +202,6 @@ class NaiveShardedOptimizer(ShardedOptimizer):
                 dist.broadcast(p.data, src)
 
 
-def _reduce_scatter(out, inp):
-    """Looked up at call time, so count_collectives sees it; the newer name where this torch has it."""
-    return getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, inp)
-
-
-def _all_gather(out, inp):
-    return getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, inp)
-
-
 class Zero1Optimizer(_Sharded):
     """ZeRO stage 1 (P_os) as in the paper: per param group one flat parameter and one flat gradient buffer, padded
     to a multiple of N; rank r owns elements [r·S, (r+1)·S). step(): reduce-scatter the gradients (mean) in place,
@@ -257,12 +239,14 @@ class Zero1Optimizer(_Sharded):
         self.flats.append(dict(params=params, flat=flat, grad=grad, grad_views=grad_views, shard=shard))
         self._add_local_group(full, [shard])
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the flat gradient buffers and make every gradient a view into them (set_to_none is ignored)."""
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Zero the flat gradient buffers; every gradient stays a view into them, so backward accumulates in place and
+        the reduce-scatter reads them with no copy (hence the default False). set_to_none=True drops the gradients
+        instead: backward then allocates fresh ones, copied into the buffer by step() (one more Ψ of bytes until then)."""
         for f in self.flats:
             f["grad"].zero_()
             for p, v in zip(f["params"], f["grad_views"]):
-                p.grad = v
+                p.grad = None if set_to_none else v
 
     def _step(self) -> None:
         if not all(_lives_in(p, f["flat"]) for f in self.flats for p in f["params"]):
@@ -286,138 +270,9 @@ class Zero1Optimizer(_Sharded):
         for f in self.flats:
             if f["shard"].numel():
                 f["grad"].div_(self.world)  # as helpers.ddp: divide, then sum over ranks
-                _reduce_scatter(f["shard"].grad, f["grad"])
+                reduce_scatter(f["shard"].grad, f["grad"])
 
     def _all_gather(self) -> None:
         for f in self.flats:
             if f["shard"].numel():
-                _all_gather(f["flat"], f["shard"])
-
-
-# ---- counting the bytes handed to collectives ----
-
-_COUNTED = {"all_reduce": ("all_reduce", 0, "tensor"), "broadcast": ("broadcast", 0, "tensor"),
-            "all_gather_into_tensor": ("all_gather", 0, "output_tensor"),
-            "all_gather_single": ("all_gather", 0, "output"),
-            "reduce_scatter_tensor": ("reduce_scatter", 1, "input"),
-            "reduce_scatter_single": ("reduce_scatter", 1, "input")}
-
-
-@contextlib.contextmanager
-def count_collectives():
-    """Record (op, bytes) for each collective called through torch.distributed while active: the all-reduce and
-    broadcast buffer, the all-gather output, the reduce-scatter input (nccl-tests' sizes)."""
-    log, saved = [], {}
-    for name, (op, pos, key) in _COUNTED.items():
-        if not hasattr(dist, name):
-            continue
-        saved[name] = fn = getattr(dist, name)
-
-        def counting(*args, _fn=fn, _op=op, _pos=pos, _key=key, **kwargs):
-            t = args[_pos] if len(args) > _pos else kwargs[_key]
-            log.append((_op, t.numel() * t.element_size()))
-            return _fn(*args, **kwargs)
-        setattr(dist, name, counting)
-    try:
-        yield log
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
-
-
-def wire_factor(op: str, world_size: int) -> float:
-    """Bytes each rank receives per byte passed (ring algorithms): all-reduce 2(N-1)/N, the others (N-1)/N."""
-    return (2 if op == "all_reduce" else 1) * (world_size - 1) / world_size
-
-
-def expected_collectives(kind: str, grad_bytes: int, world_size: int) -> dict[str, int]:
-    """Analytic bytes passed to each collective per step (Ψ = grad_bytes; Zero1: Ψ padded to a multiple of N)."""
-    return {"unsharded": {"all_reduce": grad_bytes}, "sharded": {"all_reduce": grad_bytes, "broadcast": grad_bytes},
-            "zero1": {"reduce_scatter": grad_bytes, "all_gather": grad_bytes}}[kind]
-
-
-# ---- the memory calculator (ZeRO paper, section 5: (2 + 2 + K)Ψ) ----
-
-PRECISIONS = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}  # bytes per parameter: weights, gradients, Adam state (K)
-
-
-@functools.lru_cache(maxsize=64)
-def meta_sizes(model) -> tuple[int, ...]:
-    """numel of each parameter of a model name / ModelConfig, built once on the meta device (nothing allocated)."""
-    return tuple(p.numel() for p in build_model(model, device="meta").parameters())
-
-
-def meta_numel(model) -> int:
-    """Parameters of a model name / ModelConfig (counted on the meta device) or an nn.Module."""
-    if isinstance(model, nn.Module):
-        return sum(p.numel() for p in model.parameters())
-    return sum(meta_sizes(model))
-
-
-def zero_memory(model, world_size: int, stage: int, precision: str = "mixed") -> dict[str, float]:
-    """Per-rank bytes of model states under ZeRO stage 0-3 with Adam: stage 1 shards the optimizer state,
-    2 also the gradients, 3 also the weights. Communication: per-rank bytes received per step (2Ψ_g, stage 3 3Ψ_g)."""
-    psi, N = meta_numel(model), world_size
-    w, g, k = PRECISIONS[precision]
-    out = {"parameters": w * psi / (N if stage >= 3 else 1), "gradients": g * psi / (N if stage >= 2 else 1),
-           "optimizer state": k * psi / (N if stage >= 1 else 1)}
-    out["total"] = sum(out.values())
-    out["communication"] = (3 if stage == 3 else 2) * g * psi * (N - 1) / N
-    return out
-
-
-def zero_table(model="xl", world_size: int = 8, precision: str = "mixed"):
-    """Per-rank GiB of model states and of traffic per step for ZeRO stages 0-3 (notebook 05's table and widget)."""
-    import pandas as pd
-
-    rows = [{"stage": s, **{k: v / 2**30 for k, v in zero_memory(model, world_size, s, precision).items()}}
-            for s in range(4)]
-    return pd.DataFrame(rows).set_index("stage").round(3)
-
-# ---- analytic per-rank memory of our runs (checked against measurements in notebook 05 and the tests) ----
-
-def state_bytes(kind: str, model_name, world_size: int, rank: int) -> int:
-    """AdamW state this rank holds: exp_avg and exp_avg_sq (fp32) per owned element + a 4-byte step per owned tensor."""
-    sizes = list(meta_sizes(model_name))
-    if kind == "unsharded":
-        owned = sizes
-    elif kind in ("sharded", "naive_sharded"):
-        owned = [s for s, r in zip(sizes, partition_by_bytes([4 * s for s in sizes], world_size)) if r == rank]
-    else:
-        owned = [-(-sum(sizes) // world_size)]
-    return sum(8 * s + 4 for s in owned)
-
-
-def live_bytes(kind: str, model_name, world_size: int, rank: int, batch_per_rank: int, context_length: int,
-               point: str, step: int = 1) -> dict[str, int]:
-    """What is live at 'after init' / 'before step' / 'after step' of step `step`: parameters and buffers,
-    gradients (DDP buckets or Zero1's flat buffer, allocated when wrapping), optimizer state, token ids."""
-    has_state = point == "after step" or step > 1
-    psi = 4 * meta_numel(model_name)
-    if kind == "zero1":
-        psi = 4 * -(-meta_numel(model_name) // world_size) * world_size  # padded flat buffer
-    return {"parameters": psi + M.buffer_bytes(model_name), "gradients": psi,
-            "optimizer state": state_bytes(kind, model_name, world_size, rank) if has_state else 0,
-            "other": 0 if point == "after init" else 2 * batch_per_rank * context_length * 8}
-
-
-def bench_main(argv: list[str]) -> int:
-    """`python -m helpers bench sharding`: ShardedOptimizer vs torch's ZeroRedundancyOptimizer, gloo, 2 ranks."""
-    args = D.bench_parser("python -m helpers bench sharding").parse_args(argv)
-    kinds = ["unsharded", "sharded", "torch_zero"]
-    from helpers.sharding_runs import speed_worker, summarize_speed  # sharding_runs imports this module
-
-    per_rank = L.launch(speed_worker, 2, args.model, kinds, args.steps, args.warmup, args.batch_size,
-                        args.context_length, backend="gloo", device=args.device)
-    rows = {r["kind"]: r for r in summarize_speed(per_rank)}
-    ours, theirs = rows["sharded"], rows["torch_zero"]
-    state = max(r["state_bytes"]["sharded"] / (r["state_bytes"]["unsharded"] / 2) for r in per_rank)
-    same = all(all(r["same_weights"].values()) for r in per_rank)
-    print(f"{args.model}, gloo on {args.device}, 2 ranks, {args.steps} interleaved steps (median of the slowest rank):")
-    for k, r in rows.items():
-        print(f"  {k:>10}: iteration {r['iteration_s'] * 1e3:.2f} ms, optimizer step {r['step_s'] * 1e3:.2f} ms "
-              f"(communicating {r['step_comm_s'] * 1e3:.2f} ms)")
-    print(f"ShardedOptimizer / ZeroRedundancyOptimizer: step {ours['step_s'] / theirs['step_s']:.3f}, iteration "
-          f"{ours['iteration_s'] / theirs['iteration_s']:.3f} (target <= 1.05); per-rank state / (unsharded / 2): "
-          f"{state:.4f} (target <= 1.02); identical weights in all three: {same}")
-    return 0 if same else 1
+                all_gather(f["flat"], f["shard"])

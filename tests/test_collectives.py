@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import collectives as C
+from helpers import formulas as F
+from helpers.experiments import collectives as C
 from helpers.launch import launch
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = (4 * C.KB, 64 * C.KB)
+TINY = (4 * F.KiB, 64 * F.KiB)
 
 
 # ---- formulas ----
@@ -22,15 +23,15 @@ TINY = (4 * C.KB, 64 * C.KB)
                                            ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875),
                                            ("broadcast", 6, 1.0), ("all_reduce", 1, 0.0)])
 def test_busbw_factors_match_nccl_tests(op, n, factor):
-    assert C.busbw_factor(op, n) == pytest.approx(factor)
+    assert F.busbw_factor(op, n) == pytest.approx(factor)
 
 
 def test_algbw_and_busbw():
-    assert C.algbw(1e9, 0.5) == pytest.approx(2e9)
-    assert C.busbw("all_reduce", 1e9, 0.5, 4) == pytest.approx(2e9 * 1.5)
-    assert C.busbw("all_gather", 8e6, 2e-3, 2) == pytest.approx(4e9 * 0.5)
-    with pytest.raises(ValueError, match="unknown op"):
-        C.busbw_factor("all_to_all", 2)
+    assert F.algbw(1e9, 0.5) == pytest.approx(2e9)
+    assert F.busbw("all_reduce", 1e9, 0.5, 4) == pytest.approx(2e9 * 1.5)
+    assert F.busbw("all_gather", 8e6, 2e-3, 2) == pytest.approx(4e9 * 0.5)
+    with pytest.raises(ValueError, match="unknown collective"):
+        F.busbw_factor("all_to_all", 2)
 
 
 def test_sizes_parse_and_format():

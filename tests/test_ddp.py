@@ -5,11 +5,13 @@ import pytest
 import torch
 
 from helpers import ddp as D
-from helpers import ddp_runs as R
+from helpers import formulas as F
+from helpers.experiments import common
+from helpers.experiments import ddp as R
 from helpers.launch import launch
 
 STEPS, BATCH, CONTEXT = 3, 8, 6
-TOY_SIZES = [p.numel() * p.element_size() for p in R.ToyModel().parameters() if p.requires_grad]
+TOY_SIZES = [p.numel() * p.element_size() for p in common.TiedToyModel().parameters() if p.requires_grad]
 
 
 def _mb_for(n_buckets: int) -> float:
@@ -47,7 +49,7 @@ def test_plan_buckets_reverse_order_and_limits():
 @pytest.mark.parametrize("bad", [0, -1, -0.5, float("nan")])
 def test_bad_bucket_size_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="bucket_size_mb must be > 0"):
-        D.DDPBucketed(R.ToyModel(), bucket_size_mb=bad)
+        D.DDPBucketed(common.TiedToyModel(), bucket_size_mb=bad)
 
 
 def test_ranks_start_different_and_training_moves_weights():
@@ -92,9 +94,9 @@ def test_transformer_equals_single_process():
 
 
 def test_overlap_fraction():
-    assert D.overlap_fraction((0.0, 1.0), [(0.5, 1.5)]) == pytest.approx(0.5)
-    assert D.overlap_fraction((0.0, 1.0), [(1.0, 2.0), (1.5, 3.0)]) == 0.0
-    assert D.overlap_fraction((0.0, 1.0), [(0.2, 0.4), (0.3, 0.6), (0.9, 1.1)]) == pytest.approx(0.5 / 0.6)
+    assert R.overlap_fraction((0.0, 1.0), [(0.5, 1.5)]) == pytest.approx(0.5)
+    assert R.overlap_fraction((0.0, 1.0), [(1.0, 2.0), (1.5, 3.0)]) == 0.0
+    assert R.overlap_fraction((0.0, 1.0), [(0.2, 0.4), (0.3, 0.6), (0.9, 1.1)]) == pytest.approx(0.5 / 0.6)
 
 
 def test_parameter_unused_on_one_rank_only():
@@ -120,8 +122,8 @@ def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
             steps = out[label]["traced"]
             assert len(steps) == 2 and all(s["comm"] for s in steps), (rank, label)
             assert (tmp_path / f"{label.replace(' ', '_')}.rank{rank}.json").stat().st_size > 0
-        naive = [D.overlap_fraction(s["backward"], s["comm"]) for s in out["naive"]["traced"]]
-        ours = [D.overlap_fraction(s["backward"], s["comm"]) for s in out["per parameter"]["traced"]]
+        naive = [R.overlap_fraction(s["backward"], s["comm"]) for s in out["naive"]["traced"]]
+        ours = [R.overlap_fraction(s["backward"], s["comm"]) for s in out["per parameter"]["traced"]]
         assert naive == [0.0, 0.0] and min(ours) > 0.0, (rank, naive, ours)
         calls = len([p for p in R.make_model("small/8", 0).parameters() if p.requires_grad])
         assert all(len(s["comm"]) == calls for s in out["naive"]["traced"])  # one gloo event per all-reduce
@@ -140,10 +142,10 @@ def zeroed_views_worker(steps: int) -> dict:
         for x, y in R.make_batches("toy", steps, BATCH, CONTEXT, 0):
             x, y = x[rank::2], y[rank::2]  # this rank's half
             if mode == "set_to_none":
-                R.train_step(ddp, opt, x, y)
+                common.train_step(ddp.module, opt, x, y, grad_sync=ddp)
                 continue
             opt.zero_grad(set_to_none=False)
-            R.lm_loss(ddp(x), y).backward()  # helpers.model.lm_loss
+            common.lm_loss(ddp(x), y).backward()  # helpers.model.lm_loss
             ddp.finish_gradient_synchronization()
             opt.step()
         out[mode] = {k: v.clone() for k, v in model.state_dict().items()}
@@ -158,3 +160,27 @@ def test_zeroed_gradient_views_accumulate_in_place():
         assert out["set_to_none grads are views"] and out["zeroed views grads are views"], rank
         for key, value in out["set_to_none"].items():
             torch.testing.assert_close(out["zeroed views"][key], value, rtol=0, atol=0, msg=f"rank {rank} {key}")
+
+
+def rewrap_worker(steps: int) -> dict:
+    """Wrap one model twice (as a re-run notebook cell does) and train through the second wrapper."""
+    import torch.distributed as dist
+
+    model = R.make_model("toy", dist.get_rank())
+    D.DDPBucketed(model, None)  # the first wrapper: its hooks must go when the model is wrapped again
+    ddp = D.DDPBucketed(model, None)
+    opt = R.make_optimizer(ddp.parameters(), "sgd")
+    for batch in R.make_batches("toy", steps, BATCH, CONTEXT):
+        common.train_step(model, opt, *common.rank_share(batch), grad_sync=ddp)
+    ddp.close()
+    hooks_left = sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())
+    return {"state": R.cpu_state(model), "hooks_left": hooks_left}
+
+
+def test_wrapping_a_model_twice_trains_like_one_process():
+    per_rank = launch(rewrap_worker, 2, STEPS, backend="gloo", device="cpu")
+    reference = R.reference_training("toy", STEPS, BATCH, CONTEXT)
+    for out in per_rank:
+        assert out["hooks_left"] == 0
+        for key, want in reference.items():
+            torch.testing.assert_close(out["state"][key], want, msg=lambda m: f"{key}: {m}")

@@ -1,7 +1,9 @@
 """The memory tracker on allocation patterns with known byte counts, and the analytic accounting of a step."""
 import torch
 
-from helpers import memory, model, profiling
+from helpers import formulas, memory, model
+from helpers.experiments import benchmarking
+from helpers.experiments.common import train_step
 
 KiB = 1024
 
@@ -40,16 +42,16 @@ def test_analytic_state_bytes_match_a_measured_adamw_step():
     lm = model.build_model(cfg)
     opt = torch.optim.AdamW(lm.parameters())
     x, y = model.random_batch(cfg, batch_size=2, context_length=16)
-    trace = memory.track(lambda: profiling.train_step(lm, opt, x, y), existing=memory.model_state(lm, None, x, y),
+    trace = memory.track(lambda: train_step(lm, opt, x, y), existing=memory.model_state(lm, None, x, y),
                          model=lm)
     params = list(lm.parameters())
     state = [t for s in opt.state.values() for t in s.values()]
-    assert trace.baseline_bytes == memory.param_bytes(cfg) + memory.buffer_bytes(cfg) + 2 * 2 * 16 * 8
+    assert trace.baseline_bytes == formulas.param_bytes(cfg) + formulas.buffer_bytes(cfg) + 2 * 2 * 16 * 8
     assert sum(trace.live[(str(p.device), p.grad.untyped_storage().data_ptr())].nbytes for p in params) \
-        == memory.param_bytes(cfg)
-    assert sum(t.untyped_storage().nbytes() for t in state) == memory.adamw_state_bytes(cfg)
+        == formulas.param_bytes(cfg)
+    assert sum(t.untyped_storage().nbytes() for t in state) == formulas.adamw_state_bytes(cfg)
     # everything the step leaves live is parameters, gradients and optimizer state (loss is a 4-byte scalar)
-    assert trace.current_bytes == trace.baseline_bytes + memory.param_bytes(cfg) + memory.adamw_state_bytes(cfg) + 4
+    assert trace.current_bytes == trace.baseline_bytes + formulas.param_bytes(cfg) + formulas.adamw_state_bytes(cfg) + 4
 
 
 def test_saved_activations_and_peak_match_analytic():
@@ -58,20 +60,20 @@ def test_saved_activations_and_peak_match_analytic():
     opt = torch.optim.AdamW(lm.parameters())
     B, T = 2, 64
     x, y = model.random_batch(cfg, batch_size=B, context_length=T)
-    profiling.train_step(lm, opt, x, y)  # creates the AdamW state
+    train_step(lm, opt, x, y)  # creates the AdamW state
     lm.zero_grad(set_to_none=True)
     fwd = memory.track(lambda: model.lm_loss(lm(x), y), existing=memory.model_state(lm, opt, x, y))
     saved = fwd.current_bytes - fwd.baseline_bytes
-    expected = sum(memory.activation_bytes(cfg, B, T).values())
+    expected = sum(formulas.activation_bytes(cfg, B, T).values())
     assert saved == expected
-    step = memory.track(lambda: profiling.train_step(lm, opt, x, y), existing=memory.model_state(lm, opt, x, y))
-    predicted = sum(memory.peak_breakdown(cfg, B, T).values())
+    step = memory.track(lambda: train_step(lm, opt, x, y), existing=memory.model_state(lm, opt, x, y))
+    predicted = sum(formulas.peak_breakdown(cfg, B, T).values())
     assert step.peak_bytes == predicted  # activations dominate at this shape: the peak is backward's start
 
 
 def test_residual_stream_formula():
-    assert memory.residual_stream_bytes(16, 128, 2560) == 20 * 2**20  # 2.7B, fp32: 20 MiB
-    assert memory.residual_stream_bytes(2, 3, 4, torch.bfloat16) == 48
+    assert formulas.residual_stream_bytes(16, 128, 2560) == 20 * 2**20  # 2.7B, fp32: 20 MiB
+    assert formulas.residual_stream_bytes(2, 3, 4, torch.bfloat16) == 48
 
 
 def test_timeline_from_a_synthetic_cuda_snapshot():
@@ -84,7 +86,7 @@ def test_timeline_from_a_synthetic_cuda_snapshot():
 
 def test_step_peaks_full_step_above_forward_and_state_counted():
     cfg = model.get_config("small/8", n_layers=1)
-    traces = memory.step_peaks(cfg, 2, 16)
-    state = memory.param_bytes(cfg) + memory.buffer_bytes(cfg) + memory.adamw_state_bytes(cfg) + 2 * 2 * 16 * 8
+    traces = benchmarking.step_peaks(cfg, 2, 16)
+    state = formulas.param_bytes(cfg) + formulas.buffer_bytes(cfg) + formulas.adamw_state_bytes(cfg) + 2 * 2 * 16 * 8
     assert traces["forward"].baseline_bytes == traces["full step"].baseline_bytes == state  # exact
     assert traces["full step"].peak_bytes > traces["forward"].peak_bytes > state

@@ -11,7 +11,7 @@ from helpers.model import (
     MODEL_SIZES,
     REFERENCE_SIZES,
     ModelConfig,
-    RMSNorm,
+    RMSNormTorch,
     TransformerLM,
     build_model,
     count_parameters,
@@ -212,16 +212,16 @@ def test_layernorm_swap():
     model = build_model(TOY, norm="layernorm")
     norms = [model.norm_f] + [n for b in model.blocks for n in (b.norm1, b.norm2)]
     assert all(isinstance(n, nn.LayerNorm) and n.bias is None for n in norms)
-    assert not any(isinstance(m, RMSNorm) for m in model.modules())
+    assert not any(isinstance(m, RMSNormTorch) for m in model.modules())
     assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 50)
     rms = build_model(TOY)
-    assert isinstance(rms.norm_f, RMSNorm) and not any(isinstance(m, nn.LayerNorm) for m in rms.modules())
+    assert isinstance(rms.norm_f, RMSNormTorch) and not any(isinstance(m, nn.LayerNorm) for m in rms.modules())
 
 
 def test_register_norm_makes_a_factory_usable_by_name(monkeypatch):
     monkeypatch.setattr(M, "NORM_LAYERS", dict(M.NORM_LAYERS))
 
-    class MyNorm(RMSNorm):
+    class MyNorm(RMSNormTorch):
         pass
 
     register_norm("mine", MyNorm)
@@ -238,7 +238,7 @@ def test_unknown_norm_raises_listing_known():
 
 def test_rmsnorm_matches_formula():
     torch.manual_seed(0)
-    norm = RMSNorm(8)
+    norm = RMSNormTorch(8)
     with torch.no_grad():
         norm.weight.copy_(torch.randn(8))
     x = torch.randn(3, 8)
@@ -248,7 +248,7 @@ def test_rmsnorm_matches_formula():
 
 def test_rmsnorm_computes_in_fp32_under_autocast():
     torch.manual_seed(0)
-    norm = RMSNorm(256)
+    norm = RMSNormTorch(256)
     with torch.no_grad():
         norm.weight.copy_(torch.randn(256))
     x = (torch.randn(64, 256) * 3).bfloat16()

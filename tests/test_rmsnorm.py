@@ -3,10 +3,12 @@ import pytest
 import torch
 
 import helpers  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before triton is imported)
+from helpers import formulas as F
 from helpers import rmsnorm as R
+from helpers.experiments import rmsnorm as XR
 from helpers.model import NORM_LAYERS, ModelConfig, build_model, lm_loss, random_batch
 from helpers.rmsnorm import (
-    RMSNorm,
+    RMSNormLayer,
     RMSNormPyTorchFunction,
     RMSNormTritonFunction,
     rmsnorm_backward_g,
@@ -141,14 +143,14 @@ def test_too_wide_and_bad_dtype_are_value_errors():
     with pytest.raises(ValueError, match="cast"):
         RMSNormTritonFunction.apply(torch.randn(2, 8, dtype=torch.float64), torch.ones(8, dtype=torch.float64))
     with pytest.raises(ValueError, match="impl"):
-        RMSNorm(8, impl="cuda")
+        RMSNormLayer(8, impl="cuda")
 
 
 @needs_triton
 @pytest.mark.parametrize("impl", ["torch", "torchfn", "triton"])
 def test_layer_impls_agree(impl):
     x, _, dy = _inputs((2, 3, 37))
-    layer = RMSNorm(37, impl=impl).to(DEVICE)
+    layer = RMSNormLayer(37, impl=impl).to(DEVICE)
     with torch.no_grad():
         layer.weight.copy_(torch.linspace(0.5, 2, 37))
     y = layer(x)
@@ -156,6 +158,7 @@ def test_layer_impls_agree(impl):
     want_y, want_dx, want_dg = _fwd_bwd(rmsnorm_reference, x.detach().requires_grad_(),
                                         layer.weight.detach().requires_grad_(), dy)
     torch.testing.assert_close(y, want_y, **TOL[torch.float32])
+    torch.testing.assert_close(x.grad, want_dx, **TOL[torch.float32])
     torch.testing.assert_close(layer.weight.grad, want_dg, **TOL[torch.float32])
 
 
@@ -168,7 +171,7 @@ def test_triton_norm_in_model_matches_rmsnorm():
     for norm in ("rmsnorm", "rmsnorm_triton", "rmsnorm_torchfn"):
         torch.manual_seed(0)
         model = build_model(tiny, norm=norm, device=DEVICE)
-        assert sum(isinstance(m, RMSNorm) for m in model.modules()) == (0 if norm == "rmsnorm" else 5)
+        assert sum(isinstance(m, RMSNormLayer) for m in model.modules()) == (0 if norm == "rmsnorm" else 5)
         loss = lm_loss(model(x.to(DEVICE)), y.to(DEVICE))
         loss.backward()
         results[norm] = loss.detach(), {n: p.grad for n, p in model.named_parameters()}
@@ -181,19 +184,19 @@ def test_triton_norm_in_model_matches_rmsnorm():
 
 
 def test_norm_bytes_counts_reads_and_writes():
-    assert R.norm_bytes(10, 4, torch.float32, backward=False) == (2 * 40 + 4) * 4
-    assert R.norm_bytes(10, 4, torch.bfloat16, backward=True) == ((2 * 40 + 4) + (3 * 40 + 8)) * 2
+    assert F.norm_bytes(10, 4, torch.float32, backward=False) == (2 * 40 + 4) * 4
+    assert F.norm_bytes(10, 4, torch.bfloat16, backward=True) == ((2 * 40 + 4) + (3 * 40 + 8)) * 2
 
 
 def test_bench_norm_row():
-    row = R.bench_norm("torch", 64, 32, warmup=1, steps=2, backward=True)
+    row = XR.bench_norm("torch", 64, 32, warmup=1, steps=2, backward=True)
     assert row["pass"] == "fwd+bwd" and row["impl"] == "torch" and row["steps"] == 2
     assert row["GBps"] > 0 and row["copy_GBps"] > 0
     assert row["frac_of_copy"] == pytest.approx(row["GBps"] / row["copy_GBps"])
 
 
 def test_bench_main_prints_a_table(capsys):
-    assert R.bench_main(["--rows", "32", "--hidden", "16", "--impls", "torch", "triton",
+    assert XR.bench_main(["--rows", "32", "--hidden", "16", "--impls", "torch", "triton",
                          "--warmup", "0", "--steps", "1"]) == 0
     out = capsys.readouterr().out
     assert "frac_of_copy" in out and "triton" in out and "fwd+bwd" in out

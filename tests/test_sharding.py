@@ -6,9 +6,11 @@ import copy
 import pytest
 import torch
 
-from helpers import memory as M
+from helpers import comm
+from helpers import formulas as F
 from helpers import sharding as S
-from helpers import sharding_runs as SR
+from helpers.experiments import common
+from helpers.experiments import sharding as SR
 from helpers.launch import launch
 from helpers.model import count_parameters
 
@@ -75,7 +77,7 @@ def test_state_is_one_nth_and_collectives_match_the_formulas(two_ranks):
                 counted = {}
                 for op, b in log:
                     counted[op] = counted.get(op, 0) + b
-                assert counted == S.expected_collectives(kind, size, 2), (kind, counted)
+                assert counted == F.expected_collectives(kind, size, 2), (kind, counted)
         assert len(runs["sharded"]["collectives"][0]) == 1 + 2  # one all-reduce bucket, one broadcast per owner
         assert len(runs["naive_sharded"]["collectives"][0]) == 1 + len(list(SR.make_model("small/8", 0).parameters()))
 
@@ -100,8 +102,8 @@ def test_state_dict_round_trip_across_world_sizes(two_ranks):
     ref_model.load_state_dict(first["weights"])
     ref_opt.load_state_dict(copy.deepcopy(saved))
     for batch in SR.make_batches("small/8", 4, BATCH, CONTEXT)[2:]:
-        SR.train_step(model, None, opt, *batch)
-        SR.train_step(ref_model, None, ref_opt, *batch)
+        common.train_step(model, opt, *batch)
+        common.train_step(ref_model, ref_opt, *batch)
     _assert_same(model.state_dict(), ref_model.state_dict(), "1 rank after loading")
 
 
@@ -114,21 +116,21 @@ def test_state_dict_needs_consolidation():
 
 def test_calculator_on_meta_matches_counts_and_a_measured_run(two_ranks):
     for name in ("small", "xl", "small/8"):
-        assert S.meta_numel(name) == count_parameters(name)
+        assert F.meta_numel(name) == count_parameters(name)
     psi = count_parameters("xl")
-    mixed = [S.zero_memory("xl", 8, stage, "mixed")["total"] for stage in range(4)]
+    mixed = [F.zero_memory("xl", 8, stage, "mixed")["total"] for stage in range(4)]
     assert mixed == [16 * psi, 4 * psi + 12 * psi / 8, 2 * psi + 14 * psi / 8, 16 * psi / 8]
     for rank, out in enumerate(two_ranks):
         measured = out[5]
         for kind, stage in (("unsharded", 0), ("zero1", 1)):
-            calc = S.zero_memory("small/8", 2, stage, "fp32")
+            calc = F.zero_memory("small/8", 2, stage, "fp32")
             parts = measured[kind]["parts"]
-            got = {"parameters": parts["parameters"] - M.buffer_bytes("small/8"), "gradients": parts["gradients"],
+            got = {"parameters": parts["parameters"] - F.buffer_bytes("small/8"), "gradients": parts["gradients"],
                    "optimizer state": parts["optimizer state"]}
             for key, value in got.items():  # tolerance: AdamW's 4-byte step per tensor and the padding, < 0.1%
                 assert abs(value - calc[key]) <= 1e-3 * calc[key], (kind, key, value, calc[key])
             after = [r for r in measured[kind]["rows"] if r["point"] == "after step"][0]
-            expected = S.live_bytes(kind, "small/8", 2, rank, 2, 32, "after step")
+            expected = F.live_bytes(kind, "small/8", 2, rank, 2, 32, "after step")
             assert after["live"] == sum(expected.values()), (kind, after["live"], expected)
 
 
@@ -148,11 +150,11 @@ def test_parameters_given_new_storage_are_repacked_or_refused():
     ref_model, _, ref_opt = SR.build("unsharded", "uneven")
     for m in (model, ref_model):
         m.double()
-    SR.train_step(model, None, opt, x, y)
-    SR.train_step(ref_model, None, ref_opt, x, y)
+    common.train_step(model, opt, x, y)
+    common.train_step(ref_model, ref_opt, x, y)
     _assert_same(model.state_dict(), ref_model.state_dict(), "after .double()")
     assert all(S._lives_in(p, flat) for _, params, flat in opt._buckets for p in params)
     model, _, opt = SR.build("zero1", "uneven")
     model.double()
     with pytest.raises(RuntimeError, match="build the optimizer after"):
-        SR.train_step(model, None, opt, x, y)
+        common.train_step(model, opt, x, y)

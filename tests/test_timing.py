@@ -1,5 +1,4 @@
 """benchmark/time_call: warm-up, sample counts, statistics, units, progress bar, device choice."""
-import statistics
 import time
 
 import pytest
@@ -34,23 +33,19 @@ def test_warmup_is_not_timed():
     assert t.max < 0.1
 
 
-def test_statistics_match_the_statistics_module_on_known_sleeps():
+def test_known_sleeps_are_timed_at_least_as_long_as_they_sleep():
     t = benchmark(_sleeper(0.010), warmup=1, steps=5, progress=False, label="sleep")
-    s = t.samples
-    assert 0.009 <= t.median <= 0.030
-    assert t.mean == pytest.approx(statistics.mean(s))
-    assert t.std == pytest.approx(statistics.stdev(s))
-    assert t.median == statistics.median(s)
-    assert (t.min, t.max) == (min(s), max(s))
-    q = statistics.quantiles(s, n=4, method="inclusive")
-    assert t.iqr == pytest.approx(q[2] - q[0])
+    assert 0.009 <= t.min <= t.median <= t.max  # a sleep never ends early; the upper end depends on the scheduler
+    assert t.steps == 5 and t.label == "sleep"
 
 
 def test_statistics_on_fixed_samples():
     t = Timing(samples=[1.0, 2.0, 3.0, 4.0, 10.0], warmup=0, device="cpu")
     assert (t.mean, t.median, t.min, t.max) == (4.0, 3.0, 1.0, 10.0)
-    assert t.std == pytest.approx(statistics.stdev(t.samples))
+    assert t.std == pytest.approx(12.5 ** 0.5)  # deviations -3 -2 -1 0 6: squares sum to 50, / (n - 1) = 12.5
     assert t.iqr == pytest.approx(2.0)  # numpy.percentile([1,2,3,4,10], [25, 75]) -> 2, 4
+    even = Timing(samples=[4.0, 1.0, 3.0, 2.0], warmup=0, device="cpu")
+    assert (even.median, even.mean, even.iqr) == (2.5, 2.5, pytest.approx(1.5))  # quartiles 1.75 and 3.25
     one = Timing(samples=[0.5], warmup=0, device="cpu")
     assert (one.std, one.iqr, one.median) == (0.0, 0.0, 0.5)
 

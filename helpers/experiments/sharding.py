@@ -1,38 +1,27 @@
-"""The experiments notebook 05 runs with helpers.sharding: models, a training step with optional gradient sync, and
-the workers launched on N ranks (equivalence, checkpoints, memory at each point, speed). Ranks return, the parent
-prints. The tests and `bench sharding` use them too.
+"""Notebook 05's experiments with helpers.sharding: the workers launched on N ranks (equivalence, checkpoints,
+memory at each point, speed), their summaries, the ZeRO table, and `python -m helpers bench sharding`. Ranks return,
+the parent prints. The tests use them too.
 
     model, grad_sync, opt = build("sharded", "small/8")          # kinds: KINDS and "torch_zero"
     per_rank = launch(equivalence_worker, 2, "small/8", list(KINDS), 3, 8, 64)   # weights, state bytes, collectives
     per_rank = launch(run_all, 2, [(memory_worker, ("xl/8", ["unsharded", "sharded"], 8, 128, 2))])
+
+    python -m helpers bench sharding [--model small/8 --steps 30]   # vs torch's ZeroRedundancyOptimizer, gloo, 2 ranks
 """
 from __future__ import annotations
 
-import statistics
-import time
-
+import numpy as np
 import torch
 import torch.nn as nn
 
 from helpers import ddp as D
-from helpers import ddp_runs as DR
 from helpers import launch as L
 from helpers import memory as M
-from helpers.model import lm_loss
-from helpers.sharding import NaiveShardedOptimizer, ShardedOptimizer, Zero1Optimizer, _rank_world, count_collectives
-from helpers.timing import sync
-
-class UnevenToy(nn.Module):
-    """ids (B, T) -> logits (B, T, 32) with odd-sized tensors (465 elements: no N > 1 divides them evenly)."""
-
-    def __init__(self):
-        super().__init__()
-        self.emb, self.fc, self.norm = nn.Embedding(32, 5), nn.Linear(5, 7), nn.LayerNorm(7, bias=False)
-        self.head = nn.Linear(7, 32)
-
-    def forward(self, ids):
-        return self.head(self.norm(torch.tanh(self.fc(self.emb(ids)))))  # (B, T, 32)
-
+from helpers.comm import count_collectives
+from helpers.experiments.common import (bench_parser, cpu_state, make_batches, make_model, rank_share,
+                                        run_interleaved, slowest_rank, train_step)
+from helpers.formulas import GiB, zero_memory
+from helpers.sharding import NaiveShardedOptimizer, ShardedOptimizer, Zero1Optimizer, _rank_world
 
 OPTIMIZERS = {"adamw": (torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.1)),
               "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9))}
@@ -40,19 +29,6 @@ OPTIMIZERS = {"adamw": (torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.1)),
 
 KINDS = {"unsharded": None, "sharded": ShardedOptimizer, "naive_sharded": NaiveShardedOptimizer,
          "zero1": Zero1Optimizer}
-
-
-def make_model(name: str, seed: int) -> nn.Module:
-    """"uneven" (UnevenToy), "toy" (helpers.ddp_runs.ToyModel) or a model size, on this rank's device."""
-    if name != "uneven":
-        return DR.make_model(name, seed)
-    torch.manual_seed(seed)
-    return UnevenToy().to(L.device())
-
-
-def make_batches(name: str, steps: int, batch_size: int, context_length: int, seed: int = 0):
-    """helpers.ddp_runs.make_batches; the toy models share a 32-token vocabulary."""
-    return DR.make_batches("toy" if name == "uneven" else name, steps, batch_size, context_length, seed)
 
 
 def param_groups(model: nn.Module, groups: bool | str):
@@ -84,40 +60,13 @@ def build(kind: str, name: str, optimizer: str = "adamw", seed: int = 0, groups:
 
 def forward_backward(model, grad_sync, opt, x, y) -> None:
     """Zero the gradients, forward, backward, and average the gradients over ranks (Zero1 does that in step)."""
-    opt.zero_grad(set_to_none=True)
-    if grad_sync is not None:
-        grad_sync.on_train_batch_start()
-    lm_loss(model(x), y).backward()
-    if grad_sync is not None:
-        grad_sync.finish_gradient_synchronization()
-
-
-def train_step(model, grad_sync, opt, x, y, times: dict | None = None) -> None:
-    """One step; `times` gets seconds of forward+backward+gradient sync, of waiting for the gradient all-reduce,
-    of step() and of communication inside step()."""
-    dev, grad_comm0 = x.device, getattr(grad_sync, "comm_s", 0.0)
-    sync(dev)
-    t0 = time.perf_counter()
-    forward_backward(model, grad_sync, opt, x, y)
-    sync(dev)
-    t1, comm0 = time.perf_counter(), getattr(opt, "comm_s", 0.0)
-    opt.step()
-    sync(dev)
-    if times is not None:
-        times.update(fwd_bwd=t1 - t0, grad_comm=getattr(grad_sync, "comm_s", 0.0) - grad_comm0,
-                     step=time.perf_counter() - t1, step_comm=getattr(opt, "comm_s", 0.0) - comm0)
+    train_step(model, opt, x, y, grad_sync=grad_sync, optimizer_step=False)
 
 
 def optimizer_state_bytes(opt) -> int:
     """Bytes of optimizer state this rank holds (torch's ZeroRedundancyOptimizer keeps it in .optim)."""
     state = getattr(opt, "optim", opt).state
     return sum(t.numel() * t.element_size() for s in state.values() for t in s.values() if torch.is_tensor(t))
-
-
-def _share(batch, dev):
-    rank, world = _rank_world()
-    n = batch[0].shape[0]
-    return tuple(t[rank * n // world:(rank + 1) * n // world].clone().to(dev) for t in batch)  # own storage
 
 
 def equivalence_worker(name, kinds, steps, batch_size, context_length, optimizer="adamw", groups=False) -> dict:
@@ -129,9 +78,9 @@ def equivalence_worker(name, kinds, steps, batch_size, context_length, optimizer
         logs = []
         for batch in make_batches(name, steps, batch_size, context_length, 0):
             with count_collectives() as log:
-                train_step(model, grad_sync, opt, *_share(batch, L.device()))
+                train_step(model, opt, *rank_share(batch), grad_sync=grad_sync)
             logs.append(log)
-        out[kind] = {"weights": DR.cpu_state(model), "state_bytes": optimizer_state_bytes(opt), "collectives": logs}
+        out[kind] = {"weights": cpu_state(model), "state_bytes": optimizer_state_bytes(opt), "collectives": logs}
     return out
 
 
@@ -144,9 +93,9 @@ def checkpoint_worker(name, steps, batch_size, context_length, resume=None, star
         model.load_state_dict(resume["weights"])
         opt.load_state_dict(resume["state_dict"])
     for batch in make_batches(name, start + steps, batch_size, context_length, 0)[start:]:
-        train_step(model, grad_sync, opt, *_share(batch, L.device()))
+        train_step(model, opt, *rank_share(batch), grad_sync=grad_sync)
     opt.consolidate_state_dict(to=0)
-    return {"state_dict": opt.state_dict() if _rank_world()[0] == 0 else None, "weights": DR.cpu_state(model)}
+    return {"state_dict": opt.state_dict() if _rank_world()[0] == 0 else None, "weights": cpu_state(model)}
 
 
 def run_all(calls: list) -> list:
@@ -158,7 +107,7 @@ def memory_worker(name, kinds, batch_size, context_length, steps=1, optimizer="a
     """Per kind: bytes live and peak-so-far after init, before and after each optimizer step (helpers.memory.track),
     what is live after the last step by category, and how much the forward/backward peak exceeded its start."""
     dev, out = L.device(), {}
-    x, y = _share(make_batches(name, 1, batch_size, context_length, 0)[0], dev)
+    x, y = rank_share(make_batches(name, 1, batch_size, context_length, 0)[0])
     for kind in kinds:
         init = M.track(lambda: build(kind, name, optimizer), device=dev)
         model, grad_sync, opt = init.result
@@ -204,30 +153,62 @@ def _storage_bytes(tensors, exclude=()) -> int:
 
 def speed_worker(name, kinds, steps, warmup, batch_size, context_length, optimizer="adamw") -> dict:
     """Time every kind step by step, interleaved (the order alternates), from the same weights on the same batches."""
-    dev, runs = L.device(), {k: build(k, name, optimizer) for k in kinds}
-    batches = make_batches(name, 4, batch_size, context_length, 0)
-    samples = {k: [] for k in kinds}
-    for i in range(warmup + steps):
-        x, y = _share(batches[i % len(batches)], dev)
-        for kind in (kinds if i % 2 == 0 else kinds[::-1]):
+    runs = {k: build(k, name, optimizer) for k in kinds}
+    batches = [rank_share(b) for b in make_batches(name, 4, batch_size, context_length, 0)]
+
+    def step(kind):
+        def one(i):
+            model, grad_sync, opt = runs[kind]
             times = {}
-            train_step(*runs[kind], x, y, times)
-            if i >= warmup:
-                samples[kind].append(times)
-    first = DR.cpu_state(runs[kinds[0]][0])
-    same = {k: all(torch.equal(first[n], v) for n, v in DR.cpu_state(r[0]).items()) for k, r in runs.items()}
+            train_step(model, opt, *batches[i % len(batches)], grad_sync=grad_sync, times=times)
+            return {k: times[k] for k in ("fwd_bwd", "grad_comm", "step", "step_comm")}
+        return one
+
+    samples = run_interleaved({k: step(k) for k in kinds}, steps, warmup)
+    first = cpu_state(runs[kinds[0]][0])
+    same = {k: all(torch.equal(first[n], v) for n, v in cpu_state(r[0]).items()) for k, r in runs.items()}
     return {"samples": samples, "state_bytes": {k: optimizer_state_bytes(r[2]) for k, r in runs.items()},
             "same_weights": same}
 
 
 def summarize_speed(per_rank: list[dict]) -> list[dict]:
-    """One row per kind: the slowest rank's median seconds per iteration, in step(), and communicating in step()."""
+    """One row per kind: medians over steps of the slowest rank's seconds per iteration, in step(), and communicating
+    in step() (each step waits for its slowest rank)."""
     rows = []
     for kind in per_rank[0]["samples"]:
-        med = {k: max(statistics.median(s[k] for s in r["samples"][kind]) for r in per_rank)
-               for k in ("fwd_bwd", "grad_comm", "step", "step_comm")}
-        total = max(statistics.median(s["fwd_bwd"] + s["step"] for s in r["samples"][kind]) for r in per_rank)
-        rows.append({"kind": kind, "iteration_s": total, "fwd_bwd_s": med["fwd_bwd"], "grad_comm_s": med["grad_comm"],
-                     "step_s": med["step"],
-                     "step_comm_s": med["step_comm"], "steps": len(per_rank[0]["samples"][kind])})
+        per = lambda key: slowest_rank([[s[key] for s in r["samples"][kind]] for r in per_rank])  # noqa: E731
+        med = {k: float(np.median(per(k))) for k in ("fwd_bwd", "grad_comm", "step", "step_comm")}
+        total = slowest_rank([[s["fwd_bwd"] + s["step"] for s in r["samples"][kind]] for r in per_rank])
+        rows.append({"kind": kind, "iteration_s": float(np.median(total)), "fwd_bwd_s": med["fwd_bwd"],
+                     "grad_comm_s": med["grad_comm"], "step_s": med["step"], "step_comm_s": med["step_comm"],
+                     "steps": len(per_rank[0]["samples"][kind])})
     return rows
+
+
+def zero_table(model="xl", world_size: int = 8, precision: str = "mixed"):
+    """Per-rank GiB of model states and of traffic per step for ZeRO stages 0-3 (notebook 05's table and widget)."""
+    import pandas as pd
+
+    rows = [{"stage": s, **{k: v / GiB for k, v in zero_memory(model, world_size, s, precision).items()}}
+            for s in range(4)]
+    return pd.DataFrame(rows).set_index("stage").round(3)
+
+
+def bench_main(argv: list[str]) -> int:
+    """`python -m helpers bench sharding`: ShardedOptimizer vs torch's ZeroRedundancyOptimizer, gloo, 2 ranks."""
+    args = bench_parser("python -m helpers bench sharding", bench_main.__doc__).parse_args(argv)
+    kinds = ["unsharded", "sharded", "torch_zero"]
+    per_rank = L.launch(speed_worker, 2, args.model, kinds, args.steps, args.warmup, args.batch_size,
+                        args.context_length, backend="gloo", device=args.device)
+    rows = {r["kind"]: r for r in summarize_speed(per_rank)}
+    ours, theirs = rows["sharded"], rows["torch_zero"]
+    state = max(r["state_bytes"]["sharded"] / (r["state_bytes"]["unsharded"] / 2) for r in per_rank)
+    same = all(all(r["same_weights"].values()) for r in per_rank)
+    print(f"{args.model}, gloo on {args.device}, 2 ranks, {args.steps} interleaved steps (median of the slowest rank):")
+    for k, r in rows.items():
+        print(f"  {k:>10}: iteration {r['iteration_s'] * 1e3:.2f} ms, optimizer step {r['step_s'] * 1e3:.2f} ms "
+              f"(communicating {r['step_comm_s'] * 1e3:.2f} ms)")
+    print(f"ShardedOptimizer / ZeroRedundancyOptimizer: step {ours['step_s'] / theirs['step_s']:.3f}, iteration "
+          f"{ours['iteration_s'] / theirs['iteration_s']:.3f} (target <= 1.05); per-rank state / (unsharded / 2): "
+          f"{state:.4f} (target <= 1.02); identical weights in all three: {same}")
+    return 0 if same else 1

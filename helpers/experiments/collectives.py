@@ -34,14 +34,16 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from helpers import launch as L
+from helpers.comm import OPS, run_collective
+from helpers.env import resolve_profile
+from helpers.formulas import GiB, KiB, MiB, algbw, busbw
+from helpers.results import save_results
 from helpers.timing import sync as _sync
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-KB, MB, GB = 2**10, 2**20, 2**30
-SEED_SIZES = (512 * KB, 1 * MB, 10 * MB, 50 * MB, 100 * MB, 500 * MB, 1 * GB)  # seed 004, section 3.1
-SMALL_SIZES = (8 * KB, 64 * KB)  # below the seed's grid, so the latency term shows
+SEED_SIZES = (512 * KiB, 1 * MiB, 10 * MiB, 50 * MiB, 100 * MiB, 500 * MiB, 1 * GiB)  # seed 004, section 3.1
+SMALL_SIZES = (8 * KiB, 64 * KiB)  # below the seed's grid, so the latency term shows
 PROFILE_GRID = {
-    "cpu": dict(sizes=SMALL_SIZES + (512 * KB, 1 * MB, 4 * MB, 10 * MB, 16 * MB), world_sizes=(2, 4),
+    "cpu": dict(sizes=SMALL_SIZES + (512 * KiB, 1 * MiB, 4 * MiB, 10 * MiB, 16 * MiB), world_sizes=(2, 4),
                 combos=(("gloo", "cpu"),), warmup=5, iters=30, budget_s=0.3),
     "gpu": dict(sizes=SMALL_SIZES + SEED_SIZES, world_sizes=(2, 4, 6),
                 combos=(("gloo", "cpu"), ("gloo", "cuda"), ("nccl", "cuda")), warmup=5, iters=10, budget_s=5.0),
@@ -51,37 +53,16 @@ RESULTS_NAME = "collectives"  # what `python -m helpers bench collectives` saves
 METHOD = "per call: slowest rank; time_s = median over calls, p25_s/p75_s = quartiles"
 
 
-# ---- bandwidth formulas (nccl-tests, doc/PERFORMANCE.md) ----
-
-def busbw_factor(op: str, world_size: int) -> float:
-    """nccl-tests factor from algbw to busbw: all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n, broadcast 1."""
-    n = world_size
-    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n, "broadcast": 1.0}
-    if op not in factors:
-        raise ValueError(f"unknown op {op!r}; use one of {OPS}")
-    return factors[op]
-
-
-def algbw(size_bytes: float, seconds: float) -> float:
-    """Algorithm bandwidth in bytes/s: the op's size over its time."""
-    return size_bytes / seconds
-
-
-def busbw(op: str, size_bytes: float, seconds: float, world_size: int) -> float:
-    """Bus bandwidth in bytes/s: algbw scaled so it is comparable with the link's peak, whatever n."""
-    return algbw(size_bytes, seconds) * busbw_factor(op, world_size)
-
-
 def parse_size(text: str) -> int:
     """'512KB' / '16MB' / '1GB' / '4096' -> bytes (binary units, as the seed's table)."""
     text = text.strip().upper().removesuffix("B").removesuffix("I")
-    units = {"K": KB, "M": MB, "G": GB}
+    units = {"K": KiB, "M": MiB, "G": GiB}
     return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
 
 
 def format_size(size_bytes: int) -> str:
     """Bytes -> '512 KB', '16 MB', '1 GB'."""
-    for unit, scale in (("GB", GB), ("MB", MB), ("KB", KB)):
+    for unit, scale in (("GB", GiB), ("MB", MiB), ("KB", KiB)):
         if size_bytes >= scale:
             return f"{size_bytes / scale:.3g} {unit}"
     return f"{size_bytes} B"
@@ -105,21 +86,6 @@ def _buffers(op: str, numel: int, rank: int, n: int, dev: torch.device):
     raise ValueError(f"unknown op {op!r}; use one of {OPS}")
 
 
-def _call(op: str, work: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """Run one collective; return the tensor that holds its result."""
-    if op == "all_reduce":
-        dist.all_reduce(work)
-        return work
-    if op == "all_gather":
-        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, work)
-        return out
-    if op == "reduce_scatter":
-        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, work)
-        return out
-    dist.broadcast(work, src=0)
-    return work
-
-
 def _timed_call(op, source, work, out, corrupt: bool, dev) -> tuple[float, torch.Tensor]:
     """Reset the input, barrier, run the op between device syncs: (seconds, result tensor)."""
     work.copy_(source)
@@ -128,7 +94,7 @@ def _timed_call(op, source, work, out, corrupt: bool, dev) -> tuple[float, torch
     dist.barrier()
     _sync(dev)
     start = time.perf_counter()
-    result = _call(op, work, out)
+    result = run_collective(op, work, out)
     _sync(dev)
     return time.perf_counter() - start, result
 
@@ -154,7 +120,7 @@ def bench_worker(ops, sizes, warmup: int = 5, iters: int = 10, corrupt_rank: int
     for op in ops:  # a fresh process group's first calls are slow (connections, allocations): pay that here
         source, out, _ = _buffers(op, n * 256, rank, n, dev)
         for _ in range(20):
-            _call(op, source.clone(), out)
+            run_collective(op, source.clone(), out)
     _sync(dev)
     out_rows = []
     for size in sizes:
@@ -317,9 +283,6 @@ def plot_collectives(df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str
 
 def bench_main(argv: list[str]) -> int:
     """Run the benchmark from the command line and save the rows with provenance; 1 if any result was wrong."""
-    from helpers.env import resolve_profile
-    from helpers.results import save_results
-
     p = argparse.ArgumentParser(prog="python -m helpers bench collectives", description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", default="auto", help="auto | cpu | gpu: the default grid")
     p.add_argument("--sizes", nargs="+", type=parse_size, help="e.g. 512KB 1MB 1GB (default: the profile's)")

@@ -1,0 +1,182 @@
+"""What several experiments share: toy models, model and batch builders, each rank's share of a batch, one training
+step, the interleaved timing loop, the slowest-rank summary and the bench commands' argument parser.
+
+    model = make_model("toy", seed=0)                   # "toy" | "uneven" | a helpers.model size, on this rank's device
+    batches = make_batches("toy", steps=3, batch_size=8, context_length=6, seed=0)   # the same on every rank
+    x, y = rank_share(batches[0])                       # this rank's rows (own storage), on its device
+    train_step(model, opt, x, y, grad_sync=ddp, times=t)   # one step; t gets the phases' seconds
+    samples = run_interleaved({"a": step_a, "b": step_b}, steps=10, warmup=3)    # A B, B A, A B ...
+    slowest_rank([rank0_samples, rank1_samples])        # per step: the slowest rank's time
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.profiler import record_function
+
+from helpers import launch as L
+from helpers.model import build_model, lm_loss, random_batch
+from helpers.timing import sync
+
+TOY_VOCAB = 32  # both toy models' vocabulary
+BACKWARD_RANGE = "backward (train_step)"  # record_function range around loss.backward(); a label to the profiler tables
+
+
+class TiedToyModel(nn.Module):
+    """ids (B, T) -> logits (B, T, vocab): tied embedding/head, a frozen Linear, an unused Parameter, a buffer.
+    Every way a data-parallel wrapper can get a parameter wrong, in 5 tensors (notebook 04)."""
+
+    def __init__(self, vocab: int = TOY_VOCAB, d: int = 16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.fc = nn.Linear(d, d)
+        self.frozen = nn.Linear(d, d, bias=False).requires_grad_(False)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight  # tied: one Parameter in two modules
+        self.unused = nn.Parameter(torch.randn(d))  # never in forward: gets no gradient
+        self.register_buffer("scale", torch.rand(d))  # differs per rank until broadcast
+
+    def forward(self, ids):
+        h = torch.tanh(self.fc(self.emb(ids))) * self.scale  # (B, T, d)
+        return self.head(self.frozen(h))  # (B, T, vocab)
+
+
+class UnevenToyModel(nn.Module):
+    """ids (B, T) -> logits (B, T, vocab) with odd-sized tensors (465 elements: no N > 1 divides them evenly)."""
+
+    def __init__(self, vocab: int = TOY_VOCAB):
+        super().__init__()
+        self.emb, self.fc, self.norm = nn.Embedding(vocab, 5), nn.Linear(5, 7), nn.LayerNorm(7, bias=False)
+        self.head = nn.Linear(7, vocab)
+
+    def forward(self, ids):
+        return self.head(self.norm(torch.tanh(self.fc(self.emb(ids)))))  # (B, T, vocab)
+
+
+TOY_MODELS = {"toy": TiedToyModel, "uneven": UnevenToyModel}
+
+
+def make_model(name: str, seed: int) -> nn.Module:
+    """A toy model ("toy", "uneven") or a helpers.model size, built with torch seeded by `seed`, on this rank's device."""
+    torch.manual_seed(seed)
+    model = TOY_MODELS[name]() if name in TOY_MODELS else build_model(name)
+    return model.to(L.device())
+
+
+def make_batches(name: str, steps: int, batch_size: int, context_length: int, seed: int = 0):
+    """`steps` global (inputs, targets) batches of token ids for model `name`, the same on every rank."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    out = []
+    for _ in range(steps):
+        if name in TOY_MODELS:
+            tokens = torch.randint(TOY_VOCAB, (batch_size, context_length + 1), generator=gen)  # (B, T+1)
+            out.append((tokens[:, :-1], tokens[:, 1:]))
+        else:
+            out.append(random_batch(name, batch_size, context_length, generator=gen))
+    return out
+
+
+def rank_share(batch, device=None) -> tuple[torch.Tensor, ...]:
+    """This rank's consecutive rows of every tensor in `batch` (own storage), on its device; all rows outside a group."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    n = batch[0].shape[0]
+    return tuple(t[rank * n // world:(rank + 1) * n // world].clone().to(device or L.device()) for t in batch)
+
+
+def cpu_state(model: nn.Module) -> dict:
+    """A copy of model.state_dict() on the CPU: what workers return to the parent for comparison."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def train_step(model, optimizer, x, y, grad_sync=None, autocast_dtype=None, optimizer_step: bool = True,
+               times: dict | None = None) -> torch.Tensor:
+    """One training step: zero grads, forward (through `grad_sync`, a DDP wrapper, when given), backward, gradient
+    sync, optimizer step. Returns the loss (detached). `times` gets the backward's (start, end) perf_counter pair and
+    seconds of forward+backward+sync ('fwd_bwd'), of waiting for the gradient sync ('grad_comm'), of step() ('step')
+    and of communication inside step() ('step_comm'); the device is synchronized at each boundary when it is asked."""
+    dev = x.device
+    grad_comm0, step_comm0 = getattr(grad_sync, "comm_s", 0.0), getattr(optimizer, "comm_s", 0.0)
+    if times is not None:
+        sync(dev)
+    t0 = time.perf_counter()
+    optimizer.zero_grad()  # each optimizer's default: torch's set to None, Zero1Optimizer's zero its flat buffer
+    if grad_sync is not None:
+        grad_sync.on_train_batch_start()
+    ctx = torch.autocast(dev.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    with ctx:
+        loss = lm_loss((grad_sync or model)(x), y)
+    b0 = time.perf_counter()
+    with record_function(BACKWARD_RANGE):  # what a profiler trace finds (notebook 04)
+        loss.backward()
+    b1 = time.perf_counter()
+    if grad_sync is not None:
+        grad_sync.finish_gradient_synchronization()
+    if times is not None:
+        sync(dev)
+    t1 = time.perf_counter()
+    if optimizer_step:
+        optimizer.step()
+    if times is not None:
+        sync(dev)
+        times.update(backward=(b0, b1), fwd_bwd=t1 - t0, step=time.perf_counter() - t1,
+                     grad_comm=getattr(grad_sync, "comm_s", 0.0) - grad_comm0,
+                     step_comm=getattr(optimizer, "comm_s", 0.0) - step_comm0)
+    return loss.detach()
+
+
+def run_interleaved(steps_by_label: dict[str, Callable[[int], dict]], steps: int, warmup: int) -> dict[str, list]:
+    """Call every label's step(i) once per round, the order reversed every other round (A B, B A, ...), so drift and
+    caches hit all alike; keep what each returns from the `steps` rounds after `warmup` untimed ones."""
+    labels, kept = list(steps_by_label), {label: [] for label in steps_by_label}
+    for i in range(warmup + steps):
+        for label in (labels if i % 2 == 0 else labels[::-1]):
+            out = steps_by_label[label](i)
+            if i >= warmup:
+                kept[label].append(out)
+    return kept
+
+
+def slowest_rank(per_rank: list) -> np.ndarray:
+    """Per step (or call), the slowest rank's seconds: (ranks, steps) -> (steps,). A synchronized step waits for it."""
+    return np.max(np.asarray(per_rank, dtype=float), axis=0)
+
+
+def quartiles(values) -> tuple[float, float, float]:
+    """(p25, median, p75) of `values`."""
+    p25, p50, p75 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
+    return float(p25), float(p50), float(p75)
+
+
+def bench_parser(prog: str, description: str = "") -> argparse.ArgumentParser:
+    """The options the 2-rank training benchmarks share (bench ddp, bench sharding): model, steps, batch, device."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--model", default="small/8")
+    parser.add_argument("--steps", type=positive_int, default=30)
+    parser.add_argument("--warmup", type=nonnegative_int, default=5)
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--context-length", type=positive_int, default=64)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu | cuda (gloo either way)")
+    return parser
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1, else a one-line usage error."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value

@@ -1,0 +1,283 @@
+"""Closed forms, in one place: parameters, FLOPs, peaks and MFU, bytes of every kind, ZeRO 0-3, collective bytes.
+
+    param_bytes("small"), train_flops("small", 4, 128), mfu(flops, seconds, "NVIDIA H100 80GB HBM3", "bf16")
+    step_breakdown("xl/8", 8, 128), peak_breakdown(...)       # bytes of a training step, per part (notebook 01)
+    busbw_factor("all_reduce", 8), wire_factor(...)           # collectives (notebooks 03-05)
+    bucket_overhead(n, S, T_b, alpha, beta)                  # the DDP bucket-size model (notebook 04)
+    zero_memory("xl", 8, stage=1), live_bytes(...)           # ZeRO 0-3 and our sharded runs (notebook 05)
+
+Every function here is checked against a measurement (a test or a notebook assert). Counts come from the model's
+own parameter table (`helpers.model.parameter_shapes`) and, for sharding, from the optimizers' own partition plan.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from helpers.model import ModelConfig, get_config, parameter_breakdown, parameter_shapes
+from helpers.sharding import partition_by_bytes
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30  # binary units: torch's bucket_cap_mb, nccl-tests' sizes, memory tables
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    """Bytes per element of `dtype`."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# ---- parameters and FLOPs (notebook 01) ----
+
+def matmul_params(cfg) -> int:
+    """Parameters that take part in a matmul: attention, feed-forward and the LM head (not embeddings, norms)."""
+    parts = parameter_breakdown(cfg)
+    return parts["attention"] + parts["feed_forward"] + parts["lm_head"]
+
+
+def forward_flops(cfg, batch_size: int, context_length: int | None = None) -> dict[str, int]:
+    """Forward matmul FLOPs: 2·N_matmul·B·T for weights, 2·2·B·T²·d per layer for QKᵀ and AV (full T², as computed)."""
+    c = get_config(cfg)
+    T = context_length or c.context_length
+    return {"weights": 2 * matmul_params(c) * batch_size * T,
+            "attention": c.n_layers * 2 * 2 * batch_size * T * T * c.d_model}
+
+
+def train_flops(cfg, batch_size: int, context_length: int | None = None) -> int:
+    """FLOPs of forward + backward (backward = 2× forward): 6·N·B·T + 12·L·B·T²·d."""
+    return 3 * sum(forward_flops(cfg, batch_size, context_length).values())
+
+
+# Dense peak FLOP/s (no sparsity) from NVIDIA's datasheets: H100 SXM5 / H200 (H100 and H200 datasheets,
+# nvidia.com/en-us/data-center/h100 and /h200), H100 PCIe, A100 SXM (A100 datasheet, 2021).
+# "fp32" is plain FP32 (PyTorch's default: no TF32 in matmuls); "tf32" when TF32 is allowed.
+PEAK_FLOPS = {
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+}
+
+
+def peak_flops(device_name: str, precision: str = "fp32") -> float | None:
+    """Dense peak FLOP/s of a known GPU at `precision` (bf16, fp16, tf32, fp32); None when unknown (e.g. CPUs)."""
+    for key, peaks in PEAK_FLOPS.items():  # "H100 PCIe" is checked before "H100"
+        if all(part.lower() in device_name.lower() for part in key.split()):
+            return peaks.get(precision)
+    return None
+
+
+def mfu(flops: float, seconds: float, device_name: str, precision: str = "fp32") -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s over the device's peak; None where no peak is known."""
+    peak = peak_flops(device_name, precision)
+    return None if peak is None or seconds <= 0 else flops / seconds / peak
+
+
+# ---- bytes of a training step (notebook 01) ----
+
+def param_bytes(cfg: ModelConfig | str, dtype=torch.float32) -> int:
+    """Bytes of the parameters (also of their gradients, which have the parameters' dtype)."""
+    return sum(parameter_breakdown(cfg).values()) * dtype_bytes(dtype)
+
+
+def param_tensor_count(cfg: ModelConfig | str) -> int:
+    """Number of parameter tensors, from the model's own parameter table."""
+    return len(parameter_shapes(cfg))
+
+
+def adamw_state_bytes(cfg: ModelConfig | str, dtype=torch.float32) -> int:
+    """AdamW state: exp_avg and exp_avg_sq like each parameter, plus a 4-byte fp32 `step` per parameter tensor."""
+    return 2 * param_bytes(cfg, dtype) + 4 * param_tensor_count(cfg)
+
+
+def residual_stream_bytes(batch_size: int, context_length: int, d_model: int, dtype=torch.float32) -> int:
+    """One residual-stream activation (B, T, d_model): B·T·d·bytes."""
+    return batch_size * context_length * d_model * dtype_bytes(dtype)
+
+
+def buffer_bytes(cfg: ModelConfig | str) -> int:
+    """The causal-mask buffers: one (context, context) bool matrix per block."""
+    c = get_config(cfg)
+    return c.n_layers * c.context_length**2
+
+
+def activation_bytes(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
+                     dtype=torch.float32) -> dict[str, int]:
+    """Bytes autograd saves for backward in one forward pass of TransformerLM (fp32), per part.
+
+    Per block, with R = B·T·d: the block input, norm1's y and output, q, k and v made contiguous
+    for the matmuls (3R), the re-assembled heads, the mid-block residual, norm2's y and output
+    (10 R in all), two rsqrt columns (2 B·T), the attention probabilities (B·H·T²), the negated
+    causal mask (T² bool), and the FFN's d_ff-wide w1 output and GELU output. After the blocks:
+    the last residual, the final norm's y, output and rsqrt, the log-softmax output (B·T·V) and
+    the loss with its total weight (2 scalars). The position ids (int64 T) for the embedding backward.
+    """
+    c = get_config(cfg)
+    B, T = batch_size, context_length or c.context_length
+    e = dtype_bytes(dtype)
+    R = B * T * c.d_model
+    per_block = (10 * R + 2 * B * T + 2 * B * T * c.d_ff + B * c.n_heads * T * T) * e + T * T
+    return {"blocks": c.n_layers * per_block,
+            "final norm + head + loss": (3 * R + B * T + B * T * c.vocab_size + 2) * e,
+            "position ids": T * 8}
+
+
+def token_bytes(batch_size: int, context_length: int) -> int:
+    """Inputs and targets, (B, T) int64 each."""
+    return 2 * batch_size * context_length * 8
+
+
+def step_breakdown(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
+                   dtype=torch.float32) -> dict[str, int]:
+    """Analytic bytes of one training step's state: parameters, gradients, AdamW state, saved activations."""
+    return {"parameters": param_bytes(cfg, dtype), "buffers": buffer_bytes(cfg), "gradients": param_bytes(cfg, dtype),
+            "optimizer state": adamw_state_bytes(cfg, dtype),
+            "activations": sum(activation_bytes(cfg, batch_size, context_length, dtype).values()),
+            "token ids": token_bytes(batch_size, context_length or get_config(cfg).context_length)}
+
+
+def loss_grad_bytes(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
+                    dtype=torch.float32) -> int:
+    """The two (B, T, V) buffers live as backward starts: d loss/d log-probs and d loss/d logits."""
+    c = get_config(cfg)
+    return 2 * batch_size * (context_length or c.context_length) * c.vocab_size * dtype_bytes(dtype)
+
+
+def peak_breakdown(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
+                   dtype=torch.float32) -> dict[str, int]:
+    """What is live as backward starts in a steady-state step (AdamW state exists, grads were set to None).
+
+    That moment holds every saved activation plus the two (B, T, V) loss-gradient buffers and is
+    the step's peak when activations outweigh the gradients (as at the reference sizes); otherwise
+    the peak falls later in backward, as gradients pile up, and this sum is a lower bound.
+    """
+    full = step_breakdown(cfg, batch_size, context_length, dtype)
+    return {"parameters": full["parameters"], "buffers": full["buffers"], "optimizer state": full["optimizer state"],
+            "gradients": 0, "activations": full["activations"],
+            "loss gradients (B·T·V ×2)": loss_grad_bytes(cfg, batch_size, context_length, dtype),
+            "token ids": full["token ids"]}
+
+
+# ---- an RMSNorm's minimum traffic (notebook 02) ----
+
+def norm_bytes(n_rows: int, H: int, dtype: torch.dtype, backward: bool) -> int:
+    """Bytes a norm must move at least: fwd reads x, g, writes y; bwd also reads x, dy, g and writes dx, dg."""
+    s = dtype_bytes(dtype)
+    fwd = (2 * n_rows * H + H) * s
+    return fwd + ((3 * n_rows * H + 2 * H) * s if backward else 0)
+
+
+# ---- collectives (notebooks 03-05; nccl-tests, doc/PERFORMANCE.md) ----
+
+def busbw_factor(op: str, world_size: int) -> float:
+    """nccl-tests factor from algbw to busbw: all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n, broadcast 1."""
+    n = world_size
+    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n, "broadcast": 1.0}
+    if op not in factors:
+        raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(factors)}")
+    return factors[op]
+
+
+def algbw(size_bytes: float, seconds: float) -> float:
+    """Algorithm bandwidth, bytes/s: the message size over the time."""
+    return size_bytes / seconds
+
+
+def busbw(op: str, size_bytes: float, seconds: float, world_size: int) -> float:
+    """Bus bandwidth, bytes/s: algbw scaled so it compares with the link's peak whatever the rank count."""
+    return algbw(size_bytes, seconds) * busbw_factor(op, world_size)
+
+
+def wire_factor(op: str, world_size: int) -> float:
+    """Bytes each rank receives per byte passed (ring algorithms): all-reduce 2(N-1)/N, the others (N-1)/N."""
+    return (2 if op == "all_reduce" else 1) * (world_size - 1) / world_size
+
+
+# ---- the DDP bucket-size model (notebook 04 derives it) ----
+
+def bucket_overhead(n_buckets, grad_bytes: float, backward_s: float, alpha_s: float, beta_Bps: float):
+    """Modelled time from backward's end to the last all-reduce's end, with n equal buckets ready evenly in backward."""
+    n = np.asarray(n_buckets, dtype=float)
+    per_bucket = alpha_s + grad_bytes / (n * beta_Bps)  # one bucket's all-reduce
+    return np.maximum(per_bucket, n * per_bucket - backward_s * (1 - 1 / n))
+
+
+def optimal_buckets(grad_bytes: float, backward_s: float, alpha_s: float, beta_Bps: float) -> float:
+    """The n minimizing bucket_overhead: max((T_b - S/beta)/alpha, sqrt(T_b/alpha)), at least 1."""
+    return max(1.0, (backward_s - grad_bytes / beta_Bps) / alpha_s, math.sqrt(backward_s / alpha_s))
+
+
+# ---- optimizer-state sharding and ZeRO (notebook 05; ZeRO paper, section 5: (2 + 2 + K)Ψ) ----
+
+SHARDED_KINDS = ("unsharded", "sharded", "naive_sharded", "zero1")
+PRECISIONS = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}  # bytes per parameter: weights, gradients, Adam state (K)
+
+
+def expected_collectives(kind: str, grad_bytes: int, world_size: int) -> dict[str, int]:
+    """Analytic bytes passed to each collective per step (Ψ = grad_bytes; zero1: Ψ padded to a multiple of N).
+    sharded and naive_sharded broadcast the same bytes (one buffer per owner, or one call per tensor)."""
+    padded = -(-grad_bytes // (4 * world_size)) * 4 * world_size  # fp32 elements, padded to N equal slices
+    table = {"unsharded": {"all_reduce": grad_bytes}, "sharded": {"all_reduce": grad_bytes, "broadcast": grad_bytes},
+             "naive_sharded": {"all_reduce": grad_bytes, "broadcast": grad_bytes},
+             "zero1": {"reduce_scatter": padded, "all_gather": padded}}
+    if kind not in table:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(table)}")
+    return table[kind]
+
+
+def meta_sizes(model) -> tuple[int, ...]:
+    """numel of each parameter of a model name / ModelConfig, in registration order (from the model's own table)."""
+    return _meta_sizes(get_config(model))
+
+
+@functools.lru_cache(maxsize=64)
+def _meta_sizes(cfg: ModelConfig) -> tuple[int, ...]:
+    return tuple(math.prod(shape) for shape in parameter_shapes(cfg).values())
+
+
+def meta_numel(model) -> int:
+    """Parameters of a model name / ModelConfig, or of an nn.Module."""
+    if isinstance(model, torch.nn.Module):
+        return sum(p.numel() for p in model.parameters())
+    return sum(meta_sizes(model))
+
+
+def zero_memory(model, world_size: int, stage: int, precision: str = "mixed") -> dict[str, float]:
+    """Per-rank bytes of model states under ZeRO stage 0-3 with Adam: stage 1 shards the optimizer state,
+    2 also the gradients, 3 also the weights. Communication: per-rank bytes received per step (2Ψ_g, stage 3 3Ψ_g)."""
+    psi, N = meta_numel(model), world_size
+    w, g, k = PRECISIONS[precision]
+    out = {"parameters": w * psi / (N if stage >= 3 else 1), "gradients": g * psi / (N if stage >= 2 else 1),
+           "optimizer state": k * psi / (N if stage >= 1 else 1)}
+    out["total"] = sum(out.values())
+    out["communication"] = (3 if stage == 3 else 2) * g * psi * (N - 1) / N
+    return out
+
+
+def state_bytes(kind: str, model_name, world_size: int, rank: int) -> int:
+    """AdamW state this rank holds: exp_avg and exp_avg_sq (fp32) per owned element + a 4-byte step per owned tensor.
+    Which tensors a rank owns comes from ShardedOptimizer's own plan (helpers.sharding.partition_by_bytes)."""
+    sizes = list(meta_sizes(model_name))
+    if kind == "unsharded":
+        owned = sizes
+    elif kind in ("sharded", "naive_sharded"):
+        owned = [s for s, r in zip(sizes, partition_by_bytes([4 * s for s in sizes], world_size)) if r == rank]
+    elif kind == "zero1":
+        owned = [-(-sum(sizes) // world_size)]
+    else:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(SHARDED_KINDS)}")
+    return sum(8 * s + 4 for s in owned)
+
+
+def live_bytes(kind: str, model_name, world_size: int, rank: int, batch_per_rank: int, context_length: int,
+               point: str, step: int = 1) -> dict[str, int]:
+    """What is live at 'after init' / 'before step' / 'after step' of step `step`: parameters and buffers,
+    gradients (DDP buckets or Zero1's flat buffer, allocated when wrapping), optimizer state, token ids."""
+    has_state = point == "after step" or step > 1
+    psi = 4 * meta_numel(model_name)
+    if kind == "zero1":
+        psi = 4 * -(-meta_numel(model_name) // world_size) * world_size  # padded flat buffer
+    return {"parameters": psi + buffer_bytes(model_name), "gradients": psi,
+            "optimizer state": state_bytes(kind, model_name, world_size, rank) if has_state else 0,
+            "other": 0 if point == "after init" else token_bytes(batch_per_rank, context_length)}
