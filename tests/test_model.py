@@ -282,3 +282,9 @@ def test_random_batch_is_deterministic_with_a_seeded_generator():
     c = random_batch(TOY, 2, generator=torch.Generator().manual_seed(1))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert not torch.equal(a[0], c[0])
+
+
+@pytest.mark.parametrize("name", ["small", "small/8", "2.7B/8"])
+def test_parameter_shapes_are_the_models_own_named_parameters(name):
+    model = build_model(name, device="meta")
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == list(M.parameter_shapes(name).items())

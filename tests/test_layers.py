@@ -1,0 +1,79 @@
+"""The package's layers (../shared/design.md): infrastructure < library < experiments < entry points; no cycles."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.__main__ import BENCHMARKS
+
+PKG = Path(__file__).resolve().parent.parent / "helpers"
+INFRASTRUCTURE = {"env", "launch", "timing", "results", "writeup"}
+ENTRY_POINTS = {"__main__", "__init__"}
+
+
+def _imports(path: Path) -> set[str]:
+    """Every helpers module a file imports, at any depth (function-level imports count)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("helpers"):
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("helpers")}
+    return out
+
+
+def _layer(module: str) -> int:
+    name = module.removeprefix("helpers.")
+    if name.startswith("experiments"):
+        return 2
+    if name in ENTRY_POINTS:
+        return 3
+    return 0 if name.split(".")[0] in INFRASTRUCTURE else 1
+
+
+MODULES = {f"helpers.{p.relative_to(PKG).with_suffix('').as_posix().replace('/', '.')}": p for p in PKG.rglob("*.py")}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.endswith("__init__")))
+def test_each_module_imports_only_its_own_layer_or_below(module):
+    known = {m for m in MODULES}
+    for imported in _imports(MODULES[module]) & known:
+        assert _layer(imported) <= _layer(module), f"{module} (layer {_layer(module)}) imports {imported}"
+
+
+def test_no_import_cycles():
+    graph = {m: {i for i in _imports(p) if i in MODULES and i != m and not i.endswith("__init__")}
+             for m, p in MODULES.items()}
+    state = {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for n in graph[m]:
+            assert state.get(n) != "open", "import cycle: " + " -> ".join(path + [n])
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = "done"
+
+    for m in graph:
+        if m not in state:
+            visit(m, [m])
+
+
+def test_every_bench_topic_has_a_bench_main():
+    import importlib
+
+    for topic, module in BENCHMARKS.items():
+        assert callable(importlib.import_module(module).bench_main), topic
+
+
+BAD_INPUT = [["bench", "rmsnorm", "--hidden", "-5"], ["bench", "ddp", "--steps", "0"], ["bench", "no-such-topic"]]
+
+
+@pytest.mark.parametrize("argv", BAD_INPUT + ([["writeup", "--profile", "gpu"]] if not torch.cuda.is_available() else []))
+def test_entry_points_answer_bad_input_in_one_line(argv):
+    run = subprocess.run([sys.executable, "-m", "helpers", *argv], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run
+    assert "Traceback" not in run.stdout + run.stderr
