@@ -4,6 +4,7 @@
     python -m helpers demo --world-size 2          # spawn 2 ranks, all-reduce their ids
     torchrun --nproc-per-node 2 -m helpers demo    # the same worker, ranks from torchrun
     python -m helpers writeup [--profile gpu]      # execute notebooks, export HTML (make writeup)
+    python -m helpers kernels [--quick]            # compile every Triton kernel for sm_80/sm_90a: registers, spills
     python -m helpers bench TOPIC [...]            # a topic's benchmark script, e.g. `bench collectives`
 
 Commands are the entries of COMMANDS, benchmarks those of BENCHMARKS (topic -> the experiment module whose
@@ -47,6 +48,13 @@ def cmd_demo(argv: list[str]) -> int:
     return 0 if ok else 1
 
 
+def cmd_kernels(argv: list[str]) -> int:
+    """Compile every Triton kernel for sm_80 and sm_90a; registers and spills per launch configuration."""
+    from helpers.kernel_check import main
+
+    return main(argv)
+
+
 def cmd_writeup(argv: list[str]) -> int:
     """Execute the notebooks and export HTML writeups."""
     from helpers.writeup import main
@@ -72,7 +80,7 @@ def cmd_bench(argv: list[str]) -> int:
     return importlib.import_module(BENCHMARKS[argv[0]]).bench_main(argv[1:])
 
 
-COMMANDS = {"env": cmd_env, "demo": cmd_demo, "writeup": cmd_writeup, "bench": cmd_bench}
+COMMANDS = {"env": cmd_env, "demo": cmd_demo, "writeup": cmd_writeup, "bench": cmd_bench, "kernels": cmd_kernels}
 
 
 def main(argv: list[str] | None = None) -> int:

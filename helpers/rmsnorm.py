@@ -12,6 +12,7 @@ Triton's interpreter on CPU tensors (`import helpers` sets TRITON_INTERPRET=1): 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -25,7 +26,6 @@ except ImportError:  # e.g. macOS: the PyTorch paths still work
     triton = tl = None
 
 EPS = 1e-5
-MAX_H = 65536  # one row lives in one Triton block; wider rows would need a loop over column blocks
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -88,9 +88,6 @@ def _check(x: Tensor, g: Tensor, need_triton: bool = True) -> None:
         return
     if triton is None:
         raise ValueError("Triton is not installed; use impl='torch' or 'torchfn', or install triton (Linux)")
-    if x.shape[-1] > MAX_H:
-        raise ValueError(f"H = {x.shape[-1]} exceeds the Triton kernel's limit of {MAX_H} columns per row; "
-                         "use RMSNormPyTorchFunction (or impl='torchfn') for wider rows")
     if x.dtype not in DTYPES or g.dtype not in DTYPES:
         raise ValueError(f"Triton RMSNorm supports {DTYPES}; got x {x.dtype}, g {g.dtype}: cast first")
     if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -99,29 +96,65 @@ def _check(x: Tensor, g: Tensor, need_triton: bool = True) -> None:
 
 
 # ---- Triton: fused forward, backward with a two-stage dg reduction -------------------------------------------
+# A row of H columns is cut into CHUNKS blocks of BLOCK_H columns (powers of two). Narrow rows (one block) stay in
+# registers and are read once; wider rows loop over their blocks, so no width makes a kernel spill registers
+# (`python -m helpers kernels` compiles every configuration for sm_80 and sm_90a and counts spills).
 
 if triton is not None:
 
     # spec: y[row] = x[row] * rrms[row] * g with rrms[row] = 1 / sqrt(mean(x[row]^2) + eps)  (rmsnorm_reference)
     @triton.jit
-    def rmsnorm_fwd_kernel(x_ptr, g_ptr, y_ptr, rrms_ptr, H, eps, BLOCK_H: tl.constexpr):
+    def rmsnorm_fwd_kernel(x_ptr, g_ptr, y_ptr, rrms_ptr, H, eps, BLOCK_H: tl.constexpr, CHUNKS: tl.constexpr):
         """One program per row: sum of squares, rsqrt, scale by g, all in fp32; saves rrms for backward."""
+        row = tl.program_id(0).to(tl.int64)  # int64 offsets: N * H may exceed 2**31
+        x_row, y_row = x_ptr + row * H, y_ptr + row * H
+        if CHUNKS == 1:  # the whole row in registers: x is read once
+            cols = tl.arange(0, BLOCK_H)  # (BLOCK_H,), BLOCK_H = next power of two >= H
+            mask = cols < H
+            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_H,)
+            g = tl.load(g_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_H,)
+            rrms = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)  # scalar; padded columns add 0
+            tl.store(rrms_ptr + row, rrms)
+            tl.store(y_row + cols, (x * rrms * g).to(y_ptr.dtype.element_ty), mask=mask)
+        else:  # a wide row: one pass for the sum of squares, a second to scale (the re-read mostly hits L2)
+            acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+            for c in range(CHUNKS):
+                cols = c * BLOCK_H + tl.arange(0, BLOCK_H)
+                x = tl.load(x_row + cols, mask=cols < H, other=0.0).to(tl.float32)  # (BLOCK_H,)
+                acc += x * x
+            rrms = tl.rsqrt(tl.sum(acc, axis=0) / H + eps)
+            tl.store(rrms_ptr + row, rrms)
+            for c in range(CHUNKS):
+                cols = c * BLOCK_H + tl.arange(0, BLOCK_H)
+                mask = cols < H
+                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+                g = tl.load(g_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                tl.store(y_row + cols, (x * rrms * g).to(y_ptr.dtype.element_ty), mask=mask)
+
+    # spec: dot[row] = mean(dy[row] * g * xhat[row]), xhat = x * rrms  (the per-row term of rmsnorm_backward_x)
+    @triton.jit
+    def rmsnorm_bwd_dot_kernel(dy_ptr, x_ptr, g_ptr, rrms_ptr, dot_ptr, H, BLOCK_H: tl.constexpr,
+                               CHUNKS: tl.constexpr):
+        """Wide rows only: one program per row sums dy * g * xhat over the row's blocks (fp32)."""
         row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK_H)  # (BLOCK_H,), BLOCK_H = next power of two >= H
-        mask = cols < H
-        x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_H,)
-        g = tl.load(g_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_H,)
-        rrms = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)  # scalar; padded columns add 0
-        tl.store(rrms_ptr + row, rrms)
-        tl.store(y_ptr + row * H + cols, (x * rrms * g).to(y_ptr.dtype.element_ty), mask=mask)
+        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for c in range(CHUNKS):
+            cols = c * BLOCK_H + tl.arange(0, BLOCK_H)
+            mask = cols < H
+            x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_H,)
+            dy = tl.load(dy_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            acc += dy * g * x
+        tl.store(dot_ptr + row, tl.sum(acc, axis=0) * tl.load(rrms_ptr + row) / H)
 
     # spec: dx = rmsnorm_backward_x(dy, x, g); dg_partial[p] = sum over program p's rows of dy * x * rrms
     @triton.jit
-    def rmsnorm_bwd_kernel(dy_ptr, x_ptr, g_ptr, rrms_ptr, dx_ptr, dg_partial_ptr, n_rows, H, rows_per_program,
-                           BLOCK_H: tl.constexpr):
-        """Program p handles rows [p*rows_per_program, ...): dx per row, and its share of dg in fp32 registers."""
-        pid = tl.program_id(0).to(tl.int64)  # int64 row indices: N * H may exceed 2**31
-        cols = tl.arange(0, BLOCK_H)
+    def rmsnorm_bwd_kernel(dy_ptr, x_ptr, g_ptr, rrms_ptr, dot_ptr, dx_ptr, dg_partial_ptr, n_rows, H,
+                           rows_per_program, BLOCK_H: tl.constexpr, CHUNKS: tl.constexpr):
+        """Program (p, c) handles rows [p*rows_per_program, ...) in column block c: dx, and its share of dg in fp32
+        registers. One block per row: the row's dot product is computed here; wider rows read it from dot_ptr."""
+        pid = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
         mask = cols < H
         g = tl.load(g_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_H,)
         dg_acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
@@ -134,8 +167,11 @@ if triton is not None:
             rrms = tl.load(rrms_ptr + row)  # scalar, saved by the forward
             xhat = x * rrms
             dyg = dy * g
-            c = tl.sum(dyg * xhat, axis=0) / H  # mean(dy * g * xhat)
-            tl.store(dx_ptr + offs, (rrms * (dyg - xhat * c)).to(dx_ptr.dtype.element_ty), mask=mask)
+            if CHUNKS == 1:
+                dot = tl.sum(dyg * xhat, axis=0) / H  # mean(dy * g * xhat)
+            else:
+                dot = tl.load(dot_ptr + row)
+            tl.store(dx_ptr + offs, (rrms * (dyg - xhat * dot)).to(dx_ptr.dtype.element_ty), mask=mask)
             dg_acc += dy * xhat
         tl.store(dg_partial_ptr + pid * H + cols, dg_acc, mask=mask)
 
@@ -153,9 +189,27 @@ if triton is not None:
         tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
-def _num_warps(block_h: int) -> int:
-    """Warps per row program: more for wider rows, so each thread holds a few elements."""
-    return 32 if block_h >= 32768 else 16 if block_h >= 8192 else 8 if block_h >= 2048 else 4
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a kernel covers a row of H columns: CHUNKS blocks of BLOCK_H, with num_warps warps per program."""
+    block_h: int
+    chunks: int
+    num_warps: int
+
+
+MAX_BLOCK = {"forward": 16384, "backward": 4096}  # widest row held whole in registers without spills (sm_80, sm_90a)
+CHUNK_BLOCK = {"forward": 8192, "backward": 4096}  # block of a wider row's loop (the forward loop keeps two of them)
+SUM_ROWS = dict(BLOCK_P=32, BLOCK_C=128, num_warps=4)  # stage two of the dg reduction
+
+
+def launch_config(H: int, kind: str, max_block: int | None = None) -> LaunchConfig:
+    """The one place that picks block width, block count and warps for a row of H columns ("forward"/"backward").
+    `max_block` forces narrower blocks (tests use it to run the wide-row loops on small shapes)."""
+    block = triton.next_power_of_2(max(H, 1))
+    if block > (max_block or MAX_BLOCK[kind]):
+        block = max_block or CHUNK_BLOCK[kind]
+    warps = 16 if block >= 8192 else 8 if block >= 2048 else 4  # a few elements per thread
+    return LaunchConfig(block, triton.cdiv(max(H, 1), block), warps)
 
 
 def _bwd_programs(n_rows: int, device: torch.device) -> int:
@@ -165,33 +219,38 @@ def _bwd_programs(n_rows: int, device: torch.device) -> int:
     return max(1, min(n_rows, 4))  # the interpreter runs programs one after another
 
 
-def rmsnorm_triton_forward(x2: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+def rmsnorm_triton_forward(x2: Tensor, g: Tensor, max_block: int | None = None) -> tuple[Tensor, Tensor]:
     """Launch the forward kernel on contiguous (N, H) x: returns y (N, H) in x.dtype and rrms (N,) fp32."""
     n_rows, H = x2.shape
     y = torch.empty_like(x2)
     rrms = torch.empty(n_rows, device=x2.device, dtype=torch.float32)
     if n_rows:
-        block = triton.next_power_of_2(H)
-        rmsnorm_fwd_kernel[(n_rows,)](x2, g, y, rrms, H, EPS, BLOCK_H=block, num_warps=_num_warps(block))
+        cfg = launch_config(H, "forward", max_block)
+        rmsnorm_fwd_kernel[(n_rows,)](x2, g, y, rrms, H, EPS, BLOCK_H=cfg.block_h, CHUNKS=cfg.chunks,
+                                      num_warps=cfg.num_warps)
     return y, rrms
 
 
-def rmsnorm_triton_backward(dy2: Tensor, x2: Tensor, g: Tensor, rrms: Tensor) -> tuple[Tensor, Tensor]:
+def rmsnorm_triton_backward(dy2: Tensor, x2: Tensor, g: Tensor, rrms: Tensor,
+                            max_block: int | None = None) -> tuple[Tensor, Tensor]:
     """Launch the backward kernels on contiguous (N, H) tensors: returns dx (N, H) and dg (H,)."""
     n_rows, H = x2.shape
-    block = triton.next_power_of_2(H)
+    cfg = launch_config(H, "backward", max_block)
     programs = _bwd_programs(n_rows, x2.device)
     rows_per_program = -(-n_rows // programs)  # ceil
     dx = torch.empty_like(x2)
-    partial = torch.empty(programs, H, device=x2.device, dtype=torch.float32)  # (P, H)
+    partial = torch.empty(programs, H, device=x2.device, dtype=torch.float32)  # (P, H): sized by programs, not rows
+    dot = torch.empty(n_rows if cfg.chunks > 1 else 1, device=x2.device, dtype=torch.float32)  # (N,) wide rows only
     dg = torch.empty_like(g)
     if n_rows:
-        rmsnorm_bwd_kernel[(programs,)](dy2, x2, g, rrms, dx, partial, n_rows, H, rows_per_program,
-                                        BLOCK_H=block, num_warps=_num_warps(block))
+        if cfg.chunks > 1:
+            rmsnorm_bwd_dot_kernel[(n_rows,)](dy2, x2, g, rrms, dot, H, BLOCK_H=cfg.block_h, CHUNKS=cfg.chunks,
+                                              num_warps=cfg.num_warps)
+        rmsnorm_bwd_kernel[(programs, cfg.chunks)](dy2, x2, g, rrms, dot, dx, partial, n_rows, H, rows_per_program,
+                                                   BLOCK_H=cfg.block_h, CHUNKS=cfg.chunks, num_warps=cfg.num_warps)
     else:
         partial.zero_()
-    block_c = min(block, 128)
-    sum_rows_kernel[(triton.cdiv(H, block_c),)](partial, dg, programs, H, BLOCK_P=32, BLOCK_C=block_c)
+    sum_rows_kernel[(triton.cdiv(H, SUM_ROWS["BLOCK_C"]),)](partial, dg, programs, H, **SUM_ROWS)
     return dx, dg
 
 

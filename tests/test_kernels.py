@@ -1,0 +1,62 @@
+"""RMSNorm kernels at any width (wide rows loop over column blocks) and every kernel compiled for sm_80/sm_90a."""
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import helpers  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before triton is imported)
+from helpers import rmsnorm as R
+
+triton = pytest.importorskip("triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(n_rows, H, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_rows, H, generator=gen).to(DEVICE)  # (N, H)
+    g = (1 + 0.5 * torch.randn(H, generator=gen)).to(DEVICE)  # (H,)
+    dy = torch.randn(n_rows, H, generator=gen).to(DEVICE)  # (N, H)
+    return x, g, dy
+
+
+@pytest.mark.parametrize("H, max_block", [(37, 16), (48, 16), (16, 16), (5, 4)])
+def test_wide_row_loops_match_the_spec(H, max_block):
+    """Rows wider than one block (forced with a small max_block) give the spec's y, dx and dg."""
+    x, g, dy = _inputs(6, H)
+    fwd, bwd = R.launch_config(H, "forward", max_block), R.launch_config(H, "backward", max_block)
+    assert fwd.chunks == bwd.chunks == -(-H // max_block)
+    y, rrms = R.rmsnorm_triton_forward(x, g, max_block=max_block)
+    dx, dg = R.rmsnorm_triton_backward(dy, x, g, rrms, max_block=max_block)
+    torch.testing.assert_close(y, R.rmsnorm_reference(x, g), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dx, R.rmsnorm_backward_x(dy, x, g), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dg, R.rmsnorm_backward_g(dy, x, g), rtol=1e-4, atol=1e-5)
+
+
+def test_a_row_wider_than_the_old_limit_goes_through_the_function():
+    """70,000 columns (the kernels once stopped at 65,536): the default launch configuration loops over blocks."""
+    x, g, dy = _inputs(2, 70_000)
+    assert R.launch_config(70_000, "forward").chunks > 1 and R.launch_config(70_000, "backward").chunks > 1
+    xr, gr = x.clone().requires_grad_(), g.clone().requires_grad_()
+    R.RMSNormTritonFunction.apply(xr, gr).backward(dy)
+    torch.testing.assert_close(xr.grad, R.rmsnorm_backward_x(dy, x, g), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gr.grad, R.rmsnorm_backward_g(dy, x, g), rtol=1e-4, atol=1e-5)
+
+
+def test_launch_configs_cover_every_width():
+    for H in (1, 7, 4096, 4097, 16384, 16385, 10**6):
+        for kind in ("forward", "backward"):
+            cfg = R.launch_config(H, kind)
+            assert cfg.block_h * cfg.chunks >= H > cfg.block_h * (cfg.chunks - 1)
+            assert cfg.block_h <= R.MAX_BLOCK[kind]
+
+
+def test_kernels_compile_for_sm80_and_sm90a_without_spills():
+    """`python -m helpers kernels --quick` (no GPU needed): every configuration compiles, none spills."""
+    run = subprocess.run([sys.executable, "-m", "helpers", "kernels", "--quick"], capture_output=True, text=True,
+                         timeout=600)
+    last = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
+    match = re.fullmatch(r"(\d+) configurations compiled for sm_80, sm_90a; (\d+) with spills", last)
+    assert match, last
+    assert int(match.group(1)) >= 8 and int(match.group(2)) == 0 and run.returncode == 0, run.stdout
