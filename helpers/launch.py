@@ -181,6 +181,20 @@ def _under_torchrun() -> bool:
     return not _SPAWNED and "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def torchrun_topology() -> dict:
+    """Under torchrun, inside the process group: nodes (agents), distinct hosts, and whether the nodes were simulated
+    on fewer hosts (several agents on one machine, e.g. a multi-node rehearsal on a laptop). Every rank calls it."""
+    import socket
+
+    world = dist.get_world_size()
+    names = [None] * world
+    dist.all_gather_object(names, socket.gethostname())
+    nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    hosts = len(set(names))
+    return {"nodes": nodes, "hosts": hosts, "simulated": nodes > hosts,
+            "topology": f"{nodes} node(s)" + (f" simulated on {hosts} host(s)" if nodes > hosts else "")}
+
+
 def _launch_torchrun(fn, world_size, args, backend, device_type, timeout_s):
     """Run fn in this torchrun-started process and all-gather every rank's return value."""
     global _DEVICE

@@ -302,16 +302,17 @@ def bench_main(argv: list[str]) -> int:
     grid = PROFILE_GRID[profile]
     sizes, warmup, iters = args.sizes or grid["sizes"], args.warmup or grid["warmup"], args.iters or grid["iters"]
     budget_s = args.budget_s or grid["budget_s"]
+    topology = {"topology": "1 node, spawned ranks", "nodes": 1}
     if L._under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         per_rank = L.launch(bench_worker, world, tuple(args.ops), tuple(sizes), warmup, iters, None, budget_s,
                             backend=args.backend, device=args.device)
         backend, device = dist.get_backend(), L.device().type
-        nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        topology = L.torchrun_topology()
         dist.destroy_process_group()
         if int(os.environ["RANK"]) != 0:
             return 0
-        df, skipped = pd.DataFrame(summarize(per_rank, backend, device, nodes)), None
+        df, skipped = pd.DataFrame(summarize(per_rank, backend, device, topology["nodes"])), None
     else:
         combos = [tuple(b.split(":")) for b in args.backends] if args.backends else grid["combos"]
         df, todo = run_grid(sizes, args.ops, args.world_sizes or grid["world_sizes"], combos, warmup, iters, None, budget_s)
@@ -320,7 +321,8 @@ def bench_main(argv: list[str]) -> int:
         print("nothing ran here:\n" + skipped.to_string(index=False))
         return 2
     path = save_results(df, args.name, profile=profile, kind="reference" if args.reference else "local",
-                        directory=args.out, method=METHOD, warmup=warmup)
+                        directory=args.out, method=METHOD, warmup=warmup,
+                        topology=topology["topology"])
     print(df.drop(columns=["size_bytes"]).to_string(index=False))
     if skipped is not None and len(skipped):
         print("skipped:\n" + skipped.to_string(index=False))
