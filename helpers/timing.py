@@ -4,6 +4,9 @@
     print(t)            # fwd: median 12.3 ms (mean 12.5 ± 0.4 ms, n=10, warm-up 3, cpu)
     rows.append(t.as_row(batch=8))
 
+    c = compare({"layernorm": f, "rmsnorm": g}, steps=20)   # interleaved in one loop, each call synced
+    c.verdict("rmsnorm")   # "rmsnorm takes 0.81x layernorm's time (0.812x (95% CI ...))" or "no measurable difference"
+
 On CUDA each step is timed by a CUDA event pair on the current stream and the host
 synchronizes once at the end, so steps overlap as in a training loop; on CPU, whose
 ops are synchronous, `time.perf_counter()` around each call is enough.
@@ -15,6 +18,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -158,3 +162,88 @@ def benchmark(fn, warmup: int = 3, steps: int = 10, device=None, progress: bool 
     with tqdm(total=steps, initial=len(first), desc=label or None, disable=not show) as bar:
         samples = first + timer(fn, steps - len(first), dev, lambda: bar.update(1))
     return Timing(samples=samples, warmup=warmup, device=str(dev), label=label)
+
+
+# ---- comparisons: interleaved, reported as a ratio with its spread --------------------------------------------
+
+def interleaved(steps_by_label: dict, steps: int, warmup: int) -> dict[str, list]:
+    """Call every label's step(i) once per round, the order reversed every other round (A B, B A, ...), so drift and
+    caches hit all alike; keep what each returns from the `steps` rounds after `warmup` untimed ones."""
+    labels, kept = list(steps_by_label), {label: [] for label in steps_by_label}
+    for i in range(warmup + steps):
+        for label in (labels if i % 2 == 0 else labels[::-1]):
+            out = steps_by_label[label](i)
+            if i >= warmup:
+                kept[label].append(out)
+    return kept
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """The median of paired ratios a_i / b_i with a bootstrap confidence interval: is a measurably slower/faster?"""
+    median: float
+    low: float
+    high: float
+    pairs: int
+    confidence: float = 0.95
+
+    @property
+    def differs(self) -> bool:
+        """True when the interval excludes 1: a difference this machine can measure."""
+        return not self.low <= 1.0 <= self.high
+
+    def __str__(self) -> str:
+        return f"{self.median:.3f}x ({self.confidence:.0%} CI {self.low:.3f}-{self.high:.3f}, {self.pairs} pairs)"
+
+
+def paired_ratio(a, b, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> Ratio:
+    """Median of a_i / b_i over pairs measured together, with a percentile-bootstrap interval of that median."""
+    ratios = np.asarray(a, dtype=float) / np.asarray(b, dtype=float)  # (pairs,)
+    if ratios.size == 0:
+        raise ValueError("paired_ratio needs at least one pair of samples")
+    draws = np.random.default_rng(seed).choice(ratios, size=(resamples, ratios.size))  # (resamples, pairs)
+    low, high = np.quantile(np.median(draws, axis=1), [(1 - confidence) / 2, (1 + confidence) / 2])
+    return Ratio(float(np.median(ratios)), float(low), float(high), int(ratios.size), confidence)
+
+
+def verdict(a: str, b: str, ratio: Ratio, what: str = "time") -> str:
+    """One sentence that names a winner only outside the noise."""
+    if not ratio.differs:
+        return f"no measurable difference between {a} and {b} on this machine ({what} ratio {ratio})"
+    return f"{a} takes {ratio.median:.2f}x {b}'s {what} ({ratio})"
+
+
+@dataclass
+class Comparison:
+    """Samples of several callables timed in one interleaved loop; ratios against a baseline with their spread."""
+    samples: dict[str, list[float]]
+    baseline: str
+    device: str
+
+    def ratio(self, label: str, baseline: str | None = None) -> Ratio:
+        """label's time over the baseline's, paired round by round."""
+        return paired_ratio(self.samples[label], self.samples[baseline or self.baseline])
+
+    def verdict(self, label: str, baseline: str | None = None) -> str:
+        return verdict(label, baseline or self.baseline, self.ratio(label, baseline))
+
+    def table(self):
+        """One row per label: median and quartiles (s), the ratio to the baseline with its interval, measurable?"""
+        import pandas as pd
+
+        rows = []
+        for label, s in self.samples.items():
+            r = self.ratio(label)
+            p25, p50, p75 = np.percentile(s, [25, 50, 75])
+            rows.append({"label": label, "median_s": p50, "p25_s": p25, "p75_s": p75, "ratio": r.median,
+                         "ratio_low": r.low, "ratio_high": r.high, "measurable": r.differs or label == self.baseline})
+        return pd.DataFrame(rows).set_index("label")
+
+
+def compare(fns: dict, steps: int = 20, warmup: int = 3, device=None, baseline: str | None = None) -> Comparison:
+    """Time every callable of `fns` once per round, interleaved (A B, B A, ...), each call between device syncs."""
+    if warmup < 0 or steps < 1:
+        raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={warmup}, steps={steps}")
+    dev = _resolve_device(device)
+    samples = interleaved({k: (lambda i, fn=fn: time_call(fn, dev)[1]) for k, fn in fns.items()}, steps, warmup)
+    return Comparison(samples, baseline or next(iter(fns)), str(dev))

@@ -179,3 +179,31 @@ def test_cuda_path_uses_event_pairs_and_converts_ms(monkeypatch):
 def test_time_call_returns_result_and_seconds():
     result, seconds = time_call(lambda: (time.sleep(0.01), 42)[1])
     assert result == 42 and 0.009 <= seconds <= 0.1
+
+
+def test_interleaved_alternates_the_order_and_drops_warmup():
+    order = []
+    kept = timing.interleaved({"a": lambda i: order.append(("a", i)) or i, "b": lambda i: order.append(("b", i)) or -i},
+                              steps=3, warmup=1)
+    assert order == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("b", 3), ("a", 3)]
+    assert kept == {"a": [1, 2, 3], "b": [-1, -2, -3]}
+
+
+def test_paired_ratio_of_known_pairs():
+    r = timing.paired_ratio([2.0, 4.0, 6.0, 8.0, 10.0], [1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (r.median, r.low, r.high, r.pairs) == (2.0, 2.0, 2.0, 5)  # every pair is exactly 2: no spread
+    assert r.differs and "2.00x" in timing.verdict("a", "b", r)
+    noisy = timing.paired_ratio([0.9, 1.1, 1.0, 0.95, 1.05, 1.0], [1.0] * 6)
+    assert noisy.low <= 1.0 <= noisy.high and not noisy.differs
+    assert timing.verdict("a", "b", noisy).startswith("no measurable difference between a and b")
+    with pytest.raises(ValueError):
+        timing.paired_ratio([], [])
+
+
+def test_compare_tells_a_slower_callable_apart_and_a_twin_not():
+    slow, fast = _sleeper(0.004), _sleeper(0.001)
+    c = timing.compare({"fast": fast, "slow": slow, "twin": fast}, steps=9, warmup=1)
+    assert c.baseline == "fast" and all(len(s) == 9 for s in c.samples.values())
+    assert c.ratio("slow").low > 1.5  # sleeps never end early: slow/fast >= 4 ms / (1 ms + scheduler delay)
+    table = c.table()
+    assert table.loc["slow", "measurable"] and table.loc["fast", "ratio"] == 1.0
