@@ -69,6 +69,9 @@ def test_saved_activations_and_peak_match_analytic():
     step = memory.track(lambda: train_step(lm, opt, x, y), existing=memory.model_state(lm, opt, x, y))
     predicted = sum(formulas.peak_breakdown(cfg, B, T).values())
     assert step.peak_bytes == predicted  # activations dominate at this shape: the peak is backward's start
+    table = benchmarking.breakdown_table(step, lm, opt, x, y)  # notebook 01's table: measured == analytic, per kind
+    assert table["live at the peak (measured)"].tolist() == table["live at the peak (analytic)"].tolist()
+    assert table.loc["total", "live at the peak (measured)"] == step.peak_bytes / 2**20
 
 
 def test_residual_stream_formula():
@@ -90,3 +93,17 @@ def test_step_peaks_full_step_above_forward_and_state_counted():
     state = formulas.param_bytes(cfg) + formulas.buffer_bytes(cfg) + formulas.adamw_state_bytes(cfg) + 2 * 2 * 16 * 8
     assert traces["forward"].baseline_bytes == traces["full step"].baseline_bytes == state  # exact
     assert traces["full step"].peak_bytes > traces["forward"].peak_bytes > state
+
+
+def test_peak_rows_and_timelines_of_a_tiny_model():
+    cfg = model.get_config("small/8", n_layers=1)
+    peaks = benchmarking.peak_rows([cfg], 2, 16, [torch.bfloat16])
+    assert peaks[["precision", "pass"]].values.tolist() == [["fp32", "forward"], ["fp32", "full step"],
+                                                             ["autocast bfloat16", "forward"],
+                                                             ["autocast bfloat16", "full step"]]
+    assert (peaks["status"] == "ok").all() and peaks["allocator_peak_MiB"].isna().all()  # CPU: no allocator peak
+    table = peaks.assign(size="tiny").pivot_table(index="size", columns=["pass", "precision"], values="peak_MiB")
+    assert (table["full step"] > table["forward"]).all().all()
+    assert "autocast bfloat16: full-step peak" in benchmarking.peak_summary(table)
+    fig = benchmarking.plot_timelines(benchmarking.step_peaks(cfg, 2, 16))
+    assert len(fig.axes[0].lines) == 2

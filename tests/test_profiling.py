@@ -1,4 +1,6 @@
-"""Profiler tables and op classes, the flame-graph builder, FLOPs vs FlopCounterMode, MFU peaks, autocast dtypes."""
+"""Profiler tables and op classes, the flame-graph builder, FLOPs vs FlopCounterMode, MFU peaks, autocast dtypes,
+fp16 accumulation, and notebook 01's table builders and summaries."""
+import pandas as pd
 import pytest
 import torch
 
@@ -107,3 +109,54 @@ def test_pass_fn_refuses_unknown_kind(tiny):
     lm, _, x, y = tiny
     with pytest.raises(ValueError, match="forward"):
         benchmarking.pass_fn(lm, x, y, "sideways")
+
+
+def test_autocast_dtype_table_and_norm_errors():
+    table = benchmarking.autocast_dtype_table([torch.bfloat16], "cpu")
+    assert list(table.columns) == ["autocast bfloat16 on cpu"]
+    assert (table.loc[["parameters", "gradients", "loss"]] == "torch.float32").all().all()
+    err = benchmarking.mean_square_errors("cpu")
+    assert err["bfloat16"] > 10 * err["float32"] and err["float16"] > 10 * err["float32"]
+
+
+def test_accumulation_demo_exact_ieee_results():
+    table = benchmarking.accumulation_demo()
+    a, b, c, d = table["value"]
+    assert a == 10.000133514404297 and abs(a - 10) < 2e-4
+    assert b == 9.953125 and abs(b - 10) > 0.01
+    assert c == d == 1000 * torch.tensor(0.01, dtype=torch.float16).item() == 10.00213623046875
+    assert list(table["abs error"]) == [abs(v - 10) for v in table["value"]]
+    text = benchmarking.accumulation_text(table)
+    assert "0.0078125 = 2^-7" in text and "from 32 on" in text  # fp16 spacing in [8, 16); half of 2^-5 > 0.01
+
+
+def test_warmup_summary_sees_a_one_time_cost():
+    rows = [{"size": s, "pass": p, "warm-up": w, "status": "ok", "first_s": 10.0 if w == 0 else 1.0,
+             "mean_s": 4.0 if w == 0 else 1.0, "median_s": 1.0, "std_s": 5.0 if w == 0 else 0.01}
+            for s in ("a", "b") for p in ("forward", "both") for w in (0, 3)]
+    times = pd.DataFrame(rows + [{"size": "c", "pass": "both", "warm-up": 0, "status": "OOM"}])
+    cold, warm = benchmarking.warm_cold(times, 3)
+    assert len(cold) == len(warm) == 4
+    text = benchmarking.warmup_summary(times, warmup=3, cold_steps=3)
+    assert "first step costs 10.0x" in text and "cold runs are 1.00x" in text and "one-time cost" in text
+
+
+def test_speedup_and_stage_shares(step_profile):
+    amp = pd.DataFrame([{"size": s, "precision": p, "median_s": t} for s, t32 in (("a", 2.0), ("b", 4.0))
+                        for p, t in (("fp32", t32), ("autocast bfloat16", t32 / 2))])
+    assert list(benchmarking.speedup_table(amp, ["b", "a"])["speed-up bfloat16"]) == [2.0, 2.0]
+    shares = benchmarking.stage_shares(profiling.module_stacks(step_profile))
+    assert set(shares.index) == {"forward", "backward", "optimizer step"} and shares.sum() == pytest.approx(1.0)
+    classes = benchmarking.class_share_table({"full step": step_profile})
+    assert classes.loc["full step"].sum() == pytest.approx(1.0)
+
+
+def test_flops_table_matches_the_closed_forms():
+    h100 = "NVIDIA H100 80GB HBM3"
+    table = benchmarking.flops_table({"small": 0.5, "xl": 2.0}, 16, 128, h100, "tf32")
+    total = formulas.train_flops("xl", 16, 128)
+    assert table.loc["xl", "GFLOPs/step"] == total / 1e9 and table.loc["xl", "achieved GFLOP/s"] == total / 2.0 / 1e9
+    assert table.loc["xl", "MFU"] == formulas.mfu(total, 2.0, h100, "tf32") < 1
+    assert "MFU up to" in benchmarking.flops_summary(table, h100, "tf32")
+    cpu = benchmarking.flops_table({"small/8": 0.1}, 2, 16, "Intel(R) Xeon(R) CPU")
+    assert cpu["MFU"].isna().all() and "not defined" in benchmarking.flops_summary(cpu, "Intel(R) Xeon(R) CPU", "fp32")

@@ -1,21 +1,32 @@
-"""Notebook 01's experiments: a step's time per model size (with and without warm-up), its memory (tracked and
-analytic), the dtypes autocast picks, and the steps the profiler watches.
+"""Notebook 01's experiments: a step's time per model size (with and without warm-up), where the time goes, mixed
+precision (speed, dtypes, accumulation), memory (tracked and analytic) and FLOPs/MFU. Table builders return
+DataFrames, plots return the figure, summaries return text; the notebook and tests/test_{profiling,memory}.py call them.
 
-    time_size("small/8", batch_size=4, context_length=128, warmup=3, steps=10)   # rows: forward, backward, both
-    step_peaks("small/8", 4, 128)                   # {"forward": MemoryTrace, "full step": MemoryTrace}
-    autocast_dtypes(MixedPrecisionToyModel(), x, y) # which dtype each tensor gets under autocast
+    times = time_sizes(SIZES, 4, 64, runs=[dict(warmup=0, steps=3), dict(warmup=2, steps=4)])   # one row per pass
+    print(warmup_summary(times, warmup=2, cold_steps=3))    # what the first (cold) step costs
+    accumulation_demo()                                     # 0.01 summed 1000 times in four precisions
+    traces = step_traces(lm, opt, x, y)                     # {"forward": MemoryTrace, "full step": MemoryTrace}
+    breakdown_table(traces["full step"], lm, opt, x, y)     # analytic vs measured bytes live at the peak
+    flops_table({"small": 0.024}, 16, 128, "NVIDIA H100 80GB HBM3", "tf32")   # FLOPs, FLOP/s, MFU per size
 """
 from __future__ import annotations
 
 import contextlib
+import math
 
+import matplotlib.pyplot as plt
+import pandas as pd
 import torch
 import torch.nn as nn
 
+from helpers import formulas
 from helpers.experiments.common import train_step
 from helpers.memory import MemoryTrace, model_state, track
 from helpers.model import build_model, lm_loss, random_batch
+from helpers.profiling import class_shares
 from helpers.timing import benchmark
+
+MiB = 2**20
 
 
 def forward_step(lm, x, autocast_dtype=None):
@@ -34,7 +45,12 @@ def guarded(fn):
         return "OOM"
 
 
-# --- timing one model per size (notebook 01) ----------------------------------------------------
+def precision_name(autocast_dtype) -> str:
+    """The precision column of every table here: fp32, or "autocast bfloat16" / "autocast float16"."""
+    return "fp32" if autocast_dtype is None else f"autocast {str(autocast_dtype)[6:]}"
+
+
+# --- 1 · timing one model per size ----------------------------------------------------------------
 
 def pass_fn(lm, x, y, kind: str, autocast_dtype=None):
     """A callable for one pass of `lm`: "forward" (building the graph), "backward" (re-run on one retained graph)
@@ -66,30 +82,93 @@ def time_size(size, batch_size: int, context_length: int, warmup: int, steps: in
     rows = []
     for kind in kinds:
         t = guarded(lambda: run(kind))
-        row = {"size": size, "pass": kind, "warm-up": warmup,
-               "precision": "fp32" if autocast_dtype is None else f"autocast {str(autocast_dtype)[6:]}"}
+        row = {"size": size, "pass": kind, "warm-up": warmup, "precision": precision_name(autocast_dtype)}
         row.update({"mean_s": None, "median_s": None, "std_s": None, "status": "OOM"} if t == "OOM" else
                    {**t.as_row(), "first_s": t.samples[0], "status": "ok"})
         rows.append(row)
     return rows
 
 
-# --- memory of one step ---------------------------------------------------------------------------
-
-def step_peaks(size, batch_size: int, context_length: int, autocast_dtype=None, device=None) -> dict[str, MemoryTrace]:
-    """Traces of forward-only and of a steady-state training step (AdamW state exists) of a fresh model of `size`."""
-    lm = build_model(size, device=device)
-    opt = torch.optim.AdamW(lm.parameters())
-    x, y = random_batch(lm.cfg, batch_size, context_length, device=device)
-    train_step(lm, opt, x, y, autocast_dtype=autocast_dtype)  # creates the AdamW state
-    lm.zero_grad(set_to_none=True)
-    state = model_state(lm, opt, x, y)
-    return {"forward": track(lambda: forward_step(lm, x, autocast_dtype), existing=state, device=device),
-            "full step": track(lambda: train_step(lm, opt, x, y, autocast_dtype=autocast_dtype),
-                               existing=state, device=device)}
+def time_sizes(sizes, batch_size: int, context_length: int, runs: list[dict], device=None) -> pd.DataFrame:
+    """time_size for every size and every run (a dict of its keyword arguments: warmup, steps, kinds, autocast_dtype)."""
+    return pd.DataFrame([row for size in sizes for run in runs
+                         for row in time_size(size, batch_size, context_length, device=device, **run)])
 
 
-# --- mixed precision: dtypes seen by hooks -------------------------------------------------------
+def plot_timing(times: pd.DataFrame, warmup: int, title: str = ""):
+    """Mean ± std per size, one panel per pass, cold (no warm-up) and warm; returns the figure."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    for ax, kind in zip(axes, ("forward", "backward", "both")):
+        for w, marker in ((0, "o"), (warmup, "s")):
+            sel = times[(times["pass"] == kind) & (times["warm-up"] == w) & (times["status"] == "ok")]
+            ax.errorbar(sel["size"], sel["mean_s"] * 1e3, yerr=sel["std_s"] * 1e3, marker=marker, capsize=3,
+                        label=f"warm-up {w}")
+        ax.set(title=kind, xlabel="model size", ylabel="mean time (ms) ± std", yscale="log")
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def warm_cold(times: pd.DataFrame, warmup: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The runs that fit, indexed by (size, pass): (cold, without warm-up; warm, after `warmup` steps)."""
+    ok = times[times["status"] == "ok"].set_index(["size", "pass", "warm-up"])
+    return ok.xs(0, level="warm-up"), ok.xs(warmup, level="warm-up")
+
+
+def warmup_summary(times: pd.DataFrame, warmup: int, cold_steps: int) -> str:
+    """What the first step without warm-up costs against warm steps, and whether that stands above the noise."""
+    cold, warm = warm_cold(times, warmup)
+    first_ratio = cold["first_s"] / warm["median_s"]
+    std_ratio = (cold["std_s"] / cold["mean_s"]) / (warm["std_s"] / warm["mean_s"])
+    worst, noise = first_ratio.idxmax(), (warm["std_s"] / warm["mean_s"]).median()
+    rest = ((cold["mean_s"] * cold_steps - cold["first_s"]) / (cold_steps - 1) / warm["mean_s"]).median()
+    text = (f"Without warm-up the first step costs {first_ratio.median():.1f}x the warm median (median over sizes and "
+            f"passes; worst {first_ratio.max():.1f}x for {worst[0]} {worst[1]}); the cold mean is "
+            f"{(cold['mean_s'] / warm['mean_s']).median():.2f}x the warm mean and its relative spread "
+            f"{std_ratio.median():.1f}x the warm one.\nLeaving out the first step, cold runs are {rest:.2f}x the warm "
+            f"mean; warm runs vary by {noise:.0%} (std/mean, median).\n")
+    if first_ratio.median() > 1 + 2 * noise:
+        return text + "So the gap is a one-time cost of the first call: after it, cold and warm steps cost about the same."
+    return text + ("Here the first-step cost is within the step-to-step noise: the machine was busy (other processes "
+                   "share its cores), so re-run this section on a quiet machine to see it clearly.")
+
+
+# --- 2, 3 · profiler tables and stacks ------------------------------------------------------------
+
+def class_share_table(profs: dict) -> pd.DataFrame:
+    """Share of profiled time per op class (matmul, elementwise/other), one row per profiled step."""
+    return pd.DataFrame({name: class_shares(p) for name, p in profs.items()}).T
+
+
+def profile_summary(tables: dict[str, pd.DataFrame], shares: pd.DataFrame) -> str:
+    """The most expensive op of each profiled step, and how the matmuls' share moves from forward to the full step."""
+    lines = [f"{name}: the most expensive op is {t.iloc[0]['op']} with {t.iloc[0]['share']:.1%} of the time, "
+             f"{t.iloc[0]['ms/step']:.2f} ms and {t.iloc[0]['calls/step']:g} calls per step" for name, t in tables.items()]
+    mm = shares["matmul"]
+    lines.append(f"Matrix multiplies take {mm['forward']:.0%} of a forward pass, {mm['forward+backward']:.0%} of "
+                 f"forward+backward and {mm['full step']:.0%} of the full step: the optimizer step, all elementwise, "
+                 f"moves {mm['forward+backward'] - mm['full step']:.0%} of the time away from matmuls.")
+    return "\n".join(lines)
+
+
+def stage_shares(stacks) -> pd.Series:
+    """Share of the profiled step per stage (the stacks' roots: forward, backward, optimizer step)."""
+    part = pd.Series({s[0]: 0.0 for s, _ in stacks})
+    for s, v in stacks:
+        part[s[0]] += v
+    return (part / part.sum()).rename("share of the step")
+
+
+# --- 4 · mixed precision --------------------------------------------------------------------------
+
+def speedup_table(amp: pd.DataFrame, sizes) -> pd.DataFrame:
+    """Median seconds per size and precision (rows of time_sizes), plus each autocast dtype's speed-up over fp32."""
+    table = amp.pivot(index="size", columns="precision", values="median_s").loc[list(sizes)]
+    for col in table.columns.drop("fp32"):
+        table[f"speed-up {col[9:]}"] = table["fp32"] / table[col]
+    return table
+
 
 class MixedPrecisionToyModel(nn.Module):
     """The handout's mixed-precision toy model: fc1 -> ReLU -> LayerNorm -> fc2."""
@@ -101,7 +180,7 @@ class MixedPrecisionToyModel(nn.Module):
         self.fc2 = nn.Linear(10, out_features, bias=False)
         self.relu = nn.ReLU()
 
-    def forward(self, x):
+    def forward(self, x):  # (B, in) -> (B, out)
         return self.fc2(self.ln(self.relu(self.fc1(x))))
 
 
@@ -121,3 +200,165 @@ def autocast_dtypes(model: nn.Module, x, y, device_type: str = "cpu", dtype=torc
             h.remove()
     seen["gradients"] = str({p.grad.dtype for p in model.parameters()}.pop())
     return seen
+
+
+def autocast_dtype_table(dtypes, device) -> pd.DataFrame:
+    """autocast_dtypes of a fresh toy model and batch (8 rows) for each autocast dtype, one column each."""
+    device = torch.device(device)
+    cols = {}
+    for dtype in dtypes:
+        toy = MixedPrecisionToyModel().to(device)
+        x, y = torch.randn(8, 10, device=device), torch.randint(5, (8,), device=device)  # (B, in), (B,)
+        cols[f"autocast {str(dtype)[6:]} on {device.type}"] = autocast_dtypes(toy, x, y, device.type, dtype)
+    return pd.DataFrame(cols)
+
+
+def mean_square_errors(device=None, rows: int = 64, d: int = 4096) -> dict[str, float]:
+    """Largest relative error of mean(x²) over d values computed in fp32, bf16 and fp16 (vs fp64): why norms stay fp32."""
+    xs = torch.randn(rows, d, device=device) * 3 + 1  # (rows, d)
+    ref = xs.double().pow(2).mean(-1)  # (rows,)
+    return {str(dt)[6:]: ((xs.to(dt).pow(2).mean(-1).double() - ref).abs() / ref).max().item()
+            for dt in (torch.float32, torch.bfloat16, torch.float16)}
+
+
+ACCUMULATION_CASES = {  # label: (accumulator dtype, dtype of the 0.01 added, upcast it to fp32 before adding)
+    "(a) fp32 += fp32": (torch.float32, torch.float32, False),
+    "(b) fp16 += fp16": (torch.float16, torch.float16, False),
+    "(c) fp32 += fp16": (torch.float32, torch.float16, False),
+    "(d) fp32 += fp16 upcast": (torch.float32, torch.float16, True),
+}
+
+
+def accumulation_demo(n: int = 1000, value: float = 0.01) -> pd.DataFrame:
+    """The handout's mixed_precision_accumulation: `value` summed n times per case in ACCUMULATION_CASES (on CPU)."""
+    rows = []
+    for label, (acc_dtype, value_dtype, upcast) in ACCUMULATION_CASES.items():
+        s = torch.tensor(0.0, dtype=acc_dtype)
+        for _ in range(n):
+            x = torch.tensor(value, dtype=value_dtype)
+            s += x.type(torch.float32) if upcast else x
+        rows.append({"case": label, "value": s.item(), "abs error": abs(s.item() - n * value)})
+    return pd.DataFrame(rows).set_index("case")
+
+
+def accumulation_text(table: pd.DataFrame, n: int = 1000, value: float = 0.01) -> str:
+    """Why (b) drifts (the fp16 spacing where it ends) and why (c), (d) keep the error of `value` stored in fp16
+    (table: accumulation_demo(n, value))."""
+    eps, end = torch.finfo(torch.float16).eps, table.loc["(b) fp16 += fp16", "value"]
+    ulp = eps * 2 ** math.floor(math.log2(end))  # spacing of fp16 numbers in [2^k, 2^(k+1)) is eps·2^k
+    step = (torch.tensor(end, dtype=torch.float16) + torch.tensor(value, dtype=torch.float16)).item() - end
+    v16 = torch.tensor(value, dtype=torch.float16).item()
+    stall = 2 ** (math.floor(math.log2(2 * v16 / eps)) + 1)  # first binade where half a spacing exceeds v16
+    return (f"fp16 accumulation ends at {end:.10g}, where fp16 numbers are {ulp:g} = 2^{math.log2(ulp):g} apart "
+            f"(eps {eps:g} × 2^{math.floor(math.log2(end))}): adding {value} there moves the sum by {step:g}, not "
+            f"{value}; from {stall:g} on, half a spacing exceeds {value} and the sum would stop moving at all.\n"
+            f"In fp16, {value} is stored as {v16!r} (error {v16 - value:+.3g}); {n} of them add "
+            f"{n * (v16 - value):+.3g}: the fp32 accumulators (c) and (d) are off by exactly that.")
+
+
+# --- 5 · memory -----------------------------------------------------------------------------------
+
+def step_traces(lm, opt, x, y, autocast_dtype=None, device=None) -> dict[str, MemoryTrace]:
+    """Traces of forward-only and of a steady-state step (opt's state exists; grads are set to None first)."""
+    lm.zero_grad(set_to_none=True)
+    state = model_state(lm, opt, x, y)
+    return {"forward": track(lambda: forward_step(lm, x, autocast_dtype), existing=state, model=lm, device=device),
+            "full step": track(lambda: train_step(lm, opt, x, y, autocast_dtype=autocast_dtype),
+                               existing=state, model=lm, device=device)}
+
+
+def step_peaks(size, batch_size: int, context_length: int, autocast_dtype=None, device=None) -> dict[str, MemoryTrace]:
+    """step_traces of a fresh model of `size` after one step has created its AdamW state."""
+    lm = build_model(size, device=device)
+    opt = torch.optim.AdamW(lm.parameters())
+    x, y = random_batch(lm.cfg, batch_size, context_length, device=device)
+    train_step(lm, opt, x, y, autocast_dtype=autocast_dtype)  # creates the AdamW state
+    return step_traces(lm, opt, x, y, autocast_dtype, device)
+
+
+def plot_timelines(traces: dict[str, MemoryTrace], title: str = ""):
+    """Live tensor memory (MiB) per event (op or free), one line per trace; returns the figure."""
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    for name, tr in traces.items():
+        events, live = zip(*tr.timeline)
+        ax.plot(events, [v / MiB for v in live], label=name)
+    ax.set(xlabel="event (op or free)", ylabel="live tensor memory (MiB)", title=title)
+    ax.legend()
+    return fig
+
+
+def peak_rows(sizes, batch_size: int, context_length: int, dtypes, device=None) -> pd.DataFrame:
+    """Peak MiB of forward-only and of the full step per size and precision (fp32, then each autocast dtype)."""
+    rows = []
+    for size in sizes:
+        for dtype in [None, *dtypes]:
+            traces = guarded(lambda: step_peaks(size, batch_size, context_length, dtype, device))
+            for kind in ("forward", "full step"):
+                tr = None if traces == "OOM" else traces[kind]
+                rows.append({"size": size, "precision": precision_name(dtype), "pass": kind,
+                             "peak_MiB": None if tr is None else tr.peak_bytes / MiB,
+                             "allocator_peak_MiB": None if tr is None or tr.allocator_peak_bytes is None
+                             else tr.allocator_peak_bytes / MiB,
+                             "status": "OOM" if tr is None else "ok", "device": str(device)})
+            del traces
+    return pd.DataFrame(rows)
+
+
+def peak_summary(peak_table: pd.DataFrame) -> str:
+    """Full-step peak of each autocast dtype vs fp32, and full step vs forward in fp32, as ranges over sizes."""
+    full, fwd = peak_table["full step"], peak_table["forward"]
+    lines = [f"{col}: full-step peak {(full[col] / full['fp32']).min():.2f}x to "
+             f"{(full[col] / full['fp32']).max():.2f}x fp32" for col in full.columns.drop("fp32")]
+    ratio = full["fp32"] / fwd["fp32"]
+    return "\n".join(lines + [f"full step / forward (fp32): {ratio.min():.1f}x to {ratio.max():.1f}x"])
+
+
+ACTIVATIONS_ROW = "activations (+ loss gradients at the peak)"  # breakdown_table's row of everything else
+
+
+def breakdown_table(trace: MemoryTrace, lm, opt, x, y) -> pd.DataFrame:
+    """MiB per kind of tensor: the whole step and what is live at its peak (analytic), against the tracker's peak."""
+    B, T = x.shape
+    whole, analytic = formulas.step_breakdown(lm.cfg, B, T), formulas.peak_breakdown(lm.cfg, B, T)
+    measured = trace.categorize(**{
+        "parameters": lm.parameters(), "buffers": lm.buffers(),
+        "optimizer state": [t for s in opt.state.values() for t in s.values()],
+        "gradients": [p.grad for p in lm.parameters()], "token ids": [x, y]})
+    kinds = ["parameters", "buffers", "token ids", "optimizer state", "gradients"]
+    table = pd.DataFrame({
+        "whole step (analytic)": [whole[k] for k in kinds] + [whole["activations"]],
+        "live at the peak (analytic)": [analytic[k] for k in kinds]
+                                       + [analytic["activations"] + analytic["loss gradients (B·T·V ×2)"]],
+        "live at the peak (measured)": [measured[k] for k in kinds] + [measured["activations & other"]],
+    }, index=kinds + [ACTIVATIONS_ROW]) / MiB
+    table.loc["total"] = table.sum()
+    return table
+
+
+# --- 6 · FLOPs and utilisation --------------------------------------------------------------------
+
+FLOPS_FORMAT = {"matmul params N": "{:,}", "attention share": "{:.1%}", "GFLOPs/step": "{:.2f}",
+                "fwd+bwd s": "{:.4f}", "achieved GFLOP/s": "{:.1f}", "MFU": "{:.1%}"}
+
+
+def flops_table(seconds: dict, batch_size: int, context_length: int, device_name: str,
+                precision: str = "fp32") -> pd.DataFrame:
+    """Per size (a key of `seconds`, its fwd+bwd time): training FLOPs, achieved FLOP/s and MFU against the peak."""
+    rows = []
+    for size, secs in seconds.items():
+        f = formulas.forward_flops(size, batch_size, context_length)
+        total = formulas.train_flops(size, batch_size, context_length)
+        rows.append({"size": size, "matmul params N": formulas.matmul_params(size),
+                     "attention share": f["attention"] / sum(f.values()), "GFLOPs/step": total / 1e9,
+                     "fwd+bwd s": secs, "achieved GFLOP/s": total / secs / 1e9,
+                     "MFU": formulas.mfu(total, secs, device_name, precision) or math.nan})  # nan: no peak known
+    return pd.DataFrame(rows).set_index("size")
+
+
+def flops_summary(flops: pd.DataFrame, device_name: str, precision: str) -> str:
+    """The best achieved FLOP/s and MFU, or why MFU is not defined on this device."""
+    peak = formulas.peak_flops(device_name, precision)
+    best = flops["achieved GFLOP/s"].idxmax()
+    return (f"up to {flops['achieved GFLOP/s'].max():.1f} GFLOP/s ({best}), "
+            + (f"MFU up to {flops['MFU'].max():.1%} of the {precision} peak {peak / 1e12:g} TFLOP/s" if peak else
+               f"MFU is not defined here: no peak FLOP/s is known for '{device_name}' (the table covers NVIDIA GPUs)"))
