@@ -3,6 +3,7 @@ the copy bandwidth, and inside the model; `python -m helpers bench rmsnorm`.
 
     bench_norm("triton", 50_000, 4096, torch.bfloat16, "cuda", backward=True)   # a row: time, GB/s, fraction of copy
     bench_model("small/8", norm="rmsnorm_triton")                               # the model's fwd and fwd+bwd
+    check_against_spec(RMSNormTritonFunction.apply, (2, 3, 37), torch.bfloat16)  # y, dx, dg within TOL[dtype]
     python -m helpers bench rmsnorm --rows 50000 --hidden 1024 4096 --dtype bfloat16
 """
 from __future__ import annotations
@@ -16,9 +17,69 @@ from torch import Tensor
 
 from helpers.experiments.common import positive_int
 from helpers.formulas import norm_bytes
-from helpers.model import build_model, lm_loss, random_batch
+from helpers.env import triton_mode
+from helpers.model import ModelConfig, build_model, lm_loss, random_batch
 from helpers.rmsnorm import EPS, RMSNormPyTorchFunction, RMSNormTritonFunction, rmsnorm_reference
 from helpers.timing import benchmark
+
+# tolerances of every check against the spec (notebook 02 and tests/test_rmsnorm.py)
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5),  # the issue's fp32 tolerance
+       torch.float16: dict(rtol=1e-3, atol=1e-3),  # about 1 fp16 ulp on O(1) values
+       torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}  # about 2 bf16 ulps (8 mantissa bits)
+DERIVED_TOL = dict(rtol=1e-10, atol=1e-12)  # hand-derived gradients vs autograd, float64: rounding error
+GRADCHECK = dict(eps=1e-6, atol=1e-6)  # torch.autograd.gradcheck of RMSNormPyTorchFunction, float64
+RRMS_TOL = dict(rtol=1e-5, atol=1e-6)  # the saved 1/rms (fp32)
+LOSS_TOL = dict(rtol=1e-5, atol=0.0)  # the tiny model's loss with another norm implementation
+TINY = ModelConfig("tiny", 32, 64, 2, 4, vocab_size=50, context_length=16)  # the model the norms are swapped into
+
+
+def spec_inputs(shape, dtype=torch.float32, device="cpu", seed=0):
+    """x (shape), g (H,), dy (shape), drawn in fp32 on the CPU and cast; x and g require grad."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_()
+    g = (1 + 0.5 * torch.randn(shape[-1], generator=gen)).to(device, dtype).requires_grad_()
+    dy = torch.randn(*shape, generator=gen).to(device, dtype)
+    return x, g, dy
+
+
+def fwd_bwd(fn, x, g, dy) -> tuple[Tensor, Tensor, Tensor]:
+    """y, dx, dg of fn(x, g) with upstream gradient dy."""
+    y = fn(x, g)
+    return (y, *torch.autograd.grad(y, (x, g), dy))
+
+
+def check_against_spec(fn, shape, dtype=torch.float32, device="cpu", seed=0) -> float:
+    """Assert fn's y, dx, dg equal rmsnorm_reference's within TOL[dtype] (same dtype and shape); the largest error."""
+    x, g, dy = spec_inputs(shape, dtype, device, seed)
+    worst = 0.0
+    for name, a, b in zip(("y", "dx", "dg"), fwd_bwd(fn, x, g, dy), fwd_bwd(rmsnorm_reference, x, g, dy)):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m: f"{name} ({dtype}, {shape}): {m}")
+        worst = max(worst, float((a.float() - b.float()).abs().max()) if a.numel() else 0.0)
+    return worst
+
+
+def tiny_model_runs(norms, device="cpu", batch_size: int = 2) -> dict:
+    """norm -> (loss, {name: grad}) of the TINY model with that norm, same seed and batch for all."""
+    x, y = random_batch(TINY, batch_size, generator=torch.Generator().manual_seed(0))
+    out = {}
+    for norm in norms:
+        torch.manual_seed(0)
+        model = build_model(TINY, norm=norm, device=device)
+        loss = lm_loss(model(x.to(device)), y.to(device))
+        loss.backward()
+        out[norm] = loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+    return out
+
+
+def check_model_norms(runs: dict, ref: str = "rmsnorm") -> None:
+    """Assert every run's loss within LOSS_TOL and every gradient within TOL[float32] of the `ref` norm's run."""
+    ref_loss, ref_grads = runs[ref]
+    for norm, (loss, grads) in runs.items():
+        torch.testing.assert_close(loss, ref_loss, **LOSS_TOL, msg=lambda m: f"{norm} loss: {m}")
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, ref_grads[name], **TOL[torch.float32], msg=lambda m: f"{norm} {name}: {m}")
+
 
 NORM_FUNCTIONS = {  # name -> f(x, g); what notebook 02 and `bench rmsnorm` compare
     "layernorm": lambda x, g: F.layer_norm(x, (x.shape[-1],), g, None, EPS),
@@ -84,6 +145,28 @@ def bench_model(size: str, norm: str = "rmsnorm", device="cpu", batch_size: int 
         t = benchmark(step, warmup=warmup, steps=steps, device=device, label=f"{size} {norm} {name}")
         rows.append(t.as_row(size=size, norm=norm, compiled=compile, **{"pass": name}))
     return rows
+
+
+def triton_timing_note(triton_shape) -> str:
+    """Why (and how) Triton is timed on this machine (notebook 02)."""
+    if triton_mode() == "interpreter":
+        return (f"Triton runs in its interpreter here, so it is timed only on a tiny {triton_shape} tensor, to show it "
+                "runs: the interpreter executes each program in Python and its time says nothing about the kernels.")
+    return "Triton kernels are compiled for this GPU and timed on every shape."
+
+
+def bench_kernels(*, rows, hidden, dtypes, device, warmup, steps, compile_hidden, triton_shape=None) -> list[dict]:
+    """bench_norm rows for torchfn (every shape), compiled (H in compile_hidden: it compiles for tens of seconds on a
+    CPU) and triton (every shape, or only triton_shape with 1+3 steps when it runs in the interpreter)."""
+    out = []
+    for dtype in dtypes:
+        for backward in (False, True):
+            for H in hidden:
+                names = ["torchfn"] + (["compiled"] if H in compile_hidden else []) + (["triton"] if triton_shape is None else [])
+                out += [bench_norm(name, rows, H, dtype, device, backward, warmup, steps) for name in names]
+            if triton_shape is not None:
+                out.append(bench_norm("triton", *triton_shape, dtype, device, backward, warmup=1, steps=3))
+    return out
 
 
 def bench_main(argv: list[str]) -> int:
