@@ -1,38 +1,27 @@
-"""DDP wrappers: every one trains exactly like one process on the full batch (gloo, CPU, 2 ranks), on a toy model
-with a frozen, a tied and an unused parameter and ranks that start from different weights, with 1, 2, 3 and
-unbounded buckets, and on a small Transformer; bucket planning; bad bucket sizes."""
+"""DDP wrappers: every one computes the gradient one process computes on the full batch (gloo, CPU, 2 ranks), on a
+toy model with a frozen, a tied and an unused parameter and ranks that start from different weights, with 1, 2, 3
+and unbounded buckets, and on a small Transformer; bucket planning; bad bucket sizes. Gradients are compared with a
+bound derived from float32 summation (helpers.experiments.ddp.gradient_bound), so the checks hold on any CPU."""
+import copy
+import functools
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 
 from helpers import ddp as D
-from helpers import formulas as F
 from helpers.experiments import common
 from helpers.experiments import ddp as R
 from helpers.launch import launch
 
-STEPS, BATCH, CONTEXT = 3, 8, 6
-TOY_SIZES = [p.numel() * p.element_size() for p in common.TiedToyModel().parameters() if p.requires_grad]
-
-
-def _mb_for(n_buckets: int) -> float:
-    """A bucket size (MB) that makes plan_buckets give the toy model exactly n_buckets."""
-    for limit in sorted(set(TOY_SIZES) | {sum(TOY_SIZES[-k:]) for k in range(1, len(TOY_SIZES) + 1)}):
-        if len(D.plan_buckets(TOY_SIZES, limit)) == n_buckets:
-            return limit / D.MB
-    raise AssertionError(f"no bucket size gives {n_buckets} buckets for sizes {TOY_SIZES}")
-
-
-TOY_VARIANTS = [("naive", "naive", None), ("flat", "flat", None), ("per_parameter", "per_parameter", None),
-                ("bucketed x1", "bucketed", _mb_for(1)), ("bucketed x2", "bucketed", _mb_for(2)),
-                ("bucketed x3", "bucketed", _mb_for(3)), ("bucketed unbounded", "bucketed", None),
-                ("torch_ddp", "torch_ddp", None)]
+TOY = R.EQUIVALENCE["toy"]
 
 
 @pytest.fixture(scope="module")
-def toy_runs():
-    """One launch: every variant trained on 2 ranks; plus the single-process reference."""
-    per_rank = launch(R.equivalence_worker, 2, "toy", TOY_VARIANTS, STEPS, BATCH, CONTEXT, backend="gloo", device="cpu")
-    return per_rank, R.reference_training("toy", STEPS, BATCH, CONTEXT)
+def toy_checks():
+    """One launch: every toy variant trained on 2 ranks, each step checked against one process."""
+    return R.check_equivalence("toy", R.toy_variants()).set_index("variant")
 
 
 def test_plan_buckets_reverse_order_and_limits():
@@ -56,41 +45,45 @@ def test_ranks_start_different_and_training_moves_weights():
     """Preconditions that make the equivalence checks able to fail: the broadcast matters, training changes weights."""
     rank0, rank1 = R.make_model("toy", 0).state_dict(), R.make_model("toy", 1).state_dict()
     assert all(not torch.equal(rank0[k], rank1[k]) for k in rank0)
-    trained = R.reference_training("toy", STEPS, BATCH, CONTEXT)
+    trained = R.reference_training("toy", TOY["steps"], TOY["batch_size"], TOY["context_length"])
     assert not torch.equal(trained["fc.weight"], rank0["fc.weight"])
     assert not torch.equal(trained["emb.weight"], rank0["emb.weight"])
     assert torch.equal(trained["frozen.weight"], rank0["frozen.weight"])
     assert torch.equal(trained["unused"], rank0["unused"])
 
 
-@pytest.mark.parametrize("label", [v[0] for v in TOY_VARIANTS])
-def test_toy_equals_single_process(toy_runs, label):
-    per_rank, reference = toy_runs
-    for rank, out in enumerate(per_rank):
-        state = out[label]["state"]
-        assert state.keys() == reference.keys()
-        for name in reference:
-            torch.testing.assert_close(state[name], reference[name], msg=lambda m: f"{label}, rank {rank}, {name}: {m}")
+@pytest.mark.parametrize("name", ["toy", "small/8"])
+def test_gradient_scale_covers_the_gradient(name):
+    """Σ|term| >= |Σ term| per element (so the hooks saw every term), and one process's float32 gradient is within
+    half the bound of the float64 one."""
+    model, (x, y) = R.make_model(name, 0), R.make_batches(name, 1, 4, 6)[0]
+    grads, scale = R.reference_gradients(model, x, y)
+    m64 = copy.deepcopy(model).double()
+    common.lm_loss(m64(x), y).backward()
+    for n, p in m64.named_parameters():
+        if n in grads:
+            g64 = p.grad if p.grad is not None else torch.zeros_like(p)
+            assert (scale[n].double() >= g64.abs() * (1 - 1e-6)).all(), n
+            assert ((grads[n].double() - g64).abs() <= R.gradient_bound(scale[n], x.numel()).double() / 2).all(), n
+
+
+@pytest.mark.parametrize("label", [v[0] for v in R.toy_variants()])
+def test_toy_equals_single_process(toy_checks, label):
+    R.assert_equivalent(toy_checks.loc[[label]].reset_index())
 
 
 @pytest.mark.parametrize("label, n", [("bucketed x1", 1), ("bucketed x2", 2), ("bucketed x3", 3),
                                       ("bucketed unbounded", 1)])
-def test_bucket_counts(toy_runs, label, n):
-    assert all(out[label]["buckets"] == n for out in toy_runs[0])
+def test_bucket_counts(toy_checks, label, n):
+    assert toy_checks.loc[label, "buckets"] == n
 
 
 def test_transformer_equals_single_process():
-    """small/8 with AdamW, 3 steps: naive, flat, per-parameter, bucketed (0.05 MB and one bucket)."""
-    variants = [("naive", "naive", None), ("flat", "flat", None), ("per_parameter", "per_parameter", None),
-                ("bucketed small", "bucketed", 0.05), ("bucketed one", "bucketed", None)]
-    per_rank = launch(R.equivalence_worker, 2, "small/8", variants, 2, 4, 16, 0, "adamw", backend="gloo", device="cpu")
-    reference = R.reference_training("small/8", 2, 4, 16, optimizer="adamw")
-    assert per_rank[0]["bucketed small"]["buckets"] > 3
-    for rank, out in enumerate(per_rank):
-        for label, _, _ in variants:
-            for name in reference:
-                torch.testing.assert_close(out[label]["state"][name], reference[name],
-                                           msg=lambda m: f"{label}, rank {rank}, {name}: {m}")
+    """small/8 with AdamW: each step's synced gradient vs one process's (weights only checked to agree across ranks:
+    AdamW's g/√v turns a rounding difference in a near-zero gradient into one of order lr)."""
+    checks = R.check_equivalence("small/8", R.transformer_variants())
+    assert checks.set_index("variant").loc["bucketed 0.05 MB", "buckets"] > 3
+    R.assert_equivalent(checks)
 
 
 def test_overlap_fraction():
@@ -99,47 +92,71 @@ def test_overlap_fraction():
     assert R.overlap_fraction((0.0, 1.0), [(0.2, 0.4), (0.3, 0.6), (0.9, 1.1)]) == pytest.approx(0.5 / 0.6)
 
 
+def uneven_worker(*, kinds) -> dict[str, float]:
+    """Rank 1 skips a layer that rank 0 uses: each kind's synced gradients vs the mean of both ranks' own (max diff)."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 1))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))  # (4, 8) per rank
+    forward = (lambda m: m[2](m[1](m[0](x)))) if rank == 0 else (lambda m: m[2](m[0](x)))
+    forward(base).pow(2).mean().backward()
+    own = [p.grad if p.grad is not None else torch.zeros_like(p) for p in base.parameters()]
+    mean = []
+    for g in own:
+        parts = [torch.empty_like(g) for _ in range(2)]
+        dist.all_gather(parts, g.contiguous())
+        mean.append(torch.stack(parts).mean(0))
+    out = {}
+    for kind, mb in kinds:
+        ddp = D.wrap(kind, copy.deepcopy(base), mb)
+        ddp.on_train_batch_start()
+        ddp.module.zero_grad(set_to_none=True)  # after it, on purpose: the hooks must copy into the buckets
+        forward(ddp.module).pow(2).mean().backward()
+        ddp.finish_gradient_synchronization()
+        out[f"{kind} {mb}"] = max(float((p.grad - m).abs().max()) for p, m in zip(ddp.module.parameters(), mean))
+    return out
+
+
 def test_parameter_unused_on_one_rank_only():
     """Rank 1 skips a layer rank 0 uses: every wrapper still averages (rank 1 adds zeros), without hanging;
     launching in the order gradients arrive would pair different tensors across ranks here (gloo aborts)."""
     kinds = [("naive", None), ("flat", None), ("per_parameter", None), ("bucketed", None), ("bucketed", 1e-6),
              ("bucketed", 300 / D.MB)]
-    per_rank = launch(R.uneven_worker, 2, kinds, backend="gloo", device="cpu", timeout_s=60)
+    per_rank = launch(functools.partial(uneven_worker, kinds=kinds), 2, backend="gloo", device="cpu", timeout_s=60)
     for rank, out in enumerate(per_rank):
         assert len(out) == len(kinds)
         for label, diff in out.items():
-            assert diff < 1e-6, (rank, label, diff)
+            assert diff < 1e-6, (rank, label, diff)  # (a + b)/2 two ways: within a few ulps of values ~1
 
 
 def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
     """speed_worker's traced steps: gloo's own all-reduce events vs the backward range, and a Chrome trace per rank."""
     variants = [("local", None, None), ("naive", "naive", None), ("per parameter", "per_parameter", None)]
-    per_rank = launch(R.speed_worker, 2, "small/8", variants, 1, 0, 4, 16, 0, 1, 2, str(tmp_path),
-                      backend="gloo", device="cpu")
+    worker = functools.partial(R.speed_worker, model="small/8", variants=variants, steps=1, warmup=0, batch_size=4,
+                               context_length=16, timeline_steps=1, traced=2, trace_dir=str(tmp_path))
+    per_rank = launch(worker, 2, backend="gloo", device="cpu")
     for rank, out in enumerate(per_rank):
-        assert "traced" not in out["local"]
+        assert out["local"].traced is None
         for label in ("naive", "per parameter"):
-            steps = out[label]["traced"]
-            assert len(steps) == 2 and all(s["comm"] for s in steps), (rank, label)
+            steps = out[label].traced
+            assert len(steps) == 2 and all(s.comm for s in steps), (rank, label)
             assert (tmp_path / f"{label.replace(' ', '_')}.rank{rank}.json").stat().st_size > 0
-        naive = [R.overlap_fraction(s["backward"], s["comm"]) for s in out["naive"]["traced"]]
-        ours = [R.overlap_fraction(s["backward"], s["comm"]) for s in out["per parameter"]["traced"]]
+        naive = [R.overlap_fraction(s.backward, s.comm) for s in out["naive"].traced]
+        ours = [R.overlap_fraction(s.backward, s.comm) for s in out["per parameter"].traced]
         assert naive == [0.0, 0.0] and min(ours) > 0.0, (rank, naive, ours)
         calls = len([p for p in R.make_model("small/8", 0).parameters() if p.requires_grad])
-        assert all(len(s["comm"]) == calls for s in out["naive"]["traced"])  # one gloo event per all-reduce
+        assert all(len(s.comm) == calls for s in out["naive"].traced)  # one gloo event per all-reduce
 
 
-def zeroed_views_worker(steps: int) -> dict:
+def zeroed_views_worker(*, steps: int) -> dict:
     """DDPBucketed driven with zero_grad(set_to_none=False) and no on_train_batch_start: backward adds into zeroed
     bucket views in place; the weights must match the usual set_to_none loop."""
-    import torch.distributed as dist
-
     rank, out = dist.get_rank(), {}
     for mode in ("set_to_none", "zeroed views"):
         model = R.make_model("toy", 0)
-        ddp = D.DDPBucketed(model, _mb_for(2))
+        ddp = D.DDPBucketed(model, R.bucket_mb_for(2))
         opt = R.make_optimizer(ddp.parameters(), "sgd")
-        for x, y in R.make_batches("toy", steps, BATCH, CONTEXT, 0):
+        for x, y in R.make_batches("toy", steps, TOY["batch_size"], TOY["context_length"], 0):
             x, y = x[rank::2], y[rank::2]  # this rank's half
             if mode == "set_to_none":
                 common.train_step(ddp.module, opt, x, y, grad_sync=ddp)
@@ -156,31 +173,28 @@ def zeroed_views_worker(steps: int) -> dict:
 
 
 def test_zeroed_gradient_views_accumulate_in_place():
-    for rank, out in enumerate(launch(zeroed_views_worker, 2, STEPS, backend="gloo", device="cpu")):
+    """Exact: both loops run the same kernels on the same shapes in the same order in one process (x + 0 == x);
+    only where the gradient is stored differs, so the bits must too."""
+    for rank, out in enumerate(launch(functools.partial(zeroed_views_worker, steps=TOY["steps"]), 2, backend="gloo",
+                                      device="cpu")):
         assert out["set_to_none grads are views"] and out["zeroed views grads are views"], rank
         for key, value in out["set_to_none"].items():
             torch.testing.assert_close(out["zeroed views"][key], value, rtol=0, atol=0, msg=f"rank {rank} {key}")
 
 
-def rewrap_worker(steps: int) -> dict:
-    """Wrap one model twice (as a re-run notebook cell does) and train through the second wrapper."""
-    import torch.distributed as dist
-
+def rewrap_worker(*, steps: int) -> dict:
+    """Wrap one model twice (as a re-run notebook cell does) and train through the second wrapper, checked each step."""
     model = R.make_model("toy", dist.get_rank())
     D.DDPBucketed(model, None)  # the first wrapper: its hooks must go when the model is wrapped again
     ddp = D.DDPBucketed(model, None)
     opt = R.make_optimizer(ddp.parameters(), "sgd")
-    for batch in R.make_batches("toy", steps, BATCH, CONTEXT):
-        common.train_step(model, opt, *common.rank_share(batch), grad_sync=ddp)
+    run = R.gradient_checks("toy", ddp, opt, R.make_batches("toy", steps, TOY["batch_size"], TOY["context_length"]))
     ddp.close()
-    hooks_left = sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())
-    return {"state": R.cpu_state(model), "hooks_left": hooks_left}
+    return {**run, "hooks_left": sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())}
 
 
 def test_wrapping_a_model_twice_trains_like_one_process():
-    per_rank = launch(rewrap_worker, 2, STEPS, backend="gloo", device="cpu")
-    reference = R.reference_training("toy", STEPS, BATCH, CONTEXT)
-    for out in per_rank:
+    for out in launch(functools.partial(rewrap_worker, steps=TOY["steps"]), 2, backend="gloo", device="cpu"):
         assert out["hooks_left"] == 0
-        for key, want in reference.items():
-            torch.testing.assert_close(out["state"][key], want, msg=lambda m: f"{key}: {m}")
+        assert out["start_equal"] and out["weight_ratio"] <= 1
+        assert all(s.max_ratio <= 1 for s in out["steps"]), out["steps"]

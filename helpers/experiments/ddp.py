@@ -1,30 +1,43 @@
 """Notebook 04's experiments with helpers.ddp: the workers launched on N ranks (equivalence with one process, speed,
-profiler traces), their summaries, the overlap measure, and `python -m helpers bench ddp`. The tests use them too.
+profiler traces), the tables and plots built from what they return, and `python -m helpers bench ddp`. The tests
+call the same functions.
 
-    per_rank = launch(equivalence_worker, 2, "toy", [("bucketed", "bucketed", 1.0)], 3, 8, 6)  # final state_dicts
-    reference_training("toy", 3, 8, 6)                                 # what every one of them must equal
-    per_rank = launch(speed_worker, 2, "small/8", variants, 10, 3, 8, 64)   # interleaved step times, traces
-    summarize_speed(per_rank)                                          # one row per variant, slowest rank per step
+    checks = check_equivalence("toy", toy_variants(), backend="gloo", device="cpu")   # one row per variant
+    raw, speed = speed_table(["small/8"], sweep_model="small/8", buckets_mb=[1, 25], steps=10, warmup=3,
+                             batch_size=8, context_length=64, backend="gloo", device="cpu")
+    overlap = overlap_table(raw["small/8"], ["naive", "per_parameter"], traced=True)
+    sweep, fit = bucket_sweep(speed, "small/8", alpha_s=1e-4, beta_Bps=1e9)   # measured vs modelled step time
 
     python -m helpers bench ddp [--model small/8 --bucket-mb 1 --steps 30]   # DDPBucketed vs torch DDP, gloo, 2 ranks
 """
 from __future__ import annotations
 
 import copy
+import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from helpers import formulas
 from helpers import launch as L
-from helpers.ddp import _DataParallel, wrap
-from helpers.experiments.common import (BACKWARD_RANGE, bench_parser, cpu_state, make_batches, make_model, quartiles,
-                                        rank_share, run_interleaved, slowest_rank, train_step)
-from helpers.model import lm_loss
+from helpers.ddp import MB, _DataParallel, plan_buckets, wrap
+from helpers.experiments.common import (BACKWARD_RANGE, TiedToyModel, bench_parser, cpu_state, make_batches,
+                                        make_model, quartiles, rank_share, run_interleaved, slowest_rank, train_step)
+from helpers.model import count_parameters, lm_loss
 from helpers.profiling import quiet_profiler
 from helpers.timing import sync, time_call
+
+EPS32 = torch.finfo(torch.float32).eps  # 2**-23; unit roundoff u = EPS32 / 2
+EQUIVALENCE = {  # what §1 and tests/test_ddp.py train: global batches of batch_size x context_length tokens
+    "toy": dict(steps=3, batch_size=8, context_length=6, optimizer="sgd"),
+    "small/8": dict(steps=2, batch_size=4, context_length=16, optimizer="adamw"),
+}
 
 
 def make_optimizer(params, name: str):
@@ -33,121 +46,241 @@ def make_optimizer(params, name: str):
 
 
 def reference_training(name, steps, batch_size, context_length, seed=0, optimizer="sgd") -> dict:
-    """Single-process training on the full batches: the state_dict every data-parallel run must reproduce."""
+    """Single-process training on the full batches: its final state_dict (the preconditions test uses it)."""
     model = make_model(name, seed)
     opt = make_optimizer(model.parameters(), optimizer)
     for x, y in make_batches(name, steps, batch_size, context_length, seed):
-        opt.zero_grad(set_to_none=True)
-        lm_loss(model(x), y).backward()
-        opt.step()
+        train_step(model, opt, x.to(L.device()), y.to(L.device()))
     return cpu_state(model)
 
 
-def equivalence_worker(name, variants, steps, batch_size, context_length, seed=0, optimizer="sgd") -> dict:
-    """Train each (label, kind, bucket_size_mb) on this rank's half batch from a rank-seeded model; return the
-    final state_dicts (which must equal reference_training's) and each wrapper's bucket count."""
-    rank = dist.get_rank()
-    out = {}
+def bucket_mb_for(n_buckets: int) -> float:
+    """A bucket size (MB) that makes plan_buckets cut the toy model's gradients into exactly n_buckets."""
+    sizes = [p.numel() * p.element_size() for p in TiedToyModel().parameters() if p.requires_grad]
+    for limit in sorted(set(sizes) | {sum(sizes[-k:]) for k in range(1, len(sizes) + 1)}):
+        if len(plan_buckets(sizes, limit)) == n_buckets:
+            return limit / MB
+    raise ValueError(f"no bucket size gives {n_buckets} buckets for sizes {sizes}")
+
+
+def toy_variants() -> list[tuple]:
+    """(label, kind, bucket_size_mb) for the toy model: every wrapper, bucketed with 1, 2, 3 and unbounded buckets."""
+    return ([(k, k, None) for k in ("naive", "flat", "per_parameter")]
+            + [(f"bucketed x{n}", "bucketed", bucket_mb_for(n)) for n in (1, 2, 3)]
+            + [("bucketed unbounded", "bucketed", None), ("torch_ddp", "torch_ddp", None)])
+
+
+def transformer_variants() -> list[tuple]:
+    """(label, kind, bucket_size_mb) for small/8: every hand-written wrapper, bucketed at 0.05 MB and unbounded."""
+    return ([(k, k, None) for k in ("naive", "flat", "per_parameter")]
+            + [("bucketed 0.05 MB", "bucketed", 0.05), ("bucketed unbounded", "bucketed", None)])
+
+
+# ---- §1 correctness: the synced gradient vs one process's full-batch gradient, with a float32 bound ----
+
+@dataclass
+class GradientCheck:
+    """One step on one rank: the synced gradient vs the single-process full-batch gradient at the same weights."""
+    step: int
+    max_abs_diff: float  # max over elements of |g_ddp - g_ref|
+    max_ratio: float  # max over elements of |g_ddp - g_ref| / bound (passes at <= 1)
+    worst: str  # the parameter holding max_ratio
+
+
+@dataclass
+class EquivalenceRun:
+    """One variant trained on one rank: what check_equivalence compares."""
+    label: str
+    buckets: int | None
+    start_equal: bool  # after the broadcast, bitwise the single-process start
+    steps: list[GradientCheck]
+    weight_ratio: float | None  # SGD: after step 1, max |w_ddp - w_ref| / its bound; None for AdamW
+    state: dict[str, torch.Tensor] = field(repr=False)  # final weights (every rank must hold the same bits)
+
+
+def _abs_terms(model: nn.Module, x, y) -> dict[int, torch.Tensor]:
+    """Full-batch backward of a float64 `model`; per parameter (by id), Σ over tokens of |term| of the token sum each
+    gradient element is (Linear: |dy|^T|x|, Embedding: |dy| per row, RMSNorm gain: |dy * x_hat|)."""
+    acc = {id(p): torch.zeros_like(p) for p in model.parameters()}
+
+    def forward_hook(mod, inputs, out):
+        inp = inputs[0]
+
+        def backward_hook(dy):  # dy: (..., out_features)
+            dy, d = dy.abs(), dy.shape[-1]
+            if isinstance(mod, nn.Linear):
+                acc[id(mod.weight)] += dy.reshape(-1, d).T @ inp.abs().reshape(-1, inp.shape[-1])  # (out, in)
+                if mod.bias is not None:
+                    acc[id(mod.bias)] += dy.reshape(-1, d).sum(0)
+            elif isinstance(mod, nn.Embedding):
+                acc[id(mod.weight)].index_add_(0, inp.reshape(-1), dy.reshape(-1, d))  # (vocab, d)
+            else:  # an RMSNorm gain: y = weight * x / rms(x)
+                x_hat = inp * torch.rsqrt(inp.pow(2).mean(-1, keepdim=True) + mod.eps)
+                acc[id(mod.weight)] += (dy * x_hat.abs()).reshape(-1, d).sum(0)
+        if out.requires_grad:
+            out.register_hook(backward_hook)
+
+    hooked = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding)) or hasattr(m, "eps")]
+    handles = [m.register_forward_hook(forward_hook) for m in hooked if getattr(m, "weight", None) is not None]
+    lm_loss(model(x), y).backward()
+    for h in handles:
+        h.remove()
+    return acc
+
+
+def reference_gradients(model: nn.Module, x, y) -> tuple[dict, dict]:
+    """One process, full batch, at `model`'s weights: the float32 gradients (left in .grad) and, per element, the
+    float64 magnitude of the terms they sum (max of the token-level and the sequence-level Σ|term|)."""
+    model.zero_grad(set_to_none=True)
+    lm_loss(model(x), y).backward()
+    grads = {n: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+             for n, p in model.named_parameters() if p.requires_grad}
+    m64 = copy.deepcopy(model).double()
+    tokens = {n: _abs_terms(m64, x, y)[id(p)] for n, p in m64.named_parameters() if p.requires_grad}
+    seq = {n: torch.zeros_like(t) for n, t in tokens.items()}
+    for b in range(x.shape[0]):  # sequences do not interact: the full gradient is Σ_b (loss_b / B)'s gradients
+        m64.zero_grad(set_to_none=True)
+        (lm_loss(m64(x[b:b + 1]), y[b:b + 1]) / x.shape[0]).backward()
+        for n, p in m64.named_parameters():
+            if n in seq and p.grad is not None:
+                seq[n] += p.grad.abs()
+    return grads, {n: torch.maximum(tokens[n], seq[n]).float() for n in grads}
+
+
+def gradient_bound(scale: torch.Tensor, n_terms: int) -> torch.Tensor:
+    """How far two float32 evaluations of one gradient tensor may differ, from Σ|term| (`scale`) and the n_terms terms
+    each element sums. A float32 sum of n terms is within γ_n·Σ|term| ≈ n·u·Σ|term| of the exact sum (Higham, Accuracy
+    and Stability, §4.2); two evaluations plus the all-reduce's addition: 2(n+1)·u; twice that for the terms' own
+    rounding: 2(n+1)·EPS32. The terms come from layers whose rounding mixes elements, so the bound is normwise (the
+    tensor's largest Σ|term|), as for backward-stable matrix products; elementwise it fails (float32 vs float64)."""
+    return 2 * (n_terms + 1) * EPS32 * scale.max() if scale.numel() else scale.new_zeros(())
+
+
+def _ratio(diff: torch.Tensor, bound: torch.Tensor) -> float:
+    """max(diff / bound), where bound 0 demands diff 0 (inf otherwise)."""
+    r = torch.where(bound > 0, diff / bound.clamp_min(torch.finfo(bound.dtype).tiny), diff * float("inf"))
+    return float(torch.nan_to_num(r, nan=0.0).max()) if r.numel() else 0.0
+
+
+def gradient_checks(name: str, ddp, optimizer, batches, seed: int = 0, optimizer_name: str = "sgd") -> dict:
+    """Train `ddp` (rank_share of every global batch); before each step, the single-process reference at its current
+    weights. Returns EquivalenceRun's start_equal, steps, weight_ratio and state."""
+    net, dev = ddp.module, L.device()
+    start = make_model(name, seed).state_dict()
+    start_equal = all(torch.equal(v, start[k]) for k, v in net.state_dict().items())
+    steps, weight_ratio = [], None
+    for i, batch in enumerate(batches):
+        ref = make_model(name, seed)
+        ref.load_state_dict(net.state_dict())  # the same weights, no hooks
+        x, y = (t.to(dev) for t in batch)
+        g_ref, scale = reference_gradients(ref, x, y)
+        train_step(net, optimizer, *rank_share(batch), grad_sync=ddp)
+        synced = {n: torch.zeros_like(p) if p.grad is None else p.grad for n, p in net.named_parameters() if n in g_ref}
+        checks = [(_ratio((g - g_ref[n]).abs(), gradient_bound(scale[n], x.numel())),
+                   float((g - g_ref[n]).abs().max()), n) for n, g in synced.items()]
+        worst = max(checks)
+        steps.append(GradientCheck(step=i, max_abs_diff=max(c[1] for c in checks), max_ratio=worst[0], worst=worst[2]))
+        if i == 0 and optimizer_name == "sgd":  # one SGD step: w - lr·g; bound lr·(gradient bound) + 2 roundings each
+            lr = optimizer.param_groups[0]["lr"]
+            w0 = {n: p.detach() - lr * g_ref[n] for n, p in ref.named_parameters() if n in g_ref}  # the reference step
+            weight_ratio = max(_ratio((p.detach() - w0[n]).abs(), lr * gradient_bound(scale[n], x.numel())
+                                      + 2 * EPS32 * (w0[n].abs() + lr * g_ref[n].abs()))  # Δ(lr·g), 2 roundings each
+                               for n, p in net.named_parameters() if n in g_ref)
+    return dict(start_equal=start_equal, steps=steps, weight_ratio=weight_ratio, state=cpu_state(net))
+
+
+def equivalence_worker(*, model: str, variants, steps: int, batch_size: int, context_length: int, seed: int = 0,
+                       optimizer: str = "sgd") -> list[EquivalenceRun]:
+    """Per (label, kind, bucket_size_mb): wrap a rank-seeded model (the broadcast must fix it), train on this rank's
+    half of every batch, check each step's synced gradient against one process (gradient_checks)."""
+    rank, out = dist.get_rank(), []
     for label, kind, mb in variants:
-        model = make_model(name, seed + rank)  # differs per rank: the broadcast must fix it
-        ddp = wrap(kind, model, mb, **({"find_unused_parameters": True} if kind == "torch_ddp" and name == "toy" else {}))
+        net = make_model(model, seed + rank)
+        ddp = wrap(kind, net, mb, **({"find_unused_parameters": True} if kind == "torch_ddp" and model == "toy" else {}))
         opt = make_optimizer(ddp.parameters(), optimizer)
-        for batch in make_batches(name, steps, batch_size, context_length, seed):
-            train_step(model, opt, *rank_share(batch), grad_sync=ddp)
-        out[label] = {"state": cpu_state(model),
-                      "buckets": len(getattr(ddp, "buckets", [])) or None}
+        batches = make_batches(model, steps, batch_size, context_length, seed)
+        out.append(EquivalenceRun(label=label, buckets=len(getattr(ddp, "buckets", [])) or None,
+                                  **gradient_checks(model, ddp, opt, batches, seed, optimizer)))
+        ddp.close()
     return out
 
 
-def uneven_worker(kinds) -> dict:
-    """Rank 1 skips a layer that rank 0 uses: each kind's synced gradients vs the mean of both ranks' own (max diff)."""
-    rank = dist.get_rank()
-    torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 1)).to(L.device())
-    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank)).to(L.device())  # (4, 8) per rank
-    forward = (lambda m: m[2](m[1](m[0](x)))) if rank == 0 else (lambda m: m[2](m[0](x)))
-    forward(base).pow(2).mean().backward()
-    own = [p.grad if p.grad is not None else torch.zeros_like(p) for p in base.parameters()]
-    mean = [torch.stack(_gather(g)).mean(0) for g in own]
-    out = {}
-    for kind, mb in kinds:
-        ddp = wrap(kind, copy.deepcopy(base), mb)
-        ddp.on_train_batch_start()
-        ddp.module.zero_grad(set_to_none=True)  # after it, on purpose: the hooks must copy into the buckets
-        forward(ddp.module).pow(2).mean().backward()
-        ddp.finish_gradient_synchronization()
-        out[f"{kind} {mb}"] = max(float((p.grad - m).abs().max()) for p, m in zip(ddp.module.parameters(), mean))
-    return out
+def equivalence_rows(name: str, per_rank: list[list[EquivalenceRun]]) -> pd.DataFrame:
+    """One row per variant, worst over ranks and steps: bucket count, start/rank agreement, gradient and weight checks."""
+    rows = []
+    for runs in zip(*per_rank):  # the same variant on every rank
+        first, steps = runs[0], [s for r in runs for s in r.steps]
+        worst = max(steps, key=lambda s: s.max_ratio)
+        ratios = [r.weight_ratio for r in runs if r.weight_ratio is not None]
+        rows.append({"model": name, "variant": first.label, "buckets": first.buckets,
+                     "start_equal": all(r.start_equal for r in runs),
+                     "ranks_equal": all(torch.equal(v, r.state[k]) for r in runs for k, v in first.state.items()),
+                     "max_abs_diff": max(s.max_abs_diff for s in steps), "grad_ratio": worst.max_ratio,
+                     "worst_param": worst.worst, "weight_ratio": max(ratios) if ratios else float("nan")})
+    return pd.DataFrame(rows)
 
 
-def _gather(t: torch.Tensor) -> list[torch.Tensor]:
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t.contiguous())
-    return parts
+def check_equivalence(name: str, variants, *, backend: str = "gloo", device: str = "cpu", world: int = 2,
+                      **config) -> pd.DataFrame:
+    """Launch equivalence_worker for model `name` (EQUIVALENCE[name], overridable) and tabulate (equivalence_rows).
+    Passes when start_equal and ranks_equal hold and grad_ratio, weight_ratio are <= 1 (assert_equivalent)."""
+    config = {**EQUIVALENCE[name], **config}
+    worker = functools.partial(equivalence_worker, model=name, variants=variants, **config)
+    return equivalence_rows(name, L.launch(worker, world, backend=backend, device=device))
 
 
-def traced_steps(ddp, optimizer, batches, trace_path=None) -> list[dict]:
+def assert_equivalent(checks: pd.DataFrame) -> None:
+    """Every row: same start as one process, same final bits on every rank, gradients (and SGD weights) in bound."""
+    bad = checks[~checks["start_equal"] | ~checks["ranks_equal"] | ~(checks["grad_ratio"] <= 1)
+                 | (checks["weight_ratio"] > 1)]
+    assert bad.empty, f"not equivalent to one process:\n{bad.to_string()}"
+
+
+# ---- §2 speed ----
+
+@dataclass
+class StepIntervals:
+    """One step on one rank: the backward's (start, end) and each all-reduce's [start, end] (None: not done)."""
+    backward: tuple[float, float]
+    comm: list[list]
+
+
+@dataclass
+class SpeedRun:
+    """One variant's timed steps on one rank (seconds), with the last steps' intervals and the profiled steps."""
+    step: list[float]
+    comm: list[float]  # in finish_gradient_synchronization
+    backward: list[float]
+    timeline: list[StepIntervals]  # perf_counter seconds, launch -> done
+    buckets: int | None
+    traced: list[StepIntervals] | None = None  # profiler µs (gloo's own all-reduce events)
+
+
+SPEED_VARIANTS = [("local", None, None), ("naive", "naive", None), ("flat", "flat", None),
+                  ("per_parameter", "per_parameter", None), ("bucketed 25 MB", "bucketed", 25),
+                  ("torch_ddp 25 MB", "torch_ddp", 25)]
+
+
+def sweep_variants(buckets_mb) -> list[tuple]:
+    """The bucket-size sweep: DDPBucketed at every size, and torch DDP at its default 25 MB."""
+    return [(f"bucketed {mb:g} MB", "bucketed", mb) for mb in buckets_mb] + [("torch_ddp 25 MB", "torch_ddp", 25)]
+
+
+def traced_steps(ddp, optimizer, batches, trace_path=None) -> list[StepIntervals]:
     """Train one step per (x, y) under torch.profiler. Per step: the backward interval (its record_function range)
     and each all-reduce's execution interval as gloo's worker threads record it ("gloo:all_reduce"), in µs of the
     host clock. `trace_path`: also save the rank's Chrome trace (open it in Perfetto or chrome://tracing)."""
-    dev = L.device()
-    with quiet_profiler(dev) as prof:
+    with quiet_profiler(L.device()) as prof:
         for x, y in batches:
             train_step(ddp.module, optimizer, x, y, grad_sync=ddp)
-        sync(dev)
+        sync(L.device())
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
     events = prof.events()
     backward = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == BACKWARD_RANGE)
     comm = sorted((e.time_range.start, e.time_range.end) for e in events if e.name.startswith("gloo:all_reduce"))
     ends = [b0 for b0, _ in backward[1:]] + [float("inf")]
-    return [{"backward": (b0, b1), "comm": [[a, b] for a, b in comm if b0 <= a < end]}
-            for (b0, b1), end in zip(backward, ends)]
-
-
-def speed_worker(name, variants, steps, warmup, batch_size, context_length, seed=0, timeline_steps=3,
-                 traced=2, trace_dir=None) -> dict:
-    """Time one step of every (label, kind, bucket_size_mb), interleaved step by step so drift hits all alike.
-
-    kind None = this rank's compute alone (no wrapper, no communication). Returns per label: step samples (s), comm
-    samples (s in finish), backward durations, for the last `timeline_steps` steps the backward interval and every
-    all-reduce's [launch, done] times, and under "traced" `traced` more steps profiled (traced_steps; not timed),
-    whose Chrome traces go to trace_dir/<label>.rank<r>.json when trace_dir is given.
-    """
-    rank, dev = dist.get_rank(), L.device()
-    if trace_dir is not None:
-        Path(trace_dir).mkdir(parents=True, exist_ok=True)
-    base = make_model(name, seed)
-    batches = [rank_share(b) for b in make_batches(name, 4, batch_size, context_length, seed)]
-    runs = {}
-    for label, kind, mb in variants:
-        ddp = wrap(kind, copy.deepcopy(base), mb) if kind else _Local(copy.deepcopy(base))
-        runs[label] = dict(ddp=ddp, opt=make_optimizer(ddp.parameters(), "sgd"), timeline=[],
-                           buckets=len(getattr(ddp, "buckets", [])) or None)
-
-    def step(label):
-        def one(i):
-            r, record = runs[label], i >= warmup + steps - timeline_steps
-            ddp = r["ddp"]
-            ddp.timeline = [] if record else None
-            comm0, times = ddp.comm_s, {}
-            _, seconds = time_call(lambda: train_step(ddp.module, r["opt"], *batches[i % len(batches)],
-                                                      grad_sync=ddp, times=times), dev)
-            if record:
-                r["timeline"].append({"backward": times["backward"], "comm": [list(s) for s in ddp.timeline]})
-            return seconds, ddp.comm_s - comm0, times["backward"][1] - times["backward"][0]
-        return one
-
-    samples = run_interleaved({label: step(label) for label in runs}, steps, warmup)
-    out = {}
-    for label, r in runs.items():
-        out[label] = {"step": [s[0] for s in samples[label]], "comm": [s[1] for s in samples[label]],
-                      "backward": [s[2] for s in samples[label]], "timeline": r["timeline"], "buckets": r["buckets"]}
-        if traced and not isinstance(r["ddp"], _Local):  # after the timed steps: profiler overhead stays out
-            path = None if trace_dir is None else Path(trace_dir) / f"{label.replace(' ', '_')}.rank{rank}.json"
-            out[label]["traced"] = traced_steps(r["ddp"], r["opt"], [batches[i % len(batches)] for i in range(traced)],
-                                                path)
-    return out
+    return [StepIntervals((b0, b1), [[a, b] for a, b in comm if b0 <= a < end]) for (b0, b1), end in zip(backward, ends)]
 
 
 class _Local(_DataParallel):
@@ -161,18 +294,77 @@ class _Local(_DataParallel):
         pass
 
 
-def summarize_speed(per_rank: list[dict]) -> list[dict]:
+def speed_worker(*, model: str, variants, steps: int, warmup: int, batch_size: int, context_length: int,
+                 seed: int = 0, timeline_steps: int = 3, traced: int = 2, trace_dir=None) -> dict[str, SpeedRun]:
+    """Time one step of every (label, kind, bucket_size_mb), interleaved step by step so drift hits all alike (kind
+    None: compute alone). After the timed steps, `traced` profiled ones per wrapper (traces to trace_dir if given)."""
+    rank, dev = dist.get_rank(), L.device()
+    base = make_model(model, seed)
+    batches = [rank_share(b) for b in make_batches(model, 4, batch_size, context_length, seed)]
+    ddps = {label: wrap(kind, copy.deepcopy(base), mb) if kind else _Local(copy.deepcopy(base))
+            for label, kind, mb in variants}
+    opts = {label: make_optimizer(d.parameters(), "sgd") for label, d in ddps.items()}
+    timelines = {label: [] for label in ddps}
+
+    def step(label, i):
+        ddp, record = ddps[label], i >= warmup + steps - timeline_steps
+        ddp.timeline, comm0, times = ([] if record else None), ddp.comm_s, {}
+        _, seconds = time_call(lambda: train_step(ddp.module, opts[label], *batches[i % len(batches)], grad_sync=ddp,
+                                                  times=times), dev)
+        if record:
+            timelines[label].append(StepIntervals(times["backward"], [list(s) for s in ddp.timeline]))
+        return seconds, ddp.comm_s - comm0, times["backward"][1] - times["backward"][0]
+
+    samples = run_interleaved({label: functools.partial(step, label) for label in ddps}, steps, warmup)
+    if trace_dir is not None:
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    out = {}
+    for label, ddp in ddps.items():
+        s = np.asarray(samples[label])  # (steps, 3): step, comm, backward
+        out[label] = SpeedRun(step=list(s[:, 0]), comm=list(s[:, 1]), backward=list(s[:, 2]), timeline=timelines[label],
+                              buckets=len(getattr(ddp, "buckets", [])) or None)
+        if traced and not isinstance(ddp, _Local):  # after the timed steps: profiler overhead stays out
+            path = None if trace_dir is None else Path(trace_dir) / f"{label.replace(' ', '_')}.rank{rank}.json"
+            out[label].traced = traced_steps(ddp, opts[label], [batches[i % len(batches)] for i in range(traced)], path)
+    return out
+
+
+def summarize_speed(per_rank: list[dict[str, SpeedRun]]) -> list[dict]:
     """One row per label: medians over steps of the slowest rank's step, comm and backward times (each step waits
     for its slowest rank), and the step time's quartiles."""
     rows = []
     for label, first in per_rank[0].items():
-        med = {k: float(np.median(slowest_rank([r[label][k] for r in per_rank]))) for k in ("step", "comm", "backward")}
-        p25, _, p75 = quartiles(slowest_rank([r[label]["step"] for r in per_rank]))
+        med = {k: float(np.median(slowest_rank([getattr(r[label], k) for r in per_rank])))
+               for k in ("step", "comm", "backward")}
+        p25, _, p75 = quartiles(slowest_rank([r[label].step for r in per_rank]))
         rows.append({"variant": label, "step_s": med["step"], "step_p25_s": p25, "step_p75_s": p75,
-                     "comm_s": med["comm"], "backward_s": med["backward"], "buckets": first["buckets"],
-                     "steps": len(first["step"])})
+                     "comm_s": med["comm"], "backward_s": med["backward"], "buckets": first.buckets,
+                     "steps": len(first.step)})
     return rows
 
+
+def speed_table(sizes, *, sweep_model: str, buckets_mb, steps: int, warmup: int, batch_size: int,
+                context_length: int, backend: str, device: str, trace_dir=None) -> tuple[dict, pd.DataFrame]:
+    """One speed_worker launch per model size (the sweep model also runs the bucket sweep and 2 profiled steps):
+    the per-rank SpeedRuns by model, and one row per (model, variant); torch DDP's comm is not observable (NaN)."""
+    from tqdm.auto import tqdm
+
+    raw, rows = {}, []
+    for name in tqdm(sizes, desc="launches (one per model size)"):
+        variants = SPEED_VARIANTS + ([v for v in sweep_variants(buckets_mb) if v not in SPEED_VARIANTS]
+                                     if name == sweep_model else [])
+        worker = functools.partial(speed_worker, model=name, variants=variants, steps=steps, warmup=warmup,
+                                   batch_size=batch_size, context_length=context_length,
+                                   traced=2 if name == sweep_model else 0,
+                                   trace_dir=None if trace_dir is None else str(Path(trace_dir) / name.replace("/", "_")))
+        raw[name] = L.launch(worker, 2, backend=backend, device=device)
+        rows += [{"model": name, "grad_MB": count_parameters(name) * 4 / MB, **r} for r in summarize_speed(raw[name])]
+    speed = pd.DataFrame(rows)
+    speed.loc[speed["variant"].str.startswith("torch_ddp"), "comm_s"] = np.nan
+    return raw, speed
+
+
+# ---- §3 overlap ----
 
 def overlap_fraction(backward: tuple[float, float], spans: list) -> float:
     """Share of the time with an all-reduce in flight (union of [launch, done]) that falls inside backward."""
@@ -188,21 +380,131 @@ def overlap_fraction(backward: tuple[float, float], spans: list) -> float:
     return inside / total if total > 0 else 0.0
 
 
+def shown_variants(speed: pd.DataFrame, model: str) -> list[str]:
+    """The variants §3 shows: naive, per-parameter, the largest swept bucket size that still gives >1 bucket, 25 MB."""
+    s = speed[(speed["model"] == model) & speed["variant"].str.match(r"bucketed [\d.]+ MB")].copy()
+    s["mb"] = [float(v.split()[1]) for v in s["variant"]]
+    several = s[s["buckets"] > 1].sort_values("mb")["variant"].tolist()
+    return ["naive", "per_parameter"] + several[-1:] + ["bucketed 25 MB", "torch_ddp 25 MB"]
+
+
+def overlap_table(per_rank: list[dict[str, SpeedRun]], shown, *, traced: bool) -> pd.DataFrame:
+    """Per variant, mean/min/max overlap_fraction over ranks and recorded steps, from the profiler trace (when
+    `traced`: gloo) and from launch -> done (not for torch DDP, whose launches happen inside torch)."""
+    rows = []
+    for label in shown:
+        row = {"variant": label, "buckets": per_rank[0][label].buckets}
+        for name, source in (("trace", "traced"), ("launch→done", "timeline")):
+            if (source == "traced" and not traced) or (source == "timeline" and label.startswith("torch_ddp")):
+                continue
+            f = [overlap_fraction(t.backward, t.comm) for r in per_rank for t in getattr(r[label], source)]
+            row.update({f"{name} overlap": float(np.mean(f)), f"{name} min": min(f), f"{name} max": max(f)})
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("variant")
+
+
+def plot_timelines(run: dict[str, SpeedRun], shown, *, traced: bool, title: str):
+    """One row per variant: the last recorded step's backward bar and its all-reduces, in ms since backward began."""
+    source, to_ms = ("traced", 1e-3) if traced else ("timeline", 1e3)  # profiler µs, or perf_counter seconds
+    fig, axes = plt.subplots(len(shown), 1, figsize=(8, 1.0 + 0.7 * len(shown)), sharex=True)
+    for ax, label in zip(axes, shown):
+        t = getattr(run[label], source)[-1]
+        t0 = t.backward[0]
+        ax.barh(1, (t.backward[1] - t0) * to_ms, left=0, color="tab:blue", label="backward")
+        for a, b in t.comm:
+            if b is not None:
+                ax.barh(0, (b - a) * to_ms, left=(a - t0) * to_ms, color="tab:orange", alpha=0.5, edgecolor="k", lw=0.3)
+        ax.set_yticks([0, 1], ["all-reduce", "backward"])
+        ax.set_title(label, fontsize=9, loc="left")
+    axes[-1].set_xlabel(f"ms since backward started (rank 0, last {'profiled' if traced else 'timed'} step)")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ---- §4 bucket-size model vs sweep ----
+
+@dataclass
+class BucketModel:
+    """formulas.bucket_overhead's inputs for one model, and its optimum."""
+    grad_bytes: float  # S, from count_parameters
+    tensor_bytes: list[int]  # every gradient tensor's bytes, from the model itself
+    planned: list[int]  # plan_buckets' bucket count at each swept size
+    backward_s: float  # T_b: backward with no communication (local)
+    local_step_s: float
+    alpha_s: float
+    beta_Bps: float
+    n_star: float
+
+    def overhead(self, n_buckets):
+        """formulas.bucket_overhead with these S, T_b, α, β."""
+        return formulas.bucket_overhead(n_buckets, self.grad_bytes, self.backward_s, self.alpha_s, self.beta_Bps)
+
+
+def bucket_sweep(speed: pd.DataFrame, model: str, *, alpha_s: float, beta_Bps: float) -> tuple[pd.DataFrame, BucketModel]:
+    """The swept DDPBucketed rows of `model` (bucket_MB, buckets, measured and predicted step_s) and the fitted model."""
+    s = speed[speed["model"] == model]
+    sweep = s[s["variant"].str.match(r"bucketed [\d.]+ MB")].copy()
+    sweep["bucket_MB"] = [float(v.split()[1]) for v in sweep["variant"]]
+    sweep = sweep.sort_values("bucket_MB").reset_index(drop=True)
+    local = s[s["variant"] == "local"].iloc[0]
+    sizes = [p.numel() * 4 for p in make_model(model, 0).parameters() if p.requires_grad]  # float32 gradients
+    S = count_parameters(model) * 4
+    fit = BucketModel(S, sizes, [len(plan_buckets(sizes, mb * MB)) for mb in sweep["bucket_MB"]], local["backward_s"],
+                      local["step_s"], alpha_s, beta_Bps, formulas.optimal_buckets(S, local["backward_s"], alpha_s, beta_Bps))
+    sweep["predicted_s"] = fit.local_step_s + fit.overhead(sweep["buckets"])
+    return sweep, fit
+
+
+def sweep_display(sweep: pd.DataFrame, caption: str):
+    """The sweep in ms: bucket size, bucket count, measured step and comm, modelled step."""
+    ms = sweep[["bucket_MB", "buckets"]].assign(step_ms=sweep.step_s * 1e3, comm_ms=sweep.comm_s * 1e3,
+                                                predicted_ms=sweep.predicted_s * 1e3)
+    return ms.style.format(precision=2).hide(axis="index").set_caption(caption)
+
+
+def plot_bucket_sweep(sweep: pd.DataFrame, fit: BucketModel, buckets_mb, *, title: str):
+    """Modelled step time over bucket size (equal buckets, at most one per tensor), the built counts, the measured."""
+    mb_curve = np.geomspace(min(buckets_mb) / 2, max(buckets_mb), 400)
+    n_curve = np.clip(np.ceil(fit.grad_bytes / (mb_curve * MB)), 1, len(fit.tensor_bytes))
+    b_star_mb = fit.grad_bytes / fit.n_star / MB
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(mb_curve, (fit.local_step_s + fit.overhead(n_curve)) * 1e3, label="model: compute-only step + o(n)")
+    ax.plot(sweep["bucket_MB"], sweep["predicted_s"] * 1e3, "x", color="tab:blue", label="model at the built bucket count")
+    ax.plot(sweep["bucket_MB"], sweep["step_s"] * 1e3, "o", color="tab:orange", label="measured DDPBucketed")
+    ax.axvline(b_star_mb, ls="--", color="gray", label=f"model optimum b* = {b_star_mb:.2g} MB")
+    ax.axhline(fit.local_step_s * 1e3, ls=":", color="k", label="compute only (local)")
+    ax.set_xscale("log")
+    ax.set(xlabel="bucket_size_mb", ylabel="ms per step", ylim=(0, None))
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    return fig
+
+
 # ---- python -m helpers bench ddp ----
 
-def bench_worker(name, bucket_mb, steps, warmup, batch_size, context_length) -> dict:
-    """DDPBucketed and torch DDP from the same weights on the same data, interleaved: step samples per wrapper, and
-    whether both ended with the same weights (same start, same data, same means)."""
-    base = make_model(name, 0)
+@dataclass
+class BenchRun:
+    """One rank's bench: step samples per wrapper, DDPBucketed's bucket count, whether both ended with the same weights."""
+    step: dict[str, list]
+    buckets: int
+    same_weights: bool
+
+
+def bench_worker(*, model: str, bucket_mb: float, steps: int, warmup: int, batch_size: int,
+                 context_length: int) -> BenchRun:
+    """DDPBucketed and torch DDP from the same weights on the same data, interleaved (same start, data and means:
+    the same weights at the end)."""
+    base = make_model(model, 0)
     ddps = {k: wrap(k, copy.deepcopy(base), bucket_mb) for k in ("bucketed", "torch_ddp")}
     opts = {k: make_optimizer(d.parameters(), "sgd") for k, d in ddps.items()}
-    batches = [rank_share(b) for b in make_batches(name, 4, batch_size, context_length, 0)]
+    batches = [rank_share(b) for b in make_batches(model, 4, batch_size, context_length, 0)]
     step = {k: (lambda i, k=k: time_call(lambda: train_step(ddps[k].module, opts[k], *batches[i % len(batches)],
                                                                grad_sync=ddps[k]), L.device())[1]) for k in ddps}
     samples = run_interleaved(step, steps, warmup)
     same = all(torch.equal(a, b) for a, b in zip(ddps["bucketed"].module.parameters(),
                                                   ddps["torch_ddp"].module.parameters()))
-    return {"step": samples, "buckets": len(ddps["bucketed"].buckets), "same_weights": same}
+    return BenchRun(samples, len(ddps["bucketed"].buckets), same)
 
 
 def bench_main(argv: list[str]) -> int:
@@ -212,14 +514,36 @@ def bench_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.bucket_mb > 0:
         parser.error(f"--bucket-mb must be > 0, got {args.bucket_mb}")
-    per_rank = L.launch(bench_worker, 2, args.model, args.bucket_mb, args.steps, args.warmup, args.batch_size,
-                        args.context_length, backend="gloo", device=args.device)
-    slowest = {k: slowest_rank([p["step"][k] for p in per_rank]) for k in ("bucketed", "torch_ddp")}
+    worker = functools.partial(bench_worker, model=args.model, bucket_mb=args.bucket_mb, steps=args.steps,
+                               warmup=args.warmup, batch_size=args.batch_size, context_length=args.context_length)
+    per_rank = L.launch(worker, 2, backend="gloo", device=args.device)
+    slowest = {k: slowest_rank([p.step[k] for p in per_rank]) for k in ("bucketed", "torch_ddp")}
     ours, theirs = np.median(slowest["bucketed"]), np.median(slowest["torch_ddp"])
     paired = quartiles(slowest["bucketed"] / slowest["torch_ddp"])  # step i vs step i
-    same = all(p["same_weights"] for p in per_rank)
+    same = all(p.same_weights for p in per_rank)
     print(f"{args.model}, bucket {args.bucket_mb:g} MB, gloo on {args.device}, 2 ranks, {args.steps} interleaved steps "
-          f"(slowest rank): DDPBucketed median {ours * 1e3:.2f} ms ({per_rank[0]['buckets']} buckets), "
+          f"(slowest rank): DDPBucketed median {ours * 1e3:.2f} ms ({per_rank[0].buckets} buckets), "
           f"torch DDP {theirs * 1e3:.2f} ms, ratio of medians {ours / theirs:.3f}; median of the per-step ratios "
           f"{paired[1]:.3f} (IQR {paired[0]:.3f}-{paired[2]:.3f}; target <= 1.05); identical weights after training: {same}")
     return 0 if same else 1
+
+
+def speed_pivot(speed: pd.DataFrame) -> pd.DataFrame:
+    """§2's table: ms per step and in finish for SPEED_VARIANTS (rows) by model (columns)."""
+    rows = speed[speed["variant"].isin([v[0] for v in SPEED_VARIANTS])]
+    return rows.pivot_table(index="variant", columns="model", values=["step_s", "comm_s"], sort=False) * 1e3
+
+
+def describe_bucket_model(fit: BucketModel, sweep: pd.DataFrame, model: str, seed_mb) -> str:
+    """§4's sentences: S, T_b, S/β, α, the optimum n*, b*, and which swept sizes hold every gradient in one bucket."""
+    S, n_star = fit.grad_bytes, fit.n_star
+    text = (f"{model}: S = {S / MB:.2f} MB of gradients in {len(fit.tensor_bytes)} tensors, T_b = "
+            f"{fit.backward_s * 1e3:.1f} ms, S/β = {S / fit.beta_Bps * 1e3:.1f} ms, α = {fit.alpha_s * 1e6:.0f} µs → "
+            f"n* = {n_star:.1f} buckets, b* = {S / n_star / MB:.3g} MB (predicted overhead {fit.overhead(n_star) * 1e3:.2f} ms)")
+    if n_star > len(fit.tensor_bytes):
+        text += (f"\nthe model asks for more buckets ({n_star:.1f}) than {model} has gradient tensors "
+                 f"({len(fit.tensor_bytes)}): the finest split DDPBucketed can build is one tensor per bucket "
+                 f"(as DDPIndividualParameters, in fixed order)")
+    one = [mb for mb, n in zip(sweep["bucket_MB"], sweep["buckets"]) if n == 1]
+    return text + (f"\nbucket sizes that hold every gradient in one bucket here: {', '.join(f'{mb:g}' for mb in one)} MB "
+                   f"({len([m for m in one if m in seed_mb])} of the seed's {len(seed_mb)} sizes)")
