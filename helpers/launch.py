@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -309,3 +310,32 @@ def skip_collective_on_rank(skip_rank: int = 1) -> int:
     else:
         time.sleep(3600)
     return dist.get_rank()
+
+
+def run_simulated_nodes(argv: list[str], nodes: int = 2, timeout_s: float = 300,
+                        cwd=None) -> list[subprocess.CompletedProcess]:
+    """Rehearse a multi-node run on this machine: one torchrun agent per node (`--nnodes N --node-rank r`, one
+    process each, c10d rendezvous on a free loopback port), each running `python -m helpers ARGV`. Every agent is
+    killed if any fails or the run passes `timeout_s`. Real multi-node numbers need real nodes: this checks the path."""
+    import socket
+    import sys
+    import uuid
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_id = uuid.uuid4().hex[:8]
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+                                "--node-rank", str(r), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                "--rdzv-id", run_id, "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "helpers", *argv],
+                               cwd=cwd or Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+              for r in range(nodes)]
+    try:
+        outs = [a.communicate(timeout=timeout_s) for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+                a.communicate()
+    return [subprocess.CompletedProcess(a.args, a.returncode, out, err) for a, (out, err) in zip(agents, outs)]
