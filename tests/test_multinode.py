@@ -15,3 +15,15 @@ def test_collectives_on_two_simulated_nodes(tmp_path):
     assert provenance["topology"] == "2 node(s) simulated on 1 host(s)"
     assert [r["size_bytes"] for r in rows] == [4096, 65536]
     assert all(r["nodes"] == 2 and r["world_size"] == 2 and r["wrong"] == 0 and r["time_s"] > 0 for r in rows)
+
+
+def test_ddp_bench_on_two_simulated_nodes(tmp_path):
+    runs = run_simulated_nodes(["bench", "ddp", "--model", "small/8", "--steps", "3", "--warmup", "1",
+                                "--batch-size", "2", "--context-length", "16", "--out", str(tmp_path)])
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert "identical weights after training: True" in runs[0].stdout and runs[1].stdout == ""  # rank 0 reports
+    lines = [json.loads(line) for line in (tmp_path / "ddp_bench.jsonl").read_text().splitlines()]
+    provenance, rows = lines[0]["provenance"], lines[1:]
+    assert provenance["topology"] == "2 node(s) simulated on 1 host(s)" and provenance["same_weights"]
+    assert [r["wrapper"] for r in rows] == ["bucketed", "torch_ddp"] and all(r["world_size"] == 2 for r in rows)

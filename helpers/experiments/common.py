@@ -1,11 +1,10 @@
 """What several experiments share: toy models, model and batch builders, each rank's share of a batch, one training
-step, the interleaved timing loop, the slowest-rank summary and the bench commands' argument parser.
+step, the slowest-rank summary and the bench commands' argument parser.
 
     model = make_model("toy", seed=0)                   # "toy" | "uneven" | a helpers.model size, on this rank's device
     batches = make_batches("toy", steps=3, batch_size=8, context_length=6, seed=0)   # the same on every rank
     x, y = rank_share(batches[0])                       # this rank's rows (own storage), on its device
     train_step(model, opt, x, y, grad_sync=ddp, times=t)   # one step; t gets the phases' seconds
-    samples = run_interleaved({"a": step_a, "b": step_b}, steps=10, warmup=3)    # A B, B A, A B ...
     slowest_rank([rank0_samples, rank1_samples])        # per step: the slowest rank's time
 """
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from typing import Callable
 
 import numpy as np
 import torch
@@ -129,18 +127,6 @@ def train_step(model, optimizer, x, y, grad_sync=None, autocast_dtype=None, opti
                      grad_comm=getattr(grad_sync, "comm_s", 0.0) - grad_comm0,
                      step_comm=getattr(optimizer, "comm_s", 0.0) - step_comm0)
     return loss.detach()
-
-
-def run_interleaved(steps_by_label: dict[str, Callable[[int], dict]], steps: int, warmup: int) -> dict[str, list]:
-    """Call every label's step(i) once per round, the order reversed every other round (A B, B A, ...), so drift and
-    caches hit all alike; keep what each returns from the `steps` rounds after `warmup` untimed ones."""
-    labels, kept = list(steps_by_label), {label: [] for label in steps_by_label}
-    for i in range(warmup + steps):
-        for label in (labels if i % 2 == 0 else labels[::-1]):
-            out = steps_by_label[label](i)
-            if i >= warmup:
-                kept[label].append(out)
-    return kept
 
 
 def slowest_rank(per_rank: list) -> np.ndarray:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,10 +29,11 @@ from helpers import formulas
 from helpers import launch as L
 from helpers.ddp import MB, _DataParallel, plan_buckets, wrap
 from helpers.experiments.common import (BACKWARD_RANGE, TiedToyModel, bench_parser, cpu_state, make_batches,
-                                        make_model, quartiles, rank_share, run_interleaved, slowest_rank, train_step)
+                                        make_model, quartiles, rank_share, slowest_rank, train_step)
 from helpers.model import count_parameters, lm_loss
 from helpers.profiling import quiet_profiler
-from helpers.timing import sync, time_call
+from helpers.results import save_results
+from helpers.timing import interleaved, paired_ratio, sync, time_call, verdict
 
 EPS32 = torch.finfo(torch.float32).eps  # 2**-23; unit roundoff u = EPS32 / 2
 EQUIVALENCE = {  # what §1 and tests/test_ddp.py train: global batches of batch_size x context_length tokens
@@ -315,7 +317,7 @@ def speed_worker(*, model: str, variants, steps: int, warmup: int, batch_size: i
             timelines[label].append(StepIntervals(times["backward"], [list(s) for s in ddp.timeline]))
         return seconds, ddp.comm_s - comm0, times["backward"][1] - times["backward"][0]
 
-    samples = run_interleaved({label: functools.partial(step, label) for label in ddps}, steps, warmup)
+    samples = interleaved({label: functools.partial(step, label) for label in ddps}, steps, warmup)
     if trace_dir is not None:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
     out = {}
@@ -501,30 +503,41 @@ def bench_worker(*, model: str, bucket_mb: float, steps: int, warmup: int, batch
     batches = [rank_share(b) for b in make_batches(model, 4, batch_size, context_length, 0)]
     step = {k: (lambda i, k=k: time_call(lambda: train_step(ddps[k].module, opts[k], *batches[i % len(batches)],
                                                                grad_sync=ddps[k]), L.device())[1]) for k in ddps}
-    samples = run_interleaved(step, steps, warmup)
+    samples = interleaved(step, steps, warmup)
     same = all(torch.equal(a, b) for a, b in zip(ddps["bucketed"].module.parameters(),
                                                   ddps["torch_ddp"].module.parameters()))
     return BenchRun(samples, len(ddps["bucketed"].buckets), same)
 
 
 def bench_main(argv: list[str]) -> int:
-    """`python -m helpers bench ddp`: DDPBucketed vs torch DDP step time (gloo, 2 ranks, CPU), same run."""
+    """`python -m helpers bench ddp`: DDPBucketed vs torch DDP step time (gloo, 2 ranks), interleaved in one run;
+    also under torchrun (the torchrun world: one node or several), where rank 0 reports and saves."""
     parser = bench_parser("python -m helpers bench ddp", bench_main.__doc__)
     parser.add_argument("--bucket-mb", type=float, default=1.0)
+    parser.add_argument("--out", help="save into this folder instead of data/local/<device>/")
     args = parser.parse_args(argv)
     if not args.bucket_mb > 0:
         parser.error(f"--bucket-mb must be > 0, got {args.bucket_mb}")
     worker = functools.partial(bench_worker, model=args.model, bucket_mb=args.bucket_mb, steps=args.steps,
                                warmup=args.warmup, batch_size=args.batch_size, context_length=args.context_length)
-    per_rank = L.launch(worker, 2, backend="gloo", device=args.device)
+    world = int(os.environ.get("WORLD_SIZE", 2)) if L._under_torchrun() else 2
+    per_rank = L.launch(worker, world, backend="gloo", device=args.device)
+    topology = L.torchrun_topology()["topology"] if L._under_torchrun() else "1 node, spawned ranks"
+    if int(os.environ.get("RANK", 0)) != 0:
+        return 0
     slowest = {k: slowest_rank([p.step[k] for p in per_rank]) for k in ("bucketed", "torch_ddp")}
-    ours, theirs = np.median(slowest["bucketed"]), np.median(slowest["torch_ddp"])
-    paired = quartiles(slowest["bucketed"] / slowest["torch_ddp"])  # step i vs step i
+    ratio = paired_ratio(slowest["bucketed"], slowest["torch_ddp"])  # step i vs step i
     same = all(p.same_weights for p in per_rank)
-    print(f"{args.model}, bucket {args.bucket_mb:g} MB, gloo on {args.device}, 2 ranks, {args.steps} interleaved steps "
-          f"(slowest rank): DDPBucketed median {ours * 1e3:.2f} ms ({per_rank[0].buckets} buckets), "
-          f"torch DDP {theirs * 1e3:.2f} ms, ratio of medians {ours / theirs:.3f}; median of the per-step ratios "
-          f"{paired[1]:.3f} (IQR {paired[0]:.3f}-{paired[2]:.3f}; target <= 1.05); identical weights after training: {same}")
+    rows = [{"wrapper": k, "median_s": float(np.median(v)), "p25_s": float(np.percentile(v, 25)),
+             "p75_s": float(np.percentile(v, 75)), "world_size": world} for k, v in slowest.items()]
+    path = save_results(rows, "ddp_bench", directory=args.out, model=args.model, bucket_mb=args.bucket_mb,
+                        steps=args.steps, topology=topology, ratio=ratio.median, ratio_low=ratio.low,
+                        ratio_high=ratio.high, same_weights=same)
+    print(f"{args.model}, bucket {args.bucket_mb:g} MB, gloo on {args.device}, {world} ranks ({topology}), "
+          f"{args.steps} interleaved steps (slowest rank): DDPBucketed median {rows[0]['median_s'] * 1e3:.2f} ms "
+          f"({per_rank[0].buckets} buckets), torch DDP {rows[1]['median_s'] * 1e3:.2f} ms; "
+          f"{verdict('DDPBucketed', 'torch DDP', ratio, 'step time')}; identical weights after training: {same}; "
+          f"saved {path.name}")
     return 0 if same else 1
 
 

@@ -30,10 +30,11 @@ from helpers import launch as L
 from helpers import memory as M
 from helpers.comm import count_collectives
 from helpers.experiments.common import (bench_parser, cpu_state, make_batches, make_model, rank_share,
-                                        run_interleaved, slowest_rank, train_step)
+                                        slowest_rank, train_step)
 from helpers.formulas import GiB, MiB, zero_memory
 from helpers.model import count_parameters
 from helpers.sharding import NaiveShardedOptimizer, ShardedOptimizer, Zero1Optimizer, _rank_world
+from helpers.timing import interleaved
 
 OPTIMIZERS = {"adamw": (torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.1)),
               "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9))}
@@ -267,7 +268,7 @@ def speed_worker(*, model, kinds, steps, warmup, batch_size, context_length, opt
             return {k: times[k] for k in ("fwd_bwd", "grad_comm", "step", "step_comm")}
         return one
 
-    samples = run_interleaved({k: step(k) for k in kinds}, steps, warmup)
+    samples = interleaved({k: step(k) for k in kinds}, steps, warmup)
     first = cpu_state(runs[kinds[0]][0])
     same = {k: all(torch.equal(first[n], v) for n, v in cpu_state(r[0]).items()) for k, r in runs.items()}
     return SpeedRun(samples, {k: optimizer_state_bytes(r[2]) for k, r in runs.items()}, same)
