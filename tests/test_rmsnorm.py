@@ -173,3 +173,11 @@ def test_bench_main_prints_a_table(capsys):
                          "--warmup", "0", "--steps", "1"]) == 0
     out = capsys.readouterr().out
     assert "frac_of_copy" in out and "triton" in out and "fwd+bwd" in out
+
+
+def test_copy_bandwidth_is_a_bound_every_norm_stays_under():
+    rows = [XR.bench_norm(name, 2048, 1024, warmup=1, steps=5, backward=b) for name in ("torch", "layernorm")
+            for b in (False, True)]
+    XR.check_fraction_of_copy(rows)
+    with pytest.raises(AssertionError, match="copy bandwidth"):
+        XR.check_fraction_of_copy([{**rows[0], "frac_of_copy": 1.2}])
