@@ -174,3 +174,58 @@ def test_torchrun_entry_point_two_cpu_ranks(tmp_path):
     prov, rows = _saved(tmp_path / "collectives.jsonl")
     assert prov["device_type"] == "cpu" and len(rows) == 4
     assert all(r["world_size"] == 2 and r["nodes"] == 1 and r["backend"] == "gloo" and r["wrong"] == 0 for r in rows)
+
+
+# ---- comparisons that know their noise, and two nodes ----
+
+def _row(op, calls, backend="gloo", device="cpu", size=4096, n=2):
+    return {"backend": backend, "device": device, "world_size": n, "op": op, "size_bytes": size, "calls_s": calls,
+            "time_s": float(np.median(calls)), "p25_s": float(np.percentile(calls, 25)),
+            "p75_s": float(np.percentile(calls, 75))}
+
+
+def test_summary_keeps_each_calls_slowest_rank_time():
+    r0 = [{"op": "all_reduce", "size_bytes": 1000, "samples": [1.0, 5.0, 2.0], "wrong": [False] * 3}]
+    r1 = [{"op": "all_reduce", "size_bytes": 1000, "samples": [3.0, 1.0, 2.0], "wrong": [False] * 3}]
+    assert C.summarize([r0, r1], "gloo", "cpu")[0]["calls_s"] == [3.0, 5.0, 2.0]
+
+
+def test_op_ratios_pair_calls_and_name_a_winner_only_outside_the_noise():
+    base = list(np.linspace(1.0, 2.0, 20))
+    df = C.pd.DataFrame([_row("all_reduce", base), _row("all_gather", [t / 2 for t in base]),
+                         _row("broadcast", base[::-1]),  # same values, paired the other way round: noise only
+                         _row("all_reduce", [9.0] * 5, size=1024)])  # smaller size: left out by default
+    ratios = C.op_ratios(df).set_index("op")
+    assert ratios.loc["all_gather", "ratio"] == pytest.approx(0.5) and ratios.loc["all_gather", "measurable"]
+    assert not ratios.loc["broadcast", "measurable"] and "no measurable difference" in ratios.loc["broadcast", "verdict"]
+    assert (ratios["pairs"] == 20).all() and (ratios["size"] == "4 KB").all()
+    with pytest.raises(ValueError, match="calls_s"):
+        C.op_ratios(df.drop(columns="calls_s"))
+    few = df[df["size_bytes"] == 4096].assign(calls_s=lambda d: [c[:C.MIN_PAIRS - 1] for c in d["calls_s"]])
+    few_ratios = C.op_ratios(few).set_index("op")  # all_gather is half, every call, but 5 pairs cannot tell
+    assert not few_ratios["measurable"].any() and "too few" in few_ratios.loc["all_gather", "verdict"]
+
+
+def test_op_ratios_default_to_the_largest_size_with_enough_calls():
+    df = C.pd.DataFrame([_row(op, [1.0] * 20) for op in ("all_reduce", "all_gather")]
+                        + [_row(op, [1.0] * 3, size=8192) for op in ("all_reduce", "all_gather")])
+    assert C.op_ratios(df)["size"].tolist() == ["4 KB"]
+
+
+def test_unpaired_ratios_call_a_winner_only_where_quartiles_do_not_overlap():
+    df = C.pd.DataFrame([_row("all_reduce", [10.0, 11.0, 12.0, 13.0]), _row("all_reduce", [2.0, 3.0, 30.0], size=8192),
+                         _row("all_reduce", [1.0, 1.1, 1.2, 1.3], "nccl", "cuda"),
+                         _row("all_reduce", [1.0, 2.0, 3.0], "nccl", "cuda", size=8192)])
+    vs = C.unpaired_ratios(df, ("gloo", "cpu")).set_index("size_bytes")
+    assert vs.loc[4096, "apart"] and vs.loc[4096, "ratio"] == pytest.approx(11.5 / 1.15)
+    assert not vs.loc[8192, "apart"]  # gloo's p25-p75 (2.5-16.5) overlaps NCCL's (1.5-2.5)
+
+
+def test_two_node_recipe_and_a_failed_rehearsal_reports_the_agents_stderr(monkeypatch):
+    head, other = C.two_node_recipe("head:29500", nproc_per_node=4)
+    assert "--nnodes 2 --node-rank 0 --nproc-per-node 4" in head and "--node-rank 1" in other
+    assert all("--rdzv-endpoint head:29500" in c and "--backend nccl --device cuda --reference" in c for c in (head, other))
+    failed = [subprocess.CompletedProcess(["a"], 0, "", ""), subprocess.CompletedProcess(["b"], 1, "", "rendezvous timed out")]
+    monkeypatch.setattr(C.L, "run_simulated_nodes", lambda argv, **kw: failed)
+    with pytest.raises(RuntimeError, match="agent 1 \\(exit 1\\):\nrendezvous timed out"):
+        C.two_node_rehearsal(["4KB"])

@@ -8,6 +8,7 @@ Runbook (notebook 03 calls the same functions):
     torchrun --standalone --nproc-per-node 8 -m helpers bench collectives --backend nccl --device cuda
     torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
              -m helpers bench collectives --backend nccl --device cuda --reference     # then --node-rank 1 on the other
+    two_node_rehearsal(["4KB", "64KB"])    # the same two-node path, rehearsed on this machine (gloo, loopback)
 
 Under torchrun the world is torchrun's (one configuration) and only rank 0 prints and saves.
 Results go to data/local/<device>/collectives.jsonl (or --out DIR) with provenance; notebook 03 plots them.
@@ -17,12 +18,15 @@ Method (per op and size, on every rank): 5 warm-up calls, then `iters` timed cal
 result compared with the exact expected values (small integers, exact in float32); wrong ones are counted.
 A call's time is its slowest rank's; reported: the median over calls (time_s) and the quartiles (p25_s, p75_s);
 algbw = bytes / time; busbw = algbw x the nccl-tests factor. The alpha-beta fit uses p25_s (see fit_table).
+Each row keeps its per-call times (calls_s), so two ops of one launch compare as paired ratios (op_ratios).
 `bytes` is nccl-tests' size: the all_reduce/broadcast buffer, the all_gather output, the reduce_scatter input.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import tempfile
 import statistics
 import time
 from dataclasses import dataclass
@@ -37,7 +41,8 @@ from helpers import launch as L
 from helpers.comm import OPS, run_collective
 from helpers.env import resolve_profile
 from helpers.formulas import GiB, KiB, MiB, algbw, busbw
-from helpers.results import save_results
+from helpers.results import load_results, save_results
+from helpers.timing import paired_ratio, verdict
 from helpers.timing import sync as _sync
 
 SEED_SIZES = (512 * KiB, 1 * MiB, 10 * MiB, 50 * MiB, 100 * MiB, 500 * MiB, 1 * GiB)  # seed 004, section 3.1
@@ -150,7 +155,7 @@ def summarize(per_rank: list[list[dict]], backend: str, device: str, nodes: int 
         rows.append({"backend": backend, "device": device, "world_size": n, "nodes": nodes, "op": op,
                      "size_bytes": size, "size": format_size(size), "time_s": t, "p25_s": p25, "p75_s": p75,
                      "iters": len(wrong), "algbw_GBps": algbw(size, t) / 1e9, "busbw_GBps": busbw(op, size, t, n) / 1e9,
-                     "wrong": sum(wrong)})
+                     "wrong": sum(wrong), "calls_s": calls.tolist()})
     return rows
 
 
@@ -279,6 +284,87 @@ def plot_collectives(df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str
     return fig
 
 
+# ---- comparisons that know their noise ----
+
+MIN_PAIRS = 6  # fewer paired calls cannot tell: all on one side of 1 by chance is 2 / 2**k >= 1 in 20 (sign test)
+
+
+def op_ratios(df: pd.DataFrame, baseline: str = "all_reduce", size_bytes: int | None = None) -> pd.DataFrame:
+    """Notebook 03: each op's time over `baseline`'s at one size, per configuration (default size: the largest where
+    every op has MIN_PAIRS timed calls, else the largest).
+
+    Both ops ran in one launch, one after the other, so call k of each is paired (paired_ratio: median of the ratios,
+    bootstrap interval); the interval covers call-to-call noise, not a drift between the two blocks of calls.
+    With fewer than MIN_PAIRS pairs no difference is called measurable.
+    """
+    if "calls_s" not in df:
+        raise ValueError("these rows have no per-call times (calls_s): rerun the benchmark with this version")
+    if size_bytes is None:
+        enough = df.groupby("size_bytes")["calls_s"].agg(lambda calls: min(map(len, calls)) >= MIN_PAIRS)
+        size_bytes = int(enough[enough].index.max() if enough.any() else df["size_bytes"].max())
+    keys, rows = ["backend", "device", "world_size"], []
+    for cfg, g in df[df["size_bytes"] == size_bytes].groupby(keys):
+        base = g[g["op"] == baseline]["calls_s"].iloc[0]
+        for r in g[g["op"] != baseline].itertuples():
+            k = min(len(r.calls_s), len(base))
+            ratio = paired_ratio(r.calls_s[:k], base[:k])
+            enough = k >= MIN_PAIRS
+            rows.append({**dict(zip(keys, cfg)), "size": format_size(size_bytes), "op": r.op, "ratio": ratio.median,
+                         "ci_low": ratio.low, "ci_high": ratio.high, "pairs": k, "measurable": enough and ratio.differs,
+                         "verdict": verdict(r.op, baseline, ratio) if enough else
+                         f"too few paired calls ({k} < {MIN_PAIRS}) to tell {r.op} from {baseline}"})
+    return pd.DataFrame(rows)
+
+
+def unpaired_ratios(df: pd.DataFrame, a: tuple, b: tuple = ("nccl", "cuda"), op: str = "all_reduce") -> pd.DataFrame:
+    """Notebook 03: (backend, device) a's median time over b's at each (world_size, size) both ran.
+
+    a and b ran in different launches, so their calls are not paired: `apart` is True only where the two quartile
+    ranges (p25-p75) do not overlap, the only points where the text names a winner.
+    """
+    part, keys = df[df["op"] == op], ["world_size", "size_bytes"]
+    side = {name: part[(part["backend"] == be) & (part["device"] == dev)].set_index(keys)[["time_s", "p25_s", "p75_s"]]
+            for name, (be, dev) in (("a", a), ("b", b))}
+    both = side["a"].merge(side["b"], left_index=True, right_index=True, suffixes=("_a", "_b"))  # inner join
+    both["ratio"] = both["time_s_a"] / both["time_s_b"]
+    both["apart"] = (both["p25_s_a"] > both["p75_s_b"]) | (both["p75_s_a"] < both["p25_s_b"])
+    return both.reset_index()
+
+
+# ---- several nodes: the recipe for real ones, and a rehearsal of the path on this machine ----
+
+NCCL_BENCH_ARGS = ("bench", "collectives", "--backend", "nccl", "--device", "cuda", "--reference")
+
+
+def two_node_recipe(endpoint: str = "HEAD_NODE:29500", nproc_per_node: int = 8,
+                    bench_args=NCCL_BENCH_ARGS) -> list[str]:
+    """Notebook 03: the torchrun command to run on each of two real nodes (node-rank 0 on HEAD_NODE, then 1)."""
+    return [shlex.join(["torchrun", "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", str(nproc_per_node),
+                        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "-m", "helpers", *bench_args])
+            for rank in (0, 1)]
+
+
+def two_node_rehearsal(sizes, out_dir=None, profile: str = "cpu", timeout_s: float = 300) -> pd.DataFrame:
+    """Notebook 03: all_reduce on two torchrun agents on this machine (gloo, CPU); the saved rows, each with topology.
+
+    sizes: e.g. ["8KB", "64KB"] or byte counts. out_dir: where the agents save (default: a temporary folder).
+    df.attrs["commands"] holds the two agents' exact command lines. Raises RuntimeError with the stderr of a failed agent.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(out_dir or tmp)
+        runs = L.run_simulated_nodes(["bench", "collectives", "--profile", profile, "--backend", "gloo", "--device", "cpu",
+                                      "--ops", "all_reduce", "--sizes", *[str(s) for s in sizes], "--out", out],
+                                     nodes=2, timeout_s=timeout_s)
+        failed = [(rank, r) for rank, r in enumerate(runs) if r.returncode != 0]
+        if failed:
+            raise RuntimeError("two-node rehearsal failed:\n" + "\n".join(
+                f"agent {rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for rank, r in failed))
+        saved = load_results(os.path.join(out, f"{RESULTS_NAME}.jsonl"))
+    df = saved.frame().assign(topology=saved.provenance.get("topology"))
+    df.attrs["commands"] = [shlex.join(r.args) for r in runs]
+    return df
+
+
 # ---- command line: python -m helpers bench collectives (spawned grid, or the torchrun world) ----
 
 def bench_main(argv: list[str]) -> int:
@@ -323,7 +409,7 @@ def bench_main(argv: list[str]) -> int:
     path = save_results(df, args.name, profile=profile, kind="reference" if args.reference else "local",
                         directory=args.out, method=METHOD, warmup=warmup,
                         topology=topology["topology"])
-    print(df.drop(columns=["size_bytes"]).to_string(index=False))
+    print(df.drop(columns=["size_bytes", "calls_s"]).to_string(index=False))
     if skipped is not None and len(skipped):
         print("skipped:\n" + skipped.to_string(index=False))
     print(f"saved {path}")
