@@ -27,6 +27,10 @@ from helpers.profiling import class_shares
 from helpers.timing import benchmark
 
 MiB = 2**20
+PROFILES = {  # notebook 01 per profile: batch x context, warm-up and timed steps, no-warm-up steps, the profiled size
+    "cpu": dict(batch=4, context=64, warmup=2, steps=4, cold_steps=3, profile_size="medium/8"),
+    "gpu": dict(batch=16, context=128, warmup=5, steps=10, cold_steps=10, profile_size="xl"),  # the seed profiled xl
+}
 
 
 def forward_step(lm, x, autocast_dtype=None):
@@ -285,6 +289,29 @@ def plot_timelines(traces: dict[str, MemoryTrace], title: str = ""):
     ax.set(xlabel="event (op or free)", ylabel="live tensor memory (MiB)", title=title)
     ax.legend()
     return fig
+
+
+@contextlib.contextmanager
+def offloaded(model: nn.Module, optimizer=None, to: str = "cpu"):
+    """Move a model (parameters, gradients, buffers) and its optimizer's state to `to` for the duration, then back,
+    so the runs inside have the card to themselves (section 5 keeps the profiled model for later cells)."""
+    home = next(model.parameters()).device
+    if home.type == torch.device(to).type:
+        yield
+        return
+    moved = [(s, k) for s in (optimizer.state.values() if optimizer else []) for k, v in s.items()
+             if torch.is_tensor(v) and v.device == home]  # AdamW's fp32 `step` counters stay on the CPU
+    model.to(to)  # parameters keep their identity, so the optimizer's references stay valid
+    for s, k in moved:
+        s[k] = s[k].to(to)
+    if home.type == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        yield
+    finally:
+        model.to(home)
+        for s, k in moved:
+            s[k] = s[k].to(home)
 
 
 def peak_rows(sizes, batch_size: int, context_length: int, dtypes, device=None) -> pd.DataFrame:

@@ -40,6 +40,12 @@ EQUIVALENCE = {  # what §1 and tests/test_ddp.py train: global batches of batch
     "toy": dict(steps=3, batch_size=8, context_length=6, optimizer="sgd"),
     "small/8": dict(steps=2, batch_size=4, context_length=16, optimizer="adamw"),
 }
+PROFILES = {  # notebook 04 per profile: speed-table models, the sweep's model, batch (global) and context, steps
+    "cpu": dict(sizes=["small/8", "medium/8", "large/8"], sweep_model="large/8", batch=8, context=64, warmup=3, steps=10,
+                extra_buckets_mb=[0.03125, 0.0625, 0.125, 0.25, 0.5]),
+    "gpu": dict(sizes=["small", "medium"], sweep_model="medium", batch=8, context=128, warmup=3, steps=10,
+                extra_buckets_mb=[]),
+}
 
 
 def make_optimizer(params, name: str):

@@ -31,6 +31,14 @@ GRADCHECK = dict(eps=1e-6, atol=1e-6)  # torch.autograd.gradcheck of RMSNormPyTo
 RRMS_TOL = dict(rtol=1e-5, atol=1e-6)  # the saved 1/rms (fp32)
 LOSS_TOL = dict(rtol=1e-5, atol=0.0)  # the tiny model's loss with another norm implementation
 TINY = ModelConfig("tiny", 32, 64, 2, 4, vocab_size=50, context_length=16)  # the model the norms are swapped into
+PROFILES = {  # what notebook 02 measures per profile
+    "gpu": dict(rows=50_000, hidden=[1024, 2048, 4096, 8192], dtypes=[torch.float32, torch.bfloat16],
+                warmup=10, steps=50, batch=4, compile_hidden=[1024, 2048, 4096, 8192],
+                triton_shape=None, compile_model_sizes=["small", "medium", "large", "xl", "2.7B"]),
+    "cpu": dict(rows=4096, hidden=[256, 512, 1024, 2048], dtypes=[torch.float32],
+                warmup=2, steps=5, batch=4, compile_hidden=[1024],
+                triton_shape=(64, 256), compile_model_sizes=["small/8"]),
+}
 
 
 def spec_inputs(shape, dtype=torch.float32, device="cpu", seed=0):

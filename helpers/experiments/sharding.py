@@ -42,6 +42,13 @@ KINDS = {"unsharded": None, "sharded": ShardedOptimizer, "naive_sharded": NaiveS
          "zero1": Zero1Optimizer}
 PEAK_TOL = 0.01  # forward/backward peak vs live bytes + activations + loss gradients (live bytes: exact)
 CALC_TOL = {"default": 1e-3, "sharded optimizer state": 0.02}  # measured model states vs the ZeRO calculator
+PROFILES = {  # notebook 05 per profile: the models for memory and speed, the global batch and context, timed steps
+    "cpu": dict(memory_models=["small/8", "xl/8"], speed_model="xl/8", check_model="small/8", batch=8, context=128,
+                warmup=3, steps=10, speed_launches=[["unsharded", "naive_sharded", "sharded", "zero1", "torch_zero"]]),
+    # XL on one GPU shared by 2 ranks: one launch per variant, so only one copy of the model states per rank at a time
+    "gpu": dict(memory_models=["xl"], speed_model="xl", check_model="small", batch=4, context=128, warmup=2, steps=5,
+                speed_launches=[["unsharded"], ["sharded"], ["zero1"], ["torch_zero"]]),
+}
 
 
 # ---- what the workers return ----

@@ -1,0 +1,141 @@
+"""The gpu profile's memory plans (helpers.experiments.gpu_plans): every run fits one 80 GB H100 with the stated
+margin or says what it needs, and each estimator agrees with the memory tracker (or a quantity notebooks assert) on
+a CPU preset. No CUDA needed."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers import formulas as F
+from helpers.ddp import wrap
+from helpers.experiments import collectives, ddp, gpu_plans as G, rmsnorm as XR, sharding
+from helpers.experiments.common import make_batches, make_model, rank_share, train_step
+from helpers.memory import model_state, track
+from helpers.model import build_model, random_batch
+
+BOUND_SLACK = 0.15  # an upper-bound estimate may exceed the measured peak by at most this
+TOL = 0.05  # estimate vs the tracker's measurement where the estimate is the model of that peak (as notebook 01)
+
+
+def test_every_gpu_run_fits_an_h100_or_says_what_it_needs():
+    plan = G.gpu_plan()
+    assert list(plan.columns) == ["notebook", "run", "ranks_per_gpu", "peak_per_gpu_GB", "budget_GB", "fits", "needs"]
+    assert set(plan["notebook"]) == {"01", "02", "03", "04", "05"}
+    assert (plan["fits"] == (plan["peak_per_gpu_GB"] <= 80.0)).all()
+    assert (plan["fits"] | plan["needs"].str.startswith("+")).all()  # a run that does not fit says how much more
+    assert plan["fits"].all(), plan[~plan["fits"]]  # every gpu profile was sized to fit (nb01 offloads its profiled model)
+    assert (plan.loc[plan["notebook"] == "04", "ranks_per_gpu"] == 2).all()
+    assert plan.loc[plan["notebook"] == "03", "ranks_per_gpu"].max() == max(collectives.PROFILE_GRID["gpu"]["world_sizes"])
+    with pytest.raises(ValueError, match="unknown notebook"):
+        G.fits_here("99", 80e9)
+
+
+def test_profiles_are_plain_data_for_both_profiles():
+    for mod in (G.benchmarking, XR, ddp, sharding):
+        assert set(mod.PROFILES) == {"cpu", "gpu"}
+        assert set(mod.PROFILES["cpu"]) == set(mod.PROFILES["gpu"])
+
+
+def test_nb01_step_peak_matches_the_tracker_on_cpu():
+    """Start of backward = formulas.peak_breakdown (notebook 01's check); with foreach AdamW (torch's CUDA default)
+    the step's sqrt(v) temporaries can be the peak: the tracker's peak of a steady-state step on CPU agrees."""
+    size, B, T = "small/8", 2, 32
+    start = sum(F.peak_breakdown(size, B, T).values())
+    assert G.step_peak_bytes(size, B, T, foreach=False) >= start
+    torch.manual_seed(0)
+    lm = build_model(size)
+    opt = torch.optim.AdamW(lm.parameters(), foreach=True)
+    x, y = random_batch(lm.cfg, B, T)
+    train_step(lm, opt, x, y)  # AdamW state exists
+    lm.zero_grad(set_to_none=True)
+    measured = track(lambda: train_step(lm, opt, x, y), existing=model_state(lm, opt, x, y), model=lm).peak_bytes
+    estimate = G.step_peak_bytes(size, B, T, foreach=True)
+    assert abs(estimate - measured) / measured <= TOL, (estimate, measured)
+
+
+def test_nb01_retained_graph_matches_the_tracker_on_cpu():
+    """nb01's "backward" pass (graph retained, no optimizer): the tracker's peak on CPU is within the bound."""
+    size, B, T = "small/8", 2, 32
+    torch.manual_seed(0)
+    lm = build_model(size)
+    x, y = random_batch(lm.cfg, B, T)
+    from helpers.experiments.benchmarking import pass_fn
+    measured = track(lambda: pass_fn(lm, x, y, "backward")(), existing=model_state(lm, None, x, y)).peak_bytes
+    estimate = G.retained_graph_bytes(size, B, T)
+    # an upper bound (everything at once; in fact the loss gradients die as gradients appear), within 15 %
+    assert measured <= estimate <= measured * (1 + BOUND_SLACK), (estimate, measured)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nb02_norm_peak_bounds_every_pytorch_norm(dtype):
+    rows, H = 512, 256
+    peaks = {}
+    for name in ("layernorm", "torch", "F.rms_norm", "torchfn"):
+        def run():
+            x, g, dy = XR.spec_inputs((rows, H), dtype)
+            return torch.autograd.grad(XR.norm_function(name)(x, g), (x, g), dy)
+        peaks[name] = track(run).peak_bytes
+    estimate = G.norm_peak_bytes(rows, H)
+    assert max(peaks.values()) <= estimate * 1.01, peaks  # 1 %: the (H,) weight and its gradient
+    if dtype == torch.float32:
+        assert max(peaks.values()) >= estimate * (1 - TOL), peaks  # and it is the worst norm's peak, not slack
+
+
+def test_nb03_buffers_per_rank_are_within_the_count():
+    numel, n = 2**16, 4
+    for op in collectives.OPS:
+        def one():
+            source, out, expected = collectives._buffers(op, numel, 1, n, torch.device("cpu"))
+            return source, out, expected, source.clone()
+        measured = track(one).peak_bytes
+        # the previous op's result and a backend scratch buffer are the 2 more in COLLECTIVE_BUFFERS
+        assert measured <= (G.COLLECTIVE_BUFFERS - 2) * numel * 4, (op, measured / (numel * 4))
+
+
+def _storage_bytes(tensors) -> int:
+    seen = {}
+    for t in tensors:
+        if t is not None:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_nb04_each_variant_holds_a_model_and_its_gradients(one_rank_group):
+    """The cpu plan's sweep model, every speed variant wrapped and stepped once: parameters + buffers + gradients
+    (or the bucket buffers they view) are exactly 2 Ψ + the masks per variant, as ddp_rank_bytes counts them."""
+    name = ddp.PROFILES["cpu"]["sizes"][0]
+    base = make_model(name, 0)
+    x, y = rank_share(make_batches(name, 1, 4, 16, 0)[0])
+    per_variant = 2 * F.param_bytes(name) + F.buffer_bytes(name)
+    for label, kind, mb in ddp.SPEED_VARIANTS[1:]:  # "local" is the plain copy
+        d = wrap(kind, copy.deepcopy(base), mb)
+        opt = ddp.make_optimizer(d.parameters(), "sgd")
+        train_step(d.module, opt, x, y, grad_sync=d)
+        held = list(d.module.parameters()) + list(d.module.buffers()) + [p.grad for p in d.module.parameters()]
+        held += getattr(d, "bucket_buffers", [])
+        assert _storage_bytes(held) == per_variant, label
+    c = ddp.PROFILES["cpu"]
+    assert G.ddp_variants(c["sweep_model"], "cpu") > G.ddp_variants(c["sizes"][0], "cpu") == len(ddp.SPEED_VARIANTS)
+
+
+def test_nb05_states_are_formulas_live_bytes():
+    """Model states per kind = formulas.live_bytes after a step (notebook 05 asserts it against the tracker exactly);
+    the peak adds backward's start or the step's temporaries, and a sharded kind holds less than unsharded."""
+    m, b, T = "xl/8", 4, 128
+    for kind in ("unsharded", "sharded", "zero1"):
+        for rank in (0, 1):
+            live = F.live_bytes(kind, m, 2, rank, b, T, "after step")
+            assert G.kind_state_bytes(kind, m, 2, rank) == live["parameters"] + live["gradients"] + live["optimizer state"]
+        act = sum(F.activation_bytes(m, b, T).values()) + F.loss_grad_bytes(m, b, T)
+        assert G.kind_peak_bytes(kind, m, b, T) >= G.kind_state_bytes(kind, m) + act
+    assert G.kind_state_bytes("sharded", "xl") < G.kind_state_bytes("unsharded", "xl")
+    assert math.isclose(G.kind_state_bytes("torch_zero", "xl"), G.kind_state_bytes("sharded", "xl"))
