@@ -147,7 +147,12 @@ class DDPBucketed(_DataParallel):
         self._reset()
 
     def close(self) -> None:
-        """Remove the gradient hooks (a module wrapped again gets a fresh wrapper; this one stops syncing)."""
+        """Wait for any all-reduce still in flight, then remove the gradient hooks (a module wrapped again gets a
+        fresh wrapper and this one stops syncing). Pending collectives or hooks left firing into a process group that
+        is being torn down are what can abort a process at exit."""
+        for h in self._handles:
+            h.wait()
+        self._reset()
         for h in self._handles_hooks:
             h.remove()
         self._handles_hooks = []
