@@ -19,7 +19,7 @@ PY        := $(VENV)/bin/python
 TORCH     ?= torch==2.13.0
 VENV_ARGS ?=
 PROFILE   ?= auto
-TOPICS    ?= rmsnorm collectives ddp sharding
+TOPICS    ?= rmsnorm collectives ddp sharding attention
 
 .PHONY: setup test writeup lab strip bench clean
 

@@ -67,6 +67,7 @@ BENCHMARKS = {  # topic -> experiment module with bench_main(argv) -> exit code
     "collectives": "helpers.experiments.collectives",
     "ddp": "helpers.experiments.ddp",
     "sharding": "helpers.experiments.sharding",
+    "attention": "helpers.experiments.attention",
 }
 
 

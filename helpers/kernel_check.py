@@ -66,11 +66,64 @@ def rmsnorm_configs(widths=GPU_WIDTHS, dtypes=("float32", "bfloat16")) -> list[K
     return out
 
 
+ATTENTION_HEAD_DIMS = (64, 128)  # notebook 06's gpu profile sweeps d up to 128; the leaderboard runs d = 64
+_ATTENTION_POINTERS = ("Q", "K", "V", "O", "L", "Delta", "dO", "dQ", "dK", "dV")
+
+
+def _attention_signature(kernel, dtype: str, constexprs: dict) -> tuple[dict, dict, dict]:
+    """signature, constexprs and divisibility attrs as Triton's JIT specialises them for contiguous (B, H, T, d)
+    tensors: pointers 16-byte aligned (L, Delta fp32), strides along d equal 1 (a constexpr), the others multiples
+    of 16; H, Tq, Tk plain i32 (any length)."""
+    sig, consts, attrs = {}, dict(constexprs), {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in _ATTENTION_POINTERS:
+            sig[name] = "*fp32" if name in ("L", "Delta") else "*" + TYPES[dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name.startswith("s") and name.endswith("_d"):
+            sig[name], consts[name] = "constexpr", 1
+        elif name == "scale":
+            sig[name] = "fp32"
+        elif name.startswith("s"):  # strides along b, h, t
+            sig[name] = "i32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:  # H, Tq, Tk
+            sig[name] = "i32"
+    return sig, consts, attrs
+
+
+def attention_configs(head_dims=ATTENTION_HEAD_DIMS, dtypes=("float32", "bfloat16"),
+                      causal=(False, True)) -> list[KernelConfig]:
+    """The FlashAttention-2 kernels (forward, dK/dV, dQ) at the tiles helpers.attention._launch_config picks on CUDA."""
+    import torch
+
+    from helpers import attention as A
+
+    out = []
+    for dtype in dtypes:
+        for d in head_dims:
+            cfg = A._launch_config(d, getattr(torch, dtype), "cuda")
+            for is_causal in causal:
+                common = dict(D=d, IS_CAUSAL=is_causal, PRECISION=cfg.dot_precision)
+                for name, kernel, tiles in (
+                        ("fwd", A.attn_fwd_kernel, dict(BQ=cfg.block_q, BK=cfg.block_k)),
+                        ("bwd dkdv", A.attn_bwd_dkdv_kernel, dict(BN=cfg.block_own, BM=cfg.block_loop)),
+                        ("bwd dq", A.attn_bwd_dq_kernel, dict(BM=cfg.block_own, BN=cfg.block_loop))):
+                    sig, consts, attrs = _attention_signature(kernel, dtype, {**common, **tiles})
+                    label = f"attn {name} {dtype} d={d}{' causal' if is_causal else ''}"
+                    out.append(KernelConfig(label, kernel, sig, consts, cfg.num_warps, cfg.num_stages,
+                                            extra={"attrs": attrs}))
+    return out
+
+
 def all_configs(quick: bool = False) -> list[KernelConfig]:
-    """Every kernel configuration of the project (quick: the narrowest and widest width, one dtype)."""
+    """Every kernel configuration of the project (quick: two RMSNorm widths in bf16, the attention kernels at the
+    leaderboard's bf16 causal d = 64)."""
     if quick:
-        return rmsnorm_configs(widths=(4096, 65536), dtypes=("bfloat16",))
-    return rmsnorm_configs()
+        return (rmsnorm_configs(widths=(4096, 65536), dtypes=("bfloat16",))
+                + attention_configs(head_dims=(64,), dtypes=("bfloat16",), causal=(True,)))
+    return rmsnorm_configs() + attention_configs()
 
 
 def _ptxas() -> Path:
@@ -89,7 +142,8 @@ def compile_config(cfg: KernelConfig, arch: str) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    src = triton.compiler.ASTSource(fn=cfg.kernel, signature=cfg.signature, constexprs=cfg.constexprs)
+    src = triton.compiler.ASTSource(fn=cfg.kernel, signature=cfg.signature, constexprs=cfg.constexprs,
+                                    attrs=cfg.extra.get("attrs"))
     k = triton.compile(src, target=GPUTarget("cuda", ARCHS[arch], 32),
                        options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,14 +168,15 @@ def check(quick: bool = False) -> list[dict]:
 def main(argv: list[str]) -> int:
     """`python -m helpers kernels`: print one row per configuration and a summary line; 1 if any spills."""
     parser = argparse.ArgumentParser(prog="python -m helpers kernels", description=main.__doc__)
-    parser.add_argument("--quick", action="store_true", help="a subset: two widths, bf16")
+    parser.add_argument("--quick", action="store_true",
+                        help="a subset: RMSNorm at two widths, attention at bf16 causal d=64; bf16 only")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter cannot compile: run again without it
         env = {**os.environ, "TRITON_INTERPRET": "0"}
         return subprocess.run([sys.executable, "-m", "helpers", "kernels", *argv], env=env).returncode
     rows = check(args.quick)
     for r in rows:
-        print(f"{r['kernel']:<34} {r['arch']:<7} warps {r['num_warps']:>2}  registers {r['registers']:>3}  "
+        print(f"{r['kernel']:<36} {r['arch']:<7} warps {r['num_warps']:>2}  registers {r['registers']:>3}  "
               f"spill bytes {r['spill_bytes']:>5}  shared {r['shared_bytes']:>6} B")
     spilled = sum(r["spill_bytes"] > 0 for r in rows)
     print(f"{len(rows)} configurations compiled for {', '.join(ARCHS)}; {spilled} with spills")

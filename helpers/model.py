@@ -6,8 +6,10 @@
 
 A pre-norm decoder: token + learned position embeddings, `n_layers` blocks of
 `x + attn(norm1(x))` and `x + ffn(norm2(x))`, a final norm and an untied LM head.
-Every Linear is bias-free. Attention is written out (no fused SDPA kernel) so a
-profiler shows the softmax as its own op.
+Every Linear is bias-free. Attention is written out by default (`attention="naive"`, no fused
+kernel) so a profiler shows the softmax as its own op; `attention="sdpa" | "flash_pytorch" |
+"flash_triton"` swaps in F.scaled_dot_product_attention or helpers.attention's FlashAttention-2
+(notebook 06), e.g. build_model("small", attention="flash_triton").
 
 Sizes: the five reference sizes (small ... 2.7B) are for GPUs. Each has a CPU-scale
 preset "<name>/8": d_model, d_ff, n_layers and vocab_size divided by 8 (layers rounded
@@ -29,6 +31,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+ATTENTION_IMPLS = ("naive", "sdpa", "flash_pytorch", "flash_triton")  # ModelConfig.attention (notebook 06)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape of one TransformerLM, as plain data."""
@@ -40,10 +45,13 @@ class ModelConfig:
     vocab_size: int = 10_000
     context_length: int = 128
     norm: str = "rmsnorm"
+    attention: str = "naive"  # one of ATTENTION_IMPLS
 
     def __post_init__(self):
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(f"unknown attention {self.attention!r}; known: {', '.join(ATTENTION_IMPLS)}")
 
     @property
     def head_dim(self) -> int:
@@ -134,12 +142,21 @@ def make_norm(name: str, d_model: int) -> nn.Module:
     return NORM_LAYERS[name](d_model)
 
 
+def _flash(impl: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Causal FlashAttention-2 from helpers.attention, imported on first use (Triton is heavy; no import cycle)."""
+    from helpers.attention import FlashAttentionPyTorch, FlashAttentionTriton
+
+    fn = FlashAttentionTriton if impl == "flash_triton" else FlashAttentionPyTorch
+    return fn.apply(q, k, v, True)  # (B, H, T, D)
+
+
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention, written out op by op."""
+    """Multi-head causal self-attention: written out op by op ("naive"), or a fused implementation (cfg.attention).
+    The causal mask buffer is kept in every mode, so buffers (formulas.buffer_bytes) do not depend on the choice."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.n_heads, self.head_dim, self.impl = cfg.n_heads, cfg.head_dim, cfg.attention
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         T = cfg.context_length
@@ -149,6 +166,10 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=-1)  # 3 x (B, T, C)
         q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        if self.impl != "naive":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if self.impl == "sdpa" else \
+                _flash(self.impl, q, k, v)  # (B, H, T, D)
+            return self.proj(y.transpose(1, 2).reshape(B, T, C))
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, T)
         scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))
         att = torch.softmax(scores, dim=-1)  # (B, H, T, T)

@@ -288,3 +288,35 @@ def test_random_batch_is_deterministic_with_a_seeded_generator():
 def test_parameter_shapes_are_the_models_own_named_parameters(name):
     model = build_model(name, device="meta")
     assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == list(M.parameter_shapes(name).items())
+
+
+# ---- the attention choice (notebook 06) ----
+
+ATTN_TINY = ModelConfig("attn_tiny", 64, 128, 2, 4, vocab_size=50, context_length=40)  # head dim 16 (Triton's least)
+
+
+def test_attention_defaults_to_naive_and_rejects_unknown_names():
+    assert get_config("small").attention == "naive" and build_model(TOY).blocks[0].attn.impl == "naive"
+    assert build_model("small/8", device="meta", attention="flash_triton").cfg.attention == "flash_triton"
+    with pytest.raises(ValueError, match="unknown attention 'flash'"):
+        get_config("small", attention="flash")
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "flash_pytorch", "flash_triton"])
+def test_every_attention_gives_the_naive_logits_and_gradients(impl):
+    """Same weights, same batch: logits and every gradient within rtol 1e-4, atol 1e-5 (fp32; the sums run in
+    another order), and the causal-mask buffer (formulas.buffer_bytes) is kept whatever the choice."""
+    if impl == "flash_triton":
+        pytest.importorskip("triton")
+    x, y = random_batch(ATTN_TINY, 2, context_length=37, generator=torch.Generator().manual_seed(0))  # ragged T
+    runs = {}
+    for name in ("naive", impl):
+        torch.manual_seed(0)
+        model = build_model(ATTN_TINY, attention=name)
+        logits = model(x)
+        lm_loss(logits, y).backward()
+        runs[name] = logits, {n: p.grad for n, p in model.named_parameters()}, sum(b.numel() for b in model.buffers())
+    torch.testing.assert_close(runs[impl][0], runs["naive"][0], rtol=1e-4, atol=1e-5)
+    for n, g in runs["naive"][1].items():
+        torch.testing.assert_close(runs[impl][1][n], g, rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
+    assert runs[impl][2] == runs["naive"][2] == ATTN_TINY.n_layers * ATTN_TINY.context_length ** 2
