@@ -19,7 +19,7 @@ PY        := $(VENV)/bin/python
 TORCH     ?= torch==2.13.0
 VENV_ARGS ?=
 PROFILE   ?= auto
-TOPICS    ?= rmsnorm collectives ddp sharding attention
+TOPICS    ?= rmsnorm collectives ddp sharding attention fsdp
 
 .PHONY: setup test writeup lab strip bench clean
 

@@ -68,6 +68,7 @@ BENCHMARKS = {  # topic -> experiment module with bench_main(argv) -> exit code
     "ddp": "helpers.experiments.ddp",
     "sharding": "helpers.experiments.sharding",
     "attention": "helpers.experiments.attention",
+    "fsdp": "helpers.experiments.fsdp",
 }
 
 

@@ -281,3 +281,136 @@ def live_bytes(kind: str, model_name, world_size: int, rank: int, batch_per_rank
     return {"parameters": psi + buffer_bytes(model_name), "gradients": psi,
             "optimizer state": state_bytes(kind, model_name, world_size, rank) if has_state else 0,
             "other": 0 if point == "after init" else token_bytes(batch_per_rank, context_length)}
+
+
+# ---- FSDP, tensor parallelism, activation checkpointing and the 2025/2026 calculators (notebook 07) ----
+# Ring bytes and times live beside their code (helpers.fsdp.fsdp_bytes_per_step / ddp_bytes_per_step,
+# helpers.ring.ring_time / alternate_ring_time); these are the closed forms notebook 07 adds.
+
+def fsdp_shard_elements(model, world_size: int) -> dict[str, int]:
+    """Elements one rank holds under helpers.fsdp.FSDP: each Linear/Embedding weight padded to a multiple of N and
+    split N ways ("sharded"), the norm gains whole ("replicated"), and how many tensors of each."""
+    shapes = parameter_shapes(model)
+    sizes = {n: math.prod(s) for n, s in shapes.items()}
+    shard = {n: -(-k // world_size) for n, k in sizes.items() if "norm" not in n}  # padded/N
+    rep = {n: k for n, k in sizes.items() if "norm" in n}
+    return {"sharded": sum(shard.values()), "replicated": sum(rep.values()), "sharded_tensors": len(shard),
+            "replicated_tensors": len(rep), "psi_sharded": sum(sizes[n] for n in shard)}
+
+
+def fsdp_live_bytes(model, world_size: int, batch_per_rank: int, context_length: int, point: str,
+                    step: int = 1) -> dict[str, int]:
+    """What FSDP (fp32, AdamW) keeps live per rank at 'after init' / 'before step' / 'after step': fp32 shards +
+    replicated gains + mask buffers; their gradients once a backward ran; AdamW's two moments + a 4-byte step per
+    tensor after the first step; the token ids. ZeRO-3 with whole gains and padding."""
+    e = fsdp_shard_elements(model, world_size)
+    own = e["sharded"] + e["replicated"]
+    has_state = point == "after step" or step > 1
+    return {"parameters": 4 * own + buffer_bytes(model), "gradients": 0 if point == "after init" else 4 * own,
+            "optimizer state": (8 * own + 4 * (e["sharded_tensors"] + e["replicated_tensors"])) if has_state else 0,
+            "other": 0 if point == "after init" else token_bytes(batch_per_rank, context_length)}
+
+
+def fsdp_gathered_peak_bytes(model, world_size: int, bytes_per_element: int = 4, modules: int = 2) -> int:
+    """Gathered weights alive at once: the `modules` largest sharded modules' padded weights (2: one computing, one
+    prefetched, the bound; 1: the LM head alone, as backward starts)."""
+    c = get_config(model)
+    d, f, V, T = c.d_model, c.d_ff, c.vocab_size, c.context_length
+    pad = lambda k: -(-k // world_size) * world_size  # noqa: E731
+    sizes = sorted([pad(V * d), pad(T * d), pad(V * d), pad(3 * d * d), pad(d * d), pad(d * f), pad(f * d)])
+    return sum(sizes[-modules:]) * bytes_per_element
+
+
+# activation checkpointing: L blocks in segments of k; only segment inputs are kept, one segment is recomputed at a time
+
+def checkpoint_memory(n_blocks: int, segment: int, input_bytes: float, block_bytes: float) -> float:
+    """Activation bytes at the backward peak with one level of checkpointing: ceil(L/k) segment inputs + the k blocks
+    of the segment being recomputed. segment 0: no checkpointing, L blocks' activations."""
+    if segment <= 0:
+        return n_blocks * block_bytes
+    return math.ceil(n_blocks / segment) * input_bytes + segment * block_bytes
+
+
+def best_segment(n_blocks: int, input_bytes: float, block_bytes: float) -> tuple[float, int]:
+    """(continuous optimum sqrt(L I / A), the integer k in 1..L minimizing checkpoint_memory)."""
+    best = min(range(1, n_blocks + 1), key=lambda k: (checkpoint_memory(n_blocks, k, input_bytes, block_bytes), k))
+    return math.sqrt(n_blocks * input_bytes / block_bytes), best
+
+
+def checkpoint_strategies(n_blocks: int) -> dict[str, dict[str, float]]:
+    """Peak activation memory (in blocks' activations, segment inputs counted as one block each) and forward passes
+    for N identical blocks: none, sqrt(N) segments, and nested halving (log2 N levels, O(log N) memory)."""
+    n, levels = n_blocks, max(1, math.ceil(math.log2(n_blocks)))
+    s = max(1, round(math.sqrt(n)))
+    return {"none": {"memory_blocks": n, "forward_passes": 1},
+            "sqrt": {"memory_blocks": math.ceil(n / s) + s, "forward_passes": 2},
+            "nested": {"memory_blocks": 2 * levels, "forward_passes": 1 + levels}}
+
+
+# the 2026 gated FFN (x W1, x W2, f(x1) * x2, z W3; d -> f -> d), 16-bit weights and activations, b tokens per
+# data-parallel replica, N devices; C FLOP/s per device, W bytes/s of egress per device
+
+def gated_ffn(strategy: str, *, tokens: int, d: int, f: int, n: int, C: float, W: float, n_tp: int = 1,
+              bytes_per_element: int = 2) -> dict[str, float]:
+    """Per device: backward FLOPs and seconds, backward bytes sent and seconds, and whether it is communication-bound.
+    dp: all-reduce 3df grads; fsdp: all-gather 3df weights + reduce-scatter 3df grads; tp (n-way): all-reduce of dx
+    (b x d); fsdp_tp: n = n_fsdp x n_tp, both of these on 1/n_tp of the weights."""
+    e, params = bytes_per_element, 3 * d * f
+    ring = lambda k: (k - 1) / k  # noqa: E731
+    if strategy in ("dp", "fsdp"):
+        flops, sent = 12 * tokens * d * f, 2 * ring(n) * params * e  # all-reduce == all-gather + reduce-scatter
+    elif strategy == "tp":
+        flops, sent = 12 * tokens * d * f / n, 2 * ring(n) * tokens * d * e
+    elif strategy == "fsdp_tp":
+        n_f = n // n_tp
+        flops = 12 * tokens * d * f / n_tp
+        sent = 2 * ring(n_f) * params * e / n_tp + 2 * ring(n_tp) * tokens * d * e
+    else:
+        raise ValueError(f"unknown strategy {strategy!r}; expected dp, fsdp, tp or fsdp_tp")
+    out = {"backward_flops": flops, "compute_s": flops / C, "bytes_sent": sent, "comm_s": sent / W}
+    out["comm_bound"] = out["comm_s"] > out["compute_s"]
+    return out
+
+
+def gated_ffn_thresholds(*, d: int, f: int, n: int, C: float, W: float) -> dict[str, float]:
+    """Where each strategy turns communication-bound: dp/fsdp below tokens (N-1)/N C/W per device; tp above
+    N = 1 + 3 f W / C devices (any batch)."""
+    return {"dp_min_tokens": (n - 1) / n * C / W, "fsdp_min_tokens": (n - 1) / n * C / W,
+            "tp_max_devices": 1 + 3 * f * W / C}
+
+
+# the 2025 "XXL" FFN-only model: fp32 master weights, gradients, AdamW moments (16 B/param), bf16 activations
+
+XXL = dict(d_model=16_384, d_ff=53_248, n_blocks=126)
+TPU_V5P_LIKE = dict(C=4.6e14, W=1.8e11, hbm=95e9)  # assumed: bf16 FLOP/s, ICI egress B/s, bytes of HBM per device
+
+
+def xxl_memory(tokens: int, n_fsdp: int = 1, d_model=XXL["d_model"], d_ff=XXL["d_ff"], n_blocks=XXL["n_blocks"]
+               ) -> dict[str, float]:
+    """Bytes per device: 16 Ψ of fp32 states / N, and the bf16 activations saved for backward (each block's two
+    matmul inputs, 2 (d + f) bytes per token) with half of them sharded: A (1 + 1/N) / 2."""
+    psi = n_blocks * 2 * d_model * d_ff
+    acts = n_blocks * tokens * 2 * (d_model + d_ff)
+    out = {"params": psi, "states": 16 * psi / n_fsdp, "activations": acts * (0.5 + 0.5 / n_fsdp)}
+    out["total"] = out["states"] + out["activations"]
+    return out
+
+
+def xxl_min_fsdp(tokens: int, hbm: float = TPU_V5P_LIKE["hbm"], **model) -> int | None:
+    """The smallest N with xxl_memory(...)['total'] <= hbm (None when half the activations alone exceed it)."""
+    if xxl_memory(tokens, 10**12, **model)["total"] > hbm:
+        return None
+    n = 1
+    while xxl_memory(tokens, n, **model)["total"] > hbm:
+        n *= 2
+    lo = n // 2 + 1
+    while lo < n:  # bisect in (n/2, n]
+        mid = (lo + n) // 2
+        lo, n = (mid + 1, n) if xxl_memory(tokens, mid, **model)["total"] > hbm else (lo, mid)
+    return n
+
+
+def xxl_compute_bound_tokens(n_tp: int, C: float = TPU_V5P_LIKE["C"], W: float = TPU_V5P_LIKE["W"]) -> float:
+    """Forward, FSDP x TP: per-device tokens above which a block's matmuls (4 b d f / n_tp per FSDP replica's b
+    tokens) outlast the weights' all-gather (~4 d f / n_tp bytes): b / n_tp >= C / (W n_tp)."""
+    return C / (W * n_tp)

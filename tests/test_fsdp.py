@@ -14,16 +14,13 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from helpers import fsdp as F
+from helpers.experiments import fsdp as X
+from helpers.experiments.fsdp import DTYPES, EPS, LOSS_SCALE, SHARD_TYPES
 from helpers.launch import launch
 from helpers.model import build_model, lm_loss
 
 pytestmark = pytest.mark.filterwarnings("error")
 STEPS, BATCH, CONTEXT, LR = 3, 4, 16, 0.1
-SHARD_TYPES = (nn.Linear, nn.Embedding)
-EPS = {"fp32": torch.finfo(torch.float32).eps, "fp16": torch.finfo(torch.float16).eps}
-DTYPES = {"fp32": None, "fp16": torch.float16}
-LOSS_SCALE = {"fp32": 1.0, "fp16": 2.0**10}  # fp16 training scales the loss (a power of two: exact) so that the
-# logits' gradients, ~1/(tokens * vocab), stay normal numbers rather than fp16 subnormals
 
 
 class Gain(nn.Module):
@@ -137,69 +134,13 @@ def loaded(kind: str, weights: dict) -> nn.Module:
 
 
 def reference_grads(kind: str, weights: dict, x, y, dtype: str) -> dict:
-    """One process, whole batch: fp32; or the same casts as FSDP's fp16 compute (sharded weights and their modules'
-    floating inputs to fp16, gradients back to fp32 through the cast)."""
-    model = loaded(kind, weights)
-    if DTYPES[dtype] is None:
-        logits = model(x)
-    else:
-        cast = sharded_names(model)
-        params = {n: p.to(DTYPES[dtype]) if n in cast else p for n, p in model.named_parameters()}
-        for m in model.modules():
-            if isinstance(m, SHARD_TYPES):
-                m.register_forward_pre_hook(lambda m, args: tuple(
-                    a.to(DTYPES[dtype]) if a.is_floating_point() else a for a in args))
-        logits = torch.func.functional_call(model, params, (x,))
-    (lm_loss(logits, y) * LOSS_SCALE[dtype]).backward()
-    return {n: p.grad / LOSS_SCALE[dtype] if p.grad is not None else torch.zeros_like(p)
-            for n, p in model.named_parameters()}
-
-
-def magnitudes(kind: str, weights: dict, x, y) -> tuple[dict, dict]:
-    """Per gradient entry, in float64: the sum of |terms| that backward adds up for it, and how many terms.
-    Linear weight: |delta|^T |x| over tokens (bias: sum |delta|); Embedding: |delta| added into its token's row;
-    a gain (out = a * w): sum |delta * a|. A parameter used twice (tied) adds both uses' terms. (The terms are those
-    of backward's last sum; the deltas feeding it are computed row by row the same way on both sides.)"""
-    model = loaded(kind, weights).double()
-    total = {id(p): torch.zeros_like(p) for p in model.parameters()}
-    count = {id(p): 0 for p in model.parameters()}
-    seen = []
-
-    def record(m, args, out):
-        if out.requires_grad:
-            out.register_hook(lambda g, m=m, x=args[0], out=out: seen.append((m, x.detach(), out.detach(), g)))
-
-    for m in model.modules():
-        if list(m.parameters(recurse=False)):
-            m.register_forward_hook(record)
-    lm_loss(model(x), y).backward()
-    per_token = next(g for m, x_in, _, g in seen if isinstance(m, nn.Embedding) and x_in.dim() == 2)  # (B, T, C)
-    for m, x_in, out, g in seen:
-        if isinstance(m, nn.Embedding) and x_in.dim() == 1:  # positions (T,): added to every sample's tokens, so
-            g = per_token.flatten(0, -2)  # its terms are the per-sample gradients at that sum, the tokens' ones
-            x_in = x_in.repeat(per_token.shape[0])  # (B*T,) the position of each term
-        g = g.abs().flatten(0, -2)  # (terms, out features)
-        if isinstance(m, nn.Linear):
-            total[id(m.weight)] += g.T @ x_in.abs().flatten(0, -2)
-            if m.bias is not None:
-                total[id(m.bias)] += g.sum(0)
-        elif isinstance(m, nn.Embedding):
-            total[id(m.weight)].index_add_(0, x_in.flatten(), g)
-        else:  # an elementwise gain: the norms' weights and Gain
-            (w,) = m.parameters(recurse=False)
-            total[id(w)] += (g * (out / w).abs().flatten(0, -2)).sum(0)
-        for p in m.parameters(recurse=False):
-            count[id(p)] += g.shape[0]
-    return ({n: total[id(p)] for n, p in model.named_parameters()},
-            {n: count[id(p)] for n, p in model.named_parameters()})
+    """One process, whole batch (helpers.experiments.fsdp.reference_grads, which notebook 07 uses too)."""
+    return X.reference_grads(loaded(kind, weights), x, y, dtype)
 
 
 def bound(kind: str, dtype: str, weights: dict, x, y) -> dict:
-    """|g_fsdp - g_ref| <= n eps S per entry: each side adds the same n terms (summing S in absolute value) in its own
-    order and precision, and a sum of n terms in floating point is off by at most ~n eps/2 S (Higham); fp16 compute
-    rounds in fp16, so eps is fp16's there."""
-    total, count = magnitudes(kind, weights, x, y)
-    return {n: (count[n] * EPS[dtype] * total[n]).float() for n in total}
+    """n·eps·Σ|term| per entry (helpers.experiments.fsdp.bound)."""
+    return X.bound(loaded(kind, weights), x, y, dtype)
 
 
 def violations(grads: dict, reference: dict, limits: dict) -> dict:

@@ -1,0 +1,104 @@
+"""Notebook 07's experiment functions (helpers.experiments.fsdp) and the closed forms they check, gloo on CPU: FSDP vs
+one process within the derived bound (2 ranks) and bitwise (1 rank); memory vs formulas.fsdp_live_bytes (exact) and
+ZeRO-3; bytes per step vs the formula (1.5x DDP); ring all-reduces exact; the checkpointing model's optimum; the
+2025/2026 calculators' known values; bad inputs."""
+import functools
+import math
+
+import pytest
+import torch
+
+from helpers import formulas as F
+from helpers.experiments import fsdp as X
+from helpers.launch import launch
+
+CHECK = dict(model="small/8", n_layers=2, steps=2, batch_size=4, context_length=16)
+
+
+@pytest.fixture(scope="module")
+def measured():
+    worker = functools.partial(X.measure_worker, model="small/8", batch_size=8, context_length=64, steps=2, warmup=1,
+                               kinds=("fsdp", "ddp"))
+    return launch(worker, 2, backend="gloo", device="cpu", timeout_s=300)
+
+
+def test_fsdp_equals_one_process_within_the_bound_and_bitwise_on_one_rank():
+    for world in (2, 1):
+        per_rank = launch(functools.partial(X.equivalence_worker, dtypes=["fp32", "fp16"], **CHECK), world,
+                          backend="gloo", device="cpu", timeout_s=300)
+        table = X.equivalence_table(per_rank, **CHECK)
+        assert (table["max_diff/bound"] <= 1).all() and table["replicated_equal"].all(), table
+        if world == 1:
+            assert table["bitwise"].all(), table
+
+
+def test_memory_matches_the_formulas(measured):
+    check = X.fsdp_memory_check(measured)
+    assert check["within"].all(), check[~check["within"]]
+    zero = X.zero_check(measured)
+    assert ((zero["measured/zero"] - 1).abs() < 0.01).all(), zero
+    fsdp, ddp = zero[zero["kind"] == "fsdp"], zero[zero["kind"] == "ddp"]
+    assert fsdp["measured_MiB"].max() < 0.6 * ddp["measured_MiB"].min()  # 1/N of the states, N = 2
+
+
+def test_bytes_per_step_are_the_formula_and_1_5x_ddp(measured):
+    table = X.bytes_table(measured, "small/8")
+    assert table["equal"].all()
+    assert abs(table["FSDP / DDP"].iloc[0] - 1.5) < 0.01
+    assert F.fsdp_live_bytes("small/8", 2, 4, 64, "after init")["gradients"] == 0
+
+
+def test_trace_and_speed_tables(measured):
+    timely = X.gather_timeliness(measured)
+    assert len(timely) == 2 * 11 and not timely["prefetched"].iloc[0]  # 11 sharded modules per forward
+    speed = X.speed_table(measured)
+    assert set(speed.index) == {"fsdp", "ddp"} and speed.loc["fsdp", "/ fsdp"] == 1.0
+
+
+def test_ring_all_reduces_exact_and_their_bytes():
+    per_rank = launch(functools.partial(X.ring_worker, sizes=[5, 1000], steps=1, warmup=0), 3, backend="gloo",
+                      device="cpu", timeout_s=120)
+    table = X.ring_table([per_rank])
+    assert table["exact"].all()
+    hand = table[table["method"] != "dist.all_reduce"]
+    assert (hand[hand["S_bytes"] == 4000]["sent/S"] == hand[hand["S_bytes"] == 4000]["formula/S"]).all()
+
+
+def test_checkpointing_model_and_sweep():
+    assert F.best_segment(16, 1.0, 1.0) == (4.0, 4)  # equal sizes: sqrt(L) blocks per segment
+    assert F.best_segment(12, 1.0, 20.0)[1] == 1  # activations >> inputs: one block per segment
+    assert F.checkpoint_memory(12, 0, 1, 20) == 240 and F.checkpoint_memory(12, 5, 1, 1) == 3 + 5
+    s = F.checkpoint_strategies(64)
+    assert s["sqrt"]["memory_blocks"] == 16 and s["nested"]["memory_blocks"] == 12 and s["nested"]["forward_passes"] == 7
+    sweep = X.checkpoint_sweep("small/8", n_layers=4, batch_size=4, context_length=64, segments=[0, 1, 4], steps=1)
+    assert sweep.loc[1, "peak_MiB"] < sweep.loc[0, "peak_MiB"]
+
+
+def test_calculators_known_values():
+    xxl = F.xxl_memory(tokens=0)
+    assert xxl["params"] == 126 * 2 * 16384 * 53248 and xxl["states"] == 16 * xxl["params"]
+    assert math.isclose(xxl["states"] / 1e12, 3.5176, rel_tol=1e-4)  # TB of fp32 states
+    n = F.xxl_min_fsdp(1024)
+    assert F.xxl_memory(1024, n)["total"] <= 95e9 < F.xxl_memory(1024, n - 1)["total"]
+    assert F.xxl_min_fsdp(10**6) is None  # half the activations alone exceed the device
+    ffn = dict(tokens=1000, d=64, f=256, n=4, C=1e12, W=1e10)
+    dp, tp = F.gated_ffn("dp", **ffn), F.gated_ffn("tp", **ffn)
+    assert dp["backward_flops"] == 12 * 1000 * 64 * 256 and dp["bytes_sent"] == 2 * 0.75 * 3 * 64 * 256 * 2
+    assert tp["backward_flops"] == dp["backward_flops"] / 4 and tp["bytes_sent"] == 2 * 0.75 * 1000 * 64 * 2
+    limits = F.gated_ffn_thresholds(d=64, f=256, n=4, C=1e12, W=1e10)
+    assert F.gated_ffn("dp", **{**ffn, "tokens": int(limits["dp_min_tokens"]) - 1})["comm_bound"]
+    assert not F.gated_ffn("dp", **{**ffn, "tokens": int(limits["dp_min_tokens"]) + 1})["comm_bound"]
+    assert F.zero_memory("xl", 8, 3)["communication"] / F.zero_memory("xl", 8, 0)["communication"] == 1.5
+    assert X.strategies_table("xl", 8, 80 * F.GiB).loc["FSDP (ZeRO-3)", "fits"]
+
+
+def test_bad_inputs_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown strategy"):
+        F.gated_ffn("pp", tokens=1, d=1, f=1, n=2, C=1, W=1)
+    with pytest.raises(ValueError, match="unknown kind"):
+        X.build_kind("zero9", "small/8")
+    with pytest.raises(ValueError, match="segment must be"):
+        X.CheckpointedLM(X.build("small/8"), 5)
+    with pytest.raises(ValueError, match="paired_ratio needs"):
+        X.speed_table([X.MeasureRun([], [], None, {"fsdp": []}, {"fsdp": 0})])
+    assert torch.get_default_dtype() == torch.float32
