@@ -134,6 +134,26 @@ class MemoryTrace:
         return out
 
 
+def _active_trackers() -> list:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return [m for m in _get_current_dispatch_mode_stack() if isinstance(m, _Tracker)]
+
+
+def note_storage_allocated(t: torch.Tensor, op: str) -> None:
+    """Tell the active trackers that `t`'s storage now holds bytes it did not hold when it was made (a storage grown
+    with resize_, as FSDP does when it gathers into a buffer it keeps): ops do not report that."""
+    for tracker in _active_trackers():
+        tracker.add(t, op)
+
+
+def note_storage_freed(t: torch.Tensor) -> None:
+    """Tell the active trackers that `t`'s storage is about to be resized to 0 bytes: the storage object lives on, so
+    its finalizer, which the tracker relies on, does not run (FSDP frees gathered weights that way)."""
+    for tracker in _active_trackers():
+        tracker._free((str(t.device), t.untyped_storage().data_ptr()))
+
+
 def track(fn, existing=(), model: torch.nn.Module | None = None, device=None) -> MemoryTrace:
     """Run fn() under the tracker; count `existing` tensors (e.g. parameters) as live from the start."""
     from torch.utils.module_tracker import ModuleTracker

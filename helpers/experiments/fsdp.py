@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
 from helpers import formulas as F
@@ -195,20 +195,6 @@ def equivalence_table(per_rank: list[dict], *, model, n_layers, steps, batch_siz
 
 # ---- 2-4 · memory, bytes and trace, speed: one launch ----
 
-def _tracker_free(t: torch.Tensor) -> None:
-    """Tell an active helpers.memory tracker that `t`'s storage is being resized to 0 (the storage lives on, so its
-    finalizer would not fire: FSDP frees gathered weights that way)."""
-    for mode in _get_current_dispatch_mode_stack():
-        if isinstance(mode, M._Tracker):
-            mode._free((str(t.device), t.untyped_storage().data_ptr()))
-
-
-def _tracker_add(t: torch.Tensor) -> None:
-    for mode in _get_current_dispatch_mode_stack():
-        if isinstance(mode, M._Tracker):
-            mode.add(t, "all_gather")
-
-
 class TrackedFSDP(FSDP):
     """helpers.fsdp.FSDP that reports its gathers and frees to helpers.memory.track (same behaviour otherwise)."""
 
@@ -216,16 +202,16 @@ class TrackedFSDP(FSDP):
         with _disable_current_modes():  # its empty buffers are made and resized to 0 unseen; counted when gathered
             use = super()._gather(module)
         for flat in use.flats:
-            _tracker_add(flat)
+            M.note_storage_allocated(flat, "all_gather")
         return use
 
     def _start_gather(self, use, k):
         super()._start_gather(use, k)
-        _tracker_add(use.flats[k])
+        M.note_storage_allocated(use.flats[k], "all_gather")
 
     def _free(self, use, k):
         if use.gathered(k):
-            _tracker_free(use.flats[k])
+            M.note_storage_freed(use.flats[k])
         super()._free(use, k)
 
 
