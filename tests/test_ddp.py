@@ -198,3 +198,43 @@ def test_wrapping_a_model_twice_trains_like_one_process():
         assert out["hooks_left"] == 0
         assert out["start_equal"] and out["weight_ratio"] <= 1
         assert all(s.max_ratio <= 1 for s in out["steps"]), out["steps"]
+
+
+def _runs(per_variant: dict) -> list[dict]:
+    """Two ranks' SpeedRuns with the given step seconds (the same on both ranks)."""
+    run = lambda t: R.SpeedRun(step=list(t), comm=[0.0] * len(t), backward=list(t), timeline=[], buckets=None)  # noqa: E731
+    return [{k: run(t) for k, t in per_variant.items()} for _ in range(2)]
+
+
+def test_comparisons_name_a_winner_only_outside_the_noise():
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    base = 1.0 + 0.3 * rng.standard_normal(40)
+    same = _runs({"a": base, "b": base[::-1].copy(), "c": 3 * base})
+    assert not R.paired_variants(same, "a", "b").differs
+    assert R.paired_variants(same, "c", "a").median == pytest.approx(3.0)
+    assert R.fastest_text(same, ["a", "b"]).startswith("no measurable fastest")
+    assert R.fastest_text(same, ["a", "c"]).startswith("fastest a")
+    sweep = pd.DataFrame({"variant": ["bucketed 1 MB", "bucketed 5 MB"], "bucket_MB": [1.0, 5.0]})
+    text = R.sweep_optimum_text(_runs({"bucketed 1 MB": base, "bucketed 5 MB": base[::-1].copy()}), sweep)
+    assert "not measurably slower" in text
+
+
+def test_alpha_beta_falls_back_to_notebook_03s_grid(monkeypatch):
+    from helpers.experiments import collectives
+
+    seen = {}
+    def fake_grid(sizes, **kw):
+        seen.update(sizes=sizes, **kw)
+        import pandas as pd
+        t = [1e-4 + s / 1e9 for s in sizes]
+        return pd.DataFrame({"backend": "gloo", "device": "cpu", "world_size": 2, "op": "all_reduce",
+                             "size_bytes": list(sizes), "time_s": t, "p25_s": t, "wrong": 0}), None
+    monkeypatch.setattr(collectives, "run_grid", fake_grid)
+    monkeypatch.setattr("helpers.results.load_results", lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError()))
+    fit, source = R.alpha_beta("cpu", "gloo", "cpu")
+    grid = collectives.PROFILE_GRID["cpu"]
+    assert seen["sizes"] == grid["sizes"] and seen["iters"] == grid["iters"] and seen["budget_s"] == grid["budget_s"]
+    assert fit.alpha_s == pytest.approx(1e-4, rel=1e-6) and "notebook 03's cpu grid" in source

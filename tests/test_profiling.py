@@ -160,3 +160,27 @@ def test_flops_table_matches_the_closed_forms():
     assert "MFU up to" in benchmarking.flops_summary(table, h100, "tf32")
     cpu = benchmarking.flops_table({"small/8": 0.1}, 2, 16, "Intel(R) Xeon(R) CPU")
     assert cpu["MFU"].isna().all() and "not defined" in benchmarking.flops_summary(cpu, "Intel(R) Xeon(R) CPU", "fp32")
+
+
+def test_precisions_compared_in_one_loop_and_the_same_quantity_noted():
+    cfg = model.get_config("small/8", n_layers=1)
+    amp, comps = benchmarking.compare_precisions([cfg], 2, 16, [torch.bfloat16], warmup=1, steps=3, device="cpu")
+    assert list(amp["precision"]) == ["fp32", "autocast bfloat16"] and (amp["status"] == "ok").all()
+    assert all(len(s) == 3 for s in comps[cfg].samples.values())  # one sample per round each
+    assert "speed-up bfloat16" in benchmarking.speedup_table(amp, [cfg])
+    assert "fp32" in benchmarking.speedup_lines(comps)
+    times = pd.DataFrame([r | {"size": "m"} for w in (0, 1) for r in benchmarking.time_size(cfg, 2, 16, warmup=w, steps=3)])
+    assert "forward <= forward+backward" in benchmarking.check_forward_le_both(times, 1)
+    assert "section 1" in benchmarking.same_quantity_note(times, amp.assign(size="m"), 1)
+
+
+def test_warmup_summary_claims_equal_cost_only_inside_the_noise():
+    def rows(first, rest_mean, warm_std):
+        base = dict(size="s", status="ok")
+        return pd.DataFrame([
+            {**base, "pass": "both", "warm-up": 0, "first_s": first, "mean_s": (first + 2 * rest_mean) / 3,
+             "median_s": rest_mean, "std_s": 0.01},
+            {**base, "pass": "both", "warm-up": 2, "first_s": 1.0, "mean_s": 1.0, "median_s": 1.0, "std_s": warm_std}])
+    assert "no measurable difference between cold and warm" in benchmarking.warmup_summary(rows(10.0, 1.02, 0.05), 2, 3)
+    text = benchmarking.warmup_summary(rows(10.0, 0.4, 0.05), 2, 3)
+    assert "no 'same cost' is claimed" in text and "about the same" not in text

@@ -181,3 +181,24 @@ def test_copy_bandwidth_is_a_bound_every_norm_stays_under():
     XR.check_fraction_of_copy(rows)
     with pytest.raises(AssertionError, match="copy bandwidth"):
         XR.check_fraction_of_copy([{**rows[0], "frac_of_copy": 1.2}])
+
+
+def test_one_interleaved_loop_per_shape_checks_its_bounds():
+    rows, comps = XR.compare_shapes(lambda H: ["layernorm", "torch", "torchfn"], rows=64, hidden=[32], dtypes=[torch.float32],
+                                    device="cpu", warmup=1, steps=5)
+    assert {(r["impl"], r["pass"]) for r in rows} == {(n, p) for n in ("layernorm", "torch", "torchfn") for p in ("fwd", "fwd+bwd")}
+    assert all(r["p25_s"] <= r["median_s"] for r in rows)
+    comp = comps[("float32", 32)]
+    assert all(len(s) == 5 for s in comp.samples.values())  # every candidate once per round
+    XR.check_forward_le_both(comps)
+    assert "H=32" in XR.ratio_lines(comps, ["torch"]) and XR.fastest_lines(rows, comps).count("\n") == 1
+    fake = type(comp)({"a|fwd": [1.0] * 5, "a|fwd+bwd": [0.5] * 5}, "a|fwd", "cpu")
+    with pytest.raises(AssertionError, match="forward takes"):
+        XR.check_forward_le_both({("float32", 1): fake})
+
+
+def test_model_norms_swapped_in_one_model_and_one_loop():
+    rows, comp = XR.compare_model_norms(XR.TINY, ["layernorm", "rmsnorm"], warmup=1, steps=3)
+    assert len(rows) == 4 and set(comp.samples) == {"layernorm|fwd", "layernorm|fwd+bwd", "rmsnorm|fwd", "rmsnorm|fwd+bwd"}
+    text = XR.model_lines({"tiny": comp}, ["layernorm", "rmsnorm"])
+    assert text.count("RMSNorm (PyTorch ops)") == 2

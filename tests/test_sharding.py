@@ -4,6 +4,7 @@ the bytes handed to collectives; state-dict round trips across world sizes; the 
 import copy
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 
@@ -149,3 +150,26 @@ def test_parameters_given_new_storage_are_repacked_or_refused():
     model.double()
     with pytest.raises(RuntimeError, match="build the optimizer after"):
         common.train_step(model, opt, x, y)
+
+
+def _fake_run(per_kind: dict) -> "SR.SpeedRun":
+    """A SpeedRun whose kinds took the given seconds per iteration (all in fwd_bwd), step by step."""
+    zero = dict(grad_comm=0.0, step=0.0, step_comm=0.0)
+    return SR.SpeedRun({k: [dict(fwd_bwd=t, **zero) for t in ts] for k, ts in per_kind.items()}, {}, {})
+
+
+def test_speed_summary_pairs_steps_and_names_no_winner_inside_the_noise():
+    kinds = ["unsharded", "sharded", "zero1", "torch_zero"]
+    rng = np.random.default_rng(0)
+    noisy = {k: list(1.0 + 0.2 * rng.standard_normal(30)) for k in kinds}  # the same distribution: no difference
+    launch_ = [[_fake_run(noisy), _fake_run(noisy)]]
+    assert not SR.paired_iterations(launch_, "sharded", "unsharded").differs
+    text = SR.speed_summary(SR.speed_table(launch_), launch_)
+    assert "no measurable difference between ShardedOptimizer and unsharded" in text
+    slow = {**noisy, "sharded": [2 * t for t in noisy["unsharded"]]}
+    launch_ = [[_fake_run(slow), _fake_run(slow)]]
+    assert SR.paired_iterations(launch_, "sharded", "unsharded").median == pytest.approx(2.0)
+    assert "ShardedOptimizer takes 2.00x unsharded's time per iteration" in SR.speed_summary(SR.speed_table(launch_), launch_)
+    apart = [[_fake_run({k: noisy[k]}) for _ in range(2)] for k in kinds]  # one kind per launch: nothing paired
+    assert SR.paired_iterations(apart, "sharded", "unsharded") is None
+    assert "separate launches" in SR.speed_summary(SR.speed_table(apart), apart)

@@ -566,3 +566,88 @@ def describe_bucket_model(fit: BucketModel, sweep: pd.DataFrame, model: str, see
     one = [mb for mb, n in zip(sweep["bucket_MB"], sweep["buckets"]) if n == 1]
     return text + (f"\nbucket sizes that hold every gradient in one bucket here: {', '.join(f'{mb:g}' for mb in one)} MB "
                    f"({len([m for m in one if m in seed_mb])} of the seed's {len(seed_mb)} sizes)")
+
+
+# ---- comparisons that know their noise (notebook 04) ----
+
+def paired_variants(per_rank: list[dict[str, SpeedRun]], a: str, b: str, field: str = "step"):
+    """a's time over b's (field: step, comm or backward), paired step by step: the slowest rank's seconds of the same
+    interleaved round (speed_worker times every variant once per round)."""
+    per = lambda label: slowest_rank([getattr(r[label], field) for r in per_rank])  # noqa: E731
+    return paired_ratio(per(a), per(b))
+
+
+def fastest_text(per_rank, labels, field: str = "step") -> str:
+    """The fastest of `labels` by median, named only when it is measurably faster than the runner-up."""
+    med = {k: float(np.median(slowest_rank([getattr(r[k], field) for r in per_rank]))) for k in labels}
+    first, second = sorted(med, key=med.get)[:2]
+    r = paired_variants(per_rank, first, second, field)
+    if r.differs:
+        return f"fastest {first} ({first} takes {r.median:.2f}x {second}'s time, {r})"
+    return f"no measurable fastest: {verdict(first, second, r)}"
+
+
+def speed_lines(speed: pd.DataFrame, raw: dict, sizes) -> str:
+    """Per model: naive's share communicating, flat vs naive, the fastest wrapper, ours vs torch DDP at 25 MB, each
+    ratio paired per step with its 95% interval (notebook 04 §2)."""
+    lines = []
+    for name in sizes:
+        s, runs = speed[speed["model"] == name].set_index("variant"), raw[name]
+        naive = s.loc["naive", "step_s"]
+        wrappers = [v for v in s.index if v != "local"]
+        lines.append(f"{name} ({s['grad_MB'].iloc[0]:.1f} MB of gradients): naive {naive * 1e3:.1f} ms/step, of which "
+                     f"{s.loc['naive', 'comm_s'] / naive:.0%} communicating; flat vs naive: "
+                     f"{verdict('flat', 'naive', paired_variants(runs, 'flat', 'naive'))}; "
+                     f"{fastest_text(runs, wrappers)}; ours vs torch DDP at 25 MB: "
+                     f"{verdict('bucketed 25 MB', 'torch_ddp 25 MB', paired_variants(runs, 'bucketed 25 MB', 'torch_ddp 25 MB'))}")
+    return "\n".join(lines)
+
+
+def backward_lines(speed: pd.DataFrame, raw: dict, sizes) -> str:
+    """Per model: backward's median alone and under naive, per-parameter and bucketed 25 MB; the overlapped variants'
+    backward against compute alone paired per step (notebook 04 §3)."""
+    b = speed.pivot_table(index="variant", columns="model", values="backward_s", sort=False)
+    lines = []
+    for name in sizes:
+        r = paired_variants(raw[name], "per_parameter", "local", "backward")
+        lines.append(f"{name}: backward {b.loc['local', name] * 1e3:.1f} ms alone, {b.loc['naive', name] * 1e3:.1f} ms "
+                     f"under naive, {b.loc['per_parameter', name] * 1e3:.1f} ms under per-parameter, "
+                     f"{b.loc['bucketed 25 MB', name] * 1e3:.1f} ms under bucketed 25 MB; "
+                     f"{verdict('per-parameter', 'compute alone', r, 'backward time')}")
+    return "\n".join(lines)
+
+
+def sweep_optimum_text(per_rank, sweep: pd.DataFrame) -> str:
+    """The swept bucket size with the lowest median step and the sizes not measurably slower (paired per step)."""
+    labels = dict(zip(sweep["variant"], sweep["bucket_MB"]))
+    med = {k: float(np.median(slowest_rank([r[k].step for r in per_rank]))) for k in labels}
+    best = min(med, key=med.get)
+    tied = [f"{labels[k]:g}" for k in labels if k != best and not paired_variants(per_rank, k, best).differs]
+    return (f"lowest median step: {labels[best]:g} MB ({med[best] * 1e3:.1f} ms); "
+            + (f"not measurably slower (paired 95% interval of the ratio includes 1): {', '.join(tied)} MB"
+               if tied else "every other swept size is measurably slower"))
+
+
+def alpha_beta(profile: str, backend: str, device: str):
+    """The 2-rank all-reduce α–β fit for (backend, device): notebook 03's saved fit when its results are present, else
+    collectives.run_grid + fit_table on notebook 03's grid for this profile. Returns (fit, where it came from)."""
+    from helpers.experiments import collectives
+    from helpers.results import load_results
+
+    key = dict(backend=backend, device=device, world_size=2, op="all_reduce")
+    try:
+        run = load_results("03_collectives")
+        saved = run.frame() if run.provenance.get("profile") == profile else pd.DataFrame(columns=list(key))
+        part = saved[np.logical_and.reduce([saved[k] == v for k, v in key.items()])]
+        if "nodes" in part:
+            part = part[part["nodes"] == 1]
+        if len(part) >= 2:
+            fit = collectives.fit_table(part).iloc[0]["fit"]
+            return fit, f"notebook 03's saved fit ({run.label}, fit_table on the lower quartile of the calls)"
+    except FileNotFoundError:
+        pass
+    grid = collectives.PROFILE_GRID[profile]
+    df, _ = collectives.run_grid(grid["sizes"], ops=("all_reduce",), world_sizes=(2,), combos=((backend, device),),
+                                 warmup=grid["warmup"], iters=grid["iters"], budget_s=grid["budget_s"])
+    assert df["wrong"].sum() == 0
+    return collectives.fit_table(df).iloc[0]["fit"], f"measured here with notebook 03's {profile} grid and fit_table"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -18,9 +19,9 @@ from torch import Tensor
 from helpers.experiments.common import positive_int
 from helpers.formulas import norm_bytes
 from helpers.env import triton_mode
-from helpers.model import ModelConfig, build_model, lm_loss, random_batch
+from helpers.model import ModelConfig, build_model, lm_loss, make_norm, random_batch
 from helpers.rmsnorm import EPS, RMSNormPyTorchFunction, RMSNormTritonFunction, rmsnorm_reference
-from helpers.timing import benchmark
+from helpers.timing import benchmark, compare, paired_ratio, verdict
 
 # tolerances of every check against the spec (notebook 02 and tests/test_rmsnorm.py)
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5),  # the issue's fp32 tolerance
@@ -189,6 +190,150 @@ def bench_kernels(*, rows, hidden, dtypes, device, warmup, steps, compile_hidden
             if triton_shape is not None:
                 out.append(bench_norm("triton", *triton_shape, dtype, device, backward, warmup=1, steps=3))
     return out
+
+
+# ---- comparisons in one interleaved loop (notebook 02) ----
+
+PASSES = {False: "fwd", True: "fwd+bwd"}
+
+
+def compare_shape(names, n_rows: int, H: int, dtype=torch.float32, device="cpu", warmup: int = 3,
+                  steps: int = 10) -> tuple[list[dict], object]:
+    """Every norm of `names`, forward and forward+backward, timed in ONE interleaved loop on (n_rows, H): rows as
+    bench_norm's (plus p25_s) and the Comparison, labels "impl|pass" (baseline: the first name's forward)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(n_rows, H, generator=gen, device=device).to(dtype).requires_grad_()  # (N, H)
+    g = (1 + 0.1 * torch.randn(H, generator=gen, device=device)).to(dtype).requires_grad_()  # (H,)
+    dy = torch.randn(n_rows, H, generator=gen, device=device).to(dtype)  # (N, H)
+    fns, calls = {name: norm_function(name) for name in names}, {}
+    for name, fn in fns.items():
+        calls[f"{name}|fwd"] = lambda fn=fn: fn(x.detach(), g.detach())
+        calls[f"{name}|fwd+bwd"] = lambda fn=fn: torch.autograd.grad(fn(x, g), (x, g), dy)
+    comp = compare(calls, steps=steps, warmup=warmup, device=device)
+    copy_gbps, rows = copy_bandwidth(x.detach(), warmup, steps), []
+    for label, samples in comp.samples.items():
+        name, pass_ = label.split("|")
+        moved = norm_bytes(n_rows, H, dtype, pass_ == "fwd+bwd")
+        q25, med = (float(v) for v in np.percentile(samples, [25, 50]))
+        rows.append({"label": label, "device": str(device), "warmup": warmup, "steps": len(samples), "median_s": med,
+                     "p25_s": q25, "impl": name, "rows": n_rows, "H": H, "dtype": str(dtype).replace("torch.", ""),
+                     "bytes": moved, "GBps": moved / med / 1e9, "copy_GBps": copy_gbps,
+                     "frac_of_copy": moved / med / 1e9 / copy_gbps, "pass": pass_})
+    return rows, comp
+
+
+def compare_shapes(names_for, *, rows, hidden, dtypes, device, warmup, steps):
+    """compare_shape for every dtype and H (names_for(H): the implementations timed at that width): (rows, {(dtype,
+    H): Comparison})."""
+    out, comps = [], {}
+    for dtype in dtypes:
+        for H in hidden:
+            r, comps[(str(dtype).replace("torch.", ""), H)] = compare_shape(names_for(H), rows, H, dtype, device, warmup, steps)
+            out += r
+    return out, comps
+
+
+def check_forward_le_both(comps) -> None:
+    """Assert forward <= forward+backward for every implementation and shape: the median of the paired ratios of
+    one interleaved loop (forward and forward+backward alternate, so load hits both alike)."""
+    for key, comp in comps.items():
+        for impl in {label.split("|")[0] for label in comp.samples}:
+            r = paired_ratio(comp.samples[f"{impl}|fwd"], comp.samples[f"{impl}|fwd+bwd"])
+            assert r.median <= 1.0, f"{key} {impl}: forward takes {r} of forward+backward"
+
+
+def ratio_lines(comps, names, baseline: str = "layernorm", dtype: str = "float32") -> str:
+    """Per pass and H: each of `names` against `baseline`, paired per round, named only outside the noise."""
+    lines = []
+    for (dt, H), comp in comps.items():
+        for pass_ in PASSES.values():
+            if dt == dtype:
+                lines += [f"{pass_:>7}, H={H}: " + "; ".join(
+                    verdict(n, baseline, comp.ratio(f"{n}|{pass_}", f"{baseline}|{pass_}")) for n in names)]
+    return "\n".join(lines)
+
+
+def fastest_lines(rows, comps) -> str:
+    """Per (dtype, pass, H): the implementation with the lowest median, named fastest only when measurably faster
+    than the runner-up in the same interleaved loop; else the two are within the noise."""
+    df, lines = pd.DataFrame(rows), []
+    for (dt, pass_, H), part in df.groupby(["dtype", "pass", "H"], sort=False):
+        first, second = part.sort_values("median_s").iloc[:2].itertuples()
+        r = comps[(dt, H)].ratio(f"{first.impl}|{pass_}", f"{second.impl}|{pass_}")
+        head = (f"fastest is {first.impl} ({r.median:.2f}x {second.impl}'s time, {r})" if r.differs else
+                f"no measurable fastest: {verdict(first.impl, second.impl, r)}")
+        lines.append(f"{dt:>8} {pass_:>7} H={H:<5}: {head}; {first.impl} at {first.median_s * 1e3:.3f} ms, "
+                     f"{first.GBps:.0f} GB/s = {first.frac_of_copy:.0%} of copy")
+    return "\n".join(lines)
+
+
+def compare_model_norms(size: str, norms, device="cpu", batch_size: int = 4, warmup: int = 3, steps: int = 10):
+    """One model of `size` whose norm layers are swapped before each call, so every norm's forward and
+    forward+backward run in ONE interleaved loop on the same weights and batch (one model in memory, not one per norm):
+    rows (size, norm, pass, median_s, p25_s) and the Comparison (labels "norm|pass")."""
+    torch.manual_seed(0)
+    model = build_model(size, device=device)
+    x, y = random_batch(model.cfg, batch_size, device=device, generator=torch.Generator().manual_seed(0))
+    slots = [(b, "norm1") for b in model.blocks] + [(b, "norm2") for b in model.blocks] + [(model, "norm_f")]
+    layers = {n: [make_norm(n, model.cfg.d_model).to(device) for _ in slots] for n in norms}
+
+    def use(norm):
+        for (owner, attr), layer in zip(slots, layers[norm]):
+            setattr(owner, attr, layer)
+
+    def both():
+        model.zero_grad(set_to_none=True)
+        lm_loss(model(x), y).backward()
+    calls = {}
+    for n in norms:
+        calls[f"{n}|fwd"] = lambda n=n: (use(n), model(x))
+        calls[f"{n}|fwd+bwd"] = lambda n=n: (use(n), both())
+    comp = compare(calls, steps=steps, warmup=warmup, device=device)
+    rows = [{"size": size, "norm": label.split("|")[0], "pass": label.split("|")[1], "compiled": False,
+             "median_s": float(np.median(s)), "p25_s": float(np.percentile(s, 25)), "steps": len(s)}
+            for label, s in comp.samples.items()]
+    return rows, comp
+
+
+def model_lines(comps, norms) -> str:
+    """Per size and pass: RMSNorm (PyTorch ops) vs LayerNorm, and the fastest norm only outside the noise."""
+    lines = []
+    for size, comp in comps.items():
+        for pass_ in PASSES.values():
+            med = {n: float(np.median(comp.samples[f"{n}|{pass_}"])) for n in norms}
+            first, second = sorted(med, key=med.get)[:2]
+            r = comp.ratio(f"{first}|{pass_}", f"{second}|{pass_}")
+            best = f"fastest {first} ({r})" if r.differs else "no measurable fastest"
+            lines.append(f"{size:>9} {pass_:>7}: {best}; "
+                         + verdict("RMSNorm (PyTorch ops)", "LayerNorm", comp.ratio(f"rmsnorm|{pass_}", f"layernorm|{pass_}")))
+    return "\n".join(lines)
+
+
+def compare_compiled(size: str, device="cpu", batch_size: int = 4, warmup: int = 3, steps: int = 10):
+    """The rmsnorm model eager and under torch.compile (sharing its weights), forward and forward+backward, in ONE
+    interleaved loop: rows as compare_model_norms' (norm "rmsnorm", compiled True/False) and the Comparison."""
+    torch.manual_seed(0)
+    model = build_model(size, device=device)
+    torch._dynamo.reset()  # every size shares TransformerLM.forward's code: keep under the recompile limit
+    runs = {False: model, True: torch.compile(model)}
+    x, y = random_batch(model.cfg, batch_size, device=device, generator=torch.Generator().manual_seed(0))
+
+    def both(run):
+        model.zero_grad(set_to_none=True)
+        lm_loss(run(x), y).backward()
+    calls = {f"{c}|{p}": (lambda run=run: run(x)) if p == "fwd" else (lambda run=run: both(run))
+             for c, run in runs.items() for p in PASSES.values()}
+    comp = compare(calls, steps=steps, warmup=warmup, device=device)
+    rows = [{"size": size, "norm": "rmsnorm", "compiled": label.startswith("True"), "pass": label.split("|")[1],
+             "median_s": float(np.median(s)), "p25_s": float(np.percentile(s, 25)), "steps": len(s)}
+            for label, s in comp.samples.items()]
+    return rows, comp
+
+
+def compiled_lines(comps) -> str:
+    """Per size and pass: compiled vs eager, paired per round, named only outside the noise."""
+    return "\n".join(f"{size:>9} {p:>7}: " + verdict("compiled", "eager", comp.ratio(f"True|{p}", f"False|{p}"))
+                     for size, comp in comps.items() for p in PASSES.values())
 
 
 def bench_main(argv: list[str]) -> int:

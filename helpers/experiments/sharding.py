@@ -34,7 +34,7 @@ from helpers.experiments.common import (bench_parser, cpu_state, make_batches, m
 from helpers.formulas import GiB, MiB, zero_memory
 from helpers.model import count_parameters
 from helpers.sharding import NaiveShardedOptimizer, ShardedOptimizer, Zero1Optimizer, _rank_world
-from helpers.timing import interleaved
+from helpers.timing import Ratio, interleaved, paired_ratio, verdict
 
 OPTIMIZERS = {"adamw": (torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.1)),
               "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9))}
@@ -439,25 +439,57 @@ def speed_table(per_launch: list[list[SpeedRun]]) -> pd.DataFrame:
     return speed
 
 
-def speed_summary(speed: pd.DataFrame) -> str:
-    """Where ShardedOptimizer's time goes vs unsharded, naive sharding, torch's ZeroRedundancyOptimizer and Zero1."""
+def iteration_samples(per_launch: list[list[SpeedRun]]) -> dict[str, tuple[int, np.ndarray]]:
+    """kind -> (its launch's index, the slowest rank's seconds per iteration, step by step) (notebook 05)."""
+    return {kind: (i, slowest_rank([[s["fwd_bwd"] + s["step"] for s in r.samples[kind]] for r in per_rank]))
+            for i, per_rank in enumerate(per_launch) for kind in per_rank[0].samples}
+
+
+def paired_iterations(per_launch, a: str, b: str) -> Ratio | None:
+    """a's iteration time over b's, paired step by step (both timed interleaved in one launch), or None when they
+    ran in separate launches (no pairs: the gpu profile runs one kind per launch so each has the card)."""
+    samples = iteration_samples(per_launch)
+    (la, sa), (lb, sb) = samples[a], samples[b]
+    return paired_ratio(sa, sb) if la == lb else None
+
+
+def compare_text(per_launch, a: str, b: str, names: dict) -> str:
+    """verdict() for a vs b per iteration, or why there is no paired ratio."""
+    r = paired_iterations(per_launch, a, b)
+    if r is None:
+        return (f"{names[a]} and {names[b]} ran in separate launches here: their medians are not paired, so no "
+                "difference is claimed")
+    return verdict(names[a], names[b], r, "time per iteration")
+
+
+SPEED_NAMES = {"unsharded": "unsharded", "sharded": "ShardedOptimizer", "naive_sharded": "naive sharding",
+               "torch_zero": "torch ZeroRedundancyOptimizer", "zero1": "Zero1Optimizer"}
+
+
+def speed_summary(speed: pd.DataFrame, per_launch=None) -> str:
+    """Where ShardedOptimizer's time goes vs unsharded, naive sharding, torch's ZeroRedundancyOptimizer and Zero1;
+    with per_launch (speed_worker results) every "A vs B" carries its paired ratio and interval."""
     u, s = speed.loc["unsharded"], speed.loc["sharded"]
     delta = s["iteration_s"] - u["iteration_s"]
-    lines = [f"ShardedOptimizer vs unsharded: {delta * 1e3:+.2f} ms per iteration ({delta / u['iteration_s']:+.1%}); "
-             f"its broadcasts take {s['step_comm_s'] * 1e3:.2f} ms, its update {s['update_s'] * 1e3:.2f} ms vs "
-             f"{u['update_s'] * 1e3:.2f} ms for the full unsharded update; forward+backward without the all-reduce "
-             f"wait {(s['fwd_bwd_s'] - s['grad_comm_s']) * 1e3:.2f} vs {(u['fwd_bwd_s'] - u['grad_comm_s']) * 1e3:.2f} "
-             "ms (the same computation in both: any gap is noise)."]
+    vs = (lambda a, b: "; " + compare_text(per_launch, a, b, SPEED_NAMES)) if per_launch else (lambda a, b: "")
+    lines = [f"ShardedOptimizer vs unsharded: {delta * 1e3:+.2f} ms per iteration between medians "
+             f"({delta / u['iteration_s']:+.1%}){vs('sharded', 'unsharded')}.",
+             f"ShardedOptimizer's broadcasts take {s['step_comm_s'] * 1e3:.2f} ms, its update {s['update_s'] * 1e3:.2f}"
+             f" ms vs {u['update_s'] * 1e3:.2f} ms for the full unsharded update; forward+backward without the "
+             f"all-reduce wait {(s['fwd_bwd_s'] - s['grad_comm_s']) * 1e3:.2f} vs "
+             f"{(u['fwd_bwd_s'] - u['grad_comm_s']) * 1e3:.2f} ms (the same computation in both: any gap is noise)."]
     if "naive_sharded" in speed.index:
         lines.append(f"one broadcast per owner instead of one per tensor: "
-                     f"{speed.loc['naive_sharded', 'step_comm_s'] * 1e3:.2f} → {s['step_comm_s'] * 1e3:.2f} ms")
+                     f"{speed.loc['naive_sharded', 'step_comm_s'] * 1e3:.2f} → {s['step_comm_s'] * 1e3:.2f} ms"
+                     f"{vs('sharded', 'naive_sharded')}")
     t, z = speed.loc["torch_zero"], speed.loc["zero1"]
-    lines.append(f"ShardedOptimizer / torch ZeroRedundancyOptimizer: step {s['step_s'] / t['step_s']:.2f}, "
-                 f"iteration {s['iteration_s'] / t['iteration_s']:.2f}")
+    lines.append(f"ShardedOptimizer / torch ZeroRedundancyOptimizer (ratio of medians): step "
+                 f"{s['step_s'] / t['step_s']:.2f}, iteration {s['iteration_s'] / t['iteration_s']:.2f}"
+                 f"{vs('sharded', 'torch_zero')}")
     lines.append(f"Zero1Optimizer: no all-reduce in backward; its reduce-scatter + all-gather take "
                  f"{z['step_comm_s'] * 1e3:.2f} ms vs {u['grad_comm_s'] * 1e3:.2f} ms waiting for the unsharded "
                  f"all-reduce (which partly overlaps backward); iteration {z['iteration_s'] * 1e3:.2f} ms "
-                 f"({z['iteration_s'] / u['iteration_s'] - 1:+.1%} vs unsharded)")
+                 f"({z['iteration_s'] / u['iteration_s'] - 1:+.1%} between medians){vs('zero1', 'unsharded')}")
     return "\n".join(lines)
 
 
