@@ -33,10 +33,10 @@ def test_bench_rows_count_causal_flops_and_respect_the_bounds():
     fwd = A.attention_flops(2, 32, 32, 16, True)
     assert [r["flops"] for r in rows] == [fwd, fwd * 10 // 4, fwd * 14 // 4]
     assert fwd == 2 * 32 * 33 // 2 * 16 * 4
-    timed = [dict(r, median_s={"fwd": 1.0, "bwd": 2.0, "fwd+bwd": 3.0}[r["pass"]]) for r in rows]  # no timing noise
+    timed = [dict(r, min_s={"fwd": 1.0, "bwd": 2.0, "fwd+bwd": 3.0}[r["pass"]]) for r in rows]  # no timing noise
     assert X.check_physical_bounds(timed, "cpu") == 0  # no peak known for a CPU; the fwd <= fwd+bwd check ran
     with pytest.raises(AssertionError, match="forward slower"):
-        X.check_physical_bounds([dict(r, median_s=5.0 if r["pass"] == "fwd" else 1.0) for r in rows], "cpu")
+        X.check_physical_bounds([dict(r, min_s=5.0 if r["pass"] == "fwd" else 1.0) for r in rows], "cpu")
     bad = [dict(rows[0], TFLOPs=2000.0, dtype="bfloat16")]
     with pytest.raises(AssertionError, match="peak"):
         X.check_physical_bounds(bad, "NVIDIA H100 80GB HBM3")

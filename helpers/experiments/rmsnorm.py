@@ -64,7 +64,7 @@ def check_against_spec(fn, shape, dtype=torch.float32, device="cpu", seed=0) -> 
     for name, a, b in zip(("y", "dx", "dg"), fwd_bwd(fn, x, g, dy), fwd_bwd(rmsnorm_reference, x, g, dy)):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m: f"{name} ({dtype}, {shape}): {m}")
-        worst = max(worst, float((a.float() - b.float()).abs().max()) if a.numel() else 0.0)
+        worst = max(worst, float((a.detach().float() - b.detach().float()).abs().max()) if a.numel() else 0.0)
     return worst
 
 
