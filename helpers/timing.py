@@ -178,6 +178,10 @@ def interleaved(steps_by_label: dict, steps: int, warmup: int) -> dict[str, list
     return kept
 
 
+MIN_PAIRS = 6  # fewer pairs cannot tell: all k ratios on one side of 1 by chance alone has probability 2 / 2**k,
+# 1 in 8 at k = 4 and 1 in 32 at k = 6 (a sign test), and a bootstrap interval of so few would exclude 1 as often
+
+
 @dataclass(frozen=True)
 class Ratio:
     """The median of paired ratios a_i / b_i with a bootstrap confidence interval: is a measurably slower/faster?"""
@@ -188,9 +192,14 @@ class Ratio:
     confidence: float = 0.95
 
     @property
+    def enough(self) -> bool:
+        """At least MIN_PAIRS pairs: enough for the interval to mean something."""
+        return self.pairs >= MIN_PAIRS
+
+    @property
     def differs(self) -> bool:
-        """True when the interval excludes 1: a difference this machine can measure."""
-        return not self.low <= 1.0 <= self.high
+        """True when there are enough pairs and the interval excludes 1: a difference this machine can measure."""
+        return self.enough and not self.low <= 1.0 <= self.high
 
     def __str__(self) -> str:
         return f"{self.median:.3f}x ({self.confidence:.0%} CI {self.low:.3f}-{self.high:.3f}, {self.pairs} pairs)"
@@ -208,6 +217,8 @@ def paired_ratio(a, b, confidence: float = 0.95, resamples: int = 2000, seed: in
 
 def verdict(a: str, b: str, ratio: Ratio, what: str = "time") -> str:
     """One sentence that names a winner only outside the noise."""
+    if not ratio.enough:
+        return f"too few paired samples to tell {a} from {b} ({what} ratio {ratio}; at least {MIN_PAIRS} needed)"
     if not ratio.differs:
         return f"no measurable difference between {a} and {b} on this machine ({what} ratio {ratio})"
     return f"{a} takes {ratio.median:.2f}x {b}'s {what} ({ratio})"

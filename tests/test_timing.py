@@ -190,12 +190,14 @@ def test_interleaved_alternates_the_order_and_drops_warmup():
 
 
 def test_paired_ratio_of_known_pairs():
-    r = timing.paired_ratio([2.0, 4.0, 6.0, 8.0, 10.0], [1.0, 2.0, 3.0, 4.0, 5.0])
-    assert (r.median, r.low, r.high, r.pairs) == (2.0, 2.0, 2.0, 5)  # every pair is exactly 2: no spread
+    r = timing.paired_ratio([2.0, 4.0, 6.0, 8.0, 10.0, 12.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    assert (r.median, r.low, r.high, r.pairs) == (2.0, 2.0, 2.0, 6)  # every pair is exactly 2: no spread
     assert r.differs and "2.00x" in timing.verdict("a", "b", r)
     noisy = timing.paired_ratio([0.9, 1.1, 1.0, 0.95, 1.05, 1.0], [1.0] * 6)
     assert noisy.low <= 1.0 <= noisy.high and not noisy.differs
     assert timing.verdict("a", "b", noisy).startswith("no measurable difference between a and b")
+    few = timing.paired_ratio([2.0] * 5, [1.0] * 5)  # exactly 2 each time, but 5 pairs: a sign test cannot tell
+    assert not few.differs and timing.verdict("a", "b", few).startswith("too few paired samples to tell a from b")
     with pytest.raises(ValueError):
         timing.paired_ratio([], [])
 

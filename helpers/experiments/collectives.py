@@ -42,7 +42,7 @@ from helpers.comm import OPS, run_collective
 from helpers.env import resolve_profile
 from helpers.formulas import GiB, KiB, MiB, algbw, busbw
 from helpers.results import load_results, save_results
-from helpers.timing import paired_ratio, verdict
+from helpers.timing import MIN_PAIRS, paired_ratio, verdict
 from helpers.timing import sync as _sync
 
 SEED_SIZES = (512 * KiB, 1 * MiB, 10 * MiB, 50 * MiB, 100 * MiB, 500 * MiB, 1 * GiB)  # seed 004, section 3.1
@@ -286,7 +286,6 @@ def plot_collectives(df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str
 
 # ---- comparisons that know their noise ----
 
-MIN_PAIRS = 6  # fewer paired calls cannot tell: all on one side of 1 by chance is 2 / 2**k >= 1 in 20 (sign test)
 
 
 def op_ratios(df: pd.DataFrame, baseline: str = "all_reduce", size_bytes: int | None = None) -> pd.DataFrame:

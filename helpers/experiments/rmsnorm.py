@@ -37,7 +37,7 @@ PROFILES = {  # what notebook 02 measures per profile
                 warmup=10, steps=50, batch=4, compile_hidden=[1024, 2048, 4096, 8192],
                 triton_shape=None, compile_model_sizes=["small", "medium", "large", "xl", "2.7B"]),
     "cpu": dict(rows=4096, hidden=[256, 512, 1024, 2048], dtypes=[torch.float32],
-                warmup=2, steps=5, batch=4, compile_hidden=[1024],
+                warmup=2, steps=6, batch=4, compile_hidden=[1024],  # steps >= timing.MIN_PAIRS
                 triton_shape=(64, 256), compile_model_sizes=["small/8"]),
 }
 
