@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = 3  # per wrapper here; the issue's check ran the same script 50 times (see the closing note)
+RUNS = 3  # per wrapper here; run the script by hand in a loop for a longer check
 
 SCRIPT = textwrap.dedent("""
     import os, socket, sys

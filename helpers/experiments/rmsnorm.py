@@ -24,7 +24,7 @@ from helpers.rmsnorm import EPS, RMSNormPyTorchFunction, RMSNormTritonFunction, 
 from helpers.timing import benchmark, compare, paired_ratio, verdict
 
 # tolerances of every check against the spec (notebook 02 and tests/test_rmsnorm.py)
-TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5),  # the fp32 tolerance
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5),  # fp32: a few ulps of the O(1) outputs
        torch.float16: dict(rtol=1e-3, atol=1e-3),  # about 1 fp16 ulp on O(1) values
        torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}  # about 2 bf16 ulps (8 mantissa bits)
 DERIVED_TOL = dict(rtol=1e-10, atol=1e-12)  # hand-derived gradients vs autograd, float64: rounding error
