@@ -34,8 +34,14 @@ class Allocation:
     alloc_id: int
 
 
+def storage_key(t: torch.Tensor) -> tuple[str, int]:
+    """Which storage `t` lives in: its device and the storage object's identity (not its data pointer, which a
+    storage resized to 0 bytes and grown again changes, and which a new storage may reuse while an old one lives on)."""
+    return str(t.device), t.untyped_storage()._cdata
+
+
 class _Tracker(TorchDispatchMode):
-    """Counts live tensor storages by data pointer; current, peak and a timeline of (event, bytes)."""
+    """Counts live tensor storages (by identity); current, peak and a timeline of (event, bytes)."""
 
     def __init__(self, module_tracker=None):
         super().__init__()
@@ -60,7 +66,7 @@ class _Tracker(TorchDispatchMode):
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.device.type == "meta":
             return
         storage = t.untyped_storage()
-        key = (str(t.device), storage.data_ptr())
+        key = storage_key(t)
         nbytes = storage.nbytes()
         if key in self.live or nbytes == 0:
             return
@@ -117,7 +123,7 @@ class MemoryTrace:
         ids = set()
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-                alloc = self.live.get((str(t.device), t.untyped_storage().data_ptr()))
+                alloc = self.live.get(storage_key(t))
                 if alloc is not None:
                     ids.add(alloc.alloc_id)
         return ids
@@ -151,7 +157,7 @@ def note_storage_freed(t: torch.Tensor) -> None:
     """Tell the active trackers that `t`'s storage is about to be resized to 0 bytes: the storage object lives on, so
     its finalizer, which the tracker relies on, does not run (FSDP frees gathered weights that way)."""
     for tracker in _active_trackers():
-        tracker._free((str(t.device), t.untyped_storage().data_ptr()))
+        tracker._free(storage_key(t))
 
 
 def track(fn, existing=(), model: torch.nn.Module | None = None, device=None) -> MemoryTrace:

@@ -47,7 +47,7 @@ def test_analytic_state_bytes_match_a_measured_adamw_step():
     params = list(lm.parameters())
     state = [t for s in opt.state.values() for t in s.values()]
     assert trace.baseline_bytes == formulas.param_bytes(cfg) + formulas.buffer_bytes(cfg) + 2 * 2 * 16 * 8
-    assert sum(trace.live[(str(p.device), p.grad.untyped_storage().data_ptr())].nbytes for p in params) \
+    assert sum(trace.live[memory.storage_key(p.grad)].nbytes for p in params) \
         == formulas.param_bytes(cfg)
     assert sum(t.untyped_storage().nbytes() for t in state) == formulas.adamw_state_bytes(cfg)
     # everything the step leaves live is parameters, gradients and optimizer state (loss is a 4-byte scalar)
