@@ -41,7 +41,7 @@ PROFILES = {  # what notebook 06 measures per profile
                 flash_pytorch_max_T=4096, memory_seq_lens=[1024, 2048, 4096, 8192], memory_shape=(8, 1, 64),
                 model_sizes=["small", "medium", "large", "xl"], model_impls=list(ATTENTION_IMPLS), model_batch=4,
                 model_dtype=torch.bfloat16, model_steps=20, kernel_shape=(2, 4, 200, 64)),
-    "cpu": dict(batch=2, head_dims=[16, 64], seq_lens=[128, 256, 512, 1024], warmup=2, steps=5,
+    "cpu": dict(batch=2, head_dims=[16, 64], seq_lens=[128, 256, 512, 1024], warmup=2, steps=6,  # timing.MIN_PAIRS
                 compile_shape=(2, 1, 512, 64), bench_shapes=[(1, 4, 512, 64)],
                 bench_dtypes=[torch.float32], bench_impls=["naive", "sdpa", "compiled", "flash_pytorch"],
                 flash_pytorch_max_T=512, memory_seq_lens=[128, 256, 512, 1024], memory_shape=(2, 1, 32),
