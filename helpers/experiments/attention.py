@@ -20,7 +20,7 @@ from torch import Tensor
 
 from helpers import attention as A
 from helpers.env import triton_mode
-from helpers.experiments.common import positive_int
+from helpers.experiments.common import positive_int, variant_runs
 from helpers.formulas import peak_flops
 from helpers.model import ATTENTION_IMPLS, ModelConfig, build_model, lm_loss, random_batch
 from helpers.results import save_results
@@ -294,15 +294,7 @@ def check_kernel(name: str, shape, dtype=torch.float32, device="cpu", is_causal:
 
 def tiny_model_outputs(impls, device="cpu") -> dict:
     """impl -> (logits, {name: grad}) of the TINY model built with that attention, same seed and batch for all."""
-    x, y = random_batch(TINY, 2, generator=torch.Generator().manual_seed(0))
-    out = {}
-    for impl in impls:
-        torch.manual_seed(0)
-        model = build_model(TINY, attention=impl, device=device)
-        logits = model(x.to(device))
-        lm_loss(logits, y.to(device)).backward()
-        out[impl] = logits.detach(), {n: p.grad for n, p in model.named_parameters()}
-    return out
+    return {impl: (logits, grads) for impl, (logits, _, grads) in variant_runs(TINY, "attention", impls, device).items()}
 
 
 def check_model_outputs(outputs: dict, ref: str = "naive") -> None:

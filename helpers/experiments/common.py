@@ -88,6 +88,21 @@ def rank_share(batch, device=None) -> tuple[torch.Tensor, ...]:
     return tuple(t[rank * n // world:(rank + 1) * n // world].clone().to(device or L.device()) for t in batch)
 
 
+def variant_runs(cfg, field: str, values, device="cpu", batch_size: int = 2) -> dict:
+    """value -> (logits, loss, {name: grad}) of the model `cfg` built with `field=value` (a norm, an attention...),
+    same seed and same batch for every value: what notebooks 02 and 06 compare implementations inside the model with."""
+    x, y = random_batch(cfg, batch_size, generator=torch.Generator().manual_seed(0))
+    out = {}
+    for value in values:
+        torch.manual_seed(0)
+        model = build_model(cfg, device=device, **{field: value})
+        logits = model(x.to(device))
+        loss = lm_loss(logits, y.to(device))
+        loss.backward()
+        out[value] = logits.detach(), loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+    return out
+
+
 def cpu_state(model: nn.Module) -> dict:
     """A copy of model.state_dict() on the CPU: what workers return to the parent for comparison."""
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from helpers.experiments.common import positive_int
+from helpers.experiments.common import positive_int, variant_runs
 from helpers.formulas import norm_bytes
 from helpers.env import triton_mode
 from helpers.model import ModelConfig, build_model, lm_loss, make_norm, random_batch
@@ -70,15 +70,7 @@ def check_against_spec(fn, shape, dtype=torch.float32, device="cpu", seed=0) -> 
 
 def tiny_model_runs(norms, device="cpu", batch_size: int = 2) -> dict:
     """norm -> (loss, {name: grad}) of the TINY model with that norm, same seed and batch for all."""
-    x, y = random_batch(TINY, batch_size, generator=torch.Generator().manual_seed(0))
-    out = {}
-    for norm in norms:
-        torch.manual_seed(0)
-        model = build_model(TINY, norm=norm, device=device)
-        loss = lm_loss(model(x.to(device)), y.to(device))
-        loss.backward()
-        out[norm] = loss.detach(), {n: p.grad for n, p in model.named_parameters()}
-    return out
+    return {norm: (loss, grads) for norm, (_, loss, grads) in variant_runs(TINY, "norm", norms, device, batch_size).items()}
 
 
 def check_model_norms(runs: dict, ref: str = "rmsnorm") -> None:
