@@ -1,7 +1,7 @@
 """Closed forms, in one place: parameters, FLOPs, peaks and MFU, bytes of every kind, ZeRO 0-3, collective bytes.
 
-    param_bytes("small"), train_flops("small", 4, 128), mfu(flops, seconds, "NVIDIA H100 80GB HBM3", "bf16")
-    step_breakdown("xl/8", 8, 128), peak_breakdown(...)       # bytes of a training step, per part (notebook 01)
+    param_bytes("small"), train_flops("small", 4, 128), shape_ratios("small/cpu", 32), mfu(flops, seconds, "NVIDIA H100 80GB HBM3", "bf16")
+    step_breakdown("xl/cpu", 8, 128), peak_breakdown(...)       # bytes of a training step, per part (notebook 01)
     busbw_factor("all_reduce", 8), wire_factor(...)           # collectives (notebooks 03-05)
     bucket_overhead(n, S, T_b, alpha, beta)                  # the DDP bucket-size model (notebook 04)
     zero_memory("xl", 8, stage=1), live_bytes(...)           # ZeRO 0-3 and our sharded runs (notebook 05)
@@ -47,6 +47,21 @@ def forward_flops(cfg, batch_size: int, context_length: int | None = None) -> di
 def train_flops(cfg, batch_size: int, context_length: int | None = None) -> int:
     """FLOPs of forward + backward (backward = 2× forward): 6·N·B·T + 12·L·B·T²·d."""
     return 3 * sum(forward_flops(cfg, batch_size, context_length).values())
+
+
+def shape_ratios(cfg, context_length: int | None = None) -> dict[str, float]:
+    """The ratios the CPU presets keep (notebook 00): head_dim, d_ff/d_model, layers per 1,000 of width, and at
+    `context_length` the LM head's and attention's (QKᵀ, AV) shares of the forward matmul FLOPs and the softmax
+    elements per 1,000 of those FLOPs (L·h·T² per sequence)."""
+    c = get_config(cfg)
+    T = context_length or c.context_length
+    f = forward_flops(c, 1, T)
+    total = sum(f.values())
+    return {"head_dim": c.head_dim, "d_ff / d_model": c.d_ff / c.d_model,
+            "layers per 1000 of width": 1000 * c.n_layers / c.d_model,
+            "LM head share of FLOPs": 2 * parameter_breakdown(c)["lm_head"] * T / total,
+            "attention share of FLOPs": f["attention"] / total,
+            "softmax elements per kFLOP": 1000 * c.n_layers * c.n_heads * T * T / total}
 
 
 # Dense peak FLOP/s (no sparsity) from NVIDIA's datasheets: H100 SXM5 / H200 (H100 and H200 datasheets,

@@ -1,6 +1,6 @@
 """The Transformer LM every notebook measures, its sizes, and its analytic parameter count.
 
-    model = build_model("small/8")                       # or a ModelConfig; device=, dtype=, **overrides
+    model = build_model("small/cpu")                       # or a ModelConfig; device=, dtype=, **overrides
     x, y = random_batch(model.cfg, batch_size=4)         # (B, T) int64 each, y is x shifted by one
     loss = lm_loss(model(x), y)
 
@@ -11,11 +11,12 @@ kernel) so a profiler shows the softmax as its own op; `attention="sdpa" | "flas
 "flash_triton"` swaps in F.scaled_dot_product_attention or helpers.attention's FlashAttention-2
 (notebook 06), e.g. build_model("small", attention="flash_triton").
 
-Sizes: the five reference sizes (small ... 2.7B) are for GPUs. Each has a CPU-scale
-preset "<name>/8": d_model, d_ff, n_layers and vocab_size divided by 8 (layers rounded
-up), heads and context kept, so each head is 8x narrower. Scaling the vocabulary too
-keeps the LM head a minor share of the work, as it is at the reference sizes (with
-10,000 tokens it would be ~80% of small/8's FLOPs). Same shape of model, a few MB.
+Sizes: the five reference sizes (small ... 2.7B) are for GPUs. Each has a CPU-scale preset
+"<name>/cpu" (`cpu_preset`) that keeps the ratios the notebooks' answers depend on: the same head_dim
+with a quarter of the heads (width ~÷4), d_ff/d_model kept, layers ÷8 (rounded up), and a vocabulary
+chosen so the LM head keeps its share of the matmul FLOPs. Run at a quarter of the reference context
+(32 against 128, notebook 01's cpu profile), attention and softmax keep their shares too.
+`formulas.shape_ratios` computes those ratios; notebook 00 shows them side by side.
 """
 from __future__ import annotations
 
@@ -58,15 +59,22 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
 
-def scaled(cfg: ModelConfig, factor: int = 8) -> ModelConfig:
-    """The CPU-scale preset of `cfg`: d_model, d_ff, n_layers, vocab_size / factor (layers rounded up); heads kept."""
-    return dataclasses.replace(cfg, name=f"{cfg.name}/{factor}", d_model=cfg.d_model // factor,
-                               d_ff=cfg.d_ff // factor, n_layers=math.ceil(cfg.n_layers / factor),
-                               vocab_size=cfg.vocab_size // factor)
+CPU_WIDTH, CPU_LAYERS = 4, 8  # the CPU presets: heads ÷ 4 at the reference head_dim, layers ÷ 8
+
+
+def cpu_preset(cfg: ModelConfig) -> ModelConfig:
+    """The CPU-scale preset of `cfg`: heads ÷ 4 (head_dim kept), d_ff/d_model kept, layers ÷ 8 (rounded up), and
+    vocab_size such that the LM head's share of the matmul FLOPs, d·V / (L·12d² + d·V), stays the reference's."""
+    n_heads = max(1, round(cfg.n_heads / CPU_WIDTH))
+    d_model = n_heads * cfg.head_dim
+    n_layers = math.ceil(cfg.n_layers / CPU_LAYERS)
+    vocab = round(cfg.vocab_size * (n_layers * d_model) / (cfg.n_layers * cfg.d_model))  # keeps V / (L·d)
+    return dataclasses.replace(cfg, name=f"{cfg.name}/cpu", d_model=d_model, d_ff=cfg.d_ff * d_model // cfg.d_model,
+                               n_layers=n_layers, n_heads=n_heads, vocab_size=vocab)
 
 
 REFERENCE_SIZES = ["small", "medium", "large", "xl", "2.7B"]
-CPU_SIZES = [s + "/8" for s in REFERENCE_SIZES]
+CPU_SIZES = [s + "/cpu" for s in REFERENCE_SIZES]
 _REFERENCE = [  # name, d_model, d_ff, n_layers, n_heads
     ModelConfig("small", 768, 3072, 12, 12),
     ModelConfig("medium", 1024, 4096, 24, 16),
@@ -74,11 +82,11 @@ _REFERENCE = [  # name, d_model, d_ff, n_layers, n_heads
     ModelConfig("xl", 1600, 6400, 48, 25),
     ModelConfig("2.7B", 2560, 10240, 32, 32),
 ]
-MODEL_SIZES: dict[str, ModelConfig] = {c.name: c for c in _REFERENCE + [scaled(c) for c in _REFERENCE]}
+MODEL_SIZES: dict[str, ModelConfig] = {c.name: c for c in _REFERENCE + [cpu_preset(c) for c in _REFERENCE]}
 
 
 def sizes_for(profile: str) -> list[str]:
-    """The model sizes a profile runs: the "/8" presets on "cpu", the reference sizes on "gpu"."""
+    """The model sizes a profile runs: the "/cpu" presets on "cpu", the reference sizes on "gpu"."""
     if profile == "cpu":
         return list(CPU_SIZES)
     if profile == "gpu":

@@ -2,7 +2,7 @@
 
     y = RMSNormTritonFunction.apply(x, g)               # x (*, H), g (H,); eps = 1e-5
     norm = RMSNormLayer(768, impl="triton")             # "torch" | "torchfn" | "triton"
-    model = build_model("small/8", norm="rmsnorm_triton")   # helpers.model imports this module when asked
+    model = build_model("small/cpu", norm="rmsnorm_triton")   # helpers.model imports this module when asked
 
 The benchmarks (notebook 02, `python -m helpers bench rmsnorm`) are in helpers.experiments.rmsnorm.
 

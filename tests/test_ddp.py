@@ -52,7 +52,7 @@ def test_ranks_start_different_and_training_moves_weights():
     assert torch.equal(trained["unused"], rank0["unused"])
 
 
-@pytest.mark.parametrize("name", ["toy", "small/8"])
+@pytest.mark.parametrize("name", ["toy", "small/cpu"])
 def test_gradient_scale_covers_the_gradient(name):
     """Σ|term| >= |Σ term| per element (so the hooks saw every term), and one process's float32 gradient is within
     half the bound of the float64 one."""
@@ -79,9 +79,9 @@ def test_bucket_counts(toy_checks, label, n):
 
 
 def test_transformer_equals_single_process():
-    """small/8 with AdamW: each step's synced gradient vs one process's (weights only checked to agree across ranks:
+    """small/cpu with AdamW: each step's synced gradient vs one process's (weights only checked to agree across ranks:
     AdamW's g/√v turns a rounding difference in a near-zero gradient into one of order lr)."""
-    checks = R.check_equivalence("small/8", R.transformer_variants())
+    checks = R.check_equivalence("small/cpu", R.transformer_variants())
     assert checks.set_index("variant").loc["bucketed 0.05 MB", "buckets"] > 3
     R.assert_equivalent(checks)
 
@@ -132,7 +132,7 @@ def test_parameter_unused_on_one_rank_only():
 def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
     """speed_worker's traced steps: gloo's own all-reduce events vs the backward range, and a Chrome trace per rank."""
     variants = [("local", None, None), ("naive", "naive", None), ("per parameter", "per_parameter", None)]
-    worker = functools.partial(R.speed_worker, model="small/8", variants=variants, steps=1, warmup=0, batch_size=4,
+    worker = functools.partial(R.speed_worker, model="small/cpu", variants=variants, steps=1, warmup=0, batch_size=4,
                                context_length=16, timeline_steps=1, traced=2, trace_dir=str(tmp_path))
     per_rank = launch(worker, 2, backend="gloo", device="cpu")
     for rank, out in enumerate(per_rank):
@@ -144,7 +144,7 @@ def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
         naive = [R.overlap_fraction(s.backward, s.comm) for s in out["naive"].traced]
         ours = [R.overlap_fraction(s.backward, s.comm) for s in out["per parameter"].traced]
         assert naive == [0.0, 0.0] and min(ours) > 0.0, (rank, naive, ours)
-        calls = len([p for p in R.make_model("small/8", 0).parameters() if p.requires_grad])
+        calls = len([p for p in R.make_model("small/cpu", 0).parameters() if p.requires_grad])
         assert all(len(s.comm) == calls for s in out["naive"].traced)  # one gloo event per all-reduce
 
 

@@ -57,7 +57,7 @@ class ToyLM(nn.Module):
 
 def make_model(kind: str, seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    return ToyLM() if kind == "toy" else build_model("small/8", n_layers=2, context_length=CONTEXT)
+    return ToyLM() if kind == "toy" else build_model("small/cpu", n_layers=2, context_length=CONTEXT)
 
 
 def make_batches(kind: str):

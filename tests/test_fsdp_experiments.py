@@ -12,12 +12,12 @@ from helpers import formulas as F
 from helpers.experiments import fsdp as X
 from helpers.launch import launch
 
-CHECK = dict(model="small/8", n_layers=2, steps=2, batch_size=4, context_length=16)
+CHECK = dict(model="small/cpu", n_layers=2, steps=2, batch_size=4, context_length=16)
 
 
 @pytest.fixture(scope="module")
 def measured():
-    worker = functools.partial(X.measure_worker, model="small/8", batch_size=8, context_length=64, steps=2, warmup=1,
+    worker = functools.partial(X.measure_worker, model="small/cpu", batch_size=8, context_length=64, steps=2, warmup=1,
                                kinds=("fsdp", "ddp"))
     return launch(worker, 2, backend="gloo", device="cpu", timeout_s=300)
 
@@ -42,10 +42,10 @@ def test_memory_matches_the_formulas(measured):
 
 
 def test_bytes_per_step_are_the_formula_and_1_5x_ddp(measured):
-    table = X.bytes_table(measured, "small/8")
+    table = X.bytes_table(measured, "small/cpu")
     assert table["equal"].all()
     assert abs(table["FSDP / DDP"].iloc[0] - 1.5) < 0.01
-    assert F.fsdp_live_bytes("small/8", 2, 4, 64, "after init")["gradients"] == 0
+    assert F.fsdp_live_bytes("small/cpu", 2, 4, 64, "after init")["gradients"] == 0
 
 
 def test_trace_and_speed_tables(measured):
@@ -70,7 +70,7 @@ def test_checkpointing_model_and_sweep():
     assert F.checkpoint_memory(12, 0, 1, 20) == 240 and F.checkpoint_memory(12, 5, 1, 1) == 3 + 5
     s = F.checkpoint_strategies(64)
     assert s["sqrt"]["memory_blocks"] == 16 and s["nested"]["memory_blocks"] == 12 and s["nested"]["forward_passes"] == 7
-    sweep = X.checkpoint_sweep("small/8", n_layers=4, batch_size=4, context_length=64, segments=[0, 1, 4], steps=1)
+    sweep = X.checkpoint_sweep("small/cpu", n_layers=4, batch_size=4, context_length=64, segments=[0, 1, 4], steps=1)
     assert sweep.loc[1, "peak_MiB"] < sweep.loc[0, "peak_MiB"]
 
 
@@ -96,9 +96,9 @@ def test_bad_inputs_are_clear_errors():
     with pytest.raises(ValueError, match="unknown strategy"):
         F.gated_ffn("pp", tokens=1, d=1, f=1, n=2, C=1, W=1)
     with pytest.raises(ValueError, match="unknown kind"):
-        X.build_kind("zero9", "small/8")
+        X.build_kind("zero9", "small/cpu")
     with pytest.raises(ValueError, match="segment must be"):
-        X.CheckpointedLM(X.build("small/8"), 5)
+        X.CheckpointedLM(X.build("small/cpu"), 5)
     with pytest.raises(ValueError, match="paired_ratio needs"):
         X.speed_table([X.MeasureRun([], [], None, {"fsdp": []}, {"fsdp": 0})])
     assert torch.get_default_dtype() == torch.float32

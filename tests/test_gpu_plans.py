@@ -41,7 +41,7 @@ def test_profiles_are_plain_data_for_both_profiles():
 def test_nb01_step_peak_matches_the_tracker_on_cpu():
     """Start of backward = formulas.peak_breakdown (notebook 01's check); with foreach AdamW (torch's CUDA default)
     the step's sqrt(v) temporaries can be the peak: the tracker's peak of a steady-state step on CPU agrees."""
-    size, B, T = "small/8", 2, 32
+    size, B, T = "small/cpu", 2, 32
     start = sum(F.peak_breakdown(size, B, T).values())
     assert G.step_peak_bytes(size, B, T, foreach=False) >= start
     torch.manual_seed(0)
@@ -57,7 +57,7 @@ def test_nb01_step_peak_matches_the_tracker_on_cpu():
 
 def test_nb01_retained_graph_matches_the_tracker_on_cpu():
     """nb01's "backward" pass (graph retained, no optimizer): the tracker's peak on CPU is within the bound."""
-    size, B, T = "small/8", 2, 32
+    size, B, T = "small/cpu", 2, 32
     torch.manual_seed(0)
     lm = build_model(size)
     x, y = random_batch(lm.cfg, B, T)
@@ -130,7 +130,7 @@ def test_nb04_each_variant_holds_a_model_and_its_gradients(one_rank_group):
 def test_nb05_states_are_formulas_live_bytes():
     """Model states per kind = formulas.live_bytes after a step (notebook 05 asserts it against the tracker exactly);
     the peak adds backward's start or the step's temporaries, and a sharded kind holds less than unsharded."""
-    m, b, T = "xl/8", 4, 128
+    m, b, T = "xl/cpu", 4, 128
     for kind in ("unsharded", "sharded", "zero1"):
         for rank in (0, 1):
             live = F.live_bytes(kind, m, 2, rank, b, T, "after step")

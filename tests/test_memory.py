@@ -38,7 +38,7 @@ def test_tracker_names_op_and_module():
 
 
 def test_analytic_state_bytes_match_a_measured_adamw_step():
-    cfg = model.get_config("small/8", n_layers=1)
+    cfg = model.get_config("small/cpu", n_layers=1)
     lm = model.build_model(cfg)
     opt = torch.optim.AdamW(lm.parameters())
     x, y = model.random_batch(cfg, batch_size=2, context_length=16)
@@ -55,10 +55,10 @@ def test_analytic_state_bytes_match_a_measured_adamw_step():
 
 
 def test_saved_activations_and_peak_match_analytic():
-    cfg = model.get_config("small/8")
+    cfg = model.get_config("small/cpu")
     lm = model.build_model(cfg)
     opt = torch.optim.AdamW(lm.parameters())
-    B, T = 2, 64
+    B, T = 8, 64
     x, y = model.random_batch(cfg, batch_size=B, context_length=T)
     train_step(lm, opt, x, y)  # creates the AdamW state
     lm.zero_grad(set_to_none=True)
@@ -88,7 +88,7 @@ def test_timeline_from_a_synthetic_cuda_snapshot():
 
 
 def test_step_peaks_full_step_above_forward_and_state_counted():
-    cfg = model.get_config("small/8", n_layers=1)
+    cfg = model.get_config("small/cpu", n_layers=1)
     traces = benchmarking.step_peaks(cfg, 2, 16)
     state = formulas.param_bytes(cfg) + formulas.buffer_bytes(cfg) + formulas.adamw_state_bytes(cfg) + 2 * 2 * 16 * 8
     assert traces["forward"].baseline_bytes == traces["full step"].baseline_bytes == state  # exact
@@ -96,7 +96,7 @@ def test_step_peaks_full_step_above_forward_and_state_counted():
 
 
 def test_peak_rows_and_timelines_of_a_tiny_model():
-    cfg = model.get_config("small/8", n_layers=1)
+    cfg = model.get_config("small/cpu", n_layers=1)
     peaks = benchmarking.peak_rows([cfg], 2, 16, [torch.bfloat16])
     assert peaks[["precision", "pass"]].values.tolist() == [["fp32", "forward"], ["fp32", "full step"],
                                                              ["autocast bfloat16", "forward"],

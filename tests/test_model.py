@@ -41,7 +41,7 @@ def test_analytic_count_matches_the_built_model(name, norm):
     assert count_parameters(name) == _numel(model)
 
 
-@pytest.mark.parametrize("cfg", [TOY, MODEL_SIZES["small/8"], MODEL_SIZES["2.7B"]], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", [TOY, MODEL_SIZES["small/cpu"], MODEL_SIZES["2.7B"]], ids=lambda c: c.name)
 def test_breakdown_sums_to_count_and_matches_the_modules(cfg):
     parts = parameter_breakdown(cfg)
     assert set(parts) == {"embeddings", "attention", "feed_forward", "norms", "lm_head"}
@@ -72,30 +72,33 @@ def test_reference_sizes_have_the_stated_shapes():
 
 
 @pytest.mark.parametrize("ref", REFERENCE_SIZES)
-def test_cpu_preset_is_the_reference_divided_by_8(ref):
-    r, s = MODEL_SIZES[ref], MODEL_SIZES[ref + "/8"]
-    assert s.name == ref + "/8"
-    assert (s.d_model, s.d_ff, s.n_heads) == (r.d_model // 8, r.d_ff // 8, r.n_heads)
+def test_cpu_preset_keeps_head_dim_ffn_ratio_and_lm_head_share(ref):
+    r, s = MODEL_SIZES[ref], MODEL_SIZES[ref + "/cpu"]
+    assert s.name == ref + "/cpu"
+    assert s.head_dim == r.head_dim and s.n_heads == max(1, round(r.n_heads / 4))
+    assert s.d_ff * r.d_model == r.d_ff * s.d_model
     assert s.n_layers == math.ceil(r.n_layers / 8)
-    assert s.head_dim * 8 == r.head_dim
-    assert (s.vocab_size, s.context_length, s.norm) == (r.vocab_size // 8, r.context_length, r.norm)
+    # the LM head's share d·V / (12·L·d² + d·V) is kept when V / (L·d) is: up to rounding V to a whole token
+    assert s.vocab_size / (s.n_layers * s.d_model) == pytest.approx(r.vocab_size / (r.n_layers * r.d_model),
+                                                                    abs=0.5 / (s.n_layers * s.d_model) + 1e-12)
+    assert (s.context_length, s.norm) == (r.context_length, r.norm)
 
 
 def test_large_preset_rounds_layers_up():
-    assert MODEL_SIZES["large/8"].n_layers == 5  # 36 / 8 = 4.5
+    assert MODEL_SIZES["large/cpu"].n_layers == 5  # 36 / 8 = 4.5
 
 
 def test_sizes_for_profiles():
-    assert sizes_for("cpu") == ["small/8", "medium/8", "large/8", "xl/8", "2.7B/8"]
+    assert sizes_for("cpu") == ["small/cpu", "medium/cpu", "large/cpu", "xl/cpu", "2.7B/cpu"]
     assert sizes_for("gpu") == ["small", "medium", "large", "xl", "2.7B"]
     with pytest.raises(ValueError):
         sizes_for("tpu")
 
 
 def test_get_config_overrides_and_accepts_a_config():
-    cfg = get_config("small/8", norm="layernorm", context_length=64)
-    assert (cfg.norm, cfg.context_length, cfg.d_model) == ("layernorm", 64, 96)
-    assert MODEL_SIZES["small/8"].norm == "rmsnorm"  # the preset itself is untouched
+    cfg = get_config("small/cpu", norm="layernorm", context_length=64)
+    assert (cfg.norm, cfg.context_length, cfg.d_model) == ("layernorm", 64, 192)
+    assert MODEL_SIZES["small/cpu"].norm == "rmsnorm"  # the preset itself is untouched
     assert get_config(TOY) is TOY
     assert get_config(TOY, n_layers=3).n_layers == 3
 
@@ -103,7 +106,7 @@ def test_get_config_overrides_and_accepts_a_config():
 def test_unknown_size_name_lists_the_known_ones():
     with pytest.raises((KeyError, ValueError)) as info:
         get_config("huge")
-    assert "huge" in str(info.value) and "small/8" in str(info.value) and "2.7B" in str(info.value)
+    assert "huge" in str(info.value) and "small/cpu" in str(info.value) and "2.7B" in str(info.value)
 
 
 def test_heads_must_divide_d_model():
@@ -137,11 +140,11 @@ def test_causal_mask_is_a_non_persistent_bool_buffer():
 
 def test_init_is_normal_002_and_norms_are_ones():
     torch.manual_seed(0)
-    model = build_model("small/8")
+    model = build_model("small/cpu")
     for w in (model.tok_emb.weight, model.pos_emb.weight, model.blocks[0].attn.qkv.weight, model.lm_head.weight):
         assert abs(w.std().item() - 0.02) < 0.002 and abs(w.mean().item()) < 0.002
-    assert torch.equal(model.blocks[0].norm1.weight, torch.ones(96))
-    assert torch.equal(model.norm_f.weight, torch.ones(96))
+    assert torch.equal(model.blocks[0].norm1.weight, torch.ones(model.cfg.d_model))
+    assert torch.equal(model.norm_f.weight, torch.ones(model.cfg.d_model))
 
 
 def test_build_model_device_and_dtype():
@@ -191,10 +194,10 @@ def test_causality(t):
 
 def test_cpu_preset_forward_backward():
     torch.manual_seed(0)
-    model = build_model("small/8")
+    model = build_model("small/cpu")
     x, y = random_batch(model.cfg, batch_size=2, context_length=32)
     logits = model(x)
-    assert logits.shape == (2, 32, 1_250)  # vocab 10,000 / 8
+    assert logits.shape == (2, 32, MODEL_SIZES["small/cpu"].vocab_size)
     lm_loss(logits, y).backward()
     assert all(p.grad is not None for p in model.parameters())
 
@@ -272,7 +275,7 @@ def test_random_batch_shapes_range_and_shift():
     assert x.min() >= 0 and max(x.max(), y.max()) < 50
     assert torch.equal(x[:, 1:], y[:, :-1])
     assert len(torch.unique(x)) > 10  # actually random, not constant
-    x, y = random_batch("small/8", batch_size=2, context_length=8)
+    x, y = random_batch("small/cpu", batch_size=2, context_length=8)
     assert x.shape == (2, 8) and y.max() < 10_000
 
 
@@ -284,7 +287,7 @@ def test_random_batch_is_deterministic_with_a_seeded_generator():
     assert not torch.equal(a[0], c[0])
 
 
-@pytest.mark.parametrize("name", ["small", "small/8", "2.7B/8"])
+@pytest.mark.parametrize("name", ["small", "small/cpu", "2.7B/cpu"])
 def test_parameter_shapes_are_the_models_own_named_parameters(name):
     model = build_model(name, device="meta")
     assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == list(M.parameter_shapes(name).items())
@@ -297,7 +300,7 @@ ATTN_TINY = ModelConfig("attn_tiny", 64, 128, 2, 4, vocab_size=50, context_lengt
 
 def test_attention_defaults_to_naive_and_rejects_unknown_names():
     assert get_config("small").attention == "naive" and build_model(TOY).blocks[0].attn.impl == "naive"
-    assert build_model("small/8", device="meta", attention="flash_triton").cfg.attention == "flash_triton"
+    assert build_model("small/cpu", device="meta", attention="flash_triton").cfg.attention == "flash_triton"
     with pytest.raises(ValueError, match="unknown attention 'flash'"):
         get_config("small", attention="flash")
 

@@ -18,7 +18,7 @@ def test_collectives_on_two_simulated_nodes(tmp_path):
 
 
 def test_ddp_bench_on_two_simulated_nodes(tmp_path):
-    runs = run_simulated_nodes(["bench", "ddp", "--model", "small/8", "--steps", "3", "--warmup", "1",
+    runs = run_simulated_nodes(["bench", "ddp", "--model", "small/cpu", "--steps", "3", "--warmup", "1",
                                 "--batch-size", "2", "--context-length", "16", "--out", str(tmp_path)])
     for r in runs:
         assert r.returncode == 0, r.stderr[-3000:]

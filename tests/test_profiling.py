@@ -13,7 +13,7 @@ TOLERANCE = 0.01  # analytic training FLOPs vs FlopCounterMode (they agree exact
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = model.get_config("small/8", n_layers=1)
+    cfg = model.get_config("small/cpu", n_layers=1)
     lm = model.build_model(cfg)
     x, y = model.random_batch(cfg, batch_size=2, context_length=16)
     return lm, torch.optim.AdamW(lm.parameters()), x, y
@@ -63,7 +63,7 @@ def test_flame_rects_from_a_synthetic_collapsed_file():
 
 def test_train_flops_match_flop_counter(tiny):
     lm, _, x, y = tiny
-    for size, B, T in [(lm.cfg, 2, 16), (model.get_config("medium/8", n_layers=2), 1, 128)]:
+    for size, B, T in [(lm.cfg, 2, 16), (model.get_config("medium/cpu", n_layers=2), 1, 128)]:
         net = lm if size is lm.cfg else model.build_model(size)
         xs, ys = model.random_batch(size, batch_size=B, context_length=T)
         counted = profiling.counted_flops(lambda: model.lm_loss(net(xs), ys).backward())
@@ -90,7 +90,7 @@ def test_autocast_dtype_table():
 
 
 def test_time_size_rows_per_pass_and_oom_is_recorded(monkeypatch):
-    cfg = model.get_config("small/8", n_layers=1)
+    cfg = model.get_config("small/cpu", n_layers=1)
     rows = benchmarking.time_size(cfg, 2, 16, warmup=1, steps=2, autocast_dtype=torch.bfloat16)
     assert [r["pass"] for r in rows] == ["forward", "backward", "both"]
     assert all(r["status"] == "ok" and r["steps"] == 2 and r["precision"] == "autocast bfloat16" for r in rows)
@@ -158,12 +158,12 @@ def test_flops_table_matches_the_closed_forms():
     assert table.loc["xl", "GFLOPs/step"] == total / 1e9 and table.loc["xl", "achieved GFLOP/s"] == total / 2.0 / 1e9
     assert table.loc["xl", "MFU"] == formulas.mfu(total, 2.0, h100, "tf32") < 1
     assert "MFU up to" in benchmarking.flops_summary(table, h100, "tf32")
-    cpu = benchmarking.flops_table({"small/8": 0.1}, 2, 16, "Intel(R) Xeon(R) CPU")
+    cpu = benchmarking.flops_table({"small/cpu": 0.1}, 2, 16, "Intel(R) Xeon(R) CPU")
     assert cpu["MFU"].isna().all() and "not defined" in benchmarking.flops_summary(cpu, "Intel(R) Xeon(R) CPU", "fp32")
 
 
 def test_precisions_compared_in_one_loop_and_the_same_quantity_noted():
-    cfg = model.get_config("small/8", n_layers=1)
+    cfg = model.get_config("small/cpu", n_layers=1)
     amp, comps = benchmarking.compare_precisions([cfg], 2, 16, [torch.bfloat16], warmup=1, steps=3, device="cpu")
     assert list(amp["precision"]) == ["fp32", "autocast bfloat16"] and (amp["status"] == "ok").all()
     assert all(len(s) == 3 for s in comps[cfg].samples.values())  # one sample per round each

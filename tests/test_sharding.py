@@ -17,7 +17,7 @@ from helpers.model import count_parameters
 
 KINDS = ["unsharded", "sharded", "naive_sharded", "zero1"]
 BATCH, CONTEXT = 8, 16
-CONFIGS = [("uneven", "adamw", False, 3), ("toy", "sgd", True, 3), ("small/8", "adamw", "late", 2)]
+CONFIGS = [("uneven", "adamw", False, 3), ("toy", "sgd", True, 3), ("small/cpu", "adamw", "late", 2)]
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +25,9 @@ def two_ranks():
     """One 2-rank launch: every config trained by every kind, a checkpointed run, and a measured memory run."""
     calls = [partial(SR.equivalence_worker, model=name, kinds=KINDS, steps=steps, batch_size=BATCH,
                      context_length=CONTEXT, optimizer=opt, groups=groups) for name, opt, groups, steps in CONFIGS]
-    calls += [partial(SR.checkpoint_worker, model="small/8", steps=4, batch_size=BATCH, context_length=CONTEXT),
-              partial(SR.checkpoint_worker, model="small/8", steps=2, batch_size=BATCH, context_length=CONTEXT),
-              partial(SR.memory_worker, model="small/8", kinds=["unsharded", "sharded", "zero1"], batch_size=4,
+    calls += [partial(SR.checkpoint_worker, model="small/cpu", steps=4, batch_size=BATCH, context_length=CONTEXT),
+              partial(SR.checkpoint_worker, model="small/cpu", steps=2, batch_size=BATCH, context_length=CONTEXT),
+              partial(SR.memory_worker, model="small/cpu", kinds=["unsharded", "sharded", "zero1"], batch_size=4,
                       context_length=32, steps=2)]
     return launch(partial(SR.run_all, calls), 2, backend="gloo", device="cpu")
 
@@ -67,40 +67,40 @@ def test_one_rank_equals_unsharded_exactly():
 
 
 def test_state_is_one_nth_and_collectives_match_the_formulas(two_ranks):
-    psi = count_parameters("small/8") * 4
+    psi = count_parameters("small/cpu") * 4
     for rank, out in enumerate(two_ranks):
-        runs = out[2]  # small/8, two groups
-        table = SR.collectives_table(runs, "small/8", 2, n_groups=2)
+        runs = out[2]  # small/cpu, two groups
+        table = SR.collectives_table(runs, "small/cpu", 2, n_groups=2)
         assert table["matches formula"].all(), table  # every step: the bytes passed are the formula's, exactly
         assert runs["sharded"].state_bytes <= 1.02 * runs["unsharded"].state_bytes / 2
         padded = psi + int(table.loc["zero1", "padding B"])
         assert runs["zero1"].state_bytes == 2 * padded // 2 + 4 * 2  # exp_avg + exp_avg_sq of 1/N, a step per group
         assert len(runs["sharded"].collectives[0]) == 1 + 2  # one all-reduce bucket, one broadcast per owner
-        assert len(runs["naive_sharded"].collectives[0]) == 1 + len(list(SR.make_model("small/8", 0).parameters()))
+        assert len(runs["naive_sharded"].collectives[0]) == 1 + len(list(SR.make_model("small/cpu", 0).parameters()))
 
 
 def test_state_dict_round_trip_across_world_sizes(two_ranks):
     straight, first = two_ranks[0][3], two_ranks[0][4]
     saved = first.state_dict
     # resume at world size 2 from the consolidated dict: the same weights as never stopping
-    resume = partial(SR.checkpoint_worker, model="small/8", steps=2, batch_size=BATCH, context_length=CONTEXT,
+    resume = partial(SR.checkpoint_worker, model="small/cpu", steps=2, batch_size=BATCH, context_length=CONTEXT,
                      resume=first, start=2)
     resumed = launch(resume, 2, backend="gloo", device="cpu")
     _assert_same(resumed[0].weights, straight.weights, "resumed at 2 ranks")
     for key, state in straight.state_dict["state"].items():
         _assert_same(resumed[0].state_dict["state"][key], state, f"state {key}")
     # load at world size 1: the sharded optimizer and plain AdamW continue identically, and re-save the same dict
-    model, _, opt = SR.build("sharded", "small/8", groups=True)
+    model, _, opt = SR.build("sharded", "small/cpu", groups=True)
     model.load_state_dict(first.weights)
     opt.load_state_dict(copy.deepcopy(saved))  # torch's load_state_dict may keep the given tensors: one copy each
     again = opt.state_dict()
     assert again["param_groups"] == saved["param_groups"]
     for key, state in saved["state"].items():
         _assert_same(again["state"][key], state, f"re-saved state {key}")
-    ref_model, _, ref_opt = SR.build("unsharded", "small/8", groups=True)
+    ref_model, _, ref_opt = SR.build("unsharded", "small/cpu", groups=True)
     ref_model.load_state_dict(first.weights)
     ref_opt.load_state_dict(copy.deepcopy(saved))
-    for batch in SR.make_batches("small/8", 4, BATCH, CONTEXT)[2:]:
+    for batch in SR.make_batches("small/cpu", 4, BATCH, CONTEXT)[2:]:
         common.train_step(model, opt, *batch)
         common.train_step(ref_model, ref_opt, *batch)
     _assert_same(model.state_dict(), ref_model.state_dict(), "1 rank after loading")
@@ -114,7 +114,7 @@ def test_state_dict_needs_consolidation():
 
 
 def test_calculator_on_meta_matches_counts_and_a_measured_run(two_ranks):
-    for name in ("small", "xl", "small/8"):
+    for name in ("small", "xl", "small/cpu"):
         assert F.meta_numel(name) == count_parameters(name)
     psi = count_parameters("xl")
     mixed = [F.zero_memory("xl", 8, stage, "mixed")["total"] for stage in range(4)]

@@ -4,7 +4,7 @@ each Triton kernel against its spec, benchmarks in time and TFLOP/s, and the att
     bench_attention("naive", shape=(8, 1, 1024, 64), dtype=torch.float32, device="cuda")    # fwd, bwd, fwd+bwd rows
     saved_memory("flash_pytorch", (2, 1, 512, 64))          # bytes live before backward, measured and closed form
     check_kernel("fwd", (1, 2, 40, 16), torch.float32)      # one Triton kernel vs its PyTorch spec
-    compare_models("small/8", ["naive", "sdpa", "flash_pytorch"])   # model fwd+bwd, interleaved
+    compare_models("small/cpu", ["naive", "sdpa", "flash_pytorch"])   # model fwd+bwd, interleaved
     python -m helpers bench attention        # CUDA: the leaderboard configuration (Triton vs SDPA vs naive)
     python -m helpers bench attention --seq 256 1024 --head-dim 64 --dtype bfloat16 --impls flash_triton sdpa
 """
@@ -45,7 +45,7 @@ PROFILES = {  # what notebook 06 measures per profile
                 compile_shape=(2, 1, 512, 64), bench_shapes=[(1, 4, 512, 64)],
                 bench_dtypes=[torch.float32], bench_impls=["naive", "sdpa", "compiled", "flash_pytorch"],
                 flash_pytorch_max_T=512, memory_seq_lens=[128, 256, 512, 1024], memory_shape=(2, 1, 32),
-                model_sizes=["small/8"], model_impls=["naive", "sdpa", "flash_pytorch"], model_batch=4,
+                model_sizes=["small/cpu"], model_impls=["naive", "sdpa", "flash_pytorch"], model_batch=4,
                 model_dtype=None, model_steps=10, kernel_shape=(1, 2, 40, 16)),
 }
 PASSES = ("fwd", "bwd", "fwd+bwd")

@@ -29,7 +29,7 @@ from helpers.timing import benchmark, compare, verdict
 
 MiB = 2**20
 PROFILES = {  # notebook 01 per profile: batch x context, warm-up and timed steps, no-warm-up steps, the profiled size
-    "cpu": dict(batch=4, context=64, warmup=2, steps=6, cold_steps=3, profile_size="medium/8"),  # 6: timing.MIN_PAIRS
+    "cpu": dict(batch=4, context=32, warmup=2, steps=6, cold_steps=3, profile_size="medium/cpu"),  # context 128 ÷ 4 keeps T/d; 6: timing.MIN_PAIRS
     "gpu": dict(batch=16, context=128, warmup=5, steps=10, cold_steps=10, profile_size="xl"),  # the seed profiled xl
 }
 

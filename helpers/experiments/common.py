@@ -158,7 +158,7 @@ def quartiles(values) -> tuple[float, float, float]:
 def bench_parser(prog: str, description: str = "") -> argparse.ArgumentParser:
     """The options the 2-rank training benchmarks share (bench ddp, bench sharding): model, steps, batch, device."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--model", default="small/8")
+    parser.add_argument("--model", default="small/cpu")
     parser.add_argument("--steps", type=positive_int, default=30)
     parser.add_argument("--warmup", type=nonnegative_int, default=5)
     parser.add_argument("--batch-size", type=positive_int, default=8)

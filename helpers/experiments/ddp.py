@@ -3,12 +3,12 @@ profiler traces), the tables and plots built from what they return, and `python 
 call the same functions.
 
     checks = check_equivalence("toy", toy_variants(), backend="gloo", device="cpu")   # one row per variant
-    raw, speed = speed_table(["small/8"], sweep_model="small/8", buckets_mb=[1, 25], steps=10, warmup=3,
+    raw, speed = speed_table(["small/cpu"], sweep_model="small/cpu", buckets_mb=[1, 25], steps=10, warmup=3,
                              batch_size=8, context_length=64, backend="gloo", device="cpu")
-    overlap = overlap_table(raw["small/8"], ["naive", "per_parameter"], traced=True)
-    sweep, fit = bucket_sweep(speed, "small/8", alpha_s=1e-4, beta_Bps=1e9)   # measured vs modelled step time
+    overlap = overlap_table(raw["small/cpu"], ["naive", "per_parameter"], traced=True)
+    sweep, fit = bucket_sweep(speed, "small/cpu", alpha_s=1e-4, beta_Bps=1e9)   # measured vs modelled step time
 
-    python -m helpers bench ddp [--model small/8 --bucket-mb 1 --steps 30]   # DDPBucketed vs torch DDP, gloo, 2 ranks
+    python -m helpers bench ddp [--model small/cpu --bucket-mb 1 --steps 30]   # DDPBucketed vs torch DDP, gloo, 2 ranks
 """
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ from helpers.timing import interleaved, paired_ratio, sync, time_call, verdict
 EPS32 = torch.finfo(torch.float32).eps  # 2**-23; unit roundoff u = EPS32 / 2
 EQUIVALENCE = {  # what §1 and tests/test_ddp.py train: global batches of batch_size x context_length tokens
     "toy": dict(steps=3, batch_size=8, context_length=6, optimizer="sgd"),
-    "small/8": dict(steps=2, batch_size=4, context_length=16, optimizer="adamw"),
+    "small/cpu": dict(steps=2, batch_size=4, context_length=16, optimizer="adamw"),
 }
 PROFILES = {  # notebook 04 per profile: speed-table models, the sweep's model, batch (global) and context, steps
-    "cpu": dict(sizes=["small/8", "medium/8", "large/8"], sweep_model="large/8", batch=8, context=64, warmup=3, steps=10,
+    "cpu": dict(sizes=["small/cpu", "medium/cpu", "large/cpu"], sweep_model="large/cpu", batch=8, context=32, warmup=3, steps=10,
                 extra_buckets_mb=[0.03125, 0.0625, 0.125, 0.25, 0.5]),
     "gpu": dict(sizes=["small", "medium"], sweep_model="medium", batch=8, context=128, warmup=3, steps=10,
                 extra_buckets_mb=[]),
@@ -79,7 +79,7 @@ def toy_variants() -> list[tuple]:
 
 
 def transformer_variants() -> list[tuple]:
-    """(label, kind, bucket_size_mb) for small/8: every hand-written wrapper, bucketed at 0.05 MB and unbounded."""
+    """(label, kind, bucket_size_mb) for small/cpu: every hand-written wrapper, bucketed at 0.05 MB and unbounded."""
     return ([(k, k, None) for k in ("naive", "flat", "per_parameter")]
             + [("bucketed 0.05 MB", "bucketed", 0.05), ("bucketed unbounded", "bucketed", None)])
 

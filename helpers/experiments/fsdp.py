@@ -3,15 +3,15 @@ process, memory at three points, bytes and a profiler trace, speed against DDP /
 ring all-reduces), activation checkpointing in this process, the tables built from what they return, and
 `python -m helpers bench fsdp`. Workers take keyword arguments and return dataclasses; the tests call the same code.
 
-    per_rank = launch(partial(equivalence_worker, model="small/8", n_layers=2, dtypes=["fp32", "fp16"], steps=3,
+    per_rank = launch(partial(equivalence_worker, model="small/cpu", n_layers=2, dtypes=["fp32", "fp16"], steps=3,
                               batch_size=4, context_length=16), 2)          # per rank: {dtype: EquivalenceRun}
-    table = equivalence_table(per_rank, model="small/8", n_layers=2)        # vs one process, with the derived bound
-    per_rank = launch(partial(measure_worker, model="small/8", batch_size=8, context_length=64, steps=6, warmup=2), 2)
+    table = equivalence_table(per_rank, model="small/cpu", n_layers=2)        # vs one process, with the derived bound
+    per_rank = launch(partial(measure_worker, model="small/cpu", batch_size=8, context_length=64, steps=6, warmup=2), 2)
     memory_table(per_rank); bytes_table(per_rank); gather_timeliness(per_rank); speed_table(per_rank)
-    ckpt = checkpoint_sweep("small/8", n_layers=12, batch_size=8, context_length=128, segments=[0, 1, 2, 3, 4, 6, 12])
+    ckpt = checkpoint_sweep("small/cpu", n_layers=12, batch_size=8, context_length=128, segments=[0, 1, 2, 3, 4, 6, 12])
     ring = ring_table([launch(partial(ring_worker, sizes=[2**10, 2**16], steps=5, warmup=2), n) for n in (2, 4)])
 
-    python -m helpers bench fsdp [--model small/8 --steps 30]   # our FSDP vs torch fully_shard, gloo, 2 ranks
+    python -m helpers bench fsdp [--model small/cpu --steps 30]   # our FSDP vs torch fully_shard, gloo, 2 ranks
 """
 from __future__ import annotations
 
@@ -42,11 +42,11 @@ from helpers.profiling import label_modules, quiet_profiler
 from helpers.timing import interleaved, paired_ratio, sync
 
 PROFILES = {  # what notebook 07 runs per profile
-    "cpu": dict(check_model="small/8", check_layers=2, check_batch=4, check_context=16, model="small/8", batch=8,
-                context=64, steps=8, warmup=2, ckpt_model="small/8", ckpt_layers=12, ckpt_batch=4, ckpt_context=64,
+    "cpu": dict(check_model="small/cpu", check_layers=2, check_batch=4, check_context=16, model="small/cpu", batch=8,
+                context=32, steps=8, warmup=2, ckpt_model="small/cpu", ckpt_layers=12, ckpt_batch=4, ckpt_context=64,
                 segments=[0, 1, 2, 3, 4, 6, 12], ckpt_steps=3, ring_worlds=[2, 4], ring_sizes=[2**8, 2**14, 2**18],
                 ring_steps=5),
-    "gpu": dict(check_model="small/8", check_layers=2, check_batch=4, check_context=16, model="small", batch=8,
+    "gpu": dict(check_model="small/cpu", check_layers=2, check_batch=4, check_context=16, model="small", batch=8,
                 context=128, steps=10, warmup=3, ckpt_model="xl", ckpt_layers=None, ckpt_batch=4, ckpt_context=1024,
                 segments=[0, 1, 2, 3, 4, 6, 8, 12, 16], ckpt_steps=5, ring_worlds=[2, 4], ring_sizes=[2**10, 2**16, 2**20, 2**23],
                 ring_steps=6),

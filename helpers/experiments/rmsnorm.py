@@ -2,7 +2,7 @@
 the copy bandwidth, and inside the model; `python -m helpers bench rmsnorm`.
 
     bench_norm("triton", 50_000, 4096, torch.bfloat16, "cuda", backward=True)   # a row: time, GB/s, fraction of copy
-    bench_model("small/8", norm="rmsnorm_triton")                               # the model's fwd and fwd+bwd
+    bench_model("small/cpu", norm="rmsnorm_triton")                               # the model's fwd and fwd+bwd
     check_against_spec(RMSNormTritonFunction.apply, (2, 3, 37), torch.bfloat16)  # y, dx, dg within TOL[dtype]
     python -m helpers bench rmsnorm --rows 50000 --hidden 1024 4096 --dtype bfloat16
 """
@@ -38,7 +38,7 @@ PROFILES = {  # what notebook 02 measures per profile
                 triton_shape=None, compile_model_sizes=["small", "medium", "large", "xl", "2.7B"]),
     "cpu": dict(rows=4096, hidden=[256, 512, 1024, 2048], dtypes=[torch.float32],
                 warmup=2, steps=6, batch=4, compile_hidden=[1024],  # steps >= timing.MIN_PAIRS
-                triton_shape=(64, 256), compile_model_sizes=["small/8"]),
+                triton_shape=(64, 256), compile_model_sizes=["small/cpu"]),
 }
 
 

@@ -3,15 +3,15 @@ memory at each point, speed), the tables built from what they return, the ZeRO t
 `python -m helpers bench sharding`. Workers take keyword arguments and return dataclasses; ranks return, the parent
 prints. The tests call the same functions.
 
-    model, grad_sync, opt = build("sharded", "small/8")          # kinds: KINDS and "torch_zero"
-    per_rank = launch(partial(equivalence_worker, model="small/8", kinds=list(KINDS), steps=3, batch_size=8,
+    model, grad_sync, opt = build("sharded", "small/cpu")          # kinds: KINDS and "torch_zero"
+    per_rank = launch(partial(equivalence_worker, model="small/cpu", kinds=list(KINDS), steps=3, batch_size=8,
                               context_length=64), 2)             # per rank: {kind: KindRun}
     table = equivalence_table(per_rank)                          # same weights / same gradients, state, calls
-    per_rank = launch(partial(run_all, [partial(memory_worker, model="xl/8", kinds=["unsharded", "sharded"],
+    per_rank = launch(partial(run_all, [partial(memory_worker, model="xl/cpu", kinds=["unsharded", "sharded"],
                                                 batch_size=8, context_length=128, steps=2)]), 2)
     mem = memory_frame(per_rank); breakdown = memory_breakdown(per_rank)   # measured vs formulas.live_bytes
 
-    python -m helpers bench sharding [--model small/8 --steps 30]   # vs torch's ZeroRedundancyOptimizer, gloo, 2 ranks
+    python -m helpers bench sharding [--model small/cpu --steps 30]   # vs torch's ZeroRedundancyOptimizer, gloo, 2 ranks
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ KINDS = {"unsharded": None, "sharded": ShardedOptimizer, "naive_sharded": NaiveS
 PEAK_TOL = 0.01  # forward/backward peak vs live bytes + activations + loss gradients (live bytes: exact)
 CALC_TOL = {"default": 1e-3, "sharded optimizer state": 0.02}  # measured model states vs the ZeRO calculator
 PROFILES = {  # notebook 05 per profile: the models for memory and speed, the global batch and context, timed steps
-    "cpu": dict(memory_models=["small/8", "xl/8"], speed_model="xl/8", check_model="small/8", batch=8, context=128,
+    "cpu": dict(memory_models=["small/cpu", "xl/cpu"], speed_model="xl/cpu", check_model="small/cpu", batch=8, context=64,
                 warmup=3, steps=10, speed_launches=[["unsharded", "naive_sharded", "sharded", "zero1", "torch_zero"]]),
     # XL on one GPU shared by 2 ranks: one launch per variant, so only one copy of the model states per rank at a time
     "gpu": dict(memory_models=["xl"], speed_model="xl", check_model="small", batch=4, context=128, warmup=2, steps=5,
