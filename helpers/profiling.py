@@ -5,6 +5,7 @@
     class_shares(prof)                     # matmul vs elementwise/other
     stacks = module_stacks(prof)           # [(("TransformerLM", "blocks.0", "attn", "aten::mm"), µs), ...]
     plot_flame(stacks); module_share(stacks, "RMSNormTorch")
+    write_collapsed(stacks, "data/local/step.collapsed")   # for speedscope / flamegraph.pl; parse_collapsed reads it
     counted_flops(fn)                      # what FlopCounterMode counts (the closed forms are in helpers.formulas)
 
 Stacks come from the profiler's op tree, with each module's forward wrapped in a
@@ -14,6 +15,7 @@ the module whose forward op created them (the profiler's sequence numbers link t
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -218,6 +220,27 @@ def parse_collapsed(lines) -> list[tuple[tuple[str, ...], float]]:
     return out
 
 
+def write_collapsed(stacks, path) -> Path:
+    """Save stacks as a collapsed-stacks file ("a;b;c 123" per line), what speedscope and flamegraph.pl read.
+
+    Equal stacks are merged (first appearance kept in order) and values rounded to integers (µs for
+    module_stacks), since speedscope reads whole counts; a stack that rounds to 0 is left out.
+    parse_collapsed reads the file back.
+    """
+    merged: dict[tuple[str, ...], float] = {}
+    for frames, value in stacks:
+        bad = next((f for f in frames if ";" in f or "\n" in f or not f), None)
+        if bad is not None:
+            raise ValueError(f"frame {bad!r} of stack {frames} cannot be written: frames must be non-empty, "
+                             "without ';' or newlines")
+        merged[tuple(frames)] = merged.get(tuple(frames), 0.0) + value
+    lines = [f"{';'.join(frames)} {round(value)}" for frames, value in merged.items() if round(value) > 0]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 def flame_rects(stacks) -> list[dict]:
     """Flame-graph boxes: merge equal prefixes; each box has depth, start, width (same units as values), name."""
     tree: dict = {}
@@ -238,24 +261,80 @@ def flame_rects(stacks) -> list[dict]:
     return rects
 
 
-def plot_flame(stacks, ax=None, title: str = "", min_label_share: float = 0.03):
-    """Draw a flame graph (root at the bottom) with matplotlib; label boxes wider than `min_label_share`."""
+def plot_flame(stacks, ax=None, title: str = "", min_label_share: float = 0.03, fontsize: float = 7):
+    """Draw a flame graph (root at the bottom) with matplotlib (notebook 01); boxes wider than `min_label_share`
+    are labelled, whole where the name fits, else shortened (flame_label) and numbered in a key of full names."""
     import matplotlib.pyplot as plt
 
     rects = flame_rects(stacks)
     total = sum(r["width"] for r in rects if r["depth"] == 0) or 1.0
-    if ax is None:
-        _, ax = plt.subplots(figsize=(12, 0.35 * (1 + max(r["depth"] for r in rects)) + 1))
-    cmap = plt.get_cmap("YlOrRd")
+    depth = max(r["depth"] for r in rects)
+    own_figure = ax is None
+    if own_figure:
+        _, ax = plt.subplots(figsize=(12, 0.35 * (1 + depth) + 1))
+    box_pt = ax.get_position().width * ax.figure.get_figwidth() * 72  # points per unit share, before any relayout
+    cmap, key = plt.get_cmap("YlOrRd"), {}  # key: full name -> (number, colour)
     for r in rects:
         x, w = r["start"] / total, r["width"] / total
-        ax.barh(r["depth"], w, left=x, height=0.9, color=cmap(0.2 + 0.6 * (sum(map(ord, r["name"])) % 97) / 97),
-                edgecolor="white", linewidth=0.3)
-        if w >= min_label_share:
-            ax.text(x + 0.002, r["depth"], r["name"].split(" (")[0][: int(w * 160)], va="center", fontsize=7)
-    ax.set(xlim=(0, 1), ylim=(-0.5, max(r["depth"] for r in rects) + 0.5), xlabel="share of profiled time",
-           ylabel="stack depth", title=title)
+        colour = cmap(0.2 + 0.6 * (sum(map(ord, r["name"])) % 97) / 97)
+        (box,) = ax.barh(r["depth"], w, left=x, height=0.9, color=colour, edgecolor="white", linewidth=0.3)
+        if w < min_label_share:
+            continue
+        number = key.get(r["name"], (len(key) + 1,))[0]
+        label = flame_label(r["name"], w * box_pt - 3, fontsize, number)
+        if label is None:
+            continue
+        if label != r["name"]:
+            key.setdefault(r["name"], (number, colour))
+        ax.text(x + 1.5 / box_pt, r["depth"], label, va="center", fontsize=fontsize, clip_path=box)
+    ax.set(xlim=(0, 1), ylim=(-0.5, depth + 0.5), xlabel="share of profiled time", ylabel="stack depth", title=title)
+    if key:
+        _flame_key(ax, key, fontsize, grow_figure=own_figure)
     return ax
+
+
+def flame_label(name: str, room_pt: float, fontsize: float, number: int) -> str | None:
+    """The longest label for a flame box that fits `room_pt` points: the name, else a shorter form with " [number]"
+    (class dropped, then module path or op namespace, then cut with "…"); None when not even 3 letters fit."""
+    if _text_pt(name, fontsize) <= room_pt:
+        return name
+    suffix = f" [{number}]"
+    room_pt -= _text_pt(suffix, fontsize)
+    module = name.split(" (")[0]  # "blocks.1.attn (CausalMultiHeadSelfAttention)" -> "blocks.1.attn"
+    shorter = [module, module.rsplit(".", 1)[-1].split("::")[-1]]  # "attn"; "aten::mm" -> "mm"
+    fits = next((s for s in shorter if _text_pt(s, fontsize) <= room_pt), None)
+    if fits is not None:
+        return fits + suffix
+    cut = shorter[-1]
+    while len(cut) > 3 and _text_pt(cut + "…", fontsize) > room_pt:
+        cut = cut[:-1]
+    return cut + "…" + suffix if _text_pt(cut + "…", fontsize) <= room_pt else None
+
+
+def _text_pt(text: str, fontsize: float) -> float:
+    """Width of `text` in points in matplotlib's default font."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextPath
+
+    return TextPath((0, 0), text, prop=FontProperties(size=fontsize)).get_extents().width
+
+
+def _flame_key(ax, key: dict, fontsize: float, grow_figure: bool) -> None:
+    """The full names of shortened flame labels, numbered and coloured as their boxes, below the graph
+    (the figure made taller to hold them when plot_flame made it)."""
+    from matplotlib.patches import Patch
+    from matplotlib.transforms import ScaledTranslation
+
+    entries = sorted(key.items(), key=lambda item: item[1][0])
+    fig = ax.figure
+    below = ax.transAxes + ScaledTranslation(0, -0.45, fig.dpi_scale_trans)  # under the x label, whatever the height
+    columns = 3 if len(entries) > 8 else 2
+    if grow_figure:
+        fig.set_figheight(fig.get_figheight() + 0.16 * -(-len(entries) // columns) + 0.2)
+    ax.legend([Patch(color=colour) for _, (_, colour) in entries],
+              [f"[{number}] {name}" for name, (number, _) in entries],
+              loc="upper left", bbox_to_anchor=(0, 0), bbox_transform=below, ncol=columns, fontsize=fontsize,
+              frameon=False, handlelength=1, title="shortened labels", title_fontsize=fontsize, alignment="left")
 
 
 # --- FLOPs as torch counts them -----------------------------------------------------------------

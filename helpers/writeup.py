@@ -8,19 +8,73 @@ Parameters are injected the way papermill does it (a cell tagged
 `injected-parameters` right after the cell tagged `parameters`), so papermill
 runs the same notebooks too. A notebook that fails still gets its HTML, with
 the error in place, and the command exits non-zero at the end.
+
+The pages open offline: TeX in markdown becomes MathML at export (no MathJax),
+plots are embedded, progress-bar widgets and tqdm's stderr noise are dropped,
+code inputs are folded under a "code" toggle, and the clone's absolute path
+is replaced by paths relative to the repository root. Extra pages (an answers
+page, say) are built after the notebooks ran and linked first from the index.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import html
+import re
 import sys
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable, Sequence
 
 import nbformat
+from jinja2 import DictLoader, pass_context
+from latex2mathml.converter import convert as latex_to_mathml
+from nbconvert import HTMLExporter
+from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
 
 ROOT = Path(__file__).resolve().parent.parent
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+CSS_COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
+# tqdm's bars: "50%|█████     | 5/10 [00:01<00:01, ...]" or, without a total, "12it [00:01, ...]"
+PROGRESS_BAR = re.compile(r"\|[^|\n]*\|\s*\S+/\S+\s*\[|\d+\w*\s*\[\d+:\d+")
+LOADED_URL = re.compile(r"<(?:script|img|iframe|source|audio|video|embed)\b[^>]*?\ssrc=[\"']?(?!data:)([^\"'\s>]+)"
+                        r"|<link\b[^>]*?\shref=[\"']?(?!data:)([^\"'\s>]+)", re.IGNORECASE)
+
+# The "lab" template without anything loaded from the network, each code input folded under "code".
+OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block extra_css -%}
+<style>
+details.code-fold > summary { cursor: pointer; width: max-content; margin: 2px 0 2px var(--jp-cell-prompt-width, 64px);
+  font-family: var(--jp-code-font-family); font-size: var(--jp-code-font-size); color: var(--jp-ui-font-color2); }
+math[display="block"] { margin: 0.6em 0; }
+</style>
+{%- endblock extra_css -%}
+{% block input_group -%}
+{%- if resources.global_content_filter.include_input and cell.source.strip() -%}
+<details class="code-fold"><summary>code</summary>
+{{ super() }}
+</details>
+{%- endif -%}
+{%- endblock input_group %}
+"""
+
+
+ExtraPage = tuple[str, str, Callable[[Path, str], None]]  # (title, filename, build(out_path, profile))
+
+
+class ExportError(ValueError):
+    """A notebook whose page cannot be written as asked (a formula MathML cannot express, a network reference)."""
+
+
+class MathError(ValueError):
+    """One TeX formula that latex2mathml cannot convert faithfully."""
 
 
 def inject_parameters(nb, **params) -> None:
@@ -60,7 +114,8 @@ def execute(path: Path, params: dict, timeout_s: int = 3600):
         client.execute()
         return nb, None
     except CellExecutionError as exc:
-        return nb, str(exc).strip().splitlines()[-1] if str(exc).strip() else "cell failed"
+        text = ANSI_COLOUR.sub("", str(exc)).strip()
+        return nb, text.splitlines()[-1] if text else "cell failed"
 
 
 def notebook_title(nb, fallback: str) -> str:
@@ -73,33 +128,159 @@ def notebook_title(nb, fallback: str) -> str:
     return fallback
 
 
-def export_html(nb, out: Path, title: str, hide_code: bool = False) -> None:
-    """Write one self-contained HTML page (plots are embedded as images)."""
-    from nbconvert import HTMLExporter
+def tex_to_mathml(tex: str, display: str) -> str:
+    """MathML for one formula (display "block" or "inline"), or MathError naming what latex2mathml cannot do."""
+    if _unbalanced_braces(tex):
+        raise MathError(f"unbalanced braces in {tex!r}")
+    try:
+        mathml = latex_to_mathml(tex, display=display)
+    except Exception as exc:  # latex2mathml raises its own error classes, one per kind of malformed TeX
+        raise MathError(f"{tex!r}: {type(exc).__name__} {exc}".strip()) from exc
+    unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)  # a command latex2mathml does not know is left as text
+    if unknown:
+        raise MathError(f"{tex!r}: unknown command {unknown[0]}")
+    return mathml.replace(' xmlns="http://www.w3.org/1998/Math/MathML"', "", 1)  # HTML needs no namespace
 
-    exporter = HTMLExporter(template_name="lab", exclude_input=hide_code)
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+
+def _unbalanced_braces(tex: str) -> bool:
+    """True when the unescaped { and } of a formula do not pair up."""
+    depth = 0
+    for brace in re.findall(r"(?<!\\)[{}]", tex):
+        depth += 1 if brace == "{" else -1
+        if depth < 0:
+            return True
+    return depth != 0
+
+
+class MathMLRenderer(IPythonRenderer):
+    """nbconvert's markdown renderer with TeX turned into MathML, instead of left for MathJax to typeset."""
+
+    def block_math(self, body: str) -> str:
+        """$$...$$ and \\[...\\] as a displayed formula."""
+        return tex_to_mathml(body, display="block")
+
+    def inline_math(self, body: str) -> str:
+        """$...$ and \\(...\\) inside the text."""
+        return tex_to_mathml(body, display="inline")
+
+    def latex_environment(self, name: str, body: str) -> str:
+        """\\begin{name}...\\end{name} as a displayed formula."""
+        return tex_to_mathml(f"\\begin{{{name}}}{body}\\end{{{name}}}", display="block")
+
+
+class OfflineHTMLExporter(HTMLExporter):
+    """HTMLExporter (lab template) whose pages load nothing: MathML for math, markdown images embedded."""
+
+    @pass_context
+    def markdown2html(self, context, source):
+        """Markdown cell to HTML, as nbconvert does it but with MathMLRenderer."""
+        renderer = MathMLRenderer(escape=False, attachments=context.get("cell", {}).get("attachments", {}),
+                                  embed_images=True, path=context["resources"]["metadata"].get("path", ""),
+                                  anchor_link_text=self.anchor_link_text,
+                                  exclude_anchor_links=self.exclude_anchor_links)
+        return MarkdownWithMath(renderer=renderer).render(source)
+
+
+def offline_copy(nb):
+    """A copy of an executed notebook without widget outputs, widget state and tqdm's stderr progress lines."""
+    nb = copy.deepcopy(nb)
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for out in cell.get("outputs", []):
+            if WIDGET_VIEW in out.get("data", {}):
+                continue
+            if out.output_type == "stream" and out.name == "stderr":
+                out.text = _without_progress_bars(out.text)
+                if not out.text.strip():
+                    continue
+            outputs.append(out)
+        cell.outputs = outputs
+    return nb
+
+
+def _without_progress_bars(text: str) -> str:
+    """Stream text as a terminal would leave it (each line's last carriage-return segment), progress bars removed."""
+    lines = []
+    for line in text.split("\n"):
+        shown = next((part for part in reversed(line.split("\r")) if part), "")
+        cleared = "\r" in line and not shown.strip()  # tqdm(leave=False) overwrites its bar with spaces
+        if not cleared and not PROGRESS_BAR.search(shown):
+            lines.append(shown)
+    return "\n".join(lines)
+
+
+def relative_paths(page: str, root: Path = ROOT) -> str:
+    """The page with the repository's absolute path (as given and resolved) made relative to the repository root."""
+    for absolute in sorted({str(root), str(root.resolve())}, key=len, reverse=True):
+        whole = re.compile(re.escape(absolute) + r"(/|(?![\w.-]))")  # not /work/main2 for /work/main
+        page = whole.sub(lambda m: "" if m[1] else ".", page)
+    return page
+
+
+def _without_css_comments(page: str) -> str:
+    """The page with comments removed from its <style> blocks (the lab theme's credits carry URLs)."""
+    return re.sub(r"(<style[^>]*>)(.*?)(</style>)", lambda m: m[1] + CSS_COMMENT.sub("", m[2]) + m[3], page,
+                  flags=re.DOTALL | re.IGNORECASE)
+
+
+def network_references(page: str) -> list[str]:
+    """URLs and file paths a browser would load for the page (script/img/... src, link href); data: URIs excluded."""
+    return [a or b for a, b in LOADED_URL.findall(page)]
+
+
+def export_html(nb, out: Path, title: str, hide_code: bool = False, notebook_dir: Path = ROOT / "notebooks") -> None:
+    """Write one self-contained HTML page: MathML, embedded images, folded code, no widget or network needs.
+
+    `notebook_dir` is where markdown image paths are read from. Raises ExportError naming the notebook.
+    """
+    exporter = OfflineHTMLExporter(template_name="lab", template_file="offline.html.j2", exclude_input=hide_code,
+                                   extra_loaders=[DictLoader({"offline.html.j2": OFFLINE_TEMPLATE})])
+    resources = {"metadata": {"name": title, "path": str(notebook_dir)}}
+    try:
+        body, _ = exporter.from_notebook_node(offline_copy(nb), resources=resources)
+    except MathError as exc:
+        raise ExportError(f"{out.stem}: cannot convert a formula to MathML: {exc}") from exc
+    body = relative_paths(_without_css_comments(body))
+    loaded = network_references(body)
+    if loaded:
+        raise ExportError(f"{out.stem}: the page would load {', '.join(sorted(set(loaded)))}; embed it or remove it")
     out.write_text(body, encoding="utf-8")
 
 
-def write_index(entries: list[dict], out_dir: Path, profile: str) -> Path:
-    """writeups/index.html: title, device, profile, date and one link per notebook."""
+def _link(entry: dict, out_dir: Path) -> str:
+    """A link to the entry's page, or its bare title when no page was written."""
+    title = html.escape(entry["title"])
+    return f"<a href='{html.escape(entry['html'])}'>{title}</a>" if (out_dir / entry["html"]).exists() else title
+
+
+def _status(entry: dict) -> str:
+    """'ok', or 'FAILED: why' escaped for HTML."""
+    return "ok" if entry["error"] is None else "FAILED: " + html.escape(entry["error"])
+
+
+def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequence[dict] = ()) -> Path:
+    """writeups/index.html: title, device, profile, date, the extra pages first, then one link per notebook."""
     from helpers.env import machine_facts
 
     facts = machine_facts()
+    extra = "\n".join(f"<li>{_link(p, out_dir)}{'' if p['error'] is None else ' · ' + _status(p)}</li>" for p in pages)
     rows = "\n".join(
-        f"<tr><td><a href='{html.escape(e['html'])}'>{html.escape(e['title'])}</a></td>"
-        f"<td>{html.escape(e['notebook'])}</td><td>{e['seconds']:.0f} s</td>"
-        f"<td>{'ok' if e['error'] is None else 'FAILED: ' + html.escape(e['error'])}</td></tr>"
+        f"<tr><td>{_link(e, out_dir)}</td>"
+        f"<td>{html.escape(e['notebook'])}</td><td>{e['seconds']:.0f} s</td><td>{_status(e)}</td></tr>"
         for e in entries
     )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>LLM systems companion: writeups</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.3rem .8rem;text-align:left}}</style>
+<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.3rem .8rem;text-align:left}}
+ul.pages{{font-size:1.15rem}}</style>
 </head><body><h1>LLM systems companion: writeups</h1>
 <p>Device: <b>{html.escape(facts['device'])}</b> ({facts['cpu_count']} CPU cores, {facts['gpu_count']} GPU(s));
 profile: <b>{html.escape(profile)}</b>; torch {facts['torch']}, triton {facts['triton']};
 made {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.</p>
-<table><tr><th>writeup</th><th>notebook</th><th>run time</th><th>status</th></tr>
+{f'<ul class="pages">{chr(10)}{extra}{chr(10)}</ul>' if pages else ''}
+<table><tr><th>notebook writeup</th><th>notebook</th><th>run time</th><th>status</th></tr>
 {rows}
 </table></body></html>
 """
@@ -108,8 +289,42 @@ made {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.</p>
     return index
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Execute notebooks in order, export one HTML page each plus index.html; 1 if any failed."""
+def run_notebook(path: Path, out_dir: Path, params: dict, *, hide_code: bool, timeout_s: int) -> dict:
+    """Execute one notebook and export its page; the index entry (error set when a cell or the export failed)."""
+    start = time.perf_counter()
+    nb, error = execute(path, params, timeout_s)
+    seconds = time.perf_counter() - start
+    title = notebook_title(nb, path.stem)
+    out = out_dir / (path.stem + ".html")
+    try:
+        export_html(nb, out, title, hide_code, notebook_dir=path.parent)
+    except ExportError as exc:
+        out.unlink(missing_ok=True)  # no stale page from an earlier run
+        error = str(exc) if error is None else f"{error}; {exc}"
+    return {"notebook": path.name, "title": title, "html": out.name, "seconds": seconds, "error": error}
+
+
+def build_page(title: str, filename: str, build: Callable[[Path, str], None], out_dir: Path, profile: str) -> dict:
+    """Run one extra page's build(out_path, profile); its index entry, with the error if it raised or wrote nothing."""
+    out = out_dir / filename
+    start = time.perf_counter()
+    try:
+        build(out, profile)
+        error = None if out.exists() else f"{filename} was not written"
+    except Exception as exc:  # a builder's failure is reported in the index, like a failing notebook
+        traceback.print_exc()
+        error = f"{type(exc).__name__}: {exc}"
+    if error is None:
+        out.write_text(relative_paths(out.read_text(encoding="utf-8")), encoding="utf-8")
+    return {"title": title, "html": filename, "seconds": time.perf_counter() - start, "error": error}
+
+
+def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -> int:
+    """Execute notebooks in order, export one HTML page each, build `extra_pages`, write index.html; 1 if any failed.
+
+    Each extra page is (title, filename, build) with build(out_path, profile) writing the page; they are built
+    after the notebooks ran and linked first from the index.
+    """
     from helpers.env import resolve_profile
 
     parser = argparse.ArgumentParser(prog="python -m helpers writeup", description=__doc__.split("\n")[0])
@@ -127,18 +342,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     params = {} if args.profile == "auto" else {"PROFILE": profile}
-    entries = []
+    entries, pages = [], []
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.name} (profile {profile}) ...", flush=True)
-        start = time.perf_counter()
-        nb, error = execute(path, params, args.timeout)
-        seconds = time.perf_counter() - start
-        title = notebook_title(nb, path.stem)
-        out = args.out / (path.stem + ".html")
-        export_html(nb, out, title, args.hide_code)
-        entries.append({"notebook": path.name, "title": title, "html": out.name, "seconds": seconds, "error": error})
-        print(f"    {'ok' if error is None else 'FAILED: ' + error} in {seconds:.0f} s -> {out}", flush=True)
-    index = write_index(entries, args.out, profile)
-    failed = [e["notebook"] for e in entries if e["error"]]
+        e = run_notebook(path, args.out, params, hide_code=args.hide_code, timeout_s=args.timeout)
+        entries.append(e)
+        print(f"    {'ok' if e['error'] is None else 'FAILED: ' + e['error']} in {e['seconds']:.0f} s "
+              f"-> {args.out / e['html']}", flush=True)
+    for title, filename, build in extra_pages:
+        pages.append(build_page(title, filename, build, args.out, profile))
+        print(f"page {filename}: {'ok' if pages[-1]['error'] is None else 'FAILED: ' + pages[-1]['error']}", flush=True)
+    index = write_index(entries, args.out, profile, pages)
+    failed = [e["notebook"] for e in entries if e["error"]] + [p["html"] for p in pages if p["error"]]
     print(f"wrote {index}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

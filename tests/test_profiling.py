@@ -1,5 +1,6 @@
 """Profiler tables and op classes, the flame-graph builder, FLOPs vs FlopCounterMode, MFU peaks, autocast dtypes,
 fp16 accumulation, and notebook 01's table builders and summaries."""
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 import torch
@@ -184,3 +185,37 @@ def test_warmup_summary_claims_equal_cost_only_inside_the_noise():
     assert "no measurable difference between cold and warm" in benchmarking.warmup_summary(rows(10.0, 1.02, 0.05), 2, 3)
     text = benchmarking.warmup_summary(rows(10.0, 0.4, 0.05), 2, 3)
     assert "no 'same cost' is claimed" in text and "about the same" not in text
+
+
+def test_write_collapsed_round_trips_through_parse_collapsed(tmp_path):
+    stacks = [(("forward", "blocks.0 (Block)", "aten::mm"), 7.0), (("backward", "MmBackward0"), 3.0),
+              (("forward", "blocks.0 (Block)", "aten::mm"), 5.0), (("optimizer step", "aten::mul_"), 0.2)]
+    path = profiling.write_collapsed(stacks, tmp_path / "new" / "step.collapsed")  # folders made as needed
+    # equal stacks merged, values whole, 0.2 rounds to nothing
+    assert path.read_text() == "forward;blocks.0 (Block);aten::mm 12\nbackward;MmBackward0 3\n"
+    back = profiling.parse_collapsed(path.read_text().splitlines())
+    assert back == [(("forward", "blocks.0 (Block)", "aten::mm"), 12.0), (("backward", "MmBackward0"), 3.0)]
+    again = profiling.write_collapsed(back, tmp_path / "again")
+    assert profiling.parse_collapsed(again.read_text().splitlines()) == back
+    with pytest.raises(ValueError, match="a;b"):
+        profiling.write_collapsed([(("main", "a;b"), 1.0)], tmp_path / "bad")
+
+
+def test_flame_labels_are_whole_where_they_fit_else_shortened_with_a_key():
+    name = "blocks.1.attn (CausalSelfAttention)"
+    assert profiling.flame_label(name, 1000, 7, 1) == name
+    wide = profiling._text_pt(name, 7)
+    assert profiling.flame_label(name, wide - 1, 7, 3) == "blocks.1.attn [3]"
+    assert profiling.flame_label(name, profiling._text_pt("attn [3]", 7) + 1, 7, 3) == "attn [3]"
+    assert profiling.flame_label("aten::scaled_dot_product_attention", 60, 7, 2).endswith("… [2]")
+    assert profiling.flame_label(name, 5, 7, 3) is None
+    stacks = [(("forward", name, "aten::scaled_dot_product_attention"), 30.0), (("backward", "MmBackward0"), 1.0),
+              (("forward", "blocks.1.ffn (FeedForward)", "aten::mm"), 69.0)]
+    _, ax = plt.subplots(figsize=(4, 2))  # narrow: some names cannot fit
+    profiling.plot_flame(stacks, ax=ax)
+    texts = [t.get_text() for t in ax.texts]
+    assert "forward" in texts and "aten::mm" in texts  # whole where they fit
+    key = [t.get_text() for t in ax.get_legend().get_texts()]  # "[n] full name" per shortened label
+    shortened = [t for t in texts if t.endswith("]")]
+    frames = {f for stack, _ in stacks for f in stack}
+    assert shortened and len(key) == len(shortened) and all(k.split("] ", 1)[1] in frames for k in key)

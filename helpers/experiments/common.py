@@ -181,3 +181,15 @@ def nonnegative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+def log_ticks(ax, values, axis: str = "x") -> None:
+    """Ticks of a log axis at the measured `values` only, labelled plainly (256, 512; not 3×10²): notebooks 02, 06."""
+    from matplotlib.ticker import NullLocator
+
+    if axis not in ("x", "y"):
+        raise ValueError(f"axis must be 'x' or 'y', got {axis!r}")
+    values = sorted({float(v) for v in values})
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_ticks(values, [f"{v:.0f}" if v.is_integer() else f"{v:g}" for v in values])
+    target.set_minor_locator(NullLocator())
