@@ -1,0 +1,176 @@
+"""JupyterLab as `make lab` gives it to a student, driven by headless Chromium.
+
+One JupyterLab server (this venv's Python as kernel, a temp copy of notebooks/, a random token, a free
+loopback port) serves two checks: a tiny notebook written here whose cell displays a calculator by the
+writeups' contract (`.calc`, `[data-input]`, `.calc-output`, inline JS), which proves inline scripts run in
+Lab outputs and the kernel is this venv; and notebook 05 run top to bottom (profile cpu), whose calculator
+must change its output when an input changes. Skips without Chromium and chromedriver.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+from browser import assert_calc_reacts, needs_chromium, start_chrome, without_colours
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = needs_chromium
+
+CALC_CELL = r'''import sys
+from IPython.display import HTML, display
+
+display(HTML(f"""<div class="calc" data-python="{sys.executable}">
+<select data-input="ranks"><option>1</option><option>8</option></select>
+<input type="range" data-input="batch" min="1" max="64" value="1">
+<div class="calc-output"><table><tr><td>1 rank, batch 1</td></tr></table></div>
+<script>(() => {{
+  const calc = document.currentScript.closest('.calc'), out = calc.querySelector('.calc-output');
+  const show = () => {{
+    const [ranks, batch] = [...calc.querySelectorAll('[data-input]')].map(e => e.value);
+    out.innerHTML = `<table><tr><td>${{ranks}} rank(s), batch ${{batch}}</td></tr></table>`;
+  }};
+  calc.addEventListener('input', show);
+  calc.addEventListener('change', show);
+}})();</script></div>"""))'''
+
+RUN_STATE = """
+const w = window.jupyterapp.shell.currentWidget;
+let error = null, pending = 0;
+for (const cell of w.content.widgets) {
+    if (cell.model.type !== 'code' || !cell.model.sharedModel.getSource().trim()) continue;
+    if (cell.model.executionCount === null) pending++;
+    for (const o of cell.model.outputs.toJSON())
+        if (o.output_type === 'error' && error === null) error = o.traceback.slice(-3).join('\\n');
+}
+return {error: error, done: pending === 0 && w.sessionContext.session.kernel.status === 'idle'};"""
+
+KERNEL_IDLE = """
+const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+const kernel = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+return !!kernel && kernel.status === 'idle';"""
+
+
+def free_port() -> int:
+    """A loopback port nobody was listening on a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    """Whether an HTTP GET of `url` succeeds, bypassing any proxy."""
+    try:
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=2)
+        return True
+    except OSError:
+        return False
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server (it shuts its kernels down); SIGKILL its process group if it lingers."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def start_lab(root: Path, token: str, tries: int = 3) -> tuple[subprocess.Popen, str]:
+    """JupyterLab serving `root` on a free port, on another one if that got taken meanwhile: (process, URL)."""
+    home = root.parent / "jupyter"  # config, data and runtime dirs of its own: no user kernels or settings
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
+               JUPYTER_RUNTIME_DIR=str(home / "runtime"), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    for _ in range(tries):
+        port = free_port()
+        log = root.parent / f"lab-{port}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+                 "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+                 "--LabApp.expose_app_in_browser=True", "--allow-root"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if answers(f"{url}/api/status?token={token}"):
+                return proc, url
+            time.sleep(0.5)
+        stop(proc)
+        if "already in use" not in log.read_text():
+            break
+    raise RuntimeError(f"JupyterLab did not start; its last log:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """(Chromium driver, server URL, token) for a Lab serving a copy of notebooks/ plus the calculator self-test."""
+    from helpers.writeup import inject_parameters
+
+    root = tmp_path_factory.mktemp("lab") / "notebooks"
+    shutil.copytree(ROOT / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    for path in root.glob("[0-9]*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        inject_parameters(nb, PROFILE="cpu")
+        nbformat.write(nb, path)
+    selftest = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CALC_CELL)])
+    selftest.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(selftest, root / "calc_selftest.ipynb")
+    token = secrets.token_hex(16)
+    proc, url = start_lab(root, token)
+    driver = None
+    try:
+        driver = start_chrome(offline=False)
+        yield driver, url, token
+    finally:
+        if driver is not None:
+            driver.quit()
+        stop(proc)
+
+
+def run_to_calc(driver, url: str, token: str, notebook: str, timeout_s: int):
+    """Open `notebook` in Lab, Run All, and return the first `.calc` in its outputs; fail on a cell error."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{url}/lab/tree/{notebook}?reset&token={token}")
+    WebDriverWait(driver, 120, poll_frequency=1).until(lambda d: d.execute_script(KERNEL_IDLE),
+                                                       f"{notebook}: no idle kernel in JupyterLab after 120 s")
+    driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+    def calc_or_error(d):
+        """The `.calc` elements in outputs so far (none: keep waiting); raises on a cell error or a finished run."""
+        state = d.execute_script(RUN_STATE)
+        if state["error"] is not None:
+            pytest.fail(f"{notebook}: a cell failed in JupyterLab:\n{without_colours(state['error'])}", pytrace=False)
+        found = d.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output .calc")
+        if state["done"] and not found:
+            pytest.fail(f"{notebook}: ran to the end in JupyterLab without showing a .calc", pytrace=False)
+        return found
+
+    return WebDriverWait(driver, timeout_s, poll_frequency=1).until(
+        calc_or_error, f"{notebook}: no .calc in any output after {timeout_s} s of Run All")[0]
+
+
+@pytest.mark.timeout(300)
+def test_inline_calculator_runs_in_lab(lab):
+    driver, url, token = lab
+    calc = run_to_calc(driver, url, token, "calc_selftest.ipynb", timeout_s=120)
+    assert calc.get_attribute("data-python") == sys.executable, "the kernel is not this venv's Python"
+    assert_calc_reacts(driver, calc, "calc_selftest.ipynb")
+
+
+@pytest.mark.timeout(300)
+def test_notebook_05_calculator_in_lab(lab):
+    driver, url, token = lab
+    notebook = "05_optimizer_state_sharding.ipynb"
+    assert_calc_reacts(driver, run_to_calc(driver, url, token, notebook, timeout_s=240), notebook)
