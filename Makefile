@@ -4,7 +4,7 @@
 #   make writeup                 execute notebooks/*.ipynb, export writeups/*.html + index.html
 #   make writeup PROFILE=gpu     the same at the reference sizes (needs CUDA)
 #   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs)
-#   make lab                     JupyterLab on the project's .venv
+#   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
 #   make bench [TOPICS=ddp]      the benchmark scripts (python -m helpers bench TOPIC), one after another
 #
@@ -38,7 +38,7 @@ writeup: setup
 	$(PY) -m helpers writeup --profile $(PROFILE)
 
 lab: setup
-	$(PY) -m jupyter lab notebooks
+	$(PY) -m jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 strip: setup
 	$(PY) -m jupyter nbconvert --clear-output --inplace notebooks/*.ipynb
