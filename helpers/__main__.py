@@ -56,10 +56,11 @@ def cmd_kernels(argv: list[str]) -> int:
 
 
 def cmd_writeup(argv: list[str]) -> int:
-    """Execute the notebooks and export HTML writeups."""
+    """Execute the notebooks and export HTML writeups, then the answers page from what they saved."""
+    from helpers.experiments.answers import write_page
     from helpers.writeup import main
 
-    return main(argv)
+    return main(argv, extra_pages=[("Answers, question by question", "answers.html", write_page)])
 
 
 BENCHMARKS = {  # topic -> experiment module with bench_main(argv) -> exit code

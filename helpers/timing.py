@@ -14,6 +14,7 @@ ops are synchronous, `time.perf_counter()` around each call is enough.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
@@ -258,3 +259,22 @@ def compare(fns: dict, steps: int = 20, warmup: int = 3, device=None, baseline: 
     dev = _resolve_device(device)
     samples = interleaved({k: (lambda i, fn=fn: time_call(fn, dev)[1]) for k, fn in fns.items()}, steps, warmup)
     return Comparison(samples, baseline or next(iter(fns)), str(dev))
+
+
+# ---- ratios as saved rows (results files; the answers page reads them back) ----
+
+def pairwise_ratios(samples: dict, **keys) -> list[dict]:
+    """Every ordered pair (a, b) of samples timed in ONE interleaved loop: a's time over b's, paired round by round,
+    with its bootstrap interval (the rows the answers page reads; `keys` say which loop)."""
+    return [{**keys, "a": a, "b": b, **ratio_columns(paired_ratio(samples[a], samples[b]))}
+            for a, b in itertools.permutations(samples, 2)]
+
+
+def ratio_columns(r: Ratio) -> dict:
+    """A Ratio as the columns of a saved row (the names Comparison.table uses, plus the pair count)."""
+    return {"ratio": r.median, "ratio_low": r.low, "ratio_high": r.high, "pairs": r.pairs}
+
+
+def ratio_of(row) -> Ratio:
+    """The Ratio a saved row carries (ratio_columns)."""
+    return Ratio(float(row["ratio"]), float(row["ratio_low"]), float(row["ratio_high"]), int(row["pairs"]))

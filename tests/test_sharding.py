@@ -27,8 +27,8 @@ def two_ranks():
                      context_length=CONTEXT, optimizer=opt, groups=groups) for name, opt, groups, steps in CONFIGS]
     calls += [partial(SR.checkpoint_worker, model="small/cpu", steps=4, batch_size=BATCH, context_length=CONTEXT),
               partial(SR.checkpoint_worker, model="small/cpu", steps=2, batch_size=BATCH, context_length=CONTEXT),
-              partial(SR.memory_worker, model="small/cpu", kinds=["unsharded", "sharded", "zero1"], batch_size=4,
-                      context_length=32, steps=2)]
+              partial(SR.memory_worker, model="small/cpu", kinds=["unsharded", "sharded", "zero1"], batch_size=8,
+                      context_length=64, steps=2)]  # activations outweigh gradients: the peak is backward's start
     return launch(partial(SR.run_all, calls), 2, backend="gloo", device="cpu")
 
 
@@ -72,7 +72,8 @@ def test_state_is_one_nth_and_collectives_match_the_formulas(two_ranks):
         runs = out[2]  # small/cpu, two groups
         table = SR.collectives_table(runs, "small/cpu", 2, n_groups=2)
         assert table["matches formula"].all(), table  # every step: the bytes passed are the formula's, exactly
-        assert runs["sharded"].state_bytes <= 1.02 * runs["unsharded"].state_bytes / 2
+        assert runs["sharded"].state_bytes == F.state_bytes("sharded", "small/cpu", 2, rank)  # the plan's, exactly
+        assert runs["sharded"].state_bytes <= runs["unsharded"].state_bytes / 2 + SR.whole_tensor_slack("small/cpu")
         padded = psi + int(table.loc["zero1", "padding B"])
         assert runs["zero1"].state_bytes == 2 * padded // 2 + 4 * 2  # exp_avg + exp_avg_sq of 1/N, a step per group
         assert len(runs["sharded"].collectives[0]) == 1 + 2  # one all-reduce bucket, one broadcast per owner

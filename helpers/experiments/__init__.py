@@ -8,6 +8,7 @@
     sharding      notebook 05: sharded optimizers' equivalence, memory, speed, calculator; `bench sharding`
     attention     notebook 06: naive vs FlashAttention-2 (PyTorch, Triton): time, memory, the model; `bench attention`
     fsdp          notebook 07: FSDP by hand, checkpointing, ring all-reduce, parallelism calculators; `bench fsdp`
+    answers       writeups/answers.html: every course question answered from the results the notebooks saved
     gpu_plans     every notebook's gpu profile: peak memory per GPU from the closed forms (checked in the tests)
     common        toy models, model and batch builders, each rank's share of a batch, one training step, the
                   slowest-rank summary, the bench argument parser

@@ -33,7 +33,7 @@ from helpers.experiments.common import (BACKWARD_RANGE, TiedToyModel, bench_pars
 from helpers.model import count_parameters, lm_loss
 from helpers.profiling import quiet_profiler
 from helpers.results import save_results
-from helpers.timing import interleaved, paired_ratio, sync, time_call, verdict
+from helpers.timing import interleaved, paired_ratio, pairwise_ratios, sync, time_call, verdict
 
 EPS32 = torch.finfo(torch.float32).eps  # 2**-23; unit roundoff u = EPS32 / 2
 EQUIVALENCE = {  # what §1 and tests/test_ddp.py train: global batches of batch_size x context_length tokens
@@ -575,6 +575,18 @@ def paired_variants(per_rank: list[dict[str, SpeedRun]], a: str, b: str, field: 
     interleaved round (speed_worker times every variant once per round)."""
     per = lambda label: slowest_rank([getattr(r[label], field) for r in per_rank])  # noqa: E731
     return paired_ratio(per(a), per(b))
+
+
+def ratio_rows(raw: dict) -> list[dict]:
+    """Per model, every pair of variants' step and backward times, and naive vs flat's communication time (all of it
+    after backward, never zero), paired per step: 04_ddp_ratios, read by the answers page."""
+    rows = []
+    for name, per_rank in raw.items():
+        for timed in ("step", "backward", "comm"):
+            labels = ["naive", "flat"] if timed == "comm" else list(per_rank[0])
+            samples = {v: slowest_rank([getattr(r[v], timed) for r in per_rank]) for v in labels}
+            rows += pairwise_ratios(samples, model=name, field=timed)
+    return rows
 
 
 def fastest_text(per_rank, labels, field: str = "step") -> str:

@@ -21,7 +21,7 @@ from helpers.formulas import norm_bytes
 from helpers.env import triton_mode
 from helpers.model import ModelConfig, build_model, lm_loss, make_norm, random_batch
 from helpers.rmsnorm import EPS, RMSNormPyTorchFunction, RMSNormTritonFunction, rmsnorm_reference
-from helpers.timing import benchmark, compare, paired_ratio, verdict
+from helpers.timing import Comparison, benchmark, compare, paired_ratio, pairwise_ratios, verdict
 
 # tolerances of every check against the spec (notebook 02 and tests/test_rmsnorm.py)
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5),  # fp32: a few ulps of the O(1) outputs
@@ -187,6 +187,7 @@ def bench_kernels(*, rows, hidden, dtypes, device, warmup, steps, compile_hidden
 # ---- comparisons in one interleaved loop (notebook 02) ----
 
 PASSES = {False: "fwd", True: "fwd+bwd"}
+COPY = "copy|into a preallocated buffer"  # timed with the norms, then set apart as their yardstick
 
 
 def compare_shape(names, n_rows: int, H: int, dtype=torch.float32, device="cpu", warmup: int = 3,
@@ -201,8 +202,12 @@ def compare_shape(names, n_rows: int, H: int, dtype=torch.float32, device="cpu",
     for name, fn in fns.items():
         calls[f"{name}|fwd"] = lambda fn=fn: fn(x.detach(), g.detach())
         calls[f"{name}|fwd+bwd"] = lambda fn=fn: torch.autograd.grad(fn(x, g), (x, g), dy)
-    comp = compare(calls, steps=steps, warmup=warmup, device=device)
-    copy_gbps, rows = copy_bandwidth(x.detach(), warmup, steps), []
+    out = torch.empty_like(x.detach())  # the yardstick, in the same loop: load slows it as much as the norms
+    calls[COPY] = lambda: out.copy_(x.detach())
+    timed = compare(calls, steps=steps, warmup=warmup, device=device)
+    copy_s = timed.samples.pop(COPY)
+    comp = Comparison(timed.samples, timed.baseline, timed.device)
+    copy_gbps, rows = 2 * x.numel() * x.element_size() / min(copy_s) / 1e9, []  # fastest copy vs each norm's median
     for label, samples in comp.samples.items():
         name, pass_ = label.split("|")
         moved = norm_bytes(n_rows, H, dtype, pass_ == "fwd+bwd")
@@ -243,6 +248,18 @@ def ratio_lines(comps, names, baseline: str = "layernorm", dtype: str = "float32
                 lines += [f"{pass_:>7}, H={H}: " + "; ".join(
                     verdict(n, baseline, comp.ratio(f"{n}|{pass_}", f"{baseline}|{pass_}")) for n in names)]
     return "\n".join(lines)
+
+
+def ratio_rows(comps: dict, keys: tuple[str, ...], **extra) -> list[dict]:
+    """Every pair of implementations per Comparison ("impl|pass" labels) and pass, paired per round: the rows the
+    answers page reads (keys name the parts of each comps key, e.g. ("dtype", "H") or ("size",))."""
+    rows = []
+    for key, comp in comps.items():
+        ids = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        for pass_ in PASSES.values():
+            samples = {label.split("|")[0]: s for label, s in comp.samples.items() if label.endswith(f"|{pass_}")}
+            rows += pairwise_ratios(samples, **extra, **ids, **{"pass": pass_})
+    return rows
 
 
 def fastest_lines(rows, comps) -> str:

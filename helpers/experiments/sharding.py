@@ -31,19 +31,26 @@ from helpers import memory as M
 from helpers.comm import count_collectives
 from helpers.experiments.common import (bench_parser, cpu_state, make_batches, make_model, rank_share,
                                         slowest_rank, train_step)
-from helpers.formulas import GiB, MiB, zero_memory
+from helpers.formulas import MiB, zero_memory
 from helpers.model import count_parameters
 from helpers.sharding import NaiveShardedOptimizer, ShardedOptimizer, Zero1Optimizer, _rank_world
-from helpers.timing import Ratio, interleaved, paired_ratio, verdict
+from helpers.timing import Ratio, interleaved, paired_ratio, pairwise_ratios, verdict
 
 OPTIMIZERS = {"adamw": (torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.1)),
               "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9))}
 KINDS = {"unsharded": None, "sharded": ShardedOptimizer, "naive_sharded": NaiveShardedOptimizer,
          "zero1": Zero1Optimizer}
 PEAK_TOL = 0.01  # forward/backward peak vs live bytes + activations + loss gradients (live bytes: exact)
-CALC_TOL = {"default": 1e-3, "sharded optimizer state": 0.02}  # measured model states vs the ZeRO calculator
+CALC_TOL = 1e-3  # measured model states vs the ZeRO calculator, relative: AdamW's 4-byte step per tensor, padding
+
+
+def whole_tensor_slack(model) -> int:
+    """Bytes by which ShardedOptimizer's whole-tensor shares may miss 1/N of AdamW's state: its largest-first plan
+    keeps every rank within one largest tensor (8 bytes per element) of the mean, plus a 4-byte step per tensor."""
+    sizes = F.meta_sizes(model)
+    return 8 * max(sizes) + 4 * len(sizes)
 PROFILES = {  # notebook 05 per profile: the models for memory and speed, the global batch and context, timed steps
-    "cpu": dict(memory_models=["small/cpu", "xl/cpu"], speed_model="xl/cpu", check_model="small/cpu", batch=8, context=64,
+    "cpu": dict(memory_models=["small/cpu", "xl/cpu"], speed_model="xl/cpu", check_model="small/cpu", batch=8, context=128,
                 warmup=3, steps=10, speed_launches=[["unsharded", "naive_sharded", "sharded", "zero1", "torch_zero"]]),
     # XL on one GPU shared by 2 ranks: one launch per variant, so only one copy of the model states per rank at a time
     "gpu": dict(memory_models=["xl"], speed_model="xl", check_model="small", batch=4, context=128, warmup=2, steps=5,
@@ -293,6 +300,9 @@ def partition_balance(models: list[str], world: int) -> pd.DataFrame:
                            ("by bytes", partition_by_bytes(sizes, world))):
             loads = [sum(s for s, r in zip(sizes, owner) if r == k) for k in range(world)]
             rows.append({"model": name, "partition": how, "worst rank / (Ψ/N)": max(loads) / (sum(sizes) / world)})
+        # largest first to the least-loaded rank: the rank that ends worst got its last tensor while it was the least
+        # loaded (≤ Ψ/N), so it ends within one tensor of the mean: worst ≤ Ψ/N + largest
+        rows.append({"model": name, "partition": "bound, by bytes", "worst rank / (Ψ/N)": 1 + world * max(sizes) / sum(sizes)})
     return pd.DataFrame(rows).pivot(index="model", columns="partition", values="worst rank / (Ψ/N)").loc[models]
 
 
@@ -365,7 +375,8 @@ def memory_table(mem: pd.DataFrame) -> pd.DataFrame:
 
 def memory_breakdown(per_rank) -> pd.DataFrame:
     """Per run and point: formulas.live_bytes' parts vs the measured live bytes (tolerance 0); before each step also the
-    forward/backward peak vs those parts + activations + the two (B, T, V) loss gradients (tolerance PEAK_TOL)."""
+    forward/backward peak vs those parts + activations + the two (B, T, V) loss gradients (tolerance PEAK_TOL, plus
+    one largest parameter's bytes where gradients already exist: "slack")."""
     rows = []
     for r in _memory_runs(per_rank):
         b, t = r.batch_per_rank, r.context_length
@@ -375,11 +386,14 @@ def memory_breakdown(per_rank) -> pd.DataFrame:
             key = {"model": r.model, "kind": r.kind, "rank": r.rank}
             rows.append({**key, "point": p.label, **parts, "activations": 0, "measured": p.live, "tolerance": 0.0})
             if p.point == "before step":  # the forward/backward peak: backward's start
+                # where .grad already exists, autograd forms each new gradient before adding it in: one
+                # parameter-sized temporary (at most the largest) may sit on top of backward's start
+                slack = 4 * max(F.meta_sizes(r.model)) if parts["gradients"] else 0
                 rows.append({**key, "point": f"peak in fwd/bwd {p.step}", **parts, "activations": acts,
-                             "measured": p.phase_peak, "tolerance": PEAK_TOL})
-    out = pd.DataFrame(rows)
+                             "measured": p.phase_peak, "tolerance": PEAK_TOL, "slack": slack})
+    out = pd.DataFrame(rows).fillna({"slack": 0})
     out["analytic"] = out[["parameters", "gradients", "optimizer state", "other", "activations"]].sum(axis=1)
-    out["within"] = (out["measured"] - out["analytic"]).abs() <= out["tolerance"] * out["measured"]
+    out["within"] = (out["measured"] - out["analytic"]).abs() <= out["tolerance"] * out["measured"] + out["slack"]
     return out
 
 
@@ -404,17 +418,20 @@ def memory_summary(mem: pd.DataFrame) -> str:
 
 def calculator_table(per_rank) -> pd.DataFrame:
     """Measured model states after the last step / formulas.zero_memory (fp32): unsharded = stage 0, Zero1 and
-    ShardedOptimizer = stage 1; within CALC_TOL (AdamW's 4-byte step per tensor, padding; whole-tensor shares)."""
+    ShardedOptimizer = stage 1; within CALC_TOL (AdamW's 4-byte step per tensor, padding), ShardedOptimizer's state
+    within whole_tensor_slack (whole-tensor shares)."""
     rows = []
     for r in _memory_runs(per_rank):
         stage = 0 if r.kind == "unsharded" else 1
         calc = zero_memory(r.model, r.world, stage, "fp32")
         got = {"parameters": r.parts["parameters"] - F.buffer_bytes(r.model), "gradients": r.parts["gradients"],
                "optimizer state": r.parts["optimizer state"]}
-        tol = {k: CALC_TOL.get(f"{r.kind} {k}", CALC_TOL["default"]) for k in got}
+        tol = {k: CALC_TOL * calc[k] for k in got}
+        if r.kind == "sharded":
+            tol["optimizer state"] = whole_tensor_slack(r.model)
         rows.append({"model": r.model, "kind": r.kind, "stage": stage, "rank": r.rank,
                      **{f"{k} measured/calc": got[k] / calc[k] for k in got},
-                     "within": all(abs(got[k] - calc[k]) <= tol[k] * calc[k] for k in got)})
+                     "within": all(abs(got[k] - calc[k]) <= tol[k] for k in got)})
     return pd.DataFrame(rows).set_index(["model", "kind", "rank"])
 
 
@@ -437,6 +454,15 @@ def speed_table(per_launch: list[list[SpeedRun]]) -> pd.DataFrame:
     speed = pd.DataFrame([row for per_rank in per_launch for row in summarize_speed(per_rank)]).set_index("kind")
     speed["update_s"] = speed["step_s"] - speed["step_comm_s"]
     return speed
+
+
+def ratio_rows(per_launch: list[list[SpeedRun]]) -> list[dict]:
+    """Every pair of kinds timed in one launch, time per iteration paired step by step (05_sharding_ratios, which the
+    answers page reads); kinds timed in separate launches are not paired."""
+    by_launch = {}
+    for kind, (launch, samples) in iteration_samples(per_launch).items():
+        by_launch.setdefault(launch, {})[kind] = samples
+    return [row for launch, samples in by_launch.items() for row in pairwise_ratios(samples, launch=launch)]
 
 
 def iteration_samples(per_launch: list[list[SpeedRun]]) -> dict[str, tuple[int, np.ndarray]]:
@@ -494,21 +520,24 @@ def speed_summary(speed: pd.DataFrame, per_launch=None) -> str:
 
 
 def zero_table(model="xl", world_size: int = 8, precision: str = "mixed") -> pd.DataFrame:
-    """Per-rank GiB of model states and of traffic per step for ZeRO stages 0-3 (notebook 05's table and widget)."""
-    rows = [{"stage": s, **{k: v / GiB for k, v in zero_memory(model, world_size, s, precision).items()}}
+    """Per-rank GB (10⁹ bytes) of model states, and sent per step (ring), for ZeRO stages 0-3 (notebook 05's table and
+    calculator)."""
+    names = {"parameters": "parameters (GB)", "gradients": "gradients (GB)", "optimizer state": "optimizer state (GB)",
+             "total": "total (GB)", "communication": "sent per step (GB)"}
+    rows = [{"stage": s, **{names[k]: v / 1e9 for k, v in zero_memory(model, world_size, s, precision).items()}}
             for s in range(4)]
-    return pd.DataFrame(rows).set_index("stage").round(3)
+    return pd.DataFrame(rows).set_index("stage").round(4)
 
 
 def zero_plot(model="xl", world_sizes=(1, 2, 4, 8, 16, 32, 64), precision: str = "mixed"):
-    """GiB of model states per rank vs ranks for ZeRO stages 0-3 (calculator only); returns the figure."""
+    """GB (10⁹ bytes) of model states per rank vs ranks for ZeRO stages 0-3 (calculator only); returns the figure."""
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for stage in range(4):
-        ax.plot(world_sizes, [zero_memory(model, n, stage, precision)["total"] / GiB for n in world_sizes], "o-",
+        ax.plot(world_sizes, [zero_memory(model, n, stage, precision)["total"] / 1e9 for n in world_sizes], "o-",
                 label=f"stage {stage}")
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="ranks N", ylabel="GiB per rank (model states)")
+    ax.set(xlabel="ranks N", ylabel="GB per rank (model states; GB = 10⁹ bytes)")
     ax.set_title(f"{model}, {precision} precision + Adam, calculator (meta device; no measurement)", fontsize=9)
     ax.legend()
     return fig
@@ -530,6 +559,6 @@ def bench_main(argv: list[str]) -> int:
         print(f"  {k:>10}: iteration {r['iteration_s'] * 1e3:.2f} ms, optimizer step {r['step_s'] * 1e3:.2f} ms "
               f"(communicating {r['step_comm_s'] * 1e3:.2f} ms)")
     print(f"ShardedOptimizer / ZeroRedundancyOptimizer: step {ours['step_s'] / theirs['step_s']:.3f}, iteration "
-          f"{ours['iteration_s'] / theirs['iteration_s']:.3f} (target <= 1.05); per-rank state / (unsharded / 2): "
-          f"{state:.4f} (target <= 1.02); identical weights in all three: {same}")
+          f"{ours['iteration_s'] / theirs['iteration_s']:.3f} (claimed: at most 1.05); per-rank state / "
+          f"(unsharded / 2): {state:.4f} (claimed: at most 1.02); identical weights in all three: {same}")
     return 0 if same else 1

@@ -1,0 +1,330 @@
+"""The answers page: every question of the reference writeups is covered, the page builds from a synthetic data folder
+(every answer measured), an empty one (every answer "not measured") and a stale one, names a faster side only outside
+the noise, and links nothing on the network."""
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+from helpers.experiments import answers as A
+from helpers.experiments import benchmarking, ddp
+from helpers.experiments import rmsnorm as XR
+from helpers.results import save_results
+from helpers.timing import Comparison, Ratio, pairwise_ratios, ratio_of
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS = Path(os.environ.get("SEEDS_DIR", ROOT.parent / "shared" / "seeds"))
+LETTERS = "abcdefgh"
+
+
+def course_numbers(text: str) -> set[str]:
+    """The numbered questions of sections 2 and 3 of a writeup: "2.1.1(b)" per part, "3.1.1" when it has none.
+    A heading is "N.N.N. (name)"; a part is a line opening with "(x)" or "- (x)"; earlier unlabelled bullets count as
+    the parts before the first label (the writeup's 2.1.2 labels only its (d))."""
+    parts, current = {}, None
+    for line in text.splitlines():
+        heading = re.match(r"\s*([23]\.\d+\.\d+)\.\s*\(", line)
+        if heading:
+            current = heading.group(1)
+            parts[current] = set()
+        elif current and (label := re.match(r"\s*(?:-\s*)?\(([a-h])\)", line)):
+            parts[current].add(label.group(1))
+    return {f"{n}({c})" for n, found in parts.items() if found for c in LETTERS[:LETTERS.index(max(found)) + 1]} | {
+        n for n, found in parts.items() if not found}
+
+
+def accounting_parts(text: str) -> set[str]:
+    """The parts of the ZeRO-1 accounting commentary: "## Part (a): ..." -> "a"."""
+    return set(re.findall(r"^#+\s*Part \(([a-h])\)", text, flags=re.M))
+
+
+def seed(name: str) -> str:
+    path = SEEDS / name
+    if not path.is_file():
+        pytest.skip(f"the reference writeups are not at {SEEDS} (set SEEDS_DIR)")
+    return path.read_text(encoding="utf-8")
+
+
+def test_the_parser_reads_headings_parts_and_unlabelled_bullets():
+    text = "2.1.1. (script)\n- (a) x\n(b) y\n2.1.2. (table)\n- first\n- (c) z\n3.1.1. (`comm`)\ntext (a) inline\n"
+    assert course_numbers(text) == {"2.1.1(a)", "2.1.1(b)", "2.1.2(a)", "2.1.2(b)", "2.1.2(c)", "3.1.1"}
+
+
+def test_every_question_of_the_full_writeup_is_answered():
+    numbers = course_numbers(seed(A.WRITEUP))
+    assert len(numbers) > 40, sorted(numbers)  # the parser found the writeup's questions
+    assert numbers == set(A.BY_NUMBER), (f"missing: {sorted(numbers - set(A.BY_NUMBER))}; "
+                                         f"not in the writeup: {sorted(set(A.BY_NUMBER) - numbers)}")
+
+
+def test_the_three_accounting_questions_are_answered_and_cite_their_source():
+    parts = accounting_parts(seed(A.ZERO1))
+    assert parts == {"a", "b", "c"}
+    for part in parts:
+        q = A.BY_NUMBER[f"3.4.5({part})"]
+        assert any(r.source == A.ZERO1 for r in q.references), q
+
+
+def test_the_table_is_complete_and_points_at_real_notebooks():
+    assert len(A.QUESTIONS) == len(A.BY_NUMBER)  # no number twice
+    stems = {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
+    for q in A.QUESTIONS:
+        assert q.number in A.ANSWERS, q.number
+        assert A.NOTEBOOKS[q.notebook] in stems, q
+        assert q.ask and q.section and q.reads and q.gpu and q.problem, q
+        assert all(r.source in (A.WRITEUP, A.ZERO1) and r.value for r in q.references), q
+
+
+def test_an_answer_for_an_unknown_number_is_refused():
+    with pytest.raises(ValueError, match="9.9.9"):
+        A.answers("9.9.9")(lambda q, saved: "")
+
+
+# ---- comparisons -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("low, high, expected", [(0.9, 1.1, "no measurable difference"),
+                                                 (0.7, 0.9, "a is measurably faster than b"),
+                                                 (1.1, 1.3, "b is measurably faster than a")])
+def test_a_winner_is_named_only_when_the_interval_excludes_one(low, high, expected):
+    text = A.compare_text("a", "b", Ratio((low + high) / 2, low, high, pairs=10))
+    assert expected in text
+    if expected.startswith("no"):
+        assert "faster" not in text
+
+
+def test_too_few_pairs_name_no_winner():
+    text = A.compare_text("a", "b", Ratio(0.5, 0.4, 0.6, pairs=3))
+    assert "too few" in text and "faster" not in text
+
+
+def test_pairwise_ratios_round_trip_through_the_saved_columns():
+    rows = pairwise_ratios({"a": [2.0] * 8, "b": [1.0] * 8, "c": [1.0, 1.1] * 4}, size="s")
+    assert {(r["a"], r["b"]) for r in rows} == {("a", "b"), ("b", "a"), ("a", "c"), ("c", "a"), ("b", "c"), ("c", "b")}
+    ab = next(r for r in rows if (r["a"], r["b"]) == ("a", "b"))
+    assert ab["size"] == "s" and ratio_of(ab) == Ratio(2.0, 2.0, 2.0, 8)
+
+
+# ---- a synthetic data folder -----------------------------------------------------------------------------------------
+
+RNG = np.random.default_rng(0)
+
+
+def samples(median: float, n: int = 10, spread: float = 0.02) -> list[float]:
+    return list(median * (1 + spread * RNG.standard_normal(n)))
+
+
+def comparison(medians: dict) -> Comparison:
+    """A Comparison whose samples have these medians (labels "impl|pass")."""
+    return Comparison({label: samples(m) for label, m in medians.items()}, next(iter(medians)), "cpu")
+
+
+def speed_run(step: float, comm: float = 0.0) -> ddp.SpeedRun:
+    return ddp.SpeedRun(step=samples(step), comm=samples(comm) if comm else [0.0] * 10, backward=samples(step / 2),
+                        timeline=[], buckets=None)
+
+
+SIZES = ["small/cpu", "medium/cpu"]
+
+
+def notebook_01_rows() -> dict:
+    timing = [{"size": s, "pass": p, "warm-up": w, "mean_s": m, "std_s": 0.02 * m, "median_s": m, "first_s": 3 * m,
+               "steps": 6, "status": "ok"}
+              for s, base in zip(SIZES, (0.01, 0.03)) for w in (0, 2)
+              for p, m in (("forward", base), ("backward", 2 * base), ("both", 3 * base))]
+    profile = [{"op": op, "ms/step": 6.0 * share, "share": share, "calls/step": calls, "class": kind, "run": run,
+                "matmul_share": mm}
+               for run, mm in (("forward", 0.8), ("forward+backward", 0.7), ("full step", 0.5))
+               for op, share, calls, kind in (("aten::mm", mm, 12, "matmul"), ("aten::add", 1 - mm, 8, "other"))]
+    precision = {s: Comparison({"fp32": samples(1.0), "autocast bfloat16": samples(1.3)}, "fp32", "cpu") for s in SIZES}
+    peaks = [{"size": s, "precision": prec, "pass": p, "peak_MiB": base * f * k, "status": "ok"}
+             for s, base in zip(SIZES, (8.0, 14.0)) for prec, f in (("fp32", 1.0), ("autocast bfloat16", 0.9))
+             for p, k in (("forward", 1), ("full step", 2))]
+    return {
+        "01_timing": (timing, dict(batch=4, context=32)),
+        "01_profile": (profile, dict(size="medium/cpu", steps=2)),
+        "01_flame": ([{"part": "RMSNorm", "kind": "part", "share": 0.03, "count": 5},
+                      {"part": "softmax", "kind": "part", "share": 0.02, "count": 2}]
+                     + [{"part": st, "kind": "stage", "share": v, "count": None}
+                        for st, v in (("forward", 0.3), ("backward", 0.6), ("optimizer step", 0.1))],
+                     dict(size="medium/cpu")),
+        "01_precision_ratios": (benchmarking.precision_ratios(precision), dict(batch=4, context=32)),
+        "01_autocast_dtypes": ([{"tensor": t, "autocast bfloat16 on cpu": d} for t, d in
+                                (("parameters", "torch.float32"), ("fc1 output", "torch.bfloat16"))], {}),
+        "01_norm_precision": ([{"dtype": d, "max_rel_error": e}
+                               for d, e in (("float32", 1e-7), ("bfloat16", 3e-3), ("float16", 4e-4))], {}),
+        "01_memory_peaks": (peaks, dict(batch=4, context=32)),
+        "01_largest_tensors": ([{"MiB": 1.5, "op": "aten::mm", "module": "lm_head (Linear)"}],
+                               dict(size="medium/cpu", peak_MiB=28.0)),
+    }
+
+
+def notebook_02_rows() -> dict:
+    shapes = {("float32", 256): comparison({"layernorm|fwd": 1.0, "torch|fwd": 2.5, "torchfn|fwd": 2.4,
+                                            "layernorm|fwd+bwd": 3.0, "torch|fwd+bwd": 6.0, "torchfn|fwd+bwd": 5.0}),
+              ("float32", 1024): comparison({"layernorm|fwd": 1.0, "torch|fwd": 1.0, "compiled|fwd": 0.8,
+                                             "torchfn|fwd": 1.0, "layernorm|fwd+bwd": 3.0, "torch|fwd+bwd": 3.0,
+                                             "compiled|fwd+bwd": 2.0, "torchfn|fwd+bwd": 3.0})}
+    medians = {"layernorm": 1.0, "rmsnorm": 1.1, "rmsnorm_torchfn": 1.05}
+    norms = {s: comparison({f"{n}|{p}": m * k for n, m in medians.items() for p, k in (("fwd", 1), ("fwd+bwd", 2))})
+             for s in SIZES}
+    compiled = {SIZES[0]: comparison({"False|fwd": 1.0, "True|fwd": 0.7, "False|fwd+bwd": 2.0, "True|fwd+bwd": 1.5})}
+    return {
+        "rmsnorm_ratios": (XR.ratio_rows(shapes, ("dtype", "H")), {}),
+        "rmsnorm_model_ratios": (XR.ratio_rows(norms, ("size",), loop="norms")
+                                 + XR.ratio_rows(compiled, ("size",), loop="compile"), {}),
+        "rmsnorm_grad_checks": ([{"check": "derived gradients vs autograd (float64)", "max_abs_error": 4e-16,
+                                  "passed": True},
+                                 {"check": "gradcheck", "max_abs_error": None, "passed": True}], {}),
+    }
+
+
+sharding_speed = [{"kind": k, "iteration_s": t, "step_comm_s": c, "update_s": u} for k, t, c, u in
+                  (("unsharded", 0.9, 0.0, 0.05), ("sharded", 0.95, 0.03, 0.03))]
+
+
+def notebook_03_05_rows() -> dict:
+    coll = [{"backend": "gloo", "device": "cpu", "world_size": n, "nodes": 1, "op": "all_reduce", "size_bytes": b,
+             "size": f"{b // 1024} KB", "time_s": t, "p25_s": 0.9 * t, "p75_s": 1.1 * t, "busbw_GBps": b / t / 1e9,
+             "wrong": 0} for n in (2, 4) for b, t in ((8192, 4e-4 * n), (65536, 6e-4 * n), (1 << 20, 3e-3 * n))]
+    variants = {"local": (1.0, 0), "naive": (2.0, 0.8), "flat": (1.6, 0.4), "per_parameter": (1.5, 0.2),
+                "bucketed 1 MB": (1.4, 0.1), "bucketed 25 MB": (1.41, 0.1), "torch_ddp 25 MB": (1.3, 0)}
+    raw = {m: [{v: speed_run(s * k, c * k) for v, (s, c) in variants.items()} for _ in range(2)]
+           for m, k in zip(SIZES, (0.1, 0.2))}
+    speed = [{"model": m, "variant": v, "step_s": s * k, "comm_s": c * k} for m, k in zip(SIZES, (0.1, 0.2))
+             for v, (s, c) in variants.items()]
+    sweep = [{"model": SIZES[1], "variant": v, "bucket_MB": mb, "step_s": variants[v][0] * 0.2, "buckets": nb}
+             for v, mb, nb in (("bucketed 1 MB", 1.0, 3), ("bucketed 25 MB", 25.0, 1))]
+    mem = [{"model": m, "kind": k, "rank": r, "point": p, "step": st, "label": label, "live_bytes": live,
+            "peak_bytes": 2 * live, "phase_peak_bytes": 2 * live}
+           for m in SIZES for k, f in (("unsharded", 1.0), ("sharded", 0.8)) for r in (0, 1)
+           for p, st, label, live in (("after init", 0, "after init", 4e6), ("before step", 1, "before step 1", 4e6),
+                                      ("after step", 1, "after step 1", 8e6 * f))]
+    return {
+        "03_collectives": (coll, dict(cpu_count=2)),
+        "03_two_node_rehearsal": ([{**r, "nodes": 2} for r in coll[:2]], {}),
+        "04_ddp_checks": ([{"model": m, "variant": v, "start_equal": True, "ranks_equal": True, "grad_ratio": 0.1}
+                           for m in ("toy", "small/cpu") for v in ("naive", "flat")], {}),
+        "04_ddp_speed": (speed, {}),
+        "04_ddp_ratios": (ddp.ratio_rows(raw), {}),
+        "04_ddp_overlap": ([{"variant": v, "buckets": None, "trace overlap": o} for v, o in
+                            (("naive", 0.0), ("per_parameter", 0.4))], dict(model=SIZES[1])),
+        "04_ddp_bucket_sweep": (sweep, dict(model=SIZES[1], alpha_s=3e-4, beta_Bps=1.5e9, backward_s=0.1,
+                                            grad_bytes=4_000_000, n_star=12.0)),
+        "05_sharding_memory": (mem, dict(world_size=2)),
+        "05_sharding_speed": (sharding_speed, dict(model=SIZES[1])),
+        "05_sharding_ratios": (pairwise_ratios({"unsharded": samples(0.9), "sharded": samples(0.95)}, launch=0), {}),
+        "05_sharding_comm": ([{"kind": k, "per-rank traffic / Ψ": t} for k, t in
+                              (("unsharded", 1.0), ("sharded", 1.5), ("zero1", 1.0001))], dict(model=SIZES[0])),
+    }
+
+
+def write(folder: Path, results: dict, profile: str = "cpu") -> Path:
+    for name, (rows, extra) in results.items():
+        save_results(rows, name, profile=profile, directory=folder, **extra)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory) -> Path:
+    """Every result the answers read, a few rows each, made with the notebooks' own row builders where they exist."""
+    everything = {**notebook_01_rows(), **notebook_02_rows(), **notebook_03_05_rows()}
+    return write(tmp_path_factory.mktemp("local"), everything)
+
+
+def all_answers(folder, profile="cpu") -> dict[str, tuple[str, bool]]:
+    saved = A.Saved(folder, profile)
+    return {q.number: A.answer(q, saved) for q in A.QUESTIONS}
+
+
+def test_every_answer_is_measured_from_the_synthetic_folder(synthetic):
+    got = all_answers(synthetic)
+    unmeasured = {n: text for n, (text, ok) in got.items() if not ok}
+    assert not unmeasured, unmeasured
+    assert "small/cpu 10 ms / 20 ms / 30 ms" in got["2.1.1(b)"][0]  # the rows' own numbers
+    assert "3.0x the warm median" in got["2.1.1(c)"][0]
+
+
+def test_each_answer_reads_only_the_results_its_question_lists(synthetic):
+    for q in A.QUESTIONS:
+        saved = A.Saved(synthetic, "cpu")
+        A.answer(q, saved)
+        assert set(saved.used) <= set(q.reads), (q.number, set(saved.used) - set(q.reads))
+
+
+def test_inside_the_noise_no_winner_outside_it_the_faster(synthetic):
+    text = all_answers(synthetic)["2.1.5(a)"][0]
+    forward = text.split("Forward+backward")[0]
+    assert "LayerNorm is measurably faster than RMSNorm (PyTorch ops) for H 256" in forward  # outside the noise
+    assert "no measurable difference between them for H 1024" in forward  # inside it
+    assert "LayerNorm is measurably faster than RMSNorm (PyTorch ops) for every" not in forward
+    assert "LayerNorm is measurably faster than RMSNorm (PyTorch ops)" in A.compare_text(
+        "RMSNorm (PyTorch ops)", "LayerNorm", Ratio(2.5, 2.4, 2.6, 10))
+    autocast = all_answers(synthetic)["2.1.4(a)"][0]
+    assert autocast.startswith("Forward+backward: fp32 is measurably faster than autocast bfloat16 for every size")
+
+
+def test_sharding_speed_names_no_winner_without_a_paired_ratio(synthetic, tmp_path):
+    got = all_answers(synthetic)
+    assert "unsharded is measurably faster than ShardedOptimizer" in got["3.4.5(b)"][0]  # 0.95 s vs 0.9 s
+    assert "1.500Ψ" in got["3.4.5(c)"][0]  # the counted table, when saved
+    write(tmp_path, {"05_sharding_speed": (sharding_speed, dict(model=SIZES[1]))})
+    text, ok = A.answer(A.BY_NUMBER["3.4.5(b)"], A.Saved(tmp_path, "cpu"))
+    assert ok and "no faster or slower is claimed" in text and "measurably" not in text
+
+
+def test_triton_is_said_to_be_gpu_only_when_it_was_not_timed(synthetic):
+    got = all_answers(synthetic)
+    assert "not timed" in got["2.2.1(a)"][0] and "interpreter" in got["2.2.1(a)"][0]
+
+
+def test_a_triton_timing_when_there_is_one(tmp_path):
+    shapes = {("float32", 4096): comparison({"layernorm|fwd": 1.0, "torch|fwd": 3.0, "triton|fwd": 0.9,
+                                             "layernorm|fwd+bwd": 3.0, "torch|fwd+bwd": 9.0, "triton|fwd+bwd": 2.0})}
+    write(tmp_path, {"rmsnorm_ratios": (XR.ratio_rows(shapes, ("dtype", "H")), {})}, profile="gpu")
+    saved = A.Saved(tmp_path, "gpu")
+    for number in ("2.2.1(a)", "2.2.4(a)"):
+        text, ok = A.answer(A.BY_NUMBER[number], saved)
+        assert ok and "Triton RMSNorm is measurably faster than RMSNorm (PyTorch ops) for H 4096" in text, text
+        assert "not timed" not in text
+
+
+def test_the_page_is_self_contained(synthetic, tmp_path):
+    out = tmp_path / "writeups" / "answers.html"
+    A.write_page(out, "cpu", synthetic)
+    page = out.read_text(encoding="utf-8")
+    assert "://" not in page and "<script" not in page.lower() and "<link" not in page.lower()
+    assert "<style>" in page and 'href="01_benchmarking_and_profiling.html"' in page
+    for q in A.QUESTIONS:
+        assert f"<b>{q.number}</b>" in page
+    assert "profile: <b>cpu</b>" in page and f"{len(A.QUESTIONS)} of {len(A.QUESTIONS)} answers" in page
+
+
+def test_an_empty_folder_gives_not_measured_everywhere(tmp_path):
+    got = all_answers(tmp_path)
+    for number, (text, ok) in got.items():
+        notebook = A.BY_NUMBER[number].notebook
+        assert not ok and text.startswith(f"Not measured in this run (run notebook {notebook}"), (number, text)
+    A.write_page(tmp_path / "answers.html", "gpu", tmp_path)
+    assert f"0 of {len(A.QUESTIONS)} answers" in (tmp_path / "answers.html").read_text(encoding="utf-8")
+
+
+def test_results_of_the_other_profile_are_not_used(tmp_path):
+    write(tmp_path, {"01_timing": notebook_01_rows()["01_timing"]}, profile="gpu")
+    text, ok = A.answer(A.BY_NUMBER["2.1.1(b)"], A.Saved(tmp_path, "cpu"))
+    assert not ok and "gpu-profile run" in text
+
+
+def test_a_saved_result_in_an_old_format_does_not_break_the_page(tmp_path):
+    write(tmp_path, {"01_timing": ([{"size": "small/8", "status": "ok"}], {}),
+                     "05_sharding_memory": ([{"model": "xl/8", "kind": "unsharded"}], dict(world_size=2))})
+    got = all_answers(tmp_path)
+    assert not got["2.1.1(b)"][1] and "lack what this answer reads" in got["2.1.1(b)"][0]
+    assert not got["3.4.5(c)"][1]
+
+
+def test_write_page_refuses_an_unknown_profile(tmp_path):
+    with pytest.raises(ValueError, match="profile"):
+        A.write_page(tmp_path / "a.html", "tpu", tmp_path)

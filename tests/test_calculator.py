@@ -1,0 +1,180 @@
+"""helpers.calculator: the whole grid computed, each choice mapped to its own table, tables stored once, evenly
+spaced slider stops, ids unique per block, clear refusals, nothing from the network; in Chromium when there is one."""
+import itertools
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from helpers.calculator import MAX_COMBINATIONS, Calculator
+from helpers.experiments import fsdp as X
+from helpers.experiments import sharding as S
+from helpers.formulas import zero_memory
+
+INPUTS = {"model": ["small", "xl"], "world_size": [1, 2, 4, 8], "precision": ["mixed", "fp32"]}
+
+
+def table_of(model, world_size, precision="mixed"):
+    """A small table that differs for every combination."""
+    return pd.DataFrame({"ranks": [world_size, 2 * world_size], "label": [model, precision]})
+
+
+def compact(frame) -> str:
+    """A table's HTML as the calculator stores it (no whitespace between tags)."""
+    return re.sub(r">\s+<", "><", frame.to_html())
+
+
+def page(calc) -> dict:
+    """The parts of a rendered block: its HTML, the script's data, the stored tables, the table shown at first."""
+    block = calc._repr_html_()
+    return {"html": block, "data": json.loads(re.search(r"var data = (.*?);\n", block).group(1)),
+            "tables": re.findall(r'<template data-table="(\d+)">(.*?)</template>', block, re.S),
+            "shown": re.search(r'<div class="calc-output">(.*?)</div>', block, re.S).group(1)}
+
+
+def test_every_combination_is_computed_once():
+    calls = []
+    calc = Calculator(lambda **kw: calls.append(kw) or table_of(**kw), INPUTS)
+    grid = [dict(zip(INPUTS, combo)) for combo in itertools.product(*INPUTS.values())]
+    assert calls == grid  # row-major, the last input fastest
+    assert len(page(calc)["data"]["index"]) == len(grid) == 16
+
+
+def test_each_choice_maps_to_its_own_table():
+    p = page(Calculator(table_of, INPUTS))
+    tables = dict(p["tables"])
+    assert [int(i) for i, _ in p["tables"]] == list(range(len(tables)))
+    for flat, combo in enumerate(itertools.product(*INPUTS.values())):  # the script's row-major number
+        assert tables[str(p["data"]["index"][flat])] == compact(table_of(*combo)), combo
+    assert p["data"]["sizes"] == [2, 4, 2] and p["data"]["labels"][1] == ["1", "2", "4", "8"]
+
+
+def test_table_returns_the_choice_frame_with_defaults_for_the_rest():
+    calc = Calculator(table_of, INPUTS, default={"model": "xl", "world_size": 4})
+    pd.testing.assert_frame_equal(calc.table(), table_of("xl", 4, "mixed"))
+    pd.testing.assert_frame_equal(calc.table(world_size=8, precision="fp32"), table_of("xl", 8, "fp32"))
+    assert page(calc)["shown"] == compact(table_of("xl", 4, "mixed"))  # the default, before any script ran
+
+
+def test_identical_tables_are_stored_once():
+    calc = Calculator(lambda model, world_size, precision: table_of(model, world_size), INPUTS)  # precision ignored
+    p = page(calc)
+    assert len(p["tables"]) == len(calc.tables) == 8  # 16 combinations, 8 distinct tables
+    assert len({t for _, t in p["tables"]}) == 8
+    assert p["data"]["index"][0::2] == p["data"]["index"][1::2]  # mixed and fp32 point at the same table
+
+
+def test_powers_of_two_get_evenly_spaced_stops():
+    sizes = [2**i for i in range(11)]
+    p = page(Calculator(table_of, {"model": ["xl"], "world_size": sizes}, default={"world_size": 8}))
+    slider = re.search(r'<input type="range"[^>]*>', p["html"]).group(0)
+    assert 'data-input="world_size"' in slider
+    assert re.search(r'min="0"', slider) and re.search(r'max="10"', slider) and re.search(r'step="1"', slider)
+    assert 'value="3"' in slider  # 8 is the 4th stop of 11, not at 7/1023 of the way
+    assert re.search(r"<output[^>]*>8</output>", p["html"])
+    assert '<select id="' in p["html"] and 'data-input="model"' in p["html"]  # strings: a drop-down
+
+
+def test_labelled_choices_and_named_inputs_show_labels_and_pass_values():
+    calc = Calculator(X.strategies_table, {"model": ["xl"], "world_size": [8], "gpu_bytes": {"40 GB": 40e9,
+                                                                                                "80 GB": 80e9}},
+                      names={"gpu_bytes": "GPU memory"})
+    block = calc._repr_html_()
+    assert re.search(r"<output[^>]*>40 GB</output>", block) and re.search(r"<label[^>]*>GPU memory</label>", block)
+    assert re.search(r"<label[^>]*>world size</label>", block)  # unnamed: the keyword, spaced
+    pd.testing.assert_frame_equal(calc.table(gpu_bytes=80e9), X.strategies_table("xl", 8, 80e9))
+
+
+def test_two_blocks_have_distinct_ids():
+    first, second = Calculator(table_of, INPUTS)._repr_html_(), Calculator(table_of, INPUTS)._repr_html_()
+    ids = re.findall(r'\bid="([^"]+)"', first + second)
+    assert len(ids) == 2 * (1 + len(INPUTS)) and len(set(ids)) == len(ids)
+    root = re.match(r'<div class="calc" id="([^"]+)">', first).group(1)
+    assert json.dumps(root) in first  # its script finds its own root
+
+
+def test_too_many_combinations_are_refused_before_computing():
+    calls = []
+    with pytest.raises(ValueError, match=r"100 × 100 = 10000 combinations .* more than the 5000 .* fewer choices"):
+        Calculator(lambda a, b: calls.append(1), {"a": list(range(100)), "b": list(range(100))})
+    assert not calls and MAX_COMBINATIONS == 5000
+
+
+@pytest.mark.parametrize("inputs, default, message", [
+    ({"model": ["xl"], "world_size": [1], "ranks": [1]}, None, r"do not fit table_of.*unexpected keyword argument 'ranks'"),
+    ({"precision": ["fp32"]}, None, r"do not fit table_of.*missing a required argument"),
+    ({"model": [], "world_size": [1]}, None, r"'model' has no choices"),
+    ({"model": ["xl", "xl"], "world_size": [1]}, None, r"same label twice"),
+    ({"model": ["xl"], "world_size": [1]}, {"world_size": 3}, r"3 is not a choice of 'world_size'.*\[1\]"),
+    ({"model": ["xl"], "world_size": [1]}, {"ranks": 3}, r"no input named \['ranks'\]"),
+    ({}, None, r"at least one input"),
+])
+def test_bad_inputs_get_clear_errors(inputs, default, message):
+    with pytest.raises(ValueError, match=message):
+        Calculator(table_of, inputs, default=default)
+    with pytest.raises(ValueError, match=r"names given for \['ranks'\], which are not inputs"):
+        Calculator(table_of, INPUTS, names={"ranks": "ranks"})
+
+
+def test_bad_results_name_the_combination():
+    with pytest.raises(TypeError, match=r"returned a dict; a calculator shows pandas DataFrames"):
+        Calculator(lambda n: {"n": n}, {"n": [1, 2]})
+    with pytest.raises(ValueError, match=r"\(\*\*\{'n': 0\}\) failed: division by zero"):
+        Calculator(lambda n: pd.DataFrame({"x": [1 / n]}), {"n": [1, 0]})
+
+
+def test_styler_results_render_and_table_returns_the_data():
+    calc = Calculator(lambda n: pd.DataFrame({"x": [n]}).style.format("{:.1f}"), {"n": [1, 2]})
+    pd.testing.assert_frame_equal(calc.table(n=2), pd.DataFrame({"x": [2]}))
+    assert "2.0" in calc._repr_html_()
+
+
+def test_text_is_escaped_and_nothing_comes_from_the_network():
+    calc = Calculator(table_of, {"model": ["</script><b>", "xl"], "world_size": [1]}, title="a < b", note="10⁹")
+    block = calc._repr_html_()
+    assert block.count("</script>") == 1 and "&lt;/script&gt;&lt;b&gt;" in block and "a &lt; b" in block
+    assert not re.search(r"https?:|wss?:|//[a-z]|\bsrc=|\bhref=|@import", block, re.I)
+
+
+def test_notebook_tables_state_their_unit():
+    """Notebooks 05 and 07's calculator tables: every memory column says GB, which is 10⁹ bytes."""
+    zero, strat = S.zero_table("xl", 8, "mixed"), X.strategies_table("xl", 8, 80e9)
+    for frame in (zero, strat):
+        numeric = frame.select_dtypes("number").columns
+        assert len(numeric) >= 4 and all(c.endswith("(GB)") for c in numeric), list(frame.columns)
+    exact = zero_memory("xl", 8, 3, "mixed")
+    assert zero.loc[3, "total (GB)"] == pytest.approx(exact["total"] / 1e9, abs=1e-4)
+    assert strat.loc["DDP", "left on GPU (GB)"] == pytest.approx(80 - strat.loc["DDP", "total (GB)"], abs=2e-4)
+
+
+# ---- in a real browser ----
+
+def test_two_calculators_on_one_page_work_offline_and_apart(tmp_path):
+    browser = pytest.importorskip("browser", reason="tests/browser.py (headless Chromium helpers)")
+    if not (browser.CHROMIUM and browser.CHROMEDRIVER):
+        pytest.skip("no Chromium/chromedriver on PATH")
+    from selenium.webdriver.common.by import By
+
+    first = Calculator(table_of, INPUTS, default={"world_size": 2})
+    second = Calculator(table_of, INPUTS, default={"model": "xl"})
+    path = tmp_path / "two.html"
+    path.write_text(f'<!doctype html><html><head><meta charset="utf-8"></head><body>{first._repr_html_()}'
+                    f"{second._repr_html_()}</body></html>", encoding="utf-8")
+    driver = browser.start_chrome(offline=True)
+    try:
+        browser.visit(driver, path.as_uri())
+        a, b = driver.find_elements(By.CSS_SELECTOR, ".calc")
+        out = {calc: calc.find_element(By.CSS_SELECTOR, ".calc-output") for calc in (a, b)}
+        b_before = out[b].get_attribute("innerHTML")
+        slider = a.find_element(By.CSS_SELECTOR, '[data-input="world_size"]')
+        assert browser.change_input(driver, slider)  # to its far end: 8 ranks
+        assert out[a].get_attribute("innerHTML") == compact(table_of("small", 8, "mixed"))
+        assert a.find_element(By.CSS_SELECTOR, "output").text == "8"
+        assert browser.change_input(driver, a.find_element(By.CSS_SELECTOR, '[data-input="precision"]'))
+        assert out[a].get_attribute("innerHTML") == compact(table_of("small", 8, "fp32"))
+        assert out[b].get_attribute("innerHTML") == b_before == compact(table_of("xl", 1, "mixed"))  # untouched
+        assert browser.exercise_calc(driver, b) == {name: True for name in INPUTS}
+        assert browser.console_errors(driver) == [] and browser.remote_requests(driver) == []
+    finally:
+        driver.quit()
