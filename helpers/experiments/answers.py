@@ -3,9 +3,9 @@ sections, answered in a sentence or two with the numbers this machine saved (`he
 
     write_page(Path("writeups/answers.html"), profile="cpu")   # after the notebooks ran; reads data/local/<device>/
     QUESTIONS                                                  # the table: number, question, notebook, reads, ...
-    pairwise_ratios({"fp32": [...], "autocast bfloat16": [...]}, size="small/cpu")   # what a notebook saves to compare
+    timing.pairwise_ratios({"fp32": [...], "bf16": [...]}, size="small/cpu")   # what a notebook saves to compare
 
-A comparison is answered only from rows that carry a paired ratio and its interval (`pairwise_ratios`, saved by the
+A comparison is answered only from rows that carry a paired ratio and its interval (`timing.pairwise_ratios`, saved by the
 notebook that timed both sides in one interleaved loop): inside the noise the page says so and names no winner.
 A result that was not saved (or was saved by the other profile) gives "not measured in this run (run notebook NN)".
 """
