@@ -84,8 +84,13 @@ def make_batches(name: str, steps: int, batch_size: int, context_length: int, se
 def rank_share(batch, device=None) -> tuple[torch.Tensor, ...]:
     """This rank's consecutive rows of every tensor in `batch` (own storage), on its device; all rows outside a group."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    n = batch[0].shape[0]
-    return tuple(t[rank * n // world:(rank + 1) * n // world].clone().to(device or L.device()) for t in batch)
+    rows = rank_rows(batch[0].shape[0], rank, world)
+    return tuple(t[rows].clone().to(device or L.device()) for t in batch)
+
+
+def rank_rows(n: int, rank: int, world: int) -> slice:
+    """The consecutive rows of n that rank_share gives `rank` of `world`."""
+    return slice(rank * n // world, (rank + 1) * n // world)
 
 
 def variant_runs(cfg, field: str, values, device="cpu", batch_size: int = 2) -> dict:

@@ -34,7 +34,7 @@ from helpers import launch as L
 from helpers import memory as M
 from helpers import ring as R
 from helpers.experiments import sharding as S
-from helpers.experiments.common import bench_parser, make_batches, rank_share, slowest_rank
+from helpers.experiments.common import bench_parser, make_batches, rank_rows, rank_share, slowest_rank
 from helpers.formulas import MiB
 from helpers.fsdp import FSDP, bytes_sent, ddp_bytes_per_step, fsdp_bytes_per_step
 from helpers.model import build_model, lm_loss
@@ -191,8 +191,7 @@ def equivalence_table(per_rank: list[dict], *, model, n_layers, steps, batch_siz
         for s, (x, y) in enumerate(batches):
             load = functools.partial(_loaded, model, n_layers, run.weights[s])
             whole = reference_grads(load(), x, y, dtype)
-            n, w = x.shape[0], run.world
-            shares = [(x[r * n // w:(r + 1) * n // w], y[r * n // w:(r + 1) * n // w]) for r in range(w)]  # rank_share's
+            shares = [(x[rows], y[rows]) for rows in (rank_rows(x.shape[0], r, run.world) for r in range(run.world))]
             ref = whole if dtype == "fp32" else ranks_reference(load, shares, dtype)
             lim = bound(load(), x, y, dtype)
             diff = {n: (run.grads[s][n] - ref[n]).abs().detach() for n in ref}
