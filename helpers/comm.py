@@ -3,6 +3,7 @@
     run_collective("reduce_scatter", work, out)        # the four ops the notebooks time, result tensor back
     reduce_scatter(out, inp); all_gather(out, inp)     # torch's newer names where this torch has them
     with count_collectives() as log: train_step(...)   # [(op, bytes passed), ...]: nccl-tests' sizes
+    with no_python_refs(): dist.all_reduce(g, async_op=True)   # from an autograd hook: nothing to abort at exit
 
 Counting patches torch.distributed's functions while active, so it sees every call made through them
 (our wrappers and optimizers look the functions up at call time for this reason).
@@ -42,6 +43,50 @@ def run_collective(op: str, work: torch.Tensor, out: torch.Tensor | None) -> tor
         dist.broadcast(work, src=0)
         return work
     raise ValueError(f"unknown collective {op!r}; use one of {', '.join(OPS)}")
+
+
+# Python objects torch keeps in thread-local state, which every collective's work object copies when launched:
+# the autograd engine's contextvars.Context during backward (torch.autograd.graph._engine_run_backward), and
+# Inductor's CUDA-graph tree managers once torch._inductor.cudagraph_trees is imported.
+_TLS_KEYS = ("context", "tree_manager_containers", "tree_manager_locks")
+_AUTOGRAD = torch._C._autograd
+
+
+@contextlib.contextmanager
+def no_python_refs():
+    """Launch collectives whose work objects hold no reference to a Python object; put the state back after.
+
+    Why: a gloo (or NCCL) work copies the thread-local state it was launched under, and during backward that state
+    holds Python objects (the autograd engine's contextvars, saved-tensor hooks). The work can be released last by
+    the backend's own thread, after the launching code dropped it (a later barrier keeps a reference to it). If
+    that happens while the interpreter is exiting, the release takes the GIL on a finalizing interpreter, the
+    thread is unwound through a noexcept destructor, and the process dies by SIGABRT ("terminate called without an
+    active exception"). With nothing Python in the work, its release never enters the interpreter.
+    A Python __torch_function__ or dispatch mode active at the call is left in place (it may want to see the call)."""
+    stashed = []
+    if hasattr(torch._C, "_is_key_in_tls"):
+        stashed = [(key, torch._C._get_obj_in_tls(key)) for key in _TLS_KEYS if torch._C._is_key_in_tls(key)]
+    for key, _ in stashed:
+        torch._C._remove_obj_from_tls(key)
+    hooks = []  # saved-tensor default hooks (activation checkpointing), innermost first
+    top = getattr(_AUTOGRAD, "_top_saved_tensors_default_hooks", lambda _: None)
+    while (pair := top(True)) is not None:
+        hooks.append(pair)
+        _AUTOGRAD._pop_saved_tensors_default_hooks()
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(hooks):
+            _AUTOGRAD._push_saved_tensors_default_hooks(pack, unpack)
+        for key, obj in stashed:
+            torch._C._stash_obj_in_tls(key, obj)
+
+
+def python_objects_in_tls() -> list[str]:
+    """What Python objects a collective launched here and now would hold (see no_python_refs): [] when none."""
+    found = [key for key in _TLS_KEYS if hasattr(torch._C, "_is_key_in_tls") and torch._C._is_key_in_tls(key)]
+    top = getattr(_AUTOGRAD, "_top_saved_tensors_default_hooks", lambda _: None)
+    return found + (["saved-tensor hooks"] if top(True) is not None else [])
 
 
 _COUNTED = {"all_reduce": ("all_reduce", 0, "tensor"), "broadcast": ("broadcast", 0, "tensor"),

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from helpers.comm import no_python_refs
 from helpers.formulas import MiB
 
 MB = MiB  # bucket sizes are in binary MB, as torch's bucket_cap_mb
@@ -42,7 +43,7 @@ class _DataParallel(nn.Module):
         super().__init__()
         self.module = module
         self.world = dist.get_world_size()
-        with torch.no_grad():
+        with torch.no_grad(), no_python_refs():
             for t in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(t, src=0)
         self.params = [p for _, p in module.named_parameters() if p.requires_grad]  # deduped, registration order
@@ -68,7 +69,8 @@ class _DataParallel(nn.Module):
         """Start an async all-reduce of flat / world (the mean over ranks); return its handle."""
         flat.div_(self.world)
         launched = time.perf_counter()
-        handle = dist.all_reduce(flat, async_op=True)
+        with no_python_refs():  # called from autograd hooks: see helpers.comm.no_python_refs
+            handle = dist.all_reduce(flat, async_op=True)
         if self.timeline is not None:
             span = [launched, None]
             self.timeline.append(span)

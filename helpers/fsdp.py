@@ -45,17 +45,21 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from helpers.comm import all_gather, no_python_refs, reduce_scatter
+
 COMPUTE_DTYPES = (None, torch.float16, torch.bfloat16)
 
 
 def _all_gather(out, inp, async_op=False):
-    """Every rank's `inp` (S,) into `out` (N·S,), under this torch's name for it (looked up at call time)."""
-    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, inp, async_op=async_op)
+    """comm.all_gather with nothing Python in its work (launched from autograd hooks: comm.no_python_refs)."""
+    with no_python_refs():
+        return all_gather(out, inp, async_op=async_op)
 
 
 def _reduce_scatter(out, inp, async_op=False):
-    """Sum `inp` (N·S,) over ranks; this rank keeps its slice in `out` (S,)."""
-    return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp, async_op=async_op)
+    """comm.reduce_scatter, likewise."""
+    with no_python_refs():
+        return reduce_scatter(out, inp, async_op=async_op)
 
 
 def bytes_sent(log: list[tuple[str, int]], world: int) -> float:
@@ -76,6 +80,38 @@ def ddp_bytes_per_step(n_params: int, world: int, bytes_per_element: int = 4) ->
     return 2 * (world - 1) / world * n_params * bytes_per_element
 
 
+class ShardedWeight(torch.Tensor):
+    """What a sharded module's weight is outside its forward and backward when it is split over N > 1 ranks: the
+    weight's shape and dtype, no data (meta). Reading it raises a RuntimeError that says how to get the full weight,
+    instead of reading the gathered buffer FSDP has freed (a segfault). Shape, dtype, device and repr still work."""
+
+    _ALLOWED = {torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
+                torch.Tensor.ndim.__get__, torch.Tensor.requires_grad.__get__, torch.Tensor.size, torch.Tensor.dim,
+                torch.Tensor.numel, torch.Tensor.is_floating_point}
+
+    @staticmethod
+    def __new__(cls, name: str, shape, dtype):
+        return torch.Tensor._make_subclass(cls, torch.empty(shape, dtype=dtype, device="meta"))
+
+    def __init__(self, name: str, shape, dtype):
+        self.fsdp_name = name
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return (f"ShardedWeight({self.fsdp_name!r}, shape={tuple(self.shape)}, dtype={self.dtype}: sharded over "
+                "ranks, gathered only during its module's forward and backward)")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in cls._ALLOWED:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        name = next((a.fsdp_name for a in args if isinstance(a, ShardedWeight)), "this weight")
+        raise RuntimeError(f"{name} is sharded by FSDP: each rank holds 1/N of it, and the full weight exists only "
+                           "during its module's forward and backward (a forward hook sees it). For the full "
+                           "weights, call fsdp.gather_full_params() on every rank (a collective); for this rank's "
+                           f"slice, fsdp.local_shards. ({getattr(func, '__name__', func)} was called on it.)")
+
+
 class _Shard:
     """One sharded Parameter: its full shape and this rank's flat fp32 slice (the nn.Parameter the optimizer sees)."""
 
@@ -87,6 +123,13 @@ class _Shard:
         flat[:self.numel] = p.detach().reshape(-1)
         self.param = nn.Parameter(flat[rank * n:(rank + 1) * n].clone(), requires_grad=p.requires_grad)  # (padded/N,)
         self.pending = []  # reduce-scatters in flight: (handle, output slice, input kept alive)
+
+    def outside(self) -> torch.Tensor:
+        """The module's attribute outside the gathered window: on one rank the shard is the whole weight (a view of
+        it, always current); on N ranks a ShardedWeight that refuses to be read."""
+        if self.padded == self.param.numel():
+            return self.param.detach().view(self.shape)  # (*shape,)
+        return ShardedWeight(self.name, self.shape, self.param.dtype)
 
 
 class _Use:
@@ -104,6 +147,13 @@ class _Use:
         return self.flats[k].untyped_storage().nbytes() > 0
 
 
+def _list_weights(module: nn.Module, state_dict: dict, prefix: str, attrs: list[str]) -> None:
+    """A sharded module's state_dict lists its weights as they stand outside forward (see _Shard.outside): on one
+    rank the weights, on N ranks ShardedWeights, which torch.save and load_state_dict refuse with the way out."""
+    for attr in attrs:
+        state_dict.setdefault(prefix + attr, getattr(module, attr))
+
+
 class FSDP(nn.Module):
     """ZeRO-3 by hand: sharded fp32 master weights, gathered per module for forward and backward, gradients
     reduce-scattered as soon as each module's backward is done; see the module docstring."""
@@ -115,13 +165,14 @@ class FSDP(nn.Module):
         self.device = self._check(module, compute_dtype, shard_types)
         self.module, self.compute_dtype = module, compute_dtype
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        with torch.no_grad():  # ranks may start from different weights: rank 0's win
+        with torch.no_grad(), no_python_refs():  # ranks may start from different weights: rank 0's win
             for t in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(t, src=0)
         self.param_names = [name for name, _ in module.named_parameters()]  # gather_full_params' keys, tied once
         names = {id(p): name for name, p in module.named_parameters()}
         self._shards: dict[int, _Shard] = {}  # id(parameter) -> its shard, a tied one once
         self._units: dict[nn.Module, list[tuple[str, _Shard]]] = {}  # sharded module -> its (attribute, shard)s
+        self._hooks = []  # removable handles
         for m in module.modules():
             params = [(attr, p) for attr, p in m._parameters.items() if p is not None]
             if not isinstance(m, shard_types) or not params:
@@ -130,8 +181,10 @@ class FSDP(nn.Module):
                 if id(p) not in self._shards:
                     self._shards[id(p)] = _Shard(names[id(p)], p, self.rank, self.world)
                 del m._parameters[attr]  # the module now sees a plain tensor, set by the hooks
-                setattr(m, attr, torch.empty(0, device=self.device))
+                setattr(m, attr, self._shards[id(p)].outside())
             self._units[m] = [(attr, self._shards[id(p)]) for attr, p in params]
+            self._hooks.append(m.register_state_dict_post_hook(
+                lambda mod, state, prefix, _, attrs=[a for a, _ in params]: _list_weights(mod, state, prefix, attrs)))
         self.local_shards = nn.ParameterList([s.param for s in self._shards.values()])  # after .module: .parameters()
         self.replicated = [p for p in module.parameters() if p.requires_grad]  # what is left in the module
         self._by_name = {s.name: s for s in self._shards.values()}
@@ -141,10 +194,11 @@ class FSDP(nn.Module):
         self.prefetched = 0  # gathers started ahead of their module (overlapping the one before it)
         self._order: list[nn.Module] | None = None  # sharded modules in forward call order, from the first forward
         self._calls, self._prefetch, self._active, self._live = [], {}, [], []
-        self._hooks = []  # removable handles
+        self._post_ids = {}  # sharded module -> id of its post-forward hook, moved last before each call
         for m in self._units:
             self._hooks.append(m.register_forward_pre_hook(self._pre_forward, with_kwargs=True))
             self._hooks.append(m.register_forward_hook(self._post_forward))
+            self._post_ids[m] = self._hooks[-1].id
 
     @staticmethod
     def _check(module: nn.Module, compute_dtype, shard_types: tuple[type, ...]) -> torch.device:
@@ -238,6 +292,7 @@ class FSDP(nn.Module):
         return out
 
     def _pre_forward(self, module, args, kwargs):
+        module._forward_hooks.move_to_end(self._post_ids[module])  # free after the user's forward hooks have run
         i = len(self._calls)
         use = self._prefetch.pop(i, None)
         if use is None or use.module is not module:
@@ -274,8 +329,9 @@ class FSDP(nn.Module):
 
     def _post_forward(self, module, args, output):
         use = self._active.pop()
-        for k in range(len(use.flats)):
+        for k, (attr, shard) in enumerate(use.params):
             self._free(use, k)
+            setattr(module, attr, shard.outside())  # never the freed buffer: reading that would segfault
         outputs = list(output.values()) if isinstance(output, dict) else output
         for t in outputs if isinstance(outputs, (tuple, list)) else [outputs]:
             if isinstance(t, torch.Tensor) and t.requires_grad:
@@ -331,7 +387,8 @@ class FSDP(nn.Module):
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.replicated]
             flat = torch.cat([g.reshape(-1) for g in grads]).div_(self.world)  # (replicated numel,)
             self.comm_log.append(("all_reduce", flat.numel() * flat.element_size()))
-            dist.all_reduce(flat)
+            with no_python_refs():
+                dist.all_reduce(flat)
             for p, part in zip(self.replicated, flat.split([p.numel() for p in self.replicated])):
                 p.grad = part.view_as(p).clone()
         self.comm_s = waited + time.perf_counter() - start

@@ -116,12 +116,35 @@ def _worker(rank, world_size, backend, device_type, port, payload, workdir, thre
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=60))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
         result = fn(*args)
-        torch.save(result, workdir / f"rank{rank}.pt")
+        torch.save(result, workdir / f"rank{rank}.tmp")
+        os.replace(workdir / f"rank{rank}.tmp", workdir / f"rank{rank}.pt")  # whole or absent: the parent reads it
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
         error = {"time": time.time(), "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
         (workdir / f"rank{rank}.err").write_text(json.dumps(error))
         os._exit(1)  # skip interpreter teardown: peers may be gone and gloo/NCCL could block in it
+    finish()
+
+
+def finish(code: int = 0) -> None:
+    """End this process now, skipping the interpreter's teardown: destroy the process group, flush, os._exit(code).
+
+    The one-line remedy for a spawned training script (the last line of its worker) when its collectives were
+    launched from autograd hooks by code that does not guard them (torch's DistributedDataParallel, your own hooks):
+    a backend thread may release such a collective while the interpreter finalizes, and the process then dies by
+    SIGABRT ("terminate called without an active exception"; see helpers.comm.no_python_refs). With no teardown
+    there is no finalization to race. Atexit handlers do not run: call it after everything you want saved is saved.
+    launch()'s workers end this way."""
+    import sys
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream has nothing left to flush
+            pass
+    os._exit(code)
 
 
 def _describe_exit(code: int) -> str:
@@ -132,6 +155,20 @@ def _describe_exit(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def _failed(procs, workdir: Path) -> list[int]:
+    """Ranks that ended badly without returning: a rank whose result is saved has done its work, whatever its exit."""
+    return [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and not (workdir / f"rank{r}.pt").exists()]
+
+
+def _warn_late_deaths(procs, workdir: Path) -> None:
+    """Say so (without failing) when a rank died after returning its result, e.g. in native teardown code."""
+    import warnings
+
+    late = [f"rank {r} {_describe_exit(p.exitcode)}" for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+    if late:
+        warnings.warn(f"launch: {'; '.join(late)} after returning its result; the results are complete", stacklevel=3)
 
 
 def _failure(procs, first_dead: list[int], workdir: Path, world_size: int) -> RankError:
@@ -256,7 +293,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
                 p.start()
             deadline = time.monotonic() + timeout_s
             while any(p.exitcode is None for p in procs):
-                first_dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                first_dead = _failed(procs, Path(workdir))
                 if first_dead:
                     time.sleep(0.2)  # let ranks that failed at the same moment write their errors too
                     raise _failure(procs, first_dead, Path(workdir), world_size)
@@ -269,9 +306,10 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
                         "waiting in a collective that another rank never entered; if the work is just slow, raise timeout_s."
                     )
                 wait([p.sentinel for p in procs if p.exitcode is None], timeout=min(left, 0.5))
-            first_dead = [r for r, p in enumerate(procs) if p.exitcode]
+            first_dead = _failed(procs, Path(workdir))
             if first_dead:
                 raise _failure(procs, first_dead, Path(workdir), world_size)
+            _warn_late_deaths(procs, Path(workdir))
             results = []
             for rank in range(world_size):
                 out = Path(workdir) / f"rank{rank}.pt"

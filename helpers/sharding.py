@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from helpers.comm import all_gather, reduce_scatter
+from helpers.comm import all_gather, no_python_refs, reduce_scatter
 from helpers.timing import sync
 
 
@@ -90,7 +90,8 @@ class _Sharded(torch.optim.Optimizer):
         dev = self.param_groups[0]["params"][0].device if self.param_groups[0]["params"] else torch.device("cpu")
         sync(dev)
         start = time.perf_counter()
-        fn()
+        with no_python_refs():  # step() may run under saved-tensor hooks or in a hook: see helpers.comm
+            fn()
         sync(dev)
         self.comm_s += time.perf_counter() - start
 
@@ -232,7 +233,8 @@ class Zero1Optimizer(_Sharded):
                 v.copy_(p.reshape(-1))
                 p.data = v.view_as(p)
             if self.world > 1 and S:
-                dist.broadcast(flat, 0)  # every rank starts from rank 0's parameters
+                with no_python_refs():
+                    dist.broadcast(flat, 0)  # every rank starts from rank 0's parameters
         grad_views = [v.view_as(p) for p, v in zip(params, grad[:numel].split([p.numel() for p in params]))]
         shard = flat[self.rank * S:(self.rank + 1) * S]  # (S,) a view: updating it updates the parameters
         shard.grad = grad[self.rank * S:(self.rank + 1) * S]  # (S,)
