@@ -7,6 +7,7 @@
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
 #   make bench [TOPICS=ddp]      the benchmark scripts (python -m helpers bench TOPIC), one after another
+#   make stress [RUNS=200]       spawn-train-exit scripts per wrapper: does a rank die at exit? (not part of make test)
 #
 # TORCH is installed first: the default resolves to a local CPU build on the
 # course machines and to a CUDA build from PyPI elsewhere. On a machine whose
@@ -20,8 +21,9 @@ TORCH     ?= torch==2.13.0
 VENV_ARGS ?=
 PROFILE   ?= auto
 TOPICS    ?= rmsnorm collectives ddp sharding attention fsdp
+RUNS      ?= 200
 
-.PHONY: setup test writeup lab strip bench clean
+.PHONY: setup test writeup lab strip bench stress clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -45,6 +47,9 @@ strip: setup
 
 bench: setup
 	set -e; for t in $(TOPICS); do echo "== bench $$t"; $(PY) -m helpers bench $$t; done
+
+stress: setup
+	OMP_NUM_THREADS=1 PYTHONPATH=. $(PY) tests/exit_stress.py --runs $(RUNS)
 
 clean:
 	rm -rf writeups data/local

@@ -112,4 +112,8 @@ def _close_process_group() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if "RANK" in os.environ:  # a torchrun rank: no interpreter teardown to race gloo's threads (launch.finish)
+        from helpers.launch import finish
+        finish(code)
+    sys.exit(code)
