@@ -120,15 +120,6 @@ def test_fsdp_weights_between_steps_on_two_ranks(runs):
             assert "gather_full_params()" in f[what] and "0.weight" in f[what], f[what]
 
 
-@pytest.fixture()
-def one_rank():
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_fsdp_weights_between_steps_on_one_rank(one_rank):
     model = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 3))
     fsdp = F.FSDP(model)

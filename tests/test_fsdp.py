@@ -263,16 +263,6 @@ def test_prefetch_and_at_most_two_gathered_modules_alive(runs):
 
 # ---- in this process: world size 1 and the errors ----
 
-@pytest.fixture(scope="module")
-def one_rank():
-    """A 1-rank gloo process group in this process (no spawn), destroyed afterwards."""
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_before_init_process_group_says_to_use_launch():
     if dist.is_initialized():
         pytest.skip("a process group is initialised in this process")
