@@ -22,11 +22,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -135,8 +138,6 @@ def finish(code: int = 0) -> None:
     SIGABRT ("terminate called without an active exception"; see helpers.comm.no_python_refs). With no teardown
     there is no finalization to race. Atexit handlers do not run: call it after everything you want saved is saved.
     launch()'s workers end this way."""
-    import sys
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     for stream in (sys.stdout, sys.stderr):
@@ -164,8 +165,6 @@ def _failed(procs, workdir: Path) -> list[int]:
 
 def _warn_late_deaths(procs, workdir: Path) -> None:
     """Say so (without failing) when a rank died after returning its result, e.g. in native teardown code."""
-    import warnings
-
     late = [f"rank {r} {_describe_exit(p.exitcode)}" for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
     if late:
         warnings.warn(f"launch: {'; '.join(late)} after returning its result; the results are complete", stacklevel=3)
@@ -222,8 +221,6 @@ def _under_torchrun() -> bool:
 def torchrun_topology() -> dict:
     """Under torchrun, inside the process group: nodes (agents), distinct hosts, and whether the nodes were simulated
     on fewer hosts (several agents on one machine, e.g. a multi-node rehearsal on a laptop). Every rank calls it."""
-    import socket
-
     world = dist.get_world_size()
     names = [None] * world
     dist.all_gather_object(names, socket.gethostname())
@@ -350,18 +347,21 @@ def skip_collective_on_rank(skip_rank: int = 1) -> int:
     return dist.get_rank()
 
 
+def free_port() -> int:
+    """A loopback port nobody was listening on a moment ago (for a rendezvous a script starts itself)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_simulated_nodes(argv: list[str], nodes: int = 2, timeout_s: float = 300,
                         cwd=None) -> list[subprocess.CompletedProcess]:
     """Rehearse a multi-node run on this machine: one torchrun agent per node (`--nnodes N --node-rank r`, one
     process each, c10d rendezvous on a free loopback port), each running `python -m helpers ARGV`. Every agent is
     killed if any fails or the run passes `timeout_s`. Real multi-node numbers need real nodes: this checks the path."""
-    import socket
-    import sys
     import uuid
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     run_id = uuid.uuid4().hex[:8]
     agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
                                 "--node-rank", str(r), "--nproc-per-node", "1", "--rdzv-backend", "c10d",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 from functools import partial
@@ -26,6 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+
+from helpers.launch import free_port
 
 OURS = ("per_parameter", "bucketed", "sharded", "zero1", "fsdp")
 VARIANTS = OURS + ("all", "torch_ddp", "launch")
@@ -86,12 +87,6 @@ def worker(rank: int, world: int, port: int, variant: str, finish: bool) -> None
     if finish:
         from helpers.launch import finish as end
         end()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_run(variant: str, finish: bool) -> str | None:

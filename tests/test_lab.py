@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from browser import assert_calc_reacts, needs_chromium, start_chrome, without_colours
+
+from helpers.launch import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = needs_chromium
@@ -59,13 +60,6 @@ KERNEL_IDLE = """
 const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
 const kernel = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
 return !!kernel && kernel.status === 'idle';"""
-
-
-def free_port() -> int:
-    """A loopback port nobody was listening on a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answers(url: str) -> bool:
