@@ -123,13 +123,10 @@ class _Shard:
         flat[:self.numel] = p.detach().reshape(-1)
         self.param = nn.Parameter(flat[rank * n:(rank + 1) * n].clone(), requires_grad=p.requires_grad)  # (padded/N,)
         self.pending = []  # reduce-scatters in flight: (handle, output slice, input kept alive)
-
-    def outside(self) -> torch.Tensor:
-        """The module's attribute outside the gathered window: on one rank the shard is the whole weight (a view of
-        it, always current); on N ranks a ShardedWeight that refuses to be read."""
-        if self.padded == self.param.numel():
-            return self.param.detach().view(self.shape)  # (*shape,)
-        return ShardedWeight(self.name, self.shape, self.param.dtype)
+        # the module's attribute outside the gathered window: on one rank the shard is the whole weight (a view of
+        # it, current after every step); on N ranks a ShardedWeight that refuses to be read
+        self.outside = (self.param.detach().view(self.shape) if world == 1  # (*shape,)
+                        else ShardedWeight(name, self.shape, self.param.dtype))
 
 
 class _Use:
@@ -148,7 +145,7 @@ class _Use:
 
 
 def _list_weights(module: nn.Module, state_dict: dict, prefix: str, attrs: list[str]) -> None:
-    """A sharded module's state_dict lists its weights as they stand outside forward (see _Shard.outside): on one
+    """A sharded module's state_dict lists its weights as they stand outside forward (_Shard.outside): on one
     rank the weights, on N ranks ShardedWeights, which torch.save and load_state_dict refuse with the way out."""
     for attr in attrs:
         state_dict.setdefault(prefix + attr, getattr(module, attr))
@@ -181,7 +178,7 @@ class FSDP(nn.Module):
                 if id(p) not in self._shards:
                     self._shards[id(p)] = _Shard(names[id(p)], p, self.rank, self.world)
                 del m._parameters[attr]  # the module now sees a plain tensor, set by the hooks
-                setattr(m, attr, self._shards[id(p)].outside())
+                setattr(m, attr, self._shards[id(p)].outside)
             self._units[m] = [(attr, self._shards[id(p)]) for attr, p in params]
             self._hooks.append(m.register_state_dict_post_hook(
                 lambda mod, state, prefix, _, attrs=[a for a, _ in params]: _list_weights(mod, state, prefix, attrs)))
@@ -331,7 +328,7 @@ class FSDP(nn.Module):
         use = self._active.pop()
         for k, (attr, shard) in enumerate(use.params):
             self._free(use, k)
-            setattr(module, attr, shard.outside())  # never the freed buffer: reading that would segfault
+            setattr(module, attr, shard.outside)  # never the freed buffer: reading that would segfault
         outputs = list(output.values()) if isinstance(output, dict) else output
         for t in outputs if isinstance(outputs, (tuple, list)) else [outputs]:
             if isinstance(t, torch.Tensor) and t.requires_grad:
