@@ -1,4 +1,5 @@
-"""The package's layers (../shared/design.md): infrastructure < library < experiments < entry points; no cycles."""
+"""The package's layers (../shared/design.md): infrastructure < library < experiments < course (cross-notebook work)
+< entry points; no cycles."""
 import ast
 import subprocess
 import sys
@@ -29,8 +30,10 @@ def _layer(module: str) -> int:
     name = module.removeprefix("helpers.")
     if name.startswith("experiments"):
         return 2
-    if name in ENTRY_POINTS:
+    if name.startswith("course"):
         return 3
+    if name in ENTRY_POINTS:
+        return 4
     return 0 if name.split(".")[0] in INFRASTRUCTURE else 1
 
 
