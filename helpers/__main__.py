@@ -6,6 +6,7 @@
     python -m helpers writeup [--profile gpu]      # execute notebooks, export HTML (make writeup)
     python -m helpers kernels [--quick]            # compile every Triton kernel for sm_80/sm_90a: registers, spills
     python -m helpers bench TOPIC [...]            # a topic's benchmark script, e.g. `bench collectives`
+    python -m helpers yours PATH/tests/adapters.py # your implementation checked and timed beside ours (make yours)
 
 Commands are the entries of COMMANDS, benchmarks those of BENCHMARKS (topic -> the experiment module whose
 bench_main(argv) runs it): a function taking the remaining argv and returning an exit code.
@@ -63,6 +64,13 @@ def cmd_writeup(argv: list[str]) -> int:
     return main(argv, extra_pages=[("Answers, question by question", "answers.html", write_page)])
 
 
+def cmd_yours(argv: list[str]) -> int:
+    """Check, time and account a student's implementation (the course's tests/adapters.py) beside ours."""
+    from helpers.course.yours import main
+
+    return main(argv)
+
+
 BENCHMARKS = {  # topic -> experiment module with bench_main(argv) -> exit code
     "rmsnorm": "helpers.experiments.rmsnorm",
     "collectives": "helpers.experiments.collectives",
@@ -83,7 +91,8 @@ def cmd_bench(argv: list[str]) -> int:
     return importlib.import_module(BENCHMARKS[argv[0]]).bench_main(argv[1:])
 
 
-COMMANDS = {"env": cmd_env, "demo": cmd_demo, "writeup": cmd_writeup, "bench": cmd_bench, "kernels": cmd_kernels}
+COMMANDS = {"env": cmd_env, "demo": cmd_demo, "writeup": cmd_writeup, "bench": cmd_bench, "kernels": cmd_kernels,
+            "yours": cmd_yours}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,3 +32,30 @@ class TopicResult:
 
     def as_rows(self) -> list[dict]:
         return [asdict(c) for c in self.checks]
+
+
+def failure_summary(exc: BaseException) -> str:
+    """One paragraph from a launch failure: the rank and what happened (signal, timeout, the exception's last line)."""
+    text = str(exc).strip()
+    head = text.split("\n\n--- traceback", 1)[0].replace("\n", " ")
+    tb = getattr(exc, "remote_traceback", None)
+    if tb:
+        frames = [line.strip() for line in tb.splitlines() if line.strip().startswith("File ")]
+        if frames:
+            head += f" (last frame: {frames[-1]})"
+    return head
+
+
+def checks_table(results: list[TopicResult]):
+    """One row per check: topic, implementation, property, status, what differed."""
+    import pandas as pd
+
+    return pd.DataFrame([r for res in results for r in res.as_rows()],
+                        columns=["topic", "impl", "prop", "status", "detail"])
+
+
+def side_by_side(results: list[TopicResult]):
+    """The timing/memory/bytes rows of every topic: yours, ours, PyTorch's and the formula, ratios to ours."""
+    import pandas as pd
+
+    return pd.DataFrame([row for res in results for row in res.rows])

@@ -1,0 +1,75 @@
+"""writeups/yours.html: the last `yours` run's checks and side-by-side rows, from the saved results (offline HTML)."""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from helpers.results import load_results
+
+STATUS_COLOUR = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#cf222e", "not implemented": "#6e7781",
+                 "skipped": "#6e7781"}
+STYLE = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem}
+td,th{padding:.25rem .6rem;text-align:left;vertical-align:top;border-bottom:1px solid #ddd}
+td.num{text-align:right;font-variant-numeric:tabular-nums}.bar{background:#8ab4f8;height:.8rem;display:inline-block}
+.detail{font-size:.9em;color:#333}"""
+
+
+def _ratio_bar(ratio: float, low: float, high: float) -> str:
+    """A CSS bar of the ratio (log scale, 1x in the middle) with its interval in words."""
+    import math
+
+    width = max(1.0, min(100.0, 50 + 25 * math.log2(max(ratio, 1e-3))))
+    return (f"<span class='bar' style='width:{width:.0f}px'></span> {ratio:.2f}x "
+            f"<small>[{low:.2f}, {high:.2f}]</small>")
+
+
+def render(checks, rows, provenance: dict) -> str:
+    """The page's HTML from the checks' rows and the side-by-side rows."""
+    e = html.escape
+    head = (f"Device <b>{e(str(provenance.get('device', '?')))}</b>, profile <b>{e(str(provenance.get('profile')))}"
+            f"</b>, {e(str(provenance.get('date', ''))[:16])}, commit {e(str(provenance.get('commit')))[:10]}; "
+            f"adapters: <code>{e(str(provenance.get('adapters', '?')))}</code>")
+    failed = sum(r["status"] in ("fail", "error") for r in checks)
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>Yours beside ours</title><style>{STYLE}</style>"
+           f"</head><body><h1>Yours beside ours</h1><p>{head}</p>",
+           f"<p><b>{len(checks) - failed} of {len(checks)}</b> checks without failure. Every bound is derived from the "
+           "dtype and the number of terms summed (helpers/course/yours/kernels.py says how); a failure names where, "
+           "by how much, against which bound, and the likely mistake when its signature is known.</p>"]
+    for topic in dict.fromkeys(r["topic"] for r in checks):
+        out.append(f"<h2>{e(topic)}</h2><table><tr><th>implementation</th><th>property</th><th>status</th>"
+                   "<th>what differed</th></tr>")
+        for r in (r for r in checks if r["topic"] == topic):
+            colour = STATUS_COLOUR.get(r["status"], "#000")
+            out.append(f"<tr><td>{e(r['impl'])}</td><td>{e(r['prop'])}</td><td style='color:{colour}'><b>"
+                       f"{e(r['status'])}</b></td><td class='detail'>{e(r.get('detail') or '')}</td></tr>")
+        out.append("</table>")
+        shown = [r for r in rows if r.get("topic") == topic]
+        if shown:
+            out.append("<h3>Side by side</h3><table><tr><th>who</th><th>implementation</th><th>measure</th>"
+                       "<th>shape</th><th>value</th><th>ratio to the baseline (95% interval)</th><th>verdict</th></tr>")
+            for r in shown:
+                value = (f"{r['value'] * 1e3:.3f} ms" if r.get("unit") == "s" else f"{r['value']:.4g} {r.get('unit', '')}")
+                ratio = _ratio_bar(r["ratio"], r["ratio_low"], r["ratio_high"]) if r.get("ratio") is not None else ""
+                out.append(f"<tr><td>{e(str(r['who']))}</td><td>{e(str(r['impl']))}</td><td>{e(str(r['measure']))}"
+                           f"</td><td>{e(str(r.get('shape', '')))}</td><td class='num'>{value}</td><td>{ratio}</td>"
+                           f"<td class='detail'>{e(str(r.get('verdict') or ''))}</td></tr>")
+            out.append("</table>")
+    out.append("<p>Made by <code>python -m helpers yours</code>; the rows are in data/local/&lt;device&gt;/"
+               "yours_checks.jsonl and yours_rows.jsonl.</p></body></html>")
+    return "\n".join(out)
+
+
+def saved(data_dir: Path | None = None):
+    """(checks, rows, provenance) of the last saved run; FileNotFoundError when there is none."""
+    kw = {} if data_dir is None else {}
+    checks = load_results(Path(data_dir) / "yours_checks.jsonl" if data_dir else "yours_checks", **kw)
+    rows = load_results(Path(data_dir) / "yours_rows.jsonl" if data_dir else "yours_rows", **kw)
+    return checks.rows, rows.rows, checks.provenance
+
+
+def write_page(out_path: Path, profile: str = "cpu", data_dir: Path | None = None) -> None:
+    """Write yours.html from the last saved `yours` run (profile is the writeup's; the run's own is on the page)."""
+    checks, rows, prov = saved(data_dir)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(render(checks, rows, prov), encoding="utf-8")

@@ -1,0 +1,110 @@
+"""`python -m helpers yours` on the kernel topics: the fixture student (our implementations) passes every check,
+each mutant is caught with a message naming the broken property, and bad input is reported, never crashes the run."""
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers.course.yours import Options, inventory, kernels as K, run
+from helpers.course.yours.adapters import AdaptersError, assignment_root
+from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS
+from helpers.results import load_results
+
+STUDENT = Path(__file__).parent / "student"
+ADAPTERS = STUDENT / "tests" / "adapters.py"
+MUTANTS = STUDENT / "mutants"
+CHECKS_ONLY = Options(timed=False)
+
+
+def _by_impl(result, impl):
+    return {c.prop: c for c in result.checks if c.impl == impl}
+
+
+def test_the_assignment_root_is_found_from_tests_or_a_pyproject():
+    assert assignment_root(ADAPTERS) == STUDENT
+    assert assignment_root(MUTANTS / "rmsnorm_eps_outside.py") == STUDENT
+
+
+@pytest.mark.parametrize("fn", [lambda x, g: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + K.EPS) * g,
+                                lambda x, g: F.rms_norm(x, (x.shape[-1],), g, K.EPS)], ids=["naive", "F.rms_norm"])
+def test_pytorchs_own_rmsnorm_passes_the_derived_bounds_in_every_dtype(fn):
+    for cases in K.NORM_PROPERTIES.values():
+        for case in cases:
+            assert K.check_norm_function(fn, case) == "", case
+
+
+def test_sdpa_passes_the_derived_bounds():
+    def sdpa(q, k, v, c):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=c)
+    for cases in K.ATTN_PROPERTIES.values():
+        for case in cases:
+            assert K.check_attn_function(sdpa, case) == "", case
+
+
+def test_a_bound_is_tight_enough_to_catch_one_wrong_ulp_pattern():
+    """A result off by 64 fp32 ulps everywhere fails: the bound is not a blanket tolerance."""
+    def sloppy(x, g):
+        y = F.rms_norm(x, (x.shape[-1],), g, K.EPS)
+        return y * (1 + 64 * torch.finfo(torch.float32).eps)
+    assert "the bound" in K.check_norm_function(sloppy, K.NormCase((7, 33)))
+
+
+@pytest.mark.parametrize("mutant, worker, prop, says", [
+    ("rmsnorm_eps_outside", K.rmsnorm_worker, "eps inside the square root", "eps added outside the square root"),
+    ("attention_causal_shift", K.attention_worker, "causal mask", "causal mask is shifted by one"),
+    ("attention_two_stats", K.attention_worker, "exactly one logsumexp", "expected exactly one"),
+])
+def test_each_mutant_is_caught_naming_the_property(mutant, worker, prop, says):
+    result = worker(str(MUTANTS / f"{mutant}.py"), CHECKS_ONLY)
+    failing = [c for c in result.checks if c.status == FAIL and c.impl == "pytorch" and c.prop.startswith(prop)]
+    assert failing and says in failing[0].detail, result.checks
+    assert all(c.status == PASS for c in result.checks if c.impl == "triton")  # the mutant replaced one adapter
+
+
+def test_bad_input_is_reported_per_implementation_and_topic():
+    results = {r.topic: r for r in run(MUTANTS / "broken_kernels.py", ["rmsnorm", "attention"], CHECKS_ONLY,
+                                        progress=False)}
+    norm = results["rmsnorm"]
+    nan = _by_impl(norm, "pytorch")["forward and both gradients vs float64, fp32"]
+    assert nan.status == FAIL and "not finite" in nan.detail
+    wrong_kind = _by_impl(norm, "triton")["returns an autograd.Function"]
+    assert wrong_kind.status == ERROR and "the class itself, not an instance" in wrong_kind.detail
+    assert all(c.status == PASS for c in norm.checks if c.impl.startswith("backward"))  # the others still ran
+    [crash] = results["attention"].checks
+    assert crash.status == ERROR and "SIGSEGV" in crash.detail
+
+
+def test_a_file_that_cannot_be_used_gets_one_clear_error(tmp_path):
+    with pytest.raises(AdaptersError, match="no adapters file"):
+        inventory(tmp_path / "missing.py")
+    with pytest.raises(AdaptersError, match=r"ImportError.*import_error\.py:2"):
+        inventory(MUTANTS / "import_error.py")
+
+
+def test_not_implemented_is_listed_as_such(tmp_path):
+    path = tmp_path / "adapters.py"
+    path.write_text("def get_rmsnorm_autograd_function_pytorch():\n    raise NotImplementedError\n")
+    result = K.rmsnorm_worker(str(path), CHECKS_ONLY)
+    statuses = {c.impl: c.status for c in result.checks}
+    assert statuses["pytorch"] == NOT_IMPLEMENTED and statuses["triton"] == "skipped"
+
+
+def test_the_command_prints_saves_and_writes_the_page(tmp_path):
+    cmd = [sys.executable, "-m", "helpers", "yours", str(ADAPTERS), "--topics", "rmsnorm,attention", "--no-compile",
+           "--steps", "6", "--out", str(tmp_path)]
+    run_ = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run_.returncode == 0, run_.stdout[-3000:] + run_.stderr[-3000:]
+    for who in ("yours:pytorch", "ours:pytorch", "pytorch:F.rms_norm", "pytorch:sdpa"):
+        assert who in run_.stdout
+    checks = load_results("yours_checks").rows  # the fixture (our implementations) passes every check
+    assert checks and all(c["status"] == PASS for c in checks), [c for c in checks if c["status"] != PASS]
+    assert {c["impl"] for c in checks if c["topic"] == "attention"} == {"pytorch", "triton"}
+    page = (tmp_path / "yours.html").read_text()
+    assert "Yours beside ours" in page and "fwd+bwd time" in page
+    bad = subprocess.run([sys.executable, "-m", "helpers", "yours", str(tmp_path / "nope.py")], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "no adapters file" in bad.stderr and "Traceback" not in bad.stderr
