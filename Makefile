@@ -3,11 +3,13 @@
 #
 #   make writeup                 execute notebooks/*.ipynb, export writeups/*.html + index.html
 #   make writeup PROFILE=gpu     the same at the reference sizes (needs CUDA)
+#   make writeup ADAPTERS=PATH   the same with a "yours" row from your tests/adapters.py
 #   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs)
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
 #   make bench [TOPICS=ddp]      the benchmark scripts (python -m helpers bench TOPIC), one after another
 #   make stress [RUNS=200]       spawn-train-exit scripts per wrapper: does a rank die at exit? (not part of make test)
+#   make yours ADAPTERS=PATH     your assignment's tests/adapters.py checked and timed beside ours (writeups/yours.html)
 #
 # TORCH is installed first: the default resolves to a local CPU build on the
 # course machines and to a CUDA build from PyPI elsewhere. On a machine whose
@@ -22,8 +24,9 @@ VENV_ARGS ?=
 PROFILE   ?= auto
 TOPICS    ?= rmsnorm collectives ddp sharding attention fsdp
 RUNS      ?= 200
+ADAPTERS  ?=
 
-.PHONY: setup test writeup lab strip bench stress clean
+.PHONY: setup test writeup lab strip bench stress yours clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -37,7 +40,7 @@ test: setup
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=900 tests notebooks
 
 writeup: setup
-	$(PY) -m helpers writeup --profile $(PROFILE)
+	$(PY) -m helpers writeup --profile $(PROFILE) $(if $(strip $(ADAPTERS)),--adapters $(ADAPTERS))
 
 lab: setup
 	$(PY) -m jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -50,6 +53,10 @@ bench: setup
 
 stress: setup
 	OMP_NUM_THREADS=1 PYTHONPATH=. $(PY) tests/exit_stress.py --runs $(RUNS)
+
+yours: setup
+	$(if $(strip $(ADAPTERS)),,$(error set ADAPTERS=path/to/your/tests/adapters.py))
+	$(PY) -m helpers yours $(ADAPTERS) --profile $(PROFILE)
 
 clean:
 	rm -rf writeups data/local

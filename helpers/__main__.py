@@ -58,10 +58,14 @@ def cmd_kernels(argv: list[str]) -> int:
 
 def cmd_writeup(argv: list[str]) -> int:
     """Execute the notebooks and export HTML writeups, then the answers page from what they saved."""
+    from helpers.course.yours.page import has_saved_run, write_page as yours_page
     from helpers.experiments.answers import write_page
     from helpers.writeup import main
 
-    return main(argv, extra_pages=[("Answers, question by question", "answers.html", write_page)])
+    pages = [("Answers, question by question", "answers.html", write_page)]
+    if has_saved_run():  # the last `python -m helpers yours` run on this machine
+        pages.append(("Yours beside ours: your adapters checked and timed", "yours.html", yours_page))
+    return main(argv, extra_pages=pages)
 
 
 def cmd_yours(argv: list[str]) -> int:

@@ -3,6 +3,7 @@
     python -m helpers writeup                      # notebooks/*.ipynb -> writeups/*.html + index.html
     python -m helpers writeup --profile gpu        # inject PROFILE = "gpu" after each `parameters` cell
     python -m helpers writeup notebooks/00_setup.ipynb --hide-code
+    python -m helpers writeup --adapters ../assignment2-systems/tests/adapters.py   # a "yours" row (ADAPTERS)
 
 Parameters are injected the way papermill does it (a cell tagged
 `injected-parameters` right after the cell tagged `parameters`), so papermill
@@ -333,7 +334,11 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -
     parser.add_argument("--out", type=Path, default=ROOT / "writeups")
     parser.add_argument("--hide-code", action="store_true", help="leave code cells out of the HTML")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
+    parser.add_argument("--adapters", type=Path, default=None,
+                        help="your tests/adapters.py, injected as ADAPTERS: notebooks add a 'yours' row")
     args = parser.parse_args(argv)
+    if args.adapters is not None and not args.adapters.is_file():
+        raise ValueError(f"no adapters file at {args.adapters}: pass your assignment's tests/adapters.py")
 
     profile = resolve_profile(args.profile)
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -342,6 +347,8 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     params = {} if args.profile == "auto" else {"PROFILE": profile}
+    if args.adapters is not None:
+        params["ADAPTERS"] = str(args.adapters.resolve())
     entries, pages = [], []
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.name} (profile {profile}) ...", flush=True)

@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from browser import needs_chromium, start_chrome
 import torch
 import torch.nn.functional as F
 
@@ -93,18 +94,50 @@ def test_not_implemented_is_listed_as_such(tmp_path):
     assert statuses["pytorch"] == NOT_IMPLEMENTED and statuses["triton"] == "skipped"
 
 
-def test_the_command_prints_saves_and_writes_the_page(tmp_path):
+@pytest.fixture(scope="module")
+def command(tmp_path_factory):
+    """One `python -m helpers yours` run on the fixture's kernel topics: (the finished process, the page's folder)."""
+    out = tmp_path_factory.mktemp("yours")
     cmd = [sys.executable, "-m", "helpers", "yours", str(ADAPTERS), "--topics", "rmsnorm,attention", "--no-compile",
-           "--steps", "6", "--out", str(tmp_path)]
-    run_ = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+           "--steps", "6", "--out", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600), out
+
+
+def test_the_command_prints_saves_and_writes_the_page(command, tmp_path):
+    run_, out = command
     assert run_.returncode == 0, run_.stdout[-3000:] + run_.stderr[-3000:]
     for who in ("yours:pytorch", "ours:pytorch", "pytorch:F.rms_norm", "pytorch:sdpa"):
         assert who in run_.stdout
     checks = load_results("yours_checks").rows  # the fixture (our implementations) passes every check
     assert checks and all(c["status"] == PASS for c in checks), [c for c in checks if c["status"] != PASS]
     assert {c["impl"] for c in checks if c["topic"] == "attention"} == {"pytorch", "triton"}
-    page = (tmp_path / "yours.html").read_text()
+    page = (out / "yours.html").read_text()
     assert "Yours beside ours" in page and "fwd+bwd time" in page
     bad = subprocess.run([sys.executable, "-m", "helpers", "yours", str(tmp_path / "nope.py")], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "no adapters file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@needs_chromium
+def test_the_page_passes_the_browser_checks_offline(command):
+    from test_browser import check_page
+
+    driver = start_chrome(offline=True)
+    try:
+        check_page(driver, command[1] / "yours.html", command[1] / "yours.png")
+    finally:
+        driver.quit()
+
+
+def test_the_notebooks_experiments_take_yours_as_one_more_implementation():
+    from helpers.course.yours.adapters import functions
+    from helpers.experiments import attention as XA, rmsnorm as XR
+
+    assert functions(None, "rmsnorm") == {}
+    norms = functions(ADAPTERS, "rmsnorm")  # on a CPU: the PyTorch one (Triton would time its interpreter)
+    assert list(norms) == ["yours:pytorch"]
+    rows, comp = XR.compare_shape(["torchfn", *norms], 64, 96, warmup=1, steps=6, fns=norms)
+    assert {r["impl"] for r in rows} == {"torchfn", "yours:pytorch"} and "yours:pytorch|fwd+bwd" in comp.samples
+    attn = functions(ADAPTERS, "attention")
+    cmp = XA.compare_impls(["flash_pytorch", *attn, "sdpa"], (1, 2, 32, 16), warmup=1, steps=6, fns=attn)
+    assert set(cmp.samples) == {"flash_pytorch", "yours:pytorch", "sdpa"}

@@ -74,8 +74,11 @@ def compiled_naive(key) -> callable:
     return _COMPILED[key]
 
 
-def attention_fn(impl: str, q: Tensor, is_causal: bool):
-    """f(q, k, v) for impl in naive | sdpa | compiled (torch.compile of naive) | flash_pytorch | flash_triton."""
+def attention_fn(impl: str, q: Tensor, is_causal: bool, fns: dict | None = None):
+    """f(q, k, v) for impl in naive | sdpa | compiled (torch.compile of naive) | flash_pytorch | flash_triton, or a
+    name of `fns` ({label: apply(q, k, v, is_causal)}: another implementation, e.g. a student's)."""
+    if fns and impl in fns:
+        return lambda q, k, v, f=fns[impl]: f(q, k, v, is_causal)
     if impl == "naive":
         return lambda q, k, v: A.naive_attention(q, k, v, is_causal)
     if impl == "sdpa":
@@ -101,7 +104,7 @@ def _is_oom(err: Exception) -> bool:
 
 
 def bench_attention(impl: str, shape, dtype=torch.float32, device="cpu", is_causal: bool = False,
-                    warmup: int = 3, steps: int = 10, passes=PASSES) -> list[dict]:
+                    warmup: int = 3, steps: int = 10, passes=PASSES, fns: dict | None = None) -> list[dict]:
     """One row per pass: median time, TFLOP/s from attention_flops (causal: only j <= i counted); oom=True (and no
     time) where the device runs out of memory (notebook 06 sections 1 and 4)."""
     B, H, T, d = shape
@@ -109,7 +112,7 @@ def bench_attention(impl: str, shape, dtype=torch.float32, device="cpu", is_caus
     rows = []
     try:
         q, k, v, do = inputs(shape, dtype, device)
-        steps_by_pass = pass_steps(attention_fn(impl, q, is_causal), q, k, v, do)
+        steps_by_pass = pass_steps(attention_fn(impl, q, is_causal, fns), q, k, v, do)
         for name in passes:
             t = benchmark(steps_by_pass[name], warmup=warmup, steps=steps, device=device, label=f"{impl} {name} T={T}")
             flops = sum(A.attention_flops(B * H, T, T, d, is_causal, backward=p == "bwd")
@@ -127,13 +130,15 @@ def bench_attention(impl: str, shape, dtype=torch.float32, device="cpu", is_caus
     return rows
 
 
-def sweep(impls, shapes, dtypes, device="cpu", is_causal=False, warmup=3, steps=10, max_T: dict | None = None):
-    """bench_attention rows for every impl x shape x dtype (impls in max_T only up to that sequence length)."""
+def sweep(impls, shapes, dtypes, device="cpu", is_causal=False, warmup=3, steps=10, max_T: dict | None = None,
+          fns: dict | None = None):
+    """bench_attention rows for every impl x shape x dtype (impls in max_T only up to that sequence length; fns:
+    implementations beyond the named ones, as attention_fn takes them)."""
     from tqdm.auto import tqdm
 
     jobs = [(i, s, dt) for dt in dtypes for s in shapes for i in impls if s[2] <= (max_T or {}).get(i, s[2])]
     return [r for i, s, dt in tqdm(jobs, desc="attention", leave=False)
-            for r in bench_attention(i, s, dt, device, is_causal, warmup, steps)]
+            for r in bench_attention(i, s, dt, device, is_causal, warmup, steps, fns=fns)]
 
 
 def check_physical_bounds(rows, device_name: str) -> int:
@@ -328,12 +333,12 @@ def compare_models(size: str, impls, device="cpu", batch_size: int = 4, dtype=No
 # ---- the leaderboard configuration and `python -m helpers bench attention` -------------------------------------
 
 def compare_impls(impls, shape, dtype=torch.float32, device="cpu", is_causal: bool = False, pass_="fwd+bwd",
-                  warmup: int = 3, steps: int = 10):
+                  warmup: int = 3, steps: int = 10, fns: dict | None = None):
     """One pass (fwd | bwd | fwd+bwd) of each impl on the same inputs, interleaved in one loop (timing.compare);
-    baseline: the first impl (notebook 06: compiled vs eager naive; the leaderboard)."""
+    baseline: the first impl (notebook 06: compiled vs eager naive; the leaderboard; a student's, from fns)."""
     q, k, v, do = inputs(shape, dtype, device)
-    fns = {i: pass_steps(attention_fn(i, q, is_causal), q, k, v, do)[pass_] for i in impls}
-    return compare(fns, steps=steps, warmup=warmup, device=device)
+    calls = {i: pass_steps(attention_fn(i, q, is_causal, fns), q, k, v, do)[pass_] for i in impls}
+    return compare(calls, steps=steps, warmup=warmup, device=device)
 
 
 def leaderboard_comparison(impls=("flash_triton", "sdpa", "naive"), device="cuda", warmup: int = 5,

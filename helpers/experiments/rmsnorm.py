@@ -191,14 +191,15 @@ COPY = "copy|into a preallocated buffer"  # timed with the norms, then set apart
 
 
 def compare_shape(names, n_rows: int, H: int, dtype=torch.float32, device="cpu", warmup: int = 3,
-                  steps: int = 10) -> tuple[list[dict], object]:
+                  steps: int = 10, fns: dict | None = None) -> tuple[list[dict], object]:
     """Every norm of `names`, forward and forward+backward, timed in ONE interleaved loop on (n_rows, H): rows as
-    bench_norm's (plus p25_s) and the Comparison, labels "impl|pass" (baseline: the first name's forward)."""
+    bench_norm's (plus p25_s) and the Comparison, labels "impl|pass" (baseline: the first name's forward). A name of
+    `fns` ({label: f(x, g)}, e.g. a student's apply) is timed as that function."""
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(n_rows, H, generator=gen, device=device).to(dtype).requires_grad_()  # (N, H)
     g = (1 + 0.1 * torch.randn(H, generator=gen, device=device)).to(dtype).requires_grad_()  # (H,)
     dy = torch.randn(n_rows, H, generator=gen, device=device).to(dtype)  # (N, H)
-    fns, calls = {name: norm_function(name) for name in names}, {}
+    fns, calls = {name: (fns or {}).get(name) or norm_function(name) for name in names}, {}
     for name, fn in fns.items():
         calls[f"{name}|fwd"] = lambda fn=fn: fn(x.detach(), g.detach())
         calls[f"{name}|fwd+bwd"] = lambda fn=fn: torch.autograd.grad(fn(x, g), (x, g), dy)
@@ -219,13 +220,14 @@ def compare_shape(names, n_rows: int, H: int, dtype=torch.float32, device="cpu",
     return rows, comp
 
 
-def compare_shapes(names_for, *, rows, hidden, dtypes, device, warmup, steps):
-    """compare_shape for every dtype and H (names_for(H): the implementations timed at that width): (rows, {(dtype,
-    H): Comparison})."""
+def compare_shapes(names_for, *, rows, hidden, dtypes, device, warmup, steps, fns: dict | None = None):
+    """compare_shape for every dtype and H (names_for(H): the implementations timed at that width; fns as
+    compare_shape takes them): (rows, {(dtype, H): Comparison})."""
     out, comps = [], {}
     for dtype in dtypes:
         for H in hidden:
-            r, comps[(str(dtype).replace("torch.", ""), H)] = compare_shape(names_for(H), rows, H, dtype, device, warmup, steps)
+            r, comps[(str(dtype).replace("torch.", ""), H)] = compare_shape(names_for(H), rows, H, dtype, device, warmup,
+                                                                            steps, fns)
             out += r
     return out, comps
 

@@ -107,3 +107,20 @@ def call(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except NotImplementedError:
         return NOT_IMPLEMENTED
+
+
+def functions(path, topic: str, device: str = "cpu") -> dict:
+    """{'yours:IMPL': apply} of the autograd Functions a file implements for a kernel topic (rmsnorm, attention), for
+    a notebook's "yours" rows: imported in this process (`python -m helpers yours` checks them in its own first).
+    No path: {}. Triton implementations only where there is a GPU (the CPU's interpreter times Python)."""
+    if not path:
+        return {}
+    module, out = load(path), {}
+    for adapter in implementations(module, topic):
+        name = ADAPTERS[topic][adapter.impl][0]
+        if not adapter.ok or not name.startswith("get_") or (adapter.impl == "triton" and device == "cpu"):
+            continue
+        cls = call(adapter.fns[name])
+        if cls is not NOT_IMPLEMENTED and hasattr(cls, "apply"):
+            out[f"yours:{adapter.impl}"] = cls.apply
+    return out

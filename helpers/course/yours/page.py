@@ -61,10 +61,18 @@ def render(checks, rows, provenance: dict) -> str:
 
 def saved(data_dir: Path | None = None):
     """(checks, rows, provenance) of the last saved run; FileNotFoundError when there is none."""
-    kw = {} if data_dir is None else {}
-    checks = load_results(Path(data_dir) / "yours_checks.jsonl" if data_dir else "yours_checks", **kw)
-    rows = load_results(Path(data_dir) / "yours_rows.jsonl" if data_dir else "yours_rows", **kw)
+    checks = load_results(Path(data_dir) / "yours_checks.jsonl" if data_dir else "yours_checks")
+    rows = load_results(Path(data_dir) / "yours_rows.jsonl" if data_dir else "yours_rows")
     return checks.rows, rows.rows, checks.provenance
+
+
+def has_saved_run(data_dir: Path | None = None) -> bool:
+    """Whether this machine has a saved `yours` run (the writeup then links yours.html from its index)."""
+    try:
+        saved(data_dir)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def write_page(out_path: Path, profile: str = "cpu", data_dir: Path | None = None) -> None:
