@@ -140,6 +140,11 @@ def finish(code: int = 0) -> None:
     launch()'s workers end this way."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    compile_workers = sys.modules.get("torch._inductor.async_compile")
+    if compile_workers is not None:  # torch.compile's worker pool
+        compile_workers.shutdown_compile_workers()
+    from multiprocessing import util
+    util._run_finalizers(0)  # what exit would release: semaphores (tqdm's lock) the parent's tracker would call leaked
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -163,3 +163,15 @@ def test_shared_fsdp_peek_reads_a_value():
     run = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0 and "weight norm" in run.stdout, run.stderr[-2000:]
+
+
+def test_a_worker_that_showed_a_progress_bar_leaks_no_semaphore(tmp_path):
+    """tqdm's lock is a multiprocessing semaphore; a worker ending in os._exit must still release it, or the
+    parent's resource tracker warns of a leak at exit (launch.finish runs multiprocessing's finalizers)."""
+    script = tmp_path / "bar.py"
+    script.write_text("from helpers.launch import launch\n"
+                      "def bar():\n    from tqdm import tqdm\n    return sum(tqdm(range(3), disable=False))\n"
+                      "if __name__ == '__main__':\n    assert launch(bar, 1, backend='gloo', device='cpu') == [3]\n")
+    run = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0 and "leaked" not in run.stderr, run.stderr[-2000:]
