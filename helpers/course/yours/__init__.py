@@ -123,11 +123,14 @@ def print_report(results: list) -> None:
                 print("      " + _wrap(c.detail))
     rows = side_by_side(results)
     if len(rows):
-        print("\n== side by side (fwd+bwd; ratio to ours:pytorch, paired in one interleaved loop, 95% interval)")
+        print("\n== side by side (times: ratio to ours:pytorch, paired in one interleaved loop, 95% interval)")
         for _, r in rows.iterrows():
-            ratio = f"{r['ratio']:.2f}x [{r['ratio_low']:.2f}, {r['ratio_high']:.2f}]" if "ratio" in r else ""
-            print(f"  {r['topic']:<10} {r['who']}:{r['impl']:<12} {r['value'] * 1e3:9.3f} ms  {ratio:<24} {r['shape']}")
-            if r.get("verdict"):
+            ratio = (f"{r['ratio']:.2f}x [{r['ratio_low']:.2f}, {r['ratio_high']:.2f}]"
+                     if r.get("ratio") == r.get("ratio") and r.get("ratio") is not None else "")
+            value = f"{r['value'] * 1e3:9.3f} ms" if r["unit"] == "s" else f"{r['value']:>9.4g} {r['unit']:<2}"
+            print(f"  {r['topic']:<10} {r['who'] + ':' + r['impl']:<24} {r['measure'][:20]:<20} {value}  {ratio:<22}"
+                  f" {r['shape']}")
+            if r.get("verdict") == r.get("verdict") and r.get("verdict"):
                 print("      " + _wrap(r["verdict"]))
 
 

@@ -400,6 +400,25 @@ def timing_rows(topic: str, calls: dict, *, baseline: str, opts: Options, shape:
     return rows
 
 
+def saved_bytes(fn, inputs) -> int:
+    """Bytes autograd keeps for fn(*inputs)'s backward beyond the inputs themselves (unique storages)."""
+    _, saved = saved_tensors(lambda: fn(*inputs))
+    own = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, Tensor)}
+    kept = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved}
+    return sum(n for ptr, n in kept.items() if ptr not in own)
+
+
+def memory_rows(topic: str, fns: dict, inputs, *, shape: str, formula: int | None) -> list[dict]:
+    """Bytes each implementation saves for backward beyond its inputs, beside the closed form (FlashAttention: O, L)."""
+    rows = [{"topic": topic, "measure": "saved for backward", "who": label.split(":", 1)[0],
+             "impl": label.split(":", 1)[1], "shape": shape, "value": saved_bytes(f, inputs), "unit": "B"}
+            for label, f in fns.items()]
+    if formula is not None:
+        rows.append({"topic": topic, "measure": "saved for backward", "who": "formula",
+                     "impl": "FlashAttention-2: O and L", "shape": shape, "value": formula, "unit": "B"})
+    return rows
+
+
 def rmsnorm_worker(adapters_path: str, opts: Options) -> TopicResult:
     """Every RMSNorm implementation of the file checked, then timed beside ours and PyTorch's (a launched rank)."""
     from helpers.rmsnorm import RMSNormPyTorchFunction, RMSNormTritonFunction
@@ -470,7 +489,10 @@ def norm_timing(yours: dict, *, rows: int, H: int, dtype, opts: Options, ours: d
     if device == "cpu":
         fns = {k: f for k, f in fns.items() if not k.endswith("triton")}
     calls = {k: _fwd_bwd(f, x, g, grad_out=dy) for k, f in fns.items()}
-    return timing_rows("rmsnorm", calls, baseline="ours:pytorch", opts=opts, shape=f"{short(dtype)} {rows}x{H}")
+    shape = f"{short(dtype)} {rows}x{H}"
+    eager = {k: f for k, f in fns.items() if not k.endswith("compiled")}
+    return (timing_rows("rmsnorm", calls, baseline="ours:pytorch", opts=opts, shape=shape)
+            + memory_rows("rmsnorm", eager, (x, g), shape=shape, formula=None))
 
 
 def attention_worker(adapters_path: str, opts: Options) -> TopicResult:
@@ -519,4 +541,7 @@ def attn_timing(yours: dict, *, opts: Options, ours: dict) -> list[dict]:
     if device == "cpu":
         fns = {k_: f for k_, f in fns.items() if not k_.endswith("triton")}
     calls = {k_: _fwd_bwd(f, q, k, v, case.is_causal, grad_out=do) for k_, f in fns.items()}
-    return timing_rows("attention", calls, baseline="ours:pytorch", opts=opts, shape=str(case))
+    B, H = case.batch, case.heads
+    formula = B * H * case.Tq * case.d * case.dtype.itemsize + B * H * case.Tq * 4  # O, and L in fp32
+    return (timing_rows("attention", calls, baseline="ours:pytorch", opts=opts, shape=str(case))
+            + memory_rows("attention", fns, (q, k, v, case.is_causal), shape=str(case), formula=formula))
