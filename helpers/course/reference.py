@@ -299,7 +299,8 @@ def run_child(argv: list[str], timeout_s: float, env: dict | None = None) -> tup
     the whole group (its spawned ranks too) is killed."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, start_new_session=True)
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                                 **(env or {})}, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         status = "ok" if proc.returncode == 0 else "failed"
