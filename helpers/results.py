@@ -178,7 +178,8 @@ def reference_rows(name: str) -> pd.DataFrame:
     """Every reference device's saved rows of `name` (data/reference/*/<name>.jsonl), with run, device, date and
     profile columns first; an empty frame when none is saved (the answers page and the notebooks read these)."""
     frames = [_with_run_columns(r.frame(), r.provenance, "reference") for r in map(load_results, find_results(name))]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["run", "device", "date", "profile"])
+    empty = pd.DataFrame(columns=["run", "device", "date", "profile"])
+    return pd.concat(frames, ignore_index=True) if frames else empty
 
 
 def beside_reference(local, name: str, columns=None, profile: str | None = None) -> pd.DataFrame:
@@ -191,7 +192,7 @@ def beside_reference(local, name: str, columns=None, profile: str | None = None)
         local_df, prov = pd.DataFrame(local), provenance(profile)
     ref = reference_rows(name)
     if ref.empty:
-        print(f"no reference run of {name!r} saved yet under {DATA_DIR / 'reference'}: {REFERENCE_COMMAND} makes it")
+        print(f"no reference run of {name!r} saved yet under data/reference/: {REFERENCE_COMMAND} makes it")
     both = pd.concat([_with_run_columns(local_df, prov, "this machine"), ref], ignore_index=True)
     keep = ["run", "device", "date", "profile"] + [c for c in (columns or []) if c in both.columns]
     return both[keep] if columns else both

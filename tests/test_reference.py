@@ -3,6 +3,7 @@ budget skipping on a plan of small child processes; the cost model's estimates; 
 import dataclasses
 import json
 import math
+import subprocess
 import sys
 import time
 
@@ -123,3 +124,25 @@ def test_reference_rows_beside_local(tmp_path, monkeypatch, capsys):
     assert shown["run"].tolist() == ["this machine"] * 2 + ["reference"] * 2
     assert shown.loc[shown.run == "reference", "ms"].tolist() == [0.5, 0.4]
     assert capsys.readouterr().out == ""
+
+
+def test_code_commit_ignores_data(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-qm", "code")
+    first = R.code_commit(tmp_path)
+    assert first and not first.endswith("-dirty")
+    (tmp_path / "data" / "reference").mkdir(parents=True)
+    (tmp_path / "data" / "reference" / "r.jsonl").write_text("{}\n")
+    git("add", ".")
+    git("commit", "-qm", "results")
+    assert R.code_commit(tmp_path) == first  # committing results does not make saved batches stale
+    (tmp_path / "data" / "reference" / "r.jsonl").write_text("{}\n{}\n")
+    assert R.code_commit(tmp_path) == first
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert R.code_commit(tmp_path) == first + "-dirty"

@@ -250,7 +250,7 @@ def estimate_s(name: str, profile: str, r: Rates, manifest: dict) -> tuple[float
     """(seconds, where from): an earlier run's wall time on this device and profile (x1.1), else the cost model."""
     earlier = manifest.get("batches", {}).get(name, {})
     if manifest.get("profile") == profile and earlier.get("status") == "ok" and earlier.get("wall_s"):
-        return 1.1 * earlier["wall_s"], f"earlier run ({earlier.get('commit')})"
+        return 1.1 * earlier["wall_s"], f"earlier run ({earlier.get('commit')})"  # 10 % for the machine's spread
     return model_estimate_s(name, profile, r), "cost model"
 
 
@@ -267,6 +267,20 @@ def driver_facts() -> dict:
     if out.returncode or not lines:
         return {}
     return {"driver": lines[0][0].strip(), "gpus": len(lines), "gpu_memory_bytes": float(lines[0][1]) * 2**20}
+
+
+def code_commit(root: Path = ROOT) -> str | None:
+    """Short hash of the last commit that changed anything outside data/, "-dirty" when such a tracked file has
+    changed since: what a saved batch depends on (committing its results does not make it stale). None without git."""
+    def git(*args):
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else None
+    if git_commit(root) is None:  # no git, or root is not the top of a repo
+        return None
+    outside = ["--", ".", ":(exclude)data"]
+    commit = git("log", "-1", "--format=%h", *outside)
+    dirty = git("status", "--porcelain", "--untracked-files=no", *outside)
+    return None if not commit else commit + ("-dirty" if dirty else "")
 
 
 def read_manifest(folder: Path) -> dict:
@@ -297,10 +311,10 @@ def memory_notes(profile: str, gpu_bytes: float | None) -> dict[str, str]:
 def run_child(argv: list[str], timeout_s: float, env: dict | None = None) -> tuple[str, int | None, str, float]:
     """Run argv in its own process group with a timeout: (status, return code, output, wall seconds). On timeout
     the whole group (its spawned ranks too) is killed."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # this checkout's helpers
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                                 **(env or {})}, start_new_session=True)
+                            env={**os.environ, "PYTHONPATH": path, **(env or {})}, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         status = "ok" if proc.returncode == 0 else "failed"
@@ -328,9 +342,11 @@ def _only(only, plan) -> list[Batch]:
 
 
 def run_reference(budget_s: float = DEFAULT_BUDGET_S, only=None, out=None, profile: str = "gpu", plan=PLAN,
-                  rates: Rates | None = None, max_batch_s: float = MAX_BATCH_S, echo=print) -> pd.DataFrame:
+                  rates: Rates | None = None, max_batch_s: float = MAX_BATCH_S, commit: str | None = None,
+                  echo=print) -> pd.DataFrame:
     """Run the plan's batches in order within budget_s; write <out>/<device>/ (results + manifest.json); return
-    one row per batch: status, estimate and where it came from, wall time."""
+    one row per batch: status, estimate and where it came from, wall time. `commit` names the code where the tree
+    has no git (a copied tree); by default code_commit()."""
     if profile not in ("cpu", "gpu"):
         raise ValueError(f"--profile must be cpu or gpu, got {profile!r}")
     if not budget_s > 0:
@@ -341,7 +357,7 @@ def run_reference(budget_s: float = DEFAULT_BUDGET_S, only=None, out=None, profi
     driver = driver_facts()
     folder = Path(out if out is not None else DATA_DIR / "reference") / device_slug(facts["device"])
     folder.mkdir(parents=True, exist_ok=True)
-    commit = git_commit()
+    commit = commit or code_commit()
     manifest = read_manifest(folder)
     if manifest.get("device") not in (None, facts["device"]):
         raise ValueError(f"{folder} holds a run of {manifest['device']!r}, not of this {facts['device']!r}")
@@ -364,7 +380,7 @@ def run_reference(budget_s: float = DEFAULT_BUDGET_S, only=None, out=None, profi
         row = dict(batch=batch.name, title=batch.title, estimate_s=round(est, 1), estimate_from=source)
         if earlier.get("status") == "ok" and earlier.get("commit") == commit:
             rows.append(dict(row, status="saved earlier", wall_s=earlier.get("wall_s")))
-            echo(f"== {batch.name}: saved earlier at {commit}, not rerun")
+            echo(f"== {batch.name}: saved earlier at commit {commit}, not run again")
             continue
         if est > left:
             rows.append(dict(row, status=f"skipped: needs ~{est:.0f} s, {left:.0f} s left", wall_s=None))
@@ -392,6 +408,11 @@ def run_reference(budget_s: float = DEFAULT_BUDGET_S, only=None, out=None, profi
     return table
 
 
+def _shown(path: Path) -> str:
+    """`path` relative to the checkout where it lies inside it (no absolute path of a clone in a writeup)."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def manifests(root=None) -> pd.DataFrame:
     """One row per reference run under root (data/reference/): device, profile, date, commit, versions, batches done
     (notebook 00 shows it); one line and an empty frame when there is none yet."""
@@ -405,8 +426,8 @@ def manifests(root=None) -> pd.DataFrame:
                      "driver": m.get("driver"), "batches done": " ".join(done),
                      "batches not done": " ".join(n for n in m.get("batches", {}) if n not in done)})
     if not rows:
-        print(f"no reference run saved yet under {root}: python -m helpers reference (make reference) on a GPU "
-              "makes one")
+        print(f"no reference run saved yet under {_shown(root)}/: python -m helpers reference (make reference) on a "
+              "GPU makes one")
     return pd.DataFrame(rows, columns=["device", "profile", "date", "commit", "torch", "triton", "driver",
                                        "batches done", "batches not done"])
 
@@ -508,9 +529,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="seconds for the whole run")
     p.add_argument("--only", nargs="+", help=f"batches to run, of: {' '.join(BATCHES)}")
     p.add_argument("--out", help="root folder (default data/reference); the run goes into OUT/<device>/")
-    p.add_argument("--profile", default="gpu", choices=["cpu", "gpu"], help="gpu: the reference sizes; cpu: a tiny plan")
+    p.add_argument("--profile", default="gpu", choices=["cpu", "gpu"],
+                   help="gpu: the reference sizes; cpu: a tiny plan")
+    p.add_argument("--commit", help="the code's commit, where this tree has no git (e.g. a copy of a checkout)")
     args = p.parse_args(argv)
-    table = run_reference(args.budget_s, args.only, args.out, args.profile)
+    table = run_reference(args.budget_s, args.only, args.out, args.profile, commit=args.commit)
     folder = table.attrs["folder"]
     print(f"\nbatches ({folder}):")
     print(format_table(table.drop(columns=["title"])))

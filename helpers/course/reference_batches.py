@@ -54,8 +54,8 @@ SCALES = {  # batch -> profile -> what it runs (plain data; gpu from the noteboo
     "03": {  # two ranks: on one GPU they share it through gloo; NCCL runs only where each rank has a GPU
         "gpu": dict(sizes=XC.PROFILE_GRID["gpu"]["sizes"], world_sizes=(2,), combos=XC.PROFILE_GRID["gpu"]["combos"],
                     warmup=5, iters=10, budget_s=1.0),
-        "cpu": dict(sizes=(8 * 1024, 64 * 1024), world_sizes=(2,), combos=(("gloo", "cpu"),), warmup=XC.MIN_WARMUP, iters=3,
-                    budget_s=0.05)},
+        "cpu": dict(sizes=(8 * 1024, 64 * 1024), world_sizes=(2,), combos=(("gloo", "cpu"),), warmup=XC.MIN_WARMUP,
+                    iters=3, budget_s=0.05)},
     "04": {  # the speed table without the sweep (sweep_model None) ...
         "gpu": {k: XD.PROFILES["gpu"][k] for k in ("sizes", "batch", "context", "warmup", "steps")}
         | dict(sweep_model=None, buckets_mb=[]),
