@@ -146,3 +146,20 @@ def test_code_commit_ignores_data(tmp_path):
     assert R.code_commit(tmp_path) == first
     (tmp_path / "code.py").write_text("x = 2\n")
     assert R.code_commit(tmp_path) == first + "-dirty"
+
+
+def test_headlines_set_a_published_figure_only_beside_its_own_setting(tmp_path):
+    lb = dict(batch=1, heads=16, T=16384, d=64, dtype="bfloat16", causal=True, device="cuda", **{"pass": "fwd+bwd"})
+    results.save_results([dict(lb, impl="flash_triton", median_ms=6.0), dict(lb, impl="naive", median_ms=70.0),
+                          dict(lb, impl="sdpa", median_ms=7.0, T=4096)], "kernels_attention", directory=tmp_path)
+    results.save_results([{"kind": "unsharded", "iteration_s": 1.0}, {"kind": "sharded", "iteration_s": 1.1}],
+                         "05_sharding_speed", directory=tmp_path, model="xl")
+    heads = R.headlines(tmp_path).set_index("figure")
+    pub = heads["published"]
+    assert pub["attention flash_triton fwd+bwd, 1x16x16384x64 bfloat16"] == 5.36  # the 2025 leaderboard
+    assert pub["attention naive fwd+bwd, 1x16x16384x64 bfloat16"] == 80.0
+    assert pd.isna(pub["attention sdpa fwd+bwd, 1x16x4096x64 bfloat16"])  # another shape: nothing beside it
+    xl = heads.loc["xl sharded / unsharded iteration time"]
+    assert xl["ours"].tolist() == pytest.approx([1.1, 1.1])
+    assert xl["published"].tolist() == pytest.approx([836.05 / 783.53, 198 / 202])  # 000 and 004 disagree
+    assert xl["published source"].str.contains("000_6835ed27c4bcad4a.txt").any()

@@ -355,7 +355,8 @@ def run_reference(budget_s: float = DEFAULT_BUDGET_S, only=None, out=None, profi
     if profile == "gpu" and facts["device_type"] != "cuda":
         raise ValueError("the gpu profile needs CUDA and torch sees no GPU here; use --profile cpu for the tiny plan")
     driver = driver_facts()
-    folder = Path(out if out is not None else DATA_DIR / "reference") / device_slug(facts["device"])
+    default = DATA_DIR / "reference" if profile == "gpu" else DATA_DIR / "local" / "reference"  # tiny plan: ignored
+    folder = Path(out if out is not None else default) / device_slug(facts["device"])
     folder.mkdir(parents=True, exist_ok=True)
     commit = commit or code_commit()
     manifest = read_manifest(folder)
@@ -442,6 +443,8 @@ SEED_BOTH_S = {"small": 2.41e-2, "medium": 5.36e-2, "large": 1.04e-1, "xl": 1.80
 SEED_PEAK_GIB = {"small": 2.81, "medium": 7.19, "large": 13.72, "xl": 23.88, "2.7B": 38.56}  # §2.4.1(b), full step
 SEED_GLOO_CUDA_1GB_2 = 1.40  # §3.1.1: all-reduce of 1 GB, gloo + CUDA, 2 processes (each its own H100), seconds
 SEED_ZERO1_OVERHEAD = 836.05 / 783.53  # 000: xl iteration with / without optimizer sharding, 2 H100s
+SEED_SHARDED_XL = 198 / 202  # 004 §3.4.5(b): xl iteration sharded / not sharded, 1 node x 2 GPUs (disagrees with 000)
+SEED_GLOO_BUCKETED_S = {("medium", 50): 1.12}  # 004 §3.4.4(a): GLOO step time, medium, 50 MB buckets, 2 H100s
 
 
 def _rows(folder: Path, name: str) -> pd.DataFrame | None:
@@ -498,12 +501,22 @@ def headlines(folder) -> pd.DataFrame:
     if ddp is not None:
         for r in ddp[ddp.variant.isin(["bucketed 25 MB", "torch_ddp 25 MB"])].itertuples():
             add(f"{r.model} DDP step, {r.variant}, 2 ranks", r.step_s, None, "", "s")
+    sweep = _rows(folder, "04_ddp_sweep_speed")
+    if sweep is not None and sweep.attrs["provenance"].get("backend") == "gloo":
+        for (model, mb), pub in SEED_GLOO_BUCKETED_S.items():
+            hit = sweep[(sweep.model == model) & (sweep.variant == f"bucketed {mb:g} MB")]
+            if len(hit):
+                add(f"{model} DDP step, bucketed {mb} MB, gloo, 2 ranks", hit.step_s.iloc[0], pub,
+                    f"{SEED_WRITEUP} §3.4.4(a) (each rank its own H100; ours may share one GPU)", "s")
     sh = _rows(folder, "05_sharding_speed")
     if sh is not None and {"sharded", "unsharded"} <= set(sh.kind):
         it, model = sh.set_index("kind")["iteration_s"], sh.attrs["provenance"].get("model")
         pub = SEED_ZERO1_OVERHEAD if model == "xl" else None
         add(f"{model} sharded / unsharded iteration time", it["sharded"] / it["unsharded"], pub,
             f"{SEED_ZERO1} (xl, 2 H100s; ours: 2 ranks on one GPU)" if pub else "", "x")
+        if model == "xl":  # the two published figures disagree (the seeds' README): both shown
+            add(f"{model} sharded / unsharded iteration time", it["sharded"] / it["unsharded"], SEED_SHARDED_XL,
+                f"{SEED_WRITEUP} §3.4.5(b) (xl, 1 node x 2 GPUs)", "x")
     fs = _rows(folder, "07_fsdp_speed")
     if fs is not None and "torch_fsdp" in set(fs.kind):
         ms = fs.set_index("kind")["median_ms"]
@@ -528,7 +541,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m helpers reference", description=main.__doc__)
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="seconds for the whole run")
     p.add_argument("--only", nargs="+", help=f"batches to run, of: {' '.join(BATCHES)}")
-    p.add_argument("--out", help="root folder (default data/reference); the run goes into OUT/<device>/")
+    p.add_argument("--out", help="root folder (default data/reference, or data/local/reference for the cpu plan); "
+                   "the run goes into OUT/<device>/")
     p.add_argument("--profile", default="gpu", choices=["cpu", "gpu"],
                    help="gpu: the reference sizes; cpu: a tiny plan")
     p.add_argument("--commit", help="the code's commit, where this tree has no git (e.g. a copy of a checkout)")
