@@ -10,6 +10,11 @@
 #   make bench [TOPICS=ddp]      the benchmark scripts (python -m helpers bench TOPIC), one after another
 #   make stress [RUNS=200]       spawn-train-exit scripts per wrapper: does a rank die at exit? (not part of make test)
 #   make yours ADAPTERS=PATH     your assignment's tests/adapters.py checked and timed beside ours (writeups/yours.html)
+#   make reference [BUDGET_S=1500] [REFERENCE_ARGS="--only kernels 01"]
+#                                on a GPU: python -m helpers reference, the gpu profile's work in timed batches
+#                                into data/reference/<device>/ (resumes; see README "On a lent GPU machine")
+#   make wheels                  download requirements-notebook.txt's wheels (CPython 3.12, Linux x86_64) into
+#                                build/wheels/, to carry to an offline GPU machine (README "On a lent GPU machine")
 #
 # TORCH is installed first: the default resolves to a local CPU build on the
 # course machines and to a CUDA build from PyPI elsewhere. On a machine whose
@@ -25,8 +30,12 @@ PROFILE   ?= auto
 TOPICS    ?= rmsnorm collectives ddp sharding attention fsdp
 RUNS      ?= 200
 ADAPTERS  ?=
+BUDGET_S  ?= 1500
+REFERENCE_ARGS ?=
+WHEELS_DIR ?= build/wheels
+WHEELS_PYTHON ?= 3.12
 
-.PHONY: setup test writeup lab strip bench stress yours clean
+.PHONY: setup test writeup lab strip bench stress yours reference wheels clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -57,6 +66,13 @@ stress: setup
 yours: setup
 	$(if $(strip $(ADAPTERS)),,$(error set ADAPTERS=path/to/your/tests/adapters.py))
 	$(PY) -m helpers yours $(ADAPTERS) --profile $(PROFILE)
+reference: setup
+	$(PY) -m helpers reference --budget-s $(BUDGET_S) $(REFERENCE_ARGS)
+
+wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    --platform any -d $(WHEELS_DIR) -r requirements-notebook.txt
 
 clean:
 	rm -rf writeups data/local

@@ -7,6 +7,7 @@
     python -m helpers kernels [--quick]            # compile every Triton kernel for sm_80/sm_90a: registers, spills
     python -m helpers bench TOPIC [...]            # a topic's benchmark script, e.g. `bench collectives`
     python -m helpers yours PATH/tests/adapters.py # your implementation checked and timed beside ours (make yours)
+    python -m helpers reference [--budget-s S]     # the gpu profile's work in batches into data/reference/<device>/
 
 Commands are the entries of COMMANDS, benchmarks those of BENCHMARKS (topic -> the experiment module whose
 bench_main(argv) runs it): a function taking the remaining argv and returning an exit code.
@@ -75,6 +76,13 @@ def cmd_yours(argv: list[str]) -> int:
     return main(argv)
 
 
+def cmd_reference(argv: list[str]) -> int:
+    """The gpu profile's work in timed batches within a budget, saved to data/reference/<device>/ (resumable)."""
+    from helpers.course.reference import main
+
+    return main(argv)
+
+
 BENCHMARKS = {  # topic -> experiment module with bench_main(argv) -> exit code
     "rmsnorm": "helpers.experiments.rmsnorm",
     "collectives": "helpers.experiments.collectives",
@@ -96,7 +104,7 @@ def cmd_bench(argv: list[str]) -> int:
 
 
 COMMANDS = {"env": cmd_env, "demo": cmd_demo, "writeup": cmd_writeup, "bench": cmd_bench, "kernels": cmd_kernels,
-            "yours": cmd_yours}
+            "yours": cmd_yours, "reference": cmd_reference}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,8 @@
     save_results(rows, "attention_sweep", profile=profile)       # data/local/<device>/attention_sweep.jsonl
     ref = [load_results(p) for p in find_results("attention_sweep")]   # data/reference/*/...
     ref[0].frame(), ref[0].label        # DataFrame, "NVIDIA H100 80GB HBM3 · gpu · 2026-11-23"
+    reference_rows("attention_bench")   # every reference device's rows, with device and date columns
+    beside_reference(local_df, "attention_bench", ["impl", "T", "ms"])   # this machine's rows above them
 
 A file is JSON lines: first `{"provenance": {...}}`, then one object per row.
 "local" runs are made here (git-ignored); "reference" runs were made elsewhere and are committed.
@@ -156,3 +158,41 @@ def load_results(path_or_name, kind: str = "local", device: str | None = None) -
 def find_results(name: str, kind: str = "reference") -> list[Path]:
     """Every device's saved run called `name` under DATA_DIR/kind, sorted (e.g. all reference GPUs)."""
     return sorted((DATA_DIR / kind).glob(f"*/{name}.jsonl"))
+
+
+REFERENCE_COMMAND = "python -m helpers reference (make reference) on a GPU"
+
+
+def _with_run_columns(df: pd.DataFrame, prov: dict, run: str) -> pd.DataFrame:
+    """`df` with run, device (the machine's name), date and profile first; a row's own torch device -> torch_device."""
+    df = df.rename(columns={"device": "torch_device"}) if "device" in df.columns else df.copy()
+    profile = prov.get("profile") or (df["profile"] if "profile" in df.columns else None)
+    cols = {"run": run, "device": prov.get("device"), "date": (prov.get("date") or "")[:10], "profile": profile}
+    df = df.drop(columns=[c for c in cols if c in df.columns])
+    for i, (key, value) in enumerate(cols.items()):
+        df.insert(i, key, value)
+    return df
+
+
+def reference_rows(name: str) -> pd.DataFrame:
+    """Every reference device's saved rows of `name` (data/reference/*/<name>.jsonl), with run, device, date and
+    profile columns first; an empty frame when none is saved (the answers page and the notebooks read these)."""
+    frames = [_with_run_columns(r.frame(), r.provenance, "reference") for r in map(load_results, find_results(name))]
+    empty = pd.DataFrame(columns=["run", "device", "date", "profile"])
+    return pd.concat(frames, ignore_index=True) if frames else empty
+
+
+def beside_reference(local, name: str, columns=None, profile: str | None = None) -> pd.DataFrame:
+    """This machine's rows (a DataFrame, or Results; made at `profile`) above every reference device's rows of
+    `name`, with device and date; `columns` picks the rest. With no reference saved yet, one line says so and which
+    command makes it."""
+    if isinstance(local, Results):
+        local_df, prov = local.frame(), local.provenance
+    else:
+        local_df, prov = pd.DataFrame(local), provenance(profile)
+    ref = reference_rows(name)
+    if ref.empty:
+        print(f"no reference run of {name!r} saved yet under data/reference/: {REFERENCE_COMMAND} makes it")
+    both = pd.concat([_with_run_columns(local_df, prov, "this machine"), ref], ignore_index=True)
+    keep = ["run", "device", "date", "profile"] + [c for c in (columns or []) if c in both.columns]
+    return both[keep] if columns else both
