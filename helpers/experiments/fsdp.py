@@ -139,7 +139,8 @@ def equivalence_worker(*, model, n_layers, dtypes, steps, batch_size, context_le
     return out
 
 
-def _loaded(model, n_layers, weights: dict) -> nn.Module:
+def loaded(model, n_layers, weights: dict) -> nn.Module:
+    """A fresh CPU model `model` holding `weights` ({name: tensor}, as gather_full_params returns them)."""
     net = build(model, n_layers).cpu()
     with torch.no_grad():
         for name, p in net.named_parameters():
@@ -223,7 +224,7 @@ def equivalence_table(per_rank: list[dict], *, model, n_layers, steps, batch_siz
     batches = make_batches(model, steps, batch_size, context_length, 0)
     for dtype, run in per_rank[0].items():
         for s, (x, y) in enumerate(batches):
-            load = functools.partial(_loaded, model, n_layers, run.weights[s])
+            load = functools.partial(loaded, model, n_layers, run.weights[s])
             whole = reference_grads(load(), x, y, dtype)
             shares = [(x[rows], y[rows]) for rows in (rank_rows(x.shape[0], r, run.world) for r in range(run.world))]
             ref = whole if dtype == "fp32" else ranks_reference(load, shares, dtype)

@@ -12,6 +12,7 @@ experiments.ddp / sharding / fsdp), called with the student's implementation in 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import re
@@ -371,4 +372,380 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
             same = all(r["speed"]["same_weights"] for r in per_rank)
             result.rows.append({"topic": "ddp", "impl": impl, "measure": "same weights as ours and torch DDP after "
                                 "the timed steps", "who": "yours", "value": same, "unit": ""})
+    return result
+
+
+# ======================================= sharded optimizer =======================================
+
+SHARDING_MEMORY = dict(model="small/cpu", batch_size=2, context_length=16)  # state bytes: a model with a formula
+
+
+def _student_optimizer(fns: dict):
+    """The student's get_sharded_optimizer as build()'s `impl` (params, optimizer_cls, **kwargs) -> Optimizer."""
+    ctor = _required(fns, "get_sharded_optimizer")
+
+    def make(params, optimizer_cls, **kwargs):
+        return _called(ctor, params, optimizer_cls, expect=torch.optim.Optimizer, what="a torch.optim.Optimizer",
+                       **kwargs)
+    return make
+
+
+def sharding_worker(path: str, impls: list[str], opts: Options) -> dict:
+    """In each rank: unsharded AdamW, ours and yours trained on the toy model (bitwise comparison), the state each
+    holds after one step of small/cpu (helpers.memory.track), and the three timed interleaved with torch's ZeRO."""
+    out = {}
+    for impl in impls:
+        def run():
+            make = _student_optimizer(_adapter_fns(path, "sharding", impl))
+            runs = XS.equivalence_worker(model="toy", kinds=["unsharded", "sharded", "yours"], optimizer="adamw",
+                                         impls={"yours": make}, **TOY)
+            mem = XS.memory_worker(kinds=["unsharded", "sharded", "yours"], impls={"yours": make}, steps=1,
+                                   **SHARDING_MEMORY)
+            growth = {k: _after(r, "after step") - _after(r, "before step") for k, r in mem.items()}
+            speed = None
+            if opts.steps:
+                speed = XS.speed_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], steps=opts.steps,
+                                        warmup=opts.warmup, impls={"yours": make}, **SPEED)
+            return {"runs": {k: {"weights": _digest(r.weights) if dist.get_rank() else r.weights,
+                                 "same_grads": r.same_grads, "collectives": r.collectives[-1]} for k, r in runs.items()},
+                    "growth": growth, "peak": {k: max(p.peak for p in r.points) for k, r in mem.items()},
+                    "speed": None if speed is None else {"samples": {k: [s["fwd_bwd"] + s["step"] for s in v]
+                                                                     for k, v in speed.samples.items()},
+                                                         "same_weights": speed.same_weights}}
+        out[impl] = _outcome(run)
+    return out
+
+
+def _after(run, point: str) -> int:
+    return next(p.live for p in run.points if p.point == point and p.step == 1)
+
+
+def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
+    """The sharded optimizer: bitwise equal to unsharded AdamW after several steps, each rank's state at most 1/N of
+    the total plus its largest tensor; yours vs ours vs torch's ZeroRedundancyOptimizer."""
+    result = TopicResult("sharding")
+    for impl, per_rank in _launch_each(sharding_worker, str(adapters_path), list(A.ADAPTERS["sharding"]), opts).items():
+        early = _status_checks("sharding", impl, per_rank, str(adapters_path))
+        if early:
+            result.checks += early
+            continue
+        result.checks += _sharding_checks(impl, per_rank)
+        result.rows += _sharding_rows(impl, per_rank)
+    return result
+
+
+def _sharding_checks(impl: str, per_rank: list[dict]) -> list[Check]:
+    checks, steps = [], TOY["steps"]
+    ref, mine = per_rank[0]["runs"]["unsharded"]["weights"], per_rank[0]["runs"]["yours"]["weights"]
+    differ = [k for k in ref if not torch.equal(ref[k], mine[k])]
+    if differ:
+        k = max(differ, key=lambda k: float((ref[k] - mine[k]).abs().max()))
+        d = (mine[k] - ref[k]).abs()
+        index = tuple(int(i) for i in np.unravel_index(int(torch.nan_to_num(d, nan=float("inf")).argmax()), d.shape))
+        why = ("" if all(per_rank[0]["runs"]["yours"]["same_grads"]) else
+               "; the averaged gradients it read already differed (does it change .grad?)")
+        checks.append(Check("sharding", impl, f"bitwise equal to unsharded AdamW after {steps} steps (toy model)", FAIL,
+                            f"{len(differ)} of {len(ref)} tensors differ on rank 0, most {k}[{', '.join(map(str, index))}]"
+                            f": yours {float(mine[k][index]):.6g}, unsharded {float(ref[k][index]):.6g} (|diff| "
+                            f"{float(d[index]):.3g}, bound 0: the same arithmetic in the same order){why}"))
+    else:
+        checks.append(Check("sharding", impl, f"bitwise equal to unsharded AdamW after {steps} steps (toy model)", PASS,
+                            f"all {len(ref)} tensors bitwise equal on rank 0"))
+    digests = [_digest(mine)] + [r["runs"]["yours"]["weights"] for r in per_rank[1:]]
+    split = [k for k in digests[0] if any(d[k] != digests[0][k] for d in digests[1:])]
+    checks.append(Check("sharding", impl, "same weights on every rank", FAIL if split else PASS,
+                        f"ranks hold different {', '.join(split[:4])}: an owner's update not broadcast" if split
+                        else "bitwise equal on every rank"))
+    full = max(r["growth"]["unsharded"] for r in per_rank)
+    slack = XS.whole_tensor_slack(SHARDING_MEMORY["model"])
+    limit = full / WORLD + slack
+    worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["growth"]["yours"])
+    held = per_rank[worst]["growth"]["yours"]
+    detail = (f"rank {worst} holds {held / MiB:.3f} MiB of optimizer state after the first step ({held / full:.0%} of "
+              f"unsharded AdamW's {full / MiB:.3f} MiB); bound 1/{WORLD} + its largest tensor = {limit / MiB:.3f} MiB")
+    if held > limit:
+        detail += (" - each rank holds all the state: sharded state not partitioned (step only the parameters this "
+                   "rank owns)" if held >= 0.9 * full else " - the partition is unbalanced")
+    checks.append(Check("sharding", impl, f"state per rank <= 1/{WORLD} + largest tensor (small/cpu)",
+                        FAIL if held > limit else PASS, detail))
+    return checks
+
+
+def _sharding_rows(impl: str, per_rank: list[dict]) -> list[dict]:
+    labels = {"yours": "yours", "sharded": "ours", "torch_zero": "pytorch", "unsharded": "unsharded AdamW"}
+    rows = []
+    for kind in ("yours", "sharded", "unsharded"):
+        rows.append({"topic": "sharding", "impl": impl, "measure": "optimizer state per rank, worst rank",
+                     "who": labels[kind], "value": max(r["growth"][kind] for r in per_rank) / MiB, "unit": "MiB"})
+        rows.append({"topic": "sharding", "impl": impl, "measure": "peak over a step, worst rank", "who": labels[kind],
+                     "value": max(r["peak"][kind] for r in per_rank) / MiB, "unit": "MiB"})
+    rows.append({"topic": "sharding", "impl": impl, "measure": "optimizer state per rank, worst rank", "who": "formula",
+                 "value": max(F.state_bytes("sharded", SHARDING_MEMORY["model"], WORLD, r) for r in range(WORLD)) / MiB,
+                 "unit": "MiB"})
+    for kind in ("yours", "sharded"):  # the optimizer's own collectives: the all-reduce is the shared DDPBucketed's
+        log = [(op, b) for op, b in per_rank[0]["runs"][kind]["collectives"] if op != "all_reduce"]
+        rows.append({"topic": "sharding", "impl": impl, "measure": "bytes sent by step() (rank 0, toy model)",
+                     "who": labels[kind], "value": _sent(log, WORLD) / MiB, "unit": "MiB"})
+    if per_rank[0]["speed"]:
+        samples = [r["speed"]["samples"] for r in per_rank]
+        rows += _timing_rows("sharding", impl, samples, labels)
+        rows.append({"topic": "sharding", "impl": impl, "measure": "same weights as unsharded after the timed steps",
+                     "who": "yours", "value": all(r["speed"]["same_weights"]["yours"] for r in per_rank), "unit": ""})
+    return rows
+
+
+# ======================================= FSDP =======================================
+
+def _student_fsdp(fns: dict) -> XF.FsdpImpl:
+    """The student's get_fsdp / fsdp_on_after_backward / fsdp_gather_full_params as an FsdpImpl, return kinds checked."""
+    ctor, after, gather = (_required(fns, n) for n in A.ADAPTERS["fsdp"]["fsdp"])
+
+    def gathered(model):
+        out = _called(gather, model, expect=dict, what="a dict {parameter name: full tensor}")
+        return {k: v.detach().float().cpu().clone() for k, v in out.items()}
+    return XF.FsdpImpl(wrap=lambda module, dtype: _called(ctor, module, dtype, expect=nn.Module,
+                                                          what="a torch.nn.Module wrapping the model"),
+                       on_after_backward=lambda model, opt: _called(after, model, opt),
+                       gather_full_params=gathered)
+
+
+@contextlib.contextmanager
+def _counting():
+    """helpers.comm.count_collectives, plus the list forms dist.all_gather / dist.reduce_scatter (many students')."""
+    with count_collectives() as log:
+        saved = {name: getattr(dist, name) for name in ("all_gather", "reduce_scatter")}
+
+        def all_gather(tensor_list, tensor, *args, **kwargs):
+            log.append(("all_gather", sum(t.numel() * t.element_size() for t in tensor_list)))
+            return saved["all_gather"](tensor_list, tensor, *args, **kwargs)
+
+        def reduce_scatter(output, input_list, *args, **kwargs):
+            log.append(("reduce_scatter", sum(t.numel() * t.element_size() for t in input_list)))
+            return saved["reduce_scatter"](output, input_list, *args, **kwargs)
+        dist.all_gather, dist.reduce_scatter = all_gather, reduce_scatter
+        try:
+            yield log
+        finally:
+            for name, fn in saved.items():
+                setattr(dist, name, fn)
+
+
+def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
+    """One fp32 AdamW step of a fresh model (yours or ours): the collectives it called and its peak above its start."""
+    cfg = FSDP_CHECK
+    net, grad_sync, opt = XF.build_kind(kind, cfg["model"], impl=impl)
+    x, y = rank_share(make_batches(cfg["model"], 1, cfg["batch_size"], cfg["context_length"], 0)[0])
+    XF.step(net, grad_sync, opt, x, y)  # the first step records call orders, makes optimizer state
+    with _counting() as log:
+        XF.step(net, grad_sync, opt, x, y)
+    return list(log)
+
+
+def fsdp_worker(path: str, impls: list[str], opts: Options) -> dict:
+    """In each rank: the student's FSDP trained with SGD without and with bf16 compute (opts.repeat times), its
+    memory after init and over a step, one step's bytes, and yours vs ours vs torch's fully_shard timed."""
+    out, cfg, rank = {}, FSDP_CHECK, dist.get_rank()
+    for impl_name in impls:
+        def run():
+            impl = _student_fsdp(_adapter_fns(path, "fsdp", impl_name))
+            repeats = []
+            for r in range(max(1, opts.repeat)):
+                runs = XF.equivalence_worker(model=cfg["model"], n_layers=cfg["n_layers"], dtypes=list(FSDP_DTYPES),
+                                             steps=cfg["steps"], batch_size=cfg["batch_size"],
+                                             context_length=cfg["context_length"], impl=impl)
+                full = rank == 0 and r == 0
+                repeats.append({d: [w if full else _digest(w) for w in run.weights] for d, run in runs.items()})
+            memory = {k: XF.fsdp_memory(model=cfg["model"], batch_size=cfg["batch_size"],
+                                        context_length=cfg["context_length"], steps=1, impl=i)
+                      for k, i in (("yours", impl), ("ours", None))}
+            logs = {"yours": _fsdp_step_bytes("yours", impl), "ours": _fsdp_step_bytes("fsdp", None)}
+            speed = None
+            if opts.steps:
+                speed = XF.measure_worker(kinds=("yours", "fsdp", "torch_fsdp"), steps=opts.steps, warmup=opts.warmup,
+                                          memory=False, trace=False, impls={"yours": impl}, **SPEED).samples
+            return {"repeats": repeats, "memory": memory, "logs": logs, "speed": speed}
+        out[impl_name] = _outcome(run)
+    return out
+
+
+def _aligned(weights: dict, names: list[str]) -> dict:
+    """The gathered weights keyed as the model names its parameters (a "module." prefix dropped); ValueError naming
+    the missing and extra keys otherwise."""
+    for strip in ("", "module.", "_fsdp_wrapped_module."):
+        got = {k[len(strip):] if k.startswith(strip) else k: v for k, v in weights.items()}
+        if set(names) <= set(got):
+            return {n: got[n] for n in names}
+    missing, extra = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
+    raise ValueError(f"fsdp_gather_full_params' keys are not the model's parameter names: missing "
+                     f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; extra {', '.join(extra[:3])}")
+
+
+def _update_check(before: dict, after: dict, x, y, dtype: str) -> tuple[float, float, str]:
+    """One SGD step from `before` vs one process's: max |w_after - (w - lr g_ref)| / bound, the same against N x g_ref
+    (a sum, not a mean), and the worst element. Bound: lr x the gradient bound (XF.bound) + one rounding of each of
+    w and lr g (float32)."""
+    cfg, eps = FSDP_CHECK, torch.finfo(torch.float32).eps
+    load = functools.partial(XF.loaded, cfg["model"], cfg["n_layers"], before)
+    if dtype == "fp32":
+        ref = XF.reference_grads(load(), x, y, dtype)
+    else:
+        shares = [(x[r], y[r]) for r in (rank_rows(x.shape[0], k, WORLD) for k in range(WORLD))]
+        ref = XF.ranks_reference(load, shares, dtype)
+    lim = XF.bound(load(), x, y, dtype)
+    worst, summed, where = 0.0, 0.0, ""
+    for n, w in before.items():
+        g = ref[n].detach()
+        round_ = 2 * eps * (w.abs() + XF.LR * g.abs())
+        diff = (after[n] - (w - XF.LR * g)).abs()
+        ratio = torch.nan_to_num((diff / (XF.LR * lim[n] + round_).clamp_min(1e-30)).detach(), nan=float("inf"))
+        s = (after[n] - (w - WORLD * XF.LR * g)).abs() / (WORLD * XF.LR * lim[n] + round_).clamp_min(1e-30)
+        summed = max(summed, float(torch.nan_to_num(s.detach(), nan=float("inf")).max()))
+        if float(ratio.max()) > worst or not where:
+            i = tuple(int(k) for k in np.unravel_index(int(ratio.argmax()), tuple(w.shape)))
+            worst = float(ratio.max())
+            where = (f"{n}[{', '.join(map(str, i))}]: yours {float(after[n][i]):.6g}, one process "
+                     f"{float(w[i] - XF.LR * g[i]):.6g} (|diff| {float(diff[i]):.3g}, bound "
+                     f"{float(XF.LR * lim[n][i] + round_[i]):.3g})")
+    return worst, summed, where
+
+
+def _fsdp_equivalence_checks(impl: str, per_rank: list[dict], repeat: int) -> list[Check]:
+    cfg, checks = FSDP_CHECK, []
+    names = [n for n, _ in XF.build(cfg["model"], cfg["n_layers"], seed=0).named_parameters()]
+    first = per_rank[0]["repeats"][0]
+    try:
+        full = {d: [_aligned(w, names) for w in ws] for d, ws in first.items()}
+    except ValueError as exc:
+        return [Check("fsdp", impl, "fsdp_gather_full_params returns the full weights", FAIL, str(exc))]
+    start = {n: p.detach().cpu() for n, p in XF.build(cfg["model"], cfg["n_layers"], seed=0).named_parameters()}
+    w0 = full["fp32"][0]
+    bad = [n for n in names if w0[n].shape != start[n].shape or not torch.equal(w0[n], start[n])]
+    checks.append(Check("fsdp", impl, "fsdp_gather_full_params after construction is rank 0's model",
+                        FAIL if bad else PASS,
+                        f"{len(bad)} of {len(names)} parameters differ from rank 0's, e.g. {bad[0]} (shape "
+                        f"{tuple(w0[bad[0]].shape)} vs {tuple(start[bad[0]].shape)}): not broadcast from rank 0, or not "
+                        "the full weights" if bad else f"all {len(names)} parameters, full shapes, rank 0's values"))
+    batches = make_batches(cfg["model"], cfg["steps"], cfg["batch_size"], cfg["context_length"], 0)
+    for dtype, ws in full.items():
+        label = "fp32" if dtype == "fp32" else f"compute dtype {dtype}"
+        results = [(s, *_update_check(ws[s], ws[s + 1], *batches[s], dtype)) for s in range(cfg["steps"])]
+        fails = [r for r in results if not r[1] <= 1]
+        if fails:
+            s, ratio, summed, where = fails[0]
+            why = (f" - gradients exactly {WORLD}x one process's: summed over ranks, not averaged" if summed <= 1
+                   else "")
+            checks.append(Check("fsdp", impl, f"SGD steps vs one process ({label})", FAIL,
+                                f"step {s}: {where}; |diff| / bound {ratio:.3g}{why}"))
+        else:
+            checks.append(Check("fsdp", impl, f"SGD steps vs one process ({label})", PASS,
+                                f"{cfg['steps']} steps, worst |diff| / bound {max(r[1] for r in results):.3g}"))
+    digests = {d: [_digest(w) for w in ws] for d, ws in first.items()}
+    split = [(d, s, k) for r in per_rank[1:] for d, ws in r["repeats"][0].items() for s, w in enumerate(ws)
+             for k in w if w[k] != digests[d][s].get(k)]
+    checks.append(Check("fsdp", impl, "every rank gathers the same weights", FAIL if split else PASS,
+                        f"{split[0][0]}, step {split[0][1]}: rank 1's {split[0][2]} differs from rank 0's" if split
+                        else "bitwise equal on every rank"))
+    races = [(i, d, s, k) for rank, r in enumerate(per_rank) for i, rep in enumerate(r["repeats"][1:], 1)
+             for d, ws in rep.items() for s, w in enumerate(ws)
+             for k in w if w[k] != (digests if rank == 0 else r["repeats"][0])[d][s].get(k)]
+    if repeat > 1:
+        checks.append(Check("fsdp", impl, f"{repeat} repeats bitwise equal (no races)", FAIL if races else PASS,
+                            f"repeat {races[0][0]} ({races[0][1]}, step {races[0][2]}) differs at {races[0][3]}: a race "
+                            "(a buffer read before its async collective finished?)" if races else
+                            f"all {repeat} repeats bitwise equal"))
+    return checks
+
+
+def _fsdp_memory_checks(impl: str, per_rank: list[dict]) -> tuple[list[Check], list[dict]]:
+    cfg, checks, rows = FSDP_CHECK, [], []
+    model, b, t = cfg["model"], cfg["batch_size"] // WORLD, cfg["context_length"]
+    init_formula = sum(F.fsdp_live_bytes(model, WORLD, b, t, "after init").values())
+    full_params = 4 * F.meta_numel(model) + F.buffer_bytes(model)
+    rank, mem = max(enumerate(per_rank), key=lambda r: r[1]["memory"]["yours"].points[0].live)
+    live = mem["memory"]["yours"].points[0].live
+    ok = live <= (1 + FSDP_MEMORY_TOL) * init_formula
+    detail = (f"rank {rank} holds {live / MiB:.3f} MiB after get_fsdp; formula (1/{WORLD} of the weights, padded, "
+              f"norm gains whole) {init_formula / MiB:.3f} MiB, tolerance {FSDP_MEMORY_TOL:.0%}")
+    if not ok:
+        detail += (" - the full weights are still live: not sharded at init (keep only this rank's shard)"
+                   if live >= 0.9 * full_params else " - more than a shard per rank")
+    checks.append(Check("fsdp", impl, "memory per rank after init vs formula", PASS if ok else FAIL, detail))
+    acts = sum(F.activation_bytes(model, b, t).values()) + F.loss_grad_bytes(model, b, t)
+    gathered_all = F.fsdp_shard_elements(model, WORLD)["sharded"] * WORLD * 4
+    own = F.fsdp_shard_elements(model, WORLD)
+    # + this rank's fp32 gradient shards and gains, made in this first backward, and the full-size fp32 inputs of the
+    # reduce-scatters still in flight (an async reduce-scatter keeps its input until it is done: all of them, at most)
+    formula = (acts + F.fsdp_gathered_peak_bytes(model, WORLD, modules=2) + 4 * (own["sharded"] + own["replicated"])
+               + gathered_all)
+    worst = max(range(len(per_rank)), key=lambda i: _fb_peak(per_rank[i]["memory"]["yours"]))
+    peak = _fb_peak(per_rank[worst]["memory"]["yours"])
+    ok = peak <= (1 + FSDP_MEMORY_TOL) * formula
+    detail = (f"rank {worst}: forward/backward peak {peak / MiB:.3f} MiB above the step's start; formula "
+              f"(activations + loss gradients + 2 modules' gathered weights + gradient shards + reduce-scatter inputs "
+              f"in flight) {formula / MiB:.3f} MiB, tolerance "
+              f"{FSDP_MEMORY_TOL:.0%}")
+    if not ok:
+        detail += (f" - {(peak - formula) / MiB:.3f} MiB more, {(peak - formula) / gathered_all:.0%} of all gathered "
+                   f"weights ({gathered_all / MiB:.3f} MiB): gathered weights never freed (the peak grows by a "
+                   "layer's weights per layer)")
+    checks.append(Check("fsdp", impl, "forward/backward peak vs formula (gathered weights freed)",
+                        PASS if ok else FAIL, detail))
+    for who in ("yours", "ours"):
+        rows.append({"topic": "fsdp", "impl": impl, "measure": "live after init, worst rank", "who": who,
+                     "value": max(r["memory"][who].points[0].live for r in per_rank) / MiB, "unit": "MiB"})
+        rows.append({"topic": "fsdp", "impl": impl, "measure": "forward/backward peak, worst rank", "who": who,
+                     "value": max(_fb_peak(r["memory"][who]) for r in per_rank) / MiB, "unit": "MiB"})
+    rows.append({"topic": "fsdp", "impl": impl, "measure": "live after init, worst rank", "who": "formula",
+                 "value": init_formula / MiB, "unit": "MiB"})
+    rows.append({"topic": "fsdp", "impl": impl, "measure": "forward/backward peak, worst rank", "who": "formula",
+                 "value": formula / MiB, "unit": "MiB"})
+    return checks, rows
+
+
+def _fb_peak(run) -> int:
+    p = next(p for p in run.points if p.point == "before step")
+    return p.phase_peak - p.phase_start
+
+
+def _fsdp_bytes_checks(impl: str, per_rank: list[dict]) -> tuple[list[Check], list[dict]]:
+    e = F.fsdp_shard_elements(FSDP_CHECK["model"], WORLD)
+    formula = fsdp_bytes_per_step(e["sharded"] * WORLD, WORLD, 4, 4, e["replicated"])
+    sent = {who: bytes_sent(per_rank[0]["logs"][who], WORLD) for who in ("yours", "ours")}
+    rows = [{"topic": "fsdp", "impl": impl, "measure": "bytes sent per step (rank 0)", "who": who, "value": v / MiB,
+             "unit": "MiB"} for who, v in {**sent, "formula": formula}.items()]
+    if not sent["yours"]:
+        return [Check("fsdp", impl, "bytes per step vs formula", SKIPPED,
+                      "no collective seen: calls must go through torch.distributed's functions to be counted")], rows
+    ok = abs(sent["yours"] - formula) <= FSDP_BYTES_TOL * formula
+    ops = {}
+    for op, nbytes in per_rank[0]["logs"]["yours"]:
+        ops[op] = ops.get(op, 0) + nbytes
+    detail = (f"{sent['yours'] / MiB:.3f} MiB sent per step by rank 0 vs formula 3(N-1)/N x Psi x 4 B + the norm gains' "
+              f"all-reduce = {formula / MiB:.3f} MiB (tolerance {FSDP_BYTES_TOL:.0%}); by collective: "
+              + ", ".join(f"{op} {b / MiB:.3f} MiB" for op, b in ops.items()))
+    if not ok:
+        detail += (" - more than the formula: gradients all-reduced instead of reduce-scattered, or weights gathered "
+                   "more than twice" if sent["yours"] > formula else
+                   " - less than the formula: weights not gathered again for backward (kept from forward?)")
+    return [Check("fsdp", impl, "bytes per step vs formula (fp32)", PASS if ok else FAIL, detail)], rows
+
+
+def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
+    """FSDP: SGD steps within the derived bound of one process's, without and with bf16 compute, opts.repeat times;
+    memory after init and the forward/backward peak vs the formulas; bytes per step vs the formula;
+    fsdp_gather_full_params; yours vs ours vs torch's fully_shard."""
+    result = TopicResult("fsdp")
+    for impl, per_rank in _launch_each(fsdp_worker, str(adapters_path), list(A.ADAPTERS["fsdp"]), opts).items():
+        early = _status_checks("fsdp", impl, per_rank, str(adapters_path))
+        if early:
+            result.checks += early
+            continue
+        result.checks += _fsdp_equivalence_checks(impl, per_rank, max(1, opts.repeat))
+        for part in (_fsdp_memory_checks, _fsdp_bytes_checks):
+            checks, rows = part(impl, per_rank)
+            result.checks += checks
+            result.rows += rows
+        if per_rank[0]["speed"]:
+            labels = {"yours": "yours", "fsdp": "ours", "torch_fsdp": "pytorch"}
+            result.rows += _timing_rows("fsdp", impl, [r["speed"] for r in per_rank], labels)
     return result
