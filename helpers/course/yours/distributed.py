@@ -129,6 +129,9 @@ def _failure_detail(exc: BaseException, path: str) -> str:
         return (f"hung: {str(exc).split(' and was stopped')[0]} - a rank is waiting in a collective another rank never "
                 "entered (same calls, same order, on every rank?)")
     first = str(exc).split("\n")[0]
+    if " before or outside the worker's Python code" in first:  # no Python traceback: a signal or os._exit
+        return (first.split(" before or outside")[0] + " while running the student's adapters: a crash outside Python "
+                "(a segfault in native code, out of memory, os._exit), not an exception")
     tb = getattr(exc, "remote_traceback", None)
     return f"{first} (at {_where_in(tb, path)})" if tb else first
 
@@ -591,15 +594,15 @@ def _update_check(before: dict, after: dict, x, y, dtype: str) -> tuple[float, f
     else:
         shares = [(x[r], y[r]) for r in (rank_rows(x.shape[0], k, WORLD) for k in range(WORLD))]
         ref = XF.ranks_reference(load, shares, dtype)
-    lim = XF.bound(load(), x, y, dtype)
+    lim = {n: v.detach() for n, v in XF.bound(load(), x, y, dtype).items()}
     worst, summed, where = 0.0, 0.0, ""
     for n, w in before.items():
         g = ref[n].detach()
         round_ = 2 * eps * (w.abs() + XF.LR * g.abs())
         diff = (after[n] - (w - XF.LR * g)).abs()
-        ratio = torch.nan_to_num((diff / (XF.LR * lim[n] + round_).clamp_min(1e-30)).detach(), nan=float("inf"))
+        ratio = torch.nan_to_num(diff / (XF.LR * lim[n] + round_).clamp_min(1e-30), nan=float("inf"))
         s = (after[n] - (w - WORLD * XF.LR * g)).abs() / (WORLD * XF.LR * lim[n] + round_).clamp_min(1e-30)
-        summed = max(summed, float(torch.nan_to_num(s.detach(), nan=float("inf")).max()))
+        summed = max(summed, float(torch.nan_to_num(s, nan=float("inf")).max()))
         if float(ratio.max()) > worst or not where:
             i = tuple(int(k) for k in np.unravel_index(int(ratio.argmax()), tuple(w.shape)))
             worst = float(ratio.max())
