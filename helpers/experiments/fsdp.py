@@ -316,7 +316,7 @@ def fsdp_memory(*, model, batch_size, context_length, steps=2, impl: FsdpImpl | 
     dev, (rank, world) = L.device(), S._rank_world()
     x, y = rank_share(make_batches(model, 1, batch_size, context_length, 0)[0])
     track = M.track if impl is None else track_resizing
-    init = track(lambda: build_kind("fsdp", model, impl=impl), device=dev)
+    init = track(lambda: _settled(build_kind("fsdp", model, impl=impl)), device=dev)
     net, sync_, opt = init.result
     init.result = None
     points, peak = [S.MemoryPoint("after init", 0, init.current_bytes, init.peak_bytes, None)], init.peak_bytes
@@ -329,6 +329,13 @@ def fsdp_memory(*, model, batch_size, context_length, steps=2, impl: FsdpImpl | 
             points.append(S.MemoryPoint(point, i, trace.current_bytes, peak, None, trace.baseline_bytes,
                                         trace.peak_bytes))
     return FsdpMemory(model, rank, world, x.shape[0], context_length, points, getattr(net, "peak_gathered_bytes", None))
+
+
+def _settled(result):
+    """`result` after a barrier: the backend may hold the last collective's tensor (a full weight FSDP's init
+    broadcast) until the next collective, which the tracker would count as live after init."""
+    dist.barrier()
+    return result
 
 
 class _StorageWatch(TorchDispatchMode):
