@@ -34,8 +34,7 @@ from helpers.ddp import wrap
 from helpers.experiments import ddp as XD
 from helpers.experiments import fsdp as XF
 from helpers.experiments import sharding as XS
-from helpers.experiments.common import cpu_state, make_batches, make_model, rank_rows, rank_share, slowest_rank, \
-    train_step
+from helpers.experiments.common import make_batches, make_model, rank_rows, rank_share, slowest_rank
 from helpers.formulas import MiB
 from helpers.fsdp import bytes_sent, fsdp_bytes_per_step
 from helpers.timing import paired_ratio, ratio_columns, verdict
@@ -95,6 +94,8 @@ def _outcome(fn) -> dict:
         return {"status": "ok", **fn()}
     except Unusable as exc:
         return {"status": exc.status, "detail": exc.detail}
+    except A.AdaptersError as exc:  # the file failed to import: the same on every rank, its file:line in the message
+        return {"status": ERROR, "detail": str(exc)}
 
 
 def _digest(state: dict) -> dict:
@@ -606,7 +607,8 @@ def _update_check(before: dict, after: dict, x, y, dtype: str) -> tuple[float, f
         if float(ratio.max()) > worst or not where:
             i = tuple(int(k) for k in np.unravel_index(int(ratio.argmax()), tuple(w.shape)))
             worst = float(ratio.max())
-            where = (f"{n}[{', '.join(map(str, i))}]: yours {float(after[n][i]):.6g}, one process "
+            where = ("non-finite weights after the step (NaN/inf); " if not bool(torch.isfinite(after[n]).all())
+                     else "") + (f"{n}[{', '.join(map(str, i))}]: yours {float(after[n][i]):.6g}, one process "
                      f"{float(w[i] - XF.LR * g[i]):.6g} (|diff| {float(diff[i]):.3g}, bound "
                      f"{float(XF.LR * lim[n][i] + round_[i]):.3g})")
     return worst, summed, where
