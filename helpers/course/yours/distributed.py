@@ -754,3 +754,25 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
             labels = {"yours": "yours", "fsdp": "ours", "torch_fsdp": "pytorch"}
             result.rows += _timing_rows("fsdp", impl, [r["speed"] for r in per_rank], labels)
     return result
+
+
+# ======================================= notebooks 04, 05, 07 =======================================
+
+RUNS = {"ddp": run_ddp, "sharding": run_sharding, "fsdp": run_fsdp}
+
+
+def notebook_tables(topic: str, adapters_path: str, opts: Options | None = None):
+    """A notebook's "yours" section (when its ADAPTERS parameter is set): (checks, side_by_side, ratios) DataFrames;
+    side_by_side has one column per who (yours, ours, pytorch, formula) for each measure, ratios the paired step-time
+    ratios of yours to the others with their intervals and verdicts."""
+    import pandas as pd
+
+    result = RUNS[topic](str(adapters_path), opts or Options())
+    checks = pd.DataFrame(result.as_rows(), columns=["topic", "impl", "prop", "status", "detail"])
+    rows = pd.DataFrame(result.rows, columns=sorted({k for r in result.rows for k in r} | {"measure", "who", "value"}))
+    is_ratio = rows["measure"].astype(str).str.contains(" / ")
+    side = (rows[~is_ratio].assign(value=lambda d: d["value"].astype(object))
+            .pivot_table(index=["impl", "measure", "unit"], columns="who", values="value", aggfunc="first", sort=False)
+            if (~is_ratio).any() else pd.DataFrame())
+    ratios = rows[is_ratio].reindex(columns=["impl", "measure", "ratio", "ratio_low", "ratio_high", "pairs", "verdict"])
+    return checks, side, ratios
