@@ -5,6 +5,7 @@ NotImplementedError are reported per implementation without stopping the rest. O
 mutants share one launch (one per flavour of the same generated adapters file)."""
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -88,21 +89,32 @@ def test_fsdp_mutants_each_named_by_the_property_they_break(mutant, prop, words)
 
 
 def test_a_crashed_rank_is_an_error_and_the_other_topics_still_run(tmp_path):
-    path = composed(tmp_path, get_sharded_optimizer="sharding_crash")
+    path = composed(tmp_path, get_sharded_optimizer="sharding_crash", get_ddp_bucketed="ddp_bucketed_nan")
     path.write_text(path.read_text() + textwrap.dedent("""
         def get_ddp(module):
             return None
         def get_ddp_individual_parameters(module):
             raise NotImplementedError
-        del get_ddp_bucketed, ddp_bucketed_on_after_backward, ddp_bucketed_on_train_batch_start
     """))
     crashed = D.run_sharding(str(path), CHECKS_ONLY)
     assert [(c.status, c.prop) for c in crashed.checks] == [(ERROR, "runs on 2 ranks")]
     assert "rank 1 of 2 was killed by SIGSEGV" in crashed.checks[0].detail
-    statuses = {c.impl: (c.status, c.detail) for c in D.run_ddp(str(path), CHECKS_ONLY).checks}
+    ddp = D.run_ddp(str(path), CHECKS_ONLY)
+    statuses = {c.impl: (c.status, c.detail) for c in ddp.checks if c.impl != "bucketed"}
     assert statuses["ddp"] == (ERROR, "get_ddp returned NoneType, expected a torch.nn.Module wrapping the model")
     assert statuses["individual"][0] == NOT_IMPLEMENTED
-    assert statuses["bucketed"][0] == SKIPPED and "another edition" in statuses["bucketed"][1]
+    nan = [c for c in by(ddp, "bucketed", FAIL) if c.prop.startswith("gradients")]
+    assert len(nan) == len(D.ddp_bucket_sizes()) and all("non-finite (NaN/inf) gradient" in c.detail for c in nan)
+
+
+def test_another_editions_names_are_skipped(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading the file here puts its folders on this process's path
+    monkeypatch.setattr(D, "_LOADED", {})
+    path = composed(tmp_path)
+    path.write_text(path.read_text() + "del get_ddp_bucketed, ddp_bucketed_on_after_backward, "
+                    "ddp_bucketed_on_train_batch_start\n")
+    got = D._outcome(lambda: D._adapter_fns(str(path), "ddp", "bucketed"))  # in this process: no launch needed
+    assert got["status"] == SKIPPED and "another edition" in got["detail"]
 
 
 def test_a_hung_collective_is_an_error_after_the_timeout():
