@@ -93,6 +93,9 @@ class GradientCheck:
     max_abs_diff: float  # max over elements of |g_ddp - g_ref|
     max_ratio: float  # max over elements of |g_ddp - g_ref| / bound (passes at <= 1)
     worst: str  # the parameter holding max_ratio
+    where: str = ""  # the worst element: "name[index]: got ..., one process ..., bound ..."
+    summed_ratio: float = float("nan")  # max |g_ddp - N g_ref| / (N bound): <= 1 when gradients were summed, not averaged
+    finite: bool = True  # every synced gradient element finite
 
 
 @dataclass
@@ -170,6 +173,16 @@ def _ratio(diff: torch.Tensor, bound: torch.Tensor) -> float:
     return float(torch.nan_to_num(r, nan=0.0).max()) if r.numel() else 0.0
 
 
+def worst_element(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, name: str) -> str:
+    """'name[index]: got g, one process r (|diff| d, bound b)' for the element of `got` farthest from `ref`."""
+    diff = torch.nan_to_num((got - ref).abs(), nan=float("inf"))
+    if not diff.numel():
+        return f"{name}: empty"
+    index = tuple(int(i) for i in np.unravel_index(int(diff.argmax()), tuple(got.shape)))
+    return (f"{name}[{', '.join(map(str, index))}]: got {float(got[index]):.6g}, one process {float(ref[index]):.6g} "
+            f"(|diff| {float(diff[index]):.3g}, bound {float(bound):.3g})")
+
+
 def gradient_checks(name: str, ddp, optimizer, batches, seed: int = 0, optimizer_name: str = "sgd") -> dict:
     """Train `ddp` (rank_share of every global batch); before each step, the single-process reference at its current
     weights. Returns EquivalenceRun's start_equal, steps, weight_ratio and state."""
@@ -184,10 +197,16 @@ def gradient_checks(name: str, ddp, optimizer, batches, seed: int = 0, optimizer
         g_ref, scale = reference_gradients(ref, x, y)
         train_step(net, optimizer, *rank_share(batch), grad_sync=ddp)
         synced = {n: torch.zeros_like(p) if p.grad is None else p.grad for n, p in net.named_parameters() if n in g_ref}
-        checks = [(_ratio((g - g_ref[n]).abs(), gradient_bound(scale[n], x.numel())),
-                   float((g - g_ref[n]).abs().max()), n) for n, g in synced.items()]
+        bounds = {n: gradient_bound(scale[n], x.numel()) for n in synced}
+        checks = [(_ratio((g - g_ref[n]).abs(), bounds[n]), float((g - g_ref[n]).abs().max()), n)
+                  for n, g in synced.items()]
         worst = max(checks)
-        steps.append(GradientCheck(step=i, max_abs_diff=max(c[1] for c in checks), max_ratio=worst[0], worst=worst[2]))
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        steps.append(GradientCheck(step=i, max_abs_diff=max(c[1] for c in checks), max_ratio=worst[0], worst=worst[2],
+                                   where=worst_element(synced[worst[2]], g_ref[worst[2]], bounds[worst[2]], worst[2]),
+                                   summed_ratio=max(_ratio((g - world * g_ref[n]).abs(), world * bounds[n])
+                                                    for n, g in synced.items()),
+                                   finite=all(bool(torch.isfinite(g).all()) for g in synced.values())))
         if i == 0 and optimizer_name == "sgd":  # one SGD step: w - lr·g; bound lr·(gradient bound) + 2 roundings each
             lr = optimizer.param_groups[0]["lr"]
             w0 = {n: p.detach() - lr * g_ref[n] for n, p in ref.named_parameters() if n in g_ref}  # the reference step
@@ -500,19 +519,23 @@ class BenchRun:
 
 
 def bench_worker(*, model: str, bucket_mb: float, steps: int, warmup: int, batch_size: int,
-                 context_length: int) -> BenchRun:
-    """DDPBucketed and torch DDP from the same weights on the same data, interleaved (same start, data and means:
-    the same weights at the end)."""
+                 context_length: int, wrappers: dict | None = None) -> BenchRun:
+    """DDPBucketed and torch DDP (or `wrappers`: label -> f(module) giving a gradient sync with .module, e.g. a
+    student's DDP) from the same weights on the same data, interleaved (same start, data and means: the same weights
+    at the end)."""
     base = make_model(model, 0)
-    ddps = {k: wrap(k, copy.deepcopy(base), bucket_mb) for k in ("bucketed", "torch_ddp")}
+    wrappers = wrappers or {k: functools.partial(wrap, k, bucket_size_mb=bucket_mb) for k in ("bucketed", "torch_ddp")}
+    ddps = {k: make(copy.deepcopy(base)) for k, make in wrappers.items()}
     opts = {k: make_optimizer(d.parameters(), "sgd") for k, d in ddps.items()}
+    for k, d in ddps.items():  # a wrapper whose hooks take the optimizer (a student's, as the course calls them)
+        getattr(d, "bind_optimizer", lambda _: None)(opts[k])
     batches = [rank_share(b) for b in make_batches(model, 4, batch_size, context_length, 0)]
     step = {k: (lambda i, k=k: time_call(lambda: train_step(ddps[k].module, opts[k], *batches[i % len(batches)],
                                                                grad_sync=ddps[k]), L.device())[1]) for k in ddps}
     samples = interleaved(step, steps, warmup)
-    same = all(torch.equal(a, b) for a, b in zip(ddps["bucketed"].module.parameters(),
-                                                  ddps["torch_ddp"].module.parameters()))
-    return BenchRun(samples, len(ddps["bucketed"].buckets), same)
+    first = next(iter(ddps.values())).module
+    same = all(torch.equal(a, b) for d in ddps.values() for a, b in zip(first.parameters(), d.module.parameters()))
+    return BenchRun(samples, len(getattr(ddps.get("bucketed"), "buckets", [])), same)
 
 
 def bench_main(argv: list[str]) -> int:

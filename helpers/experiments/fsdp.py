@@ -19,14 +19,17 @@ import copy
 
 import functools
 import time
+import weakref
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from helpers import formulas as F
@@ -51,9 +54,10 @@ PROFILES = {  # what notebook 07 runs per profile
                 segments=[0, 1, 2, 3, 4, 6, 8, 12, 16], ckpt_steps=5, ring_worlds=[2, 4], ring_sizes=[2**10, 2**16, 2**20, 2**23],
                 ring_steps=6),
 }
-DTYPES = {"fp32": None, "fp16": torch.float16}
-EPS = {"fp32": torch.finfo(torch.float32).eps, "fp16": torch.finfo(torch.float16).eps}
-LOSS_SCALE = {"fp32": 1.0, "fp16": 2.0**10}  # a power of two (exact): keeps fp16 logit gradients out of subnormals
+DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+EPS = {k: torch.finfo(v or torch.float32).eps for k, v in DTYPES.items()}
+LOSS_SCALE = {"fp32": 1.0, "fp16": 2.0**10, "bf16": 1.0}  # a power of two (exact): keeps fp16 logit gradients out of
+# subnormals; bf16 has fp32's range
 SHARD_TYPES = (nn.Linear, nn.Embedding)
 LR = 0.1
 PEAK_TOL = 0.10  # forward/backward peak and live bytes right after backward vs the formulas: the tracker keys storages
@@ -80,32 +84,63 @@ class EquivalenceRun:
     logs: list  # per step: [(op, bytes)]
 
 
-def equivalence_worker(*, model, n_layers, dtypes, steps, batch_size, context_length) -> dict:
-    """Per dtype: FSDP (rank-seeded: the broadcast must fix it) trains with SGD on this rank's rows of each batch."""
-    rank, out = dist.get_rank(), {}
+@dataclass(frozen=True)
+class FsdpImpl:
+    """An FSDP implementation as the course's adapters call it (ours by default): wrap(module, compute_dtype),
+    on_after_backward(model, optimizer), gather_full_params(model) -> {name: full tensor}."""
+    wrap: Callable = FSDP
+    on_after_backward: Callable = lambda model, optimizer: model.finish_gradient_synchronization()  # noqa: E731
+    gather_full_params: Callable = lambda model: model.gather_full_params()  # noqa: E731
+
+
+class ImplSync:
+    """An FsdpImpl's wrapped model behind the gradient-sync protocol `step` and train_step use."""
+
+    def __init__(self, model, impl: FsdpImpl, optimizer=None):
+        self.model, self.impl, self.optimizer = model, impl, optimizer
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def on_train_batch_start(self) -> None:
+        """Nothing: the course's FSDP adapters have no such hook."""
+
+    def finish_gradient_synchronization(self) -> None:
+        self.impl.on_after_backward(self.model, self.optimizer)
+
+
+def equivalence_worker(*, model, n_layers, dtypes, steps, batch_size, context_length,
+                       impl: FsdpImpl | None = None) -> dict:
+    """Per dtype: FSDP (or `impl`; rank-seeded: the broadcast must fix it) trains with SGD on this rank's rows of each
+    batch. EquivalenceRun.weights has steps + 1 entries (the last: after the last step); grads, replicated and logs
+    only where the implementation has ours' gather_full_grads, replicated and comm_log."""
+    rank, out, impl = dist.get_rank(), {}, impl or FsdpImpl()
     for dtype in dtypes:
-        fsdp = FSDP(build(model, n_layers, seed=rank), compute_dtype=DTYPES[dtype])
+        fsdp = impl.wrap(build(model, n_layers, seed=rank), DTYPES[dtype])
         opt = torch.optim.SGD(fsdp.parameters(), lr=LR)
         run = EquivalenceRun(dtype, dist.get_world_size(), [], [], [], [])
         for batch in make_batches(model, steps, batch_size, context_length, 0):
             x, y = rank_share(batch)
-            run.weights.append(fsdp.gather_full_params())
-            start = len(fsdp.comm_log)
+            run.weights.append(impl.gather_full_params(fsdp))
+            start = len(getattr(fsdp, "comm_log", []))
             opt.zero_grad(set_to_none=True)
             (lm_loss(fsdp(x), y) * LOSS_SCALE[dtype]).backward()
-            fsdp.finish_gradient_synchronization()
+            impl.on_after_backward(fsdp, opt)
             for p in fsdp.parameters():
-                if p.grad is not None:
+                if p.grad is not None and LOSS_SCALE[dtype] != 1:
                     p.grad.div_(LOSS_SCALE[dtype])
-            run.grads.append(fsdp.gather_full_grads())
-            run.replicated.append([p.grad.clone() for p in fsdp.replicated])
-            run.logs.append(fsdp.comm_log[start:])
+            if hasattr(fsdp, "gather_full_grads"):
+                run.grads.append(fsdp.gather_full_grads())
+                run.replicated.append([p.grad.clone() for p in fsdp.replicated])
+                run.logs.append(fsdp.comm_log[start:])
             opt.step()
+        run.weights.append(impl.gather_full_params(fsdp))
         out[dtype] = run
     return out
 
 
-def _loaded(model, n_layers, weights: dict) -> nn.Module:
+def loaded(model, n_layers, weights: dict) -> nn.Module:
+    """A fresh CPU model `model` holding `weights` ({name: tensor}, as gather_full_params returns them)."""
     net = build(model, n_layers).cpu()
     with torch.no_grad():
         for name, p in net.named_parameters():
@@ -189,7 +224,7 @@ def equivalence_table(per_rank: list[dict], *, model, n_layers, steps, batch_siz
     batches = make_batches(model, steps, batch_size, context_length, 0)
     for dtype, run in per_rank[0].items():
         for s, (x, y) in enumerate(batches):
-            load = functools.partial(_loaded, model, n_layers, run.weights[s])
+            load = functools.partial(loaded, model, n_layers, run.weights[s])
             whole = reference_grads(load(), x, y, dtype)
             shares = [(x[rows], y[rows]) for rows in (rank_rows(x.shape[0], r, run.world) for r in range(run.world))]
             ref = whole if dtype == "fp32" else ranks_reference(load, shares, dtype)
@@ -228,9 +263,14 @@ class TrackedFSDP(FSDP):
         super()._free(use, k)
 
 
-def build_kind(kind: str, name: str, seed: int = 0):
-    """(model to call, gradient sync or None, AdamW) for fsdp | ddp | zero1 | torch_fsdp, from the same weights."""
+def build_kind(kind: str, name: str, seed: int = 0, impl: FsdpImpl | None = None):
+    """(model to call, gradient sync or None, AdamW) for fsdp | ddp | zero1 | torch_fsdp, from the same weights; with
+    `impl` (an FsdpImpl, e.g. a student's), that implementation under any kind name."""
     cls, kwargs = S.OPTIMIZERS["adamw"]
+    if impl is not None:
+        net = impl.wrap(build(name, seed=seed), None)
+        opt = cls(net.parameters(), **kwargs)
+        return net, ImplSync(net, impl, opt), opt
     if kind in ("ddp", "zero1"):
         return S.build("unsharded" if kind == "ddp" else "zero1", name, seed=seed)
     net = build(name, seed=seed)
@@ -270,11 +310,13 @@ class FsdpMemory:
     peak_gathered: int
 
 
-def fsdp_memory(*, model, batch_size, context_length, steps=2) -> FsdpMemory:
-    """Bytes live and peak after init, before and after each optimizer step of FSDP + AdamW (helpers.memory.track)."""
+def fsdp_memory(*, model, batch_size, context_length, steps=2, impl: FsdpImpl | None = None) -> FsdpMemory:
+    """Bytes live and peak after init, before and after each optimizer step of FSDP + AdamW (helpers.memory.track;
+    for another `impl`, track_resizing, which also sees storages resized in place)."""
     dev, (rank, world) = L.device(), S._rank_world()
     x, y = rank_share(make_batches(model, 1, batch_size, context_length, 0)[0])
-    init = M.track(lambda: build_kind("fsdp", model), device=dev)
+    track = M.track if impl is None else track_resizing
+    init = track(lambda: _settled(build_kind("fsdp", model, impl=impl)), device=dev)
     net, sync_, opt = init.result
     init.result = None
     points, peak = [S.MemoryPoint("after init", 0, init.current_bytes, init.peak_bytes, None)], init.peak_bytes
@@ -282,11 +324,59 @@ def fsdp_memory(*, model, batch_size, context_length, steps=2) -> FsdpMemory:
         for point, fn in (("before step", lambda: step(net, sync_, opt, x, y, optimizer_step=False)),
                           ("after step", opt.step)):
             live = iter(M.model_state(net, opt, x, y) + [p.grad for p in net.parameters()])  # released once read:
-            trace = M.track(fn, existing=live, device=dev)  # zero_grad's old gradients may die
+            trace = track(fn, existing=live, device=dev)  # zero_grad's old gradients may die
             peak = max(peak, trace.peak_bytes)
             points.append(S.MemoryPoint(point, i, trace.current_bytes, peak, None, trace.baseline_bytes,
                                         trace.peak_bytes))
-    return FsdpMemory(model, rank, world, x.shape[0], context_length, points, net.peak_gathered_bytes)
+    return FsdpMemory(model, rank, world, x.shape[0], context_length, points, getattr(net, "peak_gathered_bytes", None))
+
+
+def _settled(result):
+    """`result` after a barrier: the backend may hold the last collective's tensor (a full weight FSDP's init
+    broadcast) until the next collective, which the tracker would count as live after init."""
+    dist.barrier()
+    return result
+
+
+class _StorageWatch(TorchDispatchMode):
+    """Live bytes of every storage seen (op outputs and `existing`), re-read after each op: a storage grown or
+    emptied in place with untyped_storage().resize_ (no op reports that) counts at its size now."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages, self.current, self.peak = {}, 0, 0  # key -> weakref to the storage
+
+    def add(self, t) -> None:
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
+            storage = t.untyped_storage()
+            self.storages.setdefault(M.storage_key(t), weakref.ref(storage))
+
+    def rescan(self) -> None:
+        alive = {k: r for k, r in self.storages.items() if r() is not None}
+        self.storages = alive
+        self.current = sum(r().nbytes() for r in alive.values())
+        self.peak = max(self.peak, self.current)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            self.add(t)
+        self.rescan()
+        return out
+
+
+def track_resizing(fn, existing=(), device=None) -> M.MemoryTrace:
+    """helpers.memory.track's peak and live bytes for code that may resize storages in place (any FSDP: a gathered
+    buffer grown and freed with resize_), at the price of re-reading every live storage's size after each op."""
+    watch = _StorageWatch()
+    for t in existing:
+        watch.add(t)
+    watch.rescan()
+    baseline = watch.current
+    with watch:
+        result = fn()
+    watch.rescan()
+    return M.MemoryTrace(watch.peak, watch.current, baseline, [], result=result)
 
 
 @dataclass
@@ -350,15 +440,16 @@ class MeasureRun:
 
 
 def measure_worker(*, model, batch_size, context_length, steps, warmup, kinds=("fsdp", "ddp", "zero1", "torch_fsdp"),
-                   memory=True, trace=True) -> MeasureRun:
+                   memory=True, trace=True, impls: dict | None = None) -> MeasureRun:
     """Memory (FSDP, and DDP / ZeRO-1 by notebook 05's worker), one FSDP step's bytes and trace, then every kind
-    trained step by step, interleaved, from the same weights on the same batches."""
+    trained step by step, interleaved, from the same weights on the same batches. impls: kind -> FsdpImpl (a
+    student's FSDP as one more kind, e.g. {"yours": ...})."""
     mem = []
     if memory:
         runs = S.memory_worker(model=model, kinds=["unsharded", "zero1"], batch_size=batch_size,
                                context_length=context_length, steps=2)
         mem = list(runs.values()) + [fsdp_memory(model=model, batch_size=batch_size, context_length=context_length)]
-    built = {k: build_kind(k, model) for k in kinds}
+    built = {k: build_kind(k, model, impl=(impls or {}).get(k)) for k in kinds}
     batches = [rank_share(b) for b in make_batches(model, 4, batch_size, context_length, 0)]
     peaks = {}
     for k, (net, gs, opt) in built.items():  # a first step, its peak measured

@@ -126,8 +126,11 @@ def param_groups(model: nn.Module, groups: bool | str):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr": 2 * OPTIMIZERS["adamw"][1]["lr"]}]
 
 
-def build(kind: str, name: str, optimizer: str = "adamw", seed: int = 0, groups: bool | str = False, bucket_mb=25):
-    """(model, gradient sync or None, optimizer) for a kind in KINDS or "torch_zero", on this rank's device.
+def build(kind: str, name: str, optimizer: str = "adamw", seed: int = 0, groups: bool | str = False, bucket_mb=25,
+          impl: Callable | None = None):
+    """(model, gradient sync or None, optimizer) for a kind in KINDS or "torch_zero", on this rank's device; with
+    `impl` (called as KINDS' classes are: impl(params, optimizer_cls, **kwargs), e.g. a student's sharded optimizer)
+    any kind name builds that implementation.
     groups: False (one group), True (two, see param_groups) or "late" (the second added by add_param_group).
     Every kind but zero1 averages gradients with the same DDPBucketed (same buckets, same all-reduce)."""
     model = make_model(name, seed)
@@ -135,7 +138,9 @@ def build(kind: str, name: str, optimizer: str = "adamw", seed: int = 0, groups:
     grad_sync = D.DDPBucketed(model, bucket_mb) if _rank_world()[1] > 1 and kind != "zero1" else None
     params = param_groups(model, groups)
     late = params.pop() if groups == "late" else None
-    if kind == "torch_zero":
+    if impl is not None:
+        opt = impl(params, cls, **kwargs)
+    elif kind == "torch_zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(params, cls, **kwargs)
     else:
@@ -181,12 +186,14 @@ def _same(grads: dict, ref: dict) -> bool:
                for n, (o, v) in grads.items())
 
 
-def equivalence_worker(*, model, kinds, steps, batch_size, context_length, optimizer="adamw", groups=False) -> dict:
+def equivalence_worker(*, model, kinds, steps, batch_size, context_length, optimizer="adamw", groups=False,
+                       impls: dict | None = None) -> dict:
     """Train each kind on this rank's share of the same batches: {kind: KindRun}. With "unsharded" first in
-    `kinds`, the others' averaged gradients are compared with its own, step by step (KindRun.same_grads)."""
-    out, ref = {}, []
+    `kinds`, the others' averaged gradients are compared with its own, step by step (KindRun.same_grads).
+    impls: kind -> an implementation for build's `impl` (e.g. {"yours": a student's get_sharded_optimizer})."""
+    out, ref, impls = {}, [], impls or {}
     for kind in kinds:
-        net, grad_sync, opt = build(kind, model, optimizer, groups=groups)
+        net, grad_sync, opt = build(kind, model, optimizer, groups=groups, impl=impls.get(kind))
         logs, same = [], []
         for i, batch in enumerate(make_batches(model, steps, batch_size, context_length, 0)):
             with count_collectives() as log:
@@ -222,13 +229,14 @@ def run_all(calls: list[Callable]) -> list:
     return [call() for call in calls]
 
 
-def memory_worker(*, model, kinds, batch_size, context_length, steps=1, optimizer="adamw") -> dict:
+def memory_worker(*, model, kinds, batch_size, context_length, steps=1, optimizer="adamw",
+                  impls: dict | None = None) -> dict:
     """Per kind a MemoryRun: bytes live and peak so far after init, before and after each optimizer step
-    (helpers.memory.track), and what is live after the last step by part."""
-    dev, out, (rank, world) = L.device(), {}, _rank_world()
+    (helpers.memory.track), and what is live after the last step by part. impls: as equivalence_worker's."""
+    dev, out, (rank, world), impls = L.device(), {}, _rank_world(), impls or {}
     x, y = rank_share(make_batches(model, 1, batch_size, context_length, 0)[0])
     for kind in kinds:
-        init = M.track(lambda: build(kind, model, optimizer), device=dev)
+        init = M.track(lambda: build(kind, model, optimizer, impl=impls.get(kind)), device=dev)
         net, grad_sync, opt = init.result
         init.result = None
         points = [MemoryPoint("after init", 0, init.current_bytes, init.peak_bytes, init.allocator_peak_bytes)]
@@ -269,9 +277,11 @@ def _storage_bytes(tensors, exclude=()) -> int:
     return total
 
 
-def speed_worker(*, model, kinds, steps, warmup, batch_size, context_length, optimizer="adamw") -> SpeedRun:
-    """Time every kind step by step, interleaved (the order alternates), from the same weights on the same batches."""
-    runs = {k: build(k, model, optimizer) for k in kinds}
+def speed_worker(*, model, kinds, steps, warmup, batch_size, context_length, optimizer="adamw",
+                 impls: dict | None = None) -> SpeedRun:
+    """Time every kind step by step, interleaved (the order alternates), from the same weights on the same batches.
+    impls: as equivalence_worker's."""
+    runs = {k: build(k, model, optimizer, impl=(impls or {}).get(k)) for k in kinds}
     batches = [rank_share(b) for b in make_batches(model, 4, batch_size, context_length, 0)]
 
     def step(kind):
