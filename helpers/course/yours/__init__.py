@@ -113,7 +113,7 @@ def _wrap(text: str, width: int = 100) -> str:
 
 def print_report(results: list) -> None:
     """The terminal tables: each topic's checks (failures in full), then the side-by-side rows."""
-    from helpers.course.yours.report import side_by_side
+    from helpers.course.yours.report import readable_rows
 
     for res in results:
         print(f"\n== {res.topic}")
@@ -121,17 +121,10 @@ def print_report(results: list) -> None:
             print(f"  {c.status:>15}  {c.impl:<11} {c.prop}")
             if c.detail and c.status != "pass":
                 print("      " + _wrap(c.detail))
-    rows = side_by_side(results)
-    if len(rows):
-        print("\n== side by side (times: ratio to ours:pytorch, paired in one interleaved loop, 95% interval)")
-        for _, r in rows.iterrows():
-            ratio = (f"{r['ratio']:.2f}x [{r['ratio_low']:.2f}, {r['ratio_high']:.2f}]"
-                     if r.get("ratio") == r.get("ratio") and r.get("ratio") is not None else "")
-            value = f"{r['value'] * 1e3:9.3f} ms" if r["unit"] == "s" else f"{r['value']:>9.4g} {r['unit']:<2}"
-            print(f"  {r['topic']:<10} {r['who'] + ':' + r['impl']:<24} {r['measure'][:20]:<20} {value}  {ratio:<22}"
-                  f" {r['shape']}")
-            if r.get("verdict") == r.get("verdict") and r.get("verdict"):
-                print("      " + _wrap(r["verdict"]))
+    for res in results:
+        if res.rows:
+            print(f"\n== {res.topic}: side by side (ratios paired in one interleaved loop)")
+            print(readable_rows(res.rows).to_string(index=False, max_colwidth=90))
 
 
 def main(argv: list[str]) -> int:

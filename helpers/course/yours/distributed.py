@@ -288,7 +288,7 @@ def ddp_worker(path: str, impls: list[str], opts: Options) -> dict:
             fns = _adapter_fns(path, "ddp", impl)
             sizes = ddp_bucket_sizes() if impl == "bucketed" else [None]
             configs = [_ddp_config(fns, impl, mb) for mb in sizes]
-            return {"configs": configs, "speed": _ddp_speed(fns, impl, opts) if opts.steps else None}
+            return {"configs": configs, "speed": _ddp_speed(fns, impl, opts) if opts.timed and opts.steps else None}
         out[impl] = _outcome(run)
     return out
 
@@ -407,7 +407,7 @@ def sharding_worker(path: str, impls: list[str], opts: Options) -> dict:
                                    steps=1, **SHARDING_MEMORY)
             growth = {k: _after(r, "after step") - _after(r, "before step") for k, r in mem.items()}
             speed = None
-            if opts.steps:
+            if opts.timed and opts.steps:
                 speed = XS.speed_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], steps=opts.steps,
                                         warmup=opts.warmup, impls={"yours": make}, **SPEED)
             return {"runs": {k: {"weights": _digest(r.weights) if dist.get_rank() else r.weights,
@@ -564,7 +564,7 @@ def fsdp_worker(path: str, impls: list[str], opts: Options) -> dict:
                       for k, i in (("yours", impl), ("ours", None))}
             logs = {"yours": _fsdp_step_bytes("yours", impl), "ours": _fsdp_step_bytes("fsdp", None)}
             speed = None
-            if opts.steps:
+            if opts.timed and opts.steps:
                 speed = XF.measure_worker(kinds=("yours", "fsdp", "torch_fsdp"), steps=opts.steps, warmup=opts.warmup,
                                           memory=False, trace=False, impls={"yours": impl}, **SPEED).samples
             return {"repeats": repeats, "memory": memory, "logs": logs, "speed": speed}

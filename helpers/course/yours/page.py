@@ -4,6 +4,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from helpers.course.yours.report import readable_rows
 from helpers.results import load_results
 
 STATUS_COLOUR = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#cf222e", "not implemented": "#6e7781",
@@ -46,13 +47,12 @@ def render(checks, rows, provenance: dict) -> str:
         shown = [r for r in rows if r.get("topic") == topic]
         if shown:
             out.append("<h3>Side by side</h3><table><tr><th>who</th><th>implementation</th><th>measure</th>"
-                       "<th>shape</th><th>value</th><th>ratio to the baseline (95% interval)</th><th>verdict</th></tr>")
-            for r in shown:
-                value = (f"{r['value'] * 1e3:.3f} ms" if r.get("unit") == "s" else f"{r['value']:.4g} {r.get('unit', '')}")
-                ratio = _ratio_bar(r["ratio"], r["ratio_low"], r["ratio_high"]) if r.get("ratio") is not None else ""
-                out.append(f"<tr><td>{e(str(r['who']))}</td><td>{e(str(r['impl']))}</td><td>{e(str(r['measure']))}"
-                           f"</td><td>{e(str(r.get('shape', '')))}</td><td class='num'>{value}</td><td>{ratio}</td>"
-                           f"<td class='detail'>{e(str(r.get('verdict') or ''))}</td></tr>")
+                       "<th>value</th><th>ratio (95% interval)</th><th>note</th></tr>")
+            for r, t in zip(shown, readable_rows(shown).to_dict(orient="records")):
+                bar = _ratio_bar(r["ratio"], r["ratio_low"], r["ratio_high"]) if t["ratio [95% interval]"] else ""
+                out.append(f"<tr><td>{e(str(t['who']))}</td><td>{e(str(t['impl']))}</td><td>{e(str(t['measure']))}"
+                           f"</td><td class='num'>{e(t['value'])}</td><td>{bar}</td>"
+                           f"<td class='detail'>{e(t['note'])}</td></tr>")
             out.append("</table>")
     out.append("<p>Made by <code>python -m helpers yours</code>; the rows are in data/local/&lt;device&gt;/"
                "yours_checks.jsonl and yours_rows.jsonl.</p></body></html>")

@@ -59,3 +59,39 @@ def side_by_side(results: list[TopicResult]):
     import pandas as pd
 
     return pd.DataFrame([row for res in results for row in res.rows])
+
+
+def _present(v) -> bool:
+    return v is not None and v == v  # not None, not NaN
+
+
+def format_value(value, unit: str) -> str:
+    """A side-by-side value for reading: seconds as ms, bytes as MiB, n/a for a value that could not be measured."""
+    if not _present(value):
+        return "n/a"
+    if unit == "s":
+        return f"{value * 1e3:.3f} ms"
+    if unit == "B":
+        return f"{value / 2**20:.3f} MiB"
+    return f"{value:.4g} {unit}".strip()
+
+
+def format_ratio(row: dict) -> str:
+    """'1.16x [1.14, 1.24]' for a row with a paired ratio, else ''."""
+    if not _present(row.get("ratio")):
+        return ""
+    return f"{row['ratio']:.2f}x [{row['ratio_low']:.2f}, {row['ratio_high']:.2f}]"
+
+
+def readable_rows(rows: list[dict]):
+    """The side-by-side rows as a table to read: who, implementation, measure, value, ratio, and a note (the
+    shape, why a value is missing, the verdict)."""
+    import pandas as pd
+
+    out = []
+    for r in rows:
+        note = "; ".join(str(r[k]) for k in ("shape", "note", "verdict") if _present(r.get(k)) and r.get(k))
+        out.append({"who": r.get("who", ""), "impl": r.get("impl", ""), "measure": r.get("measure", ""),
+                    "value": format_value(r.get("value"), r.get("unit", "")), "ratio [95% interval]": format_ratio(r),
+                    "note": note})
+    return pd.DataFrame(out)
