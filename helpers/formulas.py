@@ -455,10 +455,11 @@ def llama_params(*, d_model: int, d_ff: int, n_layers: int, vocab_size: int, **_
 
 
 def llama_block_saved_bytes(*, d_model: int, d_ff: int, n_heads: int, tokens: int, bytes_per_element: int = 2) -> int:
-    """Bytes one block saves for backward: per token 11 d + 4 d_ff elements + two norm rsqrt values, and one fp32
-    logsumexp per head. The 11 d: each norm's input, normalised x and gained output (6 d); q, k, v, O and O made
-    contiguous for the output projection (5 d). The 4 d_ff: x W1, x W3, silu(x W1) and their product."""
-    return tokens * ((11 * d_model + 4 * d_ff + 2) * bytes_per_element + 4 * n_heads)
+    """Bytes one block saves for backward: per token 10 d + 4 d_ff elements + two norm rsqrt values, and one fp32
+    logsumexp per head. The 10 d: each norm's input, normalised x and gained output (6 d); q, k, v and O (4 d; the
+    attention output is laid out (B, T, H, d_head), so the output projection reads it without a copy). The 4 d_ff:
+    x W1, x W3, silu(x W1) and their product."""
+    return tokens * ((10 * d_model + 4 * d_ff + 2) * bytes_per_element + 4 * n_heads)
 
 
 def llama_head_bytes(*, d_model: int, vocab_size: int, tokens: int, bytes_per_element: int = 2) -> dict[str, int]:
@@ -469,23 +470,27 @@ def llama_head_bytes(*, d_model: int, vocab_size: int, tokens: int, bytes_per_el
 
 
 def llama_train_flops(*, d_model: int, d_ff: int, n_layers: int, vocab_size: int, context_length: int,
-                      batch_size: int, recompute: bool = False, causal_fraction: float = 0.5, **_) -> int:
-    """Matmul FLOPs of one forward + backward (backward = 2x forward), plus one more forward of the blocks when they are
-    recomputed. Attention: 2·2·B·T²·d per layer, times causal_fraction (0.5: a causal kernel skips the masked half;
-    1.0: the full square, as FlopCounterMode counts scaled_dot_product_attention)."""
+                      batch_size: int, segments: int = 0, causal_fraction: float = 0.5, **_) -> int:
+    """Matmul FLOPs of one forward + backward (backward = 2x forward) and, with the blocks checkpointed in `segments`
+    segments, their forward once more, less each segment's last down-projection (torch's non-reentrant checkpoint stops
+    once the last saved tensor is rebuilt). Attention: 2·2·B·T²·d per layer, times causal_fraction (0.5: a causal
+    kernel skips the masked half; 1.0: the full square, as computed by plain matmuls)."""
     tokens = batch_size * context_length
     blocks = n_layers * (2 * tokens * (4 * d_model**2 + 3 * d_model * d_ff)
                          + causal_fraction * 4 * batch_size * context_length**2 * d_model)
     head = 2 * tokens * vocab_size * d_model
-    return int(3 * (blocks + head) + (blocks if recompute else 0))
+    recompute = blocks - segments * 2 * tokens * d_model * d_ff if segments else 0
+    return int(3 * (blocks + head) + recompute)
 
 
-def leaderboard_plan(model: dict | None = None, gpus: dict | None = None, mfu: float = LEADERBOARD_MFU) -> list[dict]:
+def leaderboard_plan(model: dict | None = None, gpus: dict | None = None, mfu: float = LEADERBOARD_MFU,
+                     bytes_per_element: int = 2) -> list[dict]:
     """Every strategy (DDP, ZeRO-1, ZeRO-2, FSDP) × activation checkpointing (none, every block, √L segments): memory
     per GPU (GB = 1e9 bytes) and whether it fits each GPU, FLOPs per step, and the predicted step time per GPU kind:
     compute at `mfu` plus the communication that cannot overlap. Not overlappable: the collective on the last
     gradients backward makes (the embedding's), ZeRO-1/2's parameter all-gather after the step, FSDP's first gather;
-    and whatever of the total communication outlasts the compute. bf16 compute, fp32 master weights and AdamW."""
+    and whatever of the total communication outlasts the compute. bf16 compute (bytes_per_element: the activations'
+    dtype; 4 for an fp32 run, whose 4 + 4 + 8 bytes of state per parameter equal mixed precision's 2 + 2 + 12)."""
     m = {**LEADERBOARD_MODEL, **(model or {})}
     gpus = gpus or LEADERBOARD_GPUS
     N, L, d = m["world_size"], m["n_layers"], m["d_model"]
@@ -494,9 +499,10 @@ def leaderboard_plan(model: dict | None = None, gpus: dict | None = None, mfu: f
     parts = llama_params(**m)
     psi, block_psi = sum(parts.values()), parts["blocks"] // L
     tokens = m["batch_size"] // N * m["context_length"]  # per GPU
-    A = llama_block_saved_bytes(d_model=d, d_ff=m["d_ff"], n_heads=m["n_heads"], tokens=tokens)
-    I = tokens * d * 2  # a block's input, bf16
-    head = llama_head_bytes(d_model=d, vocab_size=m["vocab_size"], tokens=tokens)
+    e = bytes_per_element
+    A = llama_block_saved_bytes(d_model=d, d_ff=m["d_ff"], n_heads=m["n_heads"], tokens=tokens, bytes_per_element=e)
+    I = tokens * d * e  # a block's input
+    head = llama_head_bytes(d_model=d, vocab_size=m["vocab_size"], tokens=tokens, bytes_per_element=e)
     ring = (N - 1) / N
     rows = []
     for strategy, stage in PLAN_STRATEGIES.items():
@@ -512,7 +518,7 @@ def leaderboard_plan(model: dict | None = None, gpus: dict | None = None, mfu: f
             segment = {"none": 0, "every block": 1, "sqrt(L) segments": max(1, round(math.sqrt(L)))}[ckpt]
             acts = checkpoint_memory(L, segment, I, A)
             total = sum(states.values()) + gathered + acts + sum(head.values())
-            flops = llama_train_flops(**m, recompute=segment > 0)
+            flops = llama_train_flops(**m, segments=math.ceil(L / segment) if segment else 0)
             step = {}
             for name, g in gpus.items():
                 compute = flops / N / (mfu * g["flops"])
