@@ -57,3 +57,15 @@ MARKS = {  # key -> Mark; keys are what experiments and answers ask for
         "2026 leaderboard baseline", 10000.0, "ms", "course handout", 2026,
         "the same step with the handout's baseline, 2 GPUs", lower_is_better=True),
 }
+
+
+def draw_mark(ax, mark: Mark, comparable: bool, scale: float = 1.0, style: str = "--"):
+    """A horizontal line at the mark (value × scale, in the axis' unit) labelled with its source and year; when this
+    machine's numbers are not comparable (another device or shape), the label says the line is what a GPU reaches."""
+    note = "" if comparable else " · what a GPU reaches, not comparable with this run"
+    ax.axhline(mark.value * scale, color="#c33", linestyle=style, linewidth=1, label=mark.label + note)
+
+
+def share_column(values, mark: Mark, comparable: bool) -> list:
+    """"% of mark" for a table: each value's share of the mark (mark.share), or None where not comparable."""
+    return [round(100 * mark.share(v), 1) if comparable and v == v and v > 0 else None for v in values]
