@@ -69,9 +69,11 @@ def naive_times(q, saved):
     t = run.frame()
     ran, oom = t[~t["oom"].astype(bool)], t[t["oom"].astype(bool)]
     per = ran.pivot_table(index=["d", "T"], columns="pass", values="median_s")
-    lines = []
+    lines, flat = [], []
     for d in sorted(set(per.index.get_level_values("d"))):
         part = per.loc[d]
+        if not part["fwd+bwd"].is_monotonic_increasing:
+            flat.append(str(d))
         lo, hi = part.index.min(), part.index.max()
         lines.append(f"d {d}: T {lo} forward {fmt_s(part.loc[lo, 'fwd'])}, backward {fmt_s(part.loc[lo, 'bwd'])}; "
                      f"T {hi} forward {fmt_s(part.loc[hi, 'fwd'])}, backward {fmt_s(part.loc[hi, 'bwd'])} "
@@ -81,7 +83,9 @@ def naive_times(q, saved):
              if len(oom) else "Nothing ran out of memory on this machine's grid.")
     B, d, T = HANDOUT_GRID["batch"], max(HANDOUT_GRID["head_dims"]), max(HANDOUT_GRID["seq_lens"])
     kept = B * T * T * 4 + B * T * d * 4  # P + O, fp32 (experiments.attention.saved_bytes_formula)
-    return (f"Median of the timed steps, batch {b}, one head, fp32: " + "; ".join(lines) + f". {where} For the "
+    noise = (f" For d {', '.join(flat)} a longer sequence was not always slower: there the machine's load, not "
+             "attention, set the times (rerun notebook 06 on a quiet machine)." if flat else "")
+    return (f"Median of the timed steps, batch {b}, one head, fp32: " + "; ".join(lines) + f".{noise} {where} For the "
             f"handout's largest shape (batch {B}, T {T}, d {d}) the forward alone keeps P + O = "
             f"{fmt_mib(kept / 2**20)} for backward, before backward's own T × T gradients.")
 
