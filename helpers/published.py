@@ -62,8 +62,9 @@ MARKS = {  # key -> Mark; keys are what experiments and answers ask for
 def draw_mark(ax, mark: Mark, comparable: bool, scale: float = 1.0, style: str = "--"):
     """A horizontal line at the mark (value × scale, in the axis' unit) labelled with its source and year; when this
     machine's numbers are not comparable (another device or shape), the label says the line is what a GPU reaches."""
-    note = "" if comparable else " · what a GPU reaches, not comparable with this run"
-    ax.axhline(mark.value * scale, color="#c33", linestyle=style, linewidth=1, label=mark.label + note)
+    note = "" if comparable else "\nwhat a GPU reaches, not comparable with this run"
+    label = f"{mark.name}, {mark.value:g} {mark.unit}\n({mark.source}, {mark.year}){note}"  # wrapped for a legend
+    ax.axhline(mark.value * scale, color="#c33", linestyle=style, linewidth=1.2, label=label)
 
 
 def share_column(values, mark: Mark, comparable: bool) -> list:
