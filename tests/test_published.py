@@ -55,3 +55,26 @@ def test_the_rmsnorm_table_compares_only_when_asked():
     col = f"% of mark ({MARKS['rmsnorm_quack'].label})"
     assert rmsnorm.bandwidth_mark_table(big, MARKS["rmsnorm_quack"], True)[col].iloc[0] == 50.0
     assert pd.isna(rmsnorm.bandwidth_mark_table(big, MARKS["rmsnorm_quack"], False)[col].iloc[0])
+
+
+def test_the_attention_and_plan_plots_carry_their_marks():
+    import matplotlib.pyplot as plt
+
+    from helpers import formulas
+    from helpers.experiments import attention, fsdp
+
+    board = [MARKS["leaderboard_2025_best"], MARKS["leaderboard_2025_naive"]]
+    rows = pd.DataFrame([{"impl": "flash_triton", "pass": "fwd+bwd", "median_ms": 10.72},
+                         {"impl": "naive", "pass": "fwd+bwd", "median_ms": 80.0}])
+    t = attention.leaderboard_mark_table(rows, board, comparable=True)
+    assert t.loc["flash_triton", f"% of {board[0].label}"] == 50.0 and t.loc["naive", f"% of {board[1].label}"] == 100.0
+    assert attention.leaderboard_mark_table(rows, board, comparable=False).iloc[:, 1:].isna().all().all()
+    fig = attention.plot_leaderboard_marks(rows, board, comparable=False)
+    assert sum("not comparable" in line.get_label() for line in fig.axes[0].get_lines()) == 2
+    plt.close(fig)
+    plan, marks = formulas.leaderboard_plan(), [MARKS["leaderboard_2026_best"]]
+    fig = fsdp.plot_plan(plan, marks)
+    assert [line.get_ydata()[0] for line in fig.axes[0].get_lines()] == [3.837]
+    plt.close(fig)
+    table = fsdp.plan_table(plan, marks)
+    assert len(table) == 12 and table[f"% of {marks[0].name}"].between(50, 200).all()
