@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from helpers.experiments.common import positive_int, variant_runs
+from helpers.experiments.common import log_ticks, positive_int, variant_runs
 from helpers.formulas import norm_bytes
 from helpers.env import triton_mode
 from helpers.model import ModelConfig, build_model, lm_loss, make_norm, random_batch
@@ -388,6 +388,7 @@ def plot_bandwidth_mark(big: pd.DataFrame, mark, comparable: bool, title: str = 
             ax.plot(part["H"], part["GBps"], marker="o", label=impl)
         draw_mark(ax, mark, comparable)
         ax.set(xscale="log", yscale="log", xlabel="H (columns)", ylabel="achieved GB/s", title=f"{pass_}, float32")
+        log_ticks(ax, sorted(f32["H"].unique()))
     axes[0].legend(fontsize=7)
     fig.suptitle(title or "RMSNorm bandwidth against the published mark", fontsize=10)
     fig.tight_layout()
