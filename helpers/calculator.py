@@ -97,14 +97,17 @@ def _check_signature(fn: Callable, inputs: list[Choices]) -> None:
 
 
 def _evaluate(fn: Callable, kwargs: dict):
-    """fn(**kwargs), which must be a DataFrame or a Styler; the failing combination is named otherwise."""
+    """fn(**kwargs), which must be a DataFrame, a Styler, or rows as plain data ({row label: {column: value}}, shown
+    with floats to 3 decimals); the failing combination is named otherwise."""
     try:
         result = fn(**kwargs)
     except Exception as e:
         raise ValueError(f"{getattr(fn, '__name__', fn)}(**{kwargs}) failed: {e}") from e
+    if isinstance(result, dict) and all(isinstance(row, dict) for row in result.values()):
+        result = pd.DataFrame.from_dict(result, orient="index").round(3)
     if not isinstance(result, pd.DataFrame) and not isinstance(getattr(result, "data", None), pd.DataFrame):
         raise TypeError(f"{getattr(fn, '__name__', fn)}(**{kwargs}) returned a {type(result).__name__}; a calculator "
-                        "shows pandas DataFrames or Stylers")
+                        "shows pandas DataFrames, Stylers or {row: {column: value}} dicts")
     return result
 
 

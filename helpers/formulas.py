@@ -429,3 +429,168 @@ def xxl_compute_bound_tokens(n_tp: int, C: float = TPU_V5P_LIKE["C"], W: float =
     """Forward, FSDP x TP: per-device tokens above which a block's matmuls (4 b d f / n_tp per FSDP replica's b
     tokens) outlast the weights' all-gather (~4 d f / n_tp bytes): b / n_tp >= C / (W n_tp)."""
     return C / (W * n_tp)
+
+
+# ---- the 2026 leaderboard as a plan (notebook 07 §8) ----
+# A Llama-like model: per block RMSNorm, q/k/v/o projections (4d²), causal FlashAttention (saves O and one fp32
+# logsumexp per row and head, never the T × T scores), RMSNorm, SwiGLU (3·d·d_ff); untied embedding and LM head.
+# bf16 compute (weights, activations and gradients in bf16) with fp32 master weights and AdamW moments (12 B/param).
+
+LEADERBOARD_MODEL = dict(d_model=4096, d_ff=11_008, n_layers=34, n_heads=32, vocab_size=151_936,
+                         context_length=32_768, batch_size=2, world_size=2)
+LEADERBOARD_GPUS = {  # usable memory (bytes), dense bf16 FLOP/s, GPU-to-GPU link bytes/s each way (NVIDIA datasheets)
+    "H100 80 GB": dict(memory=80e9, flops=989e12, link=450e9),  # NVLink 4: 900 GB/s both ways
+    "H200 141 GB": dict(memory=141e9, flops=989e12, link=450e9),
+    "B200 ~180 GB": dict(memory=180e9, flops=2.25e15, link=900e9),  # NVLink 5: 1.8 TB/s both ways
+}
+LEADERBOARD_MFU = 0.40  # the stated utilisation of the matmuls (an assumption, not a measurement)
+PLAN_STRATEGIES = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "FSDP": 3}  # strategy -> ZeRO stage
+PLAN_CHECKPOINTING = ("none", "every block", "sqrt(L) segments")
+
+
+def llama_params(*, d_model: int, d_ff: int, n_layers: int, vocab_size: int, **_) -> dict[str, int]:
+    """Parameters of the Llama-like model per part: blocks (4d² + 3·d·d_ff + 2d each), embedding, head, final norm."""
+    return {"blocks": n_layers * (4 * d_model**2 + 3 * d_model * d_ff + 2 * d_model),
+            "embedding": vocab_size * d_model, "lm_head": vocab_size * d_model, "final norm": d_model}
+
+
+def llama_block_saved_bytes(*, d_model: int, d_ff: int, n_heads: int, tokens: int, bytes_per_element: int = 2) -> int:
+    """Bytes one block saves for backward: per token 10 d + 4 d_ff elements + two norm rsqrt values, and one fp32
+    logsumexp per head. The 10 d: each norm's input, normalised x and gained output (6 d); q, k, v and O (4 d; the
+    attention output is laid out (B, T, H, d_head), so the output projection reads it without a copy). The 4 d_ff:
+    x W1, x W3, silu(x W1) and their product."""
+    return tokens * ((10 * d_model + 4 * d_ff + 2) * bytes_per_element + 4 * n_heads)
+
+
+def llama_head_bytes(*, d_model: int, vocab_size: int, tokens: int, bytes_per_element: int = 2) -> dict[str, int]:
+    """The head's saved tensors (final norm: input, normalised x, output, rsqrt; the log-probabilities) and the two
+    (tokens, V) gradient buffers live as backward starts."""
+    e = bytes_per_element
+    return {"saved": tokens * ((3 * d_model + 1 + vocab_size) * e), "loss gradients": 2 * tokens * vocab_size * e}
+
+
+def llama_train_flops(*, d_model: int, d_ff: int, n_layers: int, vocab_size: int, context_length: int,
+                      batch_size: int, segments: int = 0, causal_fraction: float = 0.5, **_) -> int:
+    """Matmul FLOPs of one forward + backward (backward = 2x forward) and, with the blocks checkpointed in `segments`
+    segments, their forward once more, less each segment's last down-projection (torch's non-reentrant checkpoint stops
+    once the last saved tensor is rebuilt). Attention: 2·2·B·T²·d per layer, times causal_fraction (0.5: a causal
+    kernel skips the masked half; 1.0: the full square, as computed by plain matmuls)."""
+    tokens = batch_size * context_length
+    blocks = n_layers * (2 * tokens * (4 * d_model**2 + 3 * d_model * d_ff)
+                         + causal_fraction * 4 * batch_size * context_length**2 * d_model)
+    head = 2 * tokens * vocab_size * d_model
+    recompute = blocks - segments * 2 * tokens * d_model * d_ff if segments else 0
+    return int(3 * (blocks + head) + recompute)
+
+
+def leaderboard_plan(model: dict | None = None, gpus: dict | None = None, mfu: float = LEADERBOARD_MFU,
+                     bytes_per_element: int = 2) -> list[dict]:
+    """Every strategy (DDP, ZeRO-1, ZeRO-2, FSDP) × activation checkpointing (none, every block, √L segments): memory
+    per GPU (GB = 1e9 bytes) and whether it fits each GPU, FLOPs per step, and the predicted step time per GPU kind:
+    compute at `mfu` plus the communication that cannot overlap. Not overlappable: the collective on the last
+    gradients backward makes (the embedding's), ZeRO-1/2's parameter all-gather after the step, FSDP's first gather;
+    and whatever of the total communication outlasts the compute. bf16 compute (bytes_per_element: the activations'
+    dtype; 4 for an fp32 run, whose 4 + 4 + 8 bytes of state per parameter equal mixed precision's 2 + 2 + 12)."""
+    m = {**LEADERBOARD_MODEL, **(model or {})}
+    gpus = gpus or LEADERBOARD_GPUS
+    N, L, d = m["world_size"], m["n_layers"], m["d_model"]
+    if m["batch_size"] % N:
+        raise ValueError(f"batch_size {m['batch_size']} must be a multiple of world_size {N} (one share per GPU)")
+    parts = llama_params(**m)
+    psi, block_psi = sum(parts.values()), parts["blocks"] // L
+    tokens = m["batch_size"] // N * m["context_length"]  # per GPU
+    e = bytes_per_element
+    A = llama_block_saved_bytes(d_model=d, d_ff=m["d_ff"], n_heads=m["n_heads"], tokens=tokens, bytes_per_element=e)
+    I = tokens * d * e  # a block's input
+    head = llama_head_bytes(d_model=d, vocab_size=m["vocab_size"], tokens=tokens, bytes_per_element=e)
+    ring = (N - 1) / N
+    rows = []
+    for strategy, stage in PLAN_STRATEGIES.items():
+        states = {"bf16 weights": 2 * psi / (N if stage >= 3 else 1),
+                  "bf16 gradients": 2 * psi / (N if stage >= 2 else 1),
+                  "fp32 master + AdamW": 12 * psi / (N if stage >= 1 else 1)}
+        gathered = 2 * 2 * max(block_psi, parts["lm_head"]) if stage == 3 else 0  # two units in flight, bf16
+        sent = (3 if stage == 3 else 2) * ring * 2 * psi  # bytes each GPU sends per step
+        tail = ring * 2 * parts["embedding"] * (2 if stage == 0 else 1)  # the embedding's all-reduce / reduce-scatter
+        exposed = tail + (ring * 2 * psi if stage in (1, 2) else 0) + (ring * 2 * parts["embedding"] if stage == 3
+                                                                          else 0)
+        for ckpt in PLAN_CHECKPOINTING:
+            segment = {"none": 0, "every block": 1, "sqrt(L) segments": max(1, round(math.sqrt(L)))}[ckpt]
+            acts = checkpoint_memory(L, segment, I, A)
+            total = sum(states.values()) + gathered + acts + sum(head.values())
+            flops = llama_train_flops(**m, segments=math.ceil(L / segment) if segment else 0)
+            step = {}
+            for name, g in gpus.items():
+                compute = flops / N / (mfu * g["flops"])
+                step[name] = compute + max(exposed / g["link"], sent / g["link"] - compute)
+            rows.append({"strategy": strategy, "checkpointing": ckpt, "segment": segment, "params": psi,
+                         **{f"{k} (GB)": v / 1e9 for k, v in states.items()}, "gathered (GB)": gathered / 1e9,
+                         "activations (GB)": acts / 1e9, "head + loss (GB)": sum(head.values()) / 1e9,
+                         "memory_GB": total / 1e9, "fits": {k: total <= g["memory"] for k, g in gpus.items()},
+                         "flops": flops, "sent_GB": sent / 1e9, "step_s": step})
+    return rows
+
+
+def fastest_plan(plan: list[dict], gpu: str) -> dict | None:
+    """The row of leaderboard_plan with the lowest predicted step time on `gpu` among those that fit; None if none."""
+    fits = [r for r in plan if r["fits"][gpu]]
+    return min(fits, key=lambda r: r["step_s"][gpu]) if fits else None
+
+
+# ---- the memory calculator with presets, recomputation, micro-batches and pipeline stages (notebook 07 §7) ----
+# Activations per layer per micro-batch of b sequences of s tokens, hidden h, a heads, 16-bit, GPT-style block
+# (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"): none s·b·h·(34 + 5as/h),
+# selective (attention's softmax recomputed) 34·s·b·h, full (only each layer's input kept) 2·s·b·h bytes.
+
+CALCULATOR_PRESETS = {  # d_model, d_ff, n_layers, n_heads, vocab_size, context_length; ffn matrices (2 GELU, 3 SwiGLU)
+    **{name: dict(d_model=c.d_model, d_ff=c.d_ff, n_layers=c.n_layers, n_heads=c.n_heads, vocab_size=c.vocab_size,
+                  context_length=c.context_length, ffn_matrices=2)
+       for name, c in ((n, get_config(n)) for n in ("small", "xl", "2.7B"))},
+    # full multi-head attention: 8.8 B parameters; Llama 3's grouped-query attention has 8.0 B
+    "Llama-3-8B-like (MHA)": dict(d_model=4096, d_ff=14_336, n_layers=32, n_heads=32, vocab_size=128_256,
+                                  context_length=8192, ffn_matrices=3),
+    "2026 leaderboard": dict(**{k: LEADERBOARD_MODEL[k] for k in ("d_model", "d_ff", "n_layers", "n_heads",
+                                                                  "vocab_size", "context_length")}, ffn_matrices=3),
+}
+RECOMPUTATION = ("none", "selective", "full")
+
+
+def preset_params(preset: str) -> int:
+    """Parameters of a calculator preset: blocks (4d² attention + ffn_matrices·d·d_ff), untied embedding and head."""
+    p = CALCULATOR_PRESETS[preset]
+    return p["n_layers"] * (4 * p["d_model"] ** 2 + p["ffn_matrices"] * p["d_model"] * p["d_ff"]) \
+        + 2 * p["vocab_size"] * p["d_model"]
+
+
+def layer_activation_bytes(preset: str, micro_batch: int, recompute: str) -> float:
+    """Bytes one layer keeps for backward per micro-batch (Korthikanti et al., 2022), by recomputation."""
+    p = CALCULATOR_PRESETS[preset]
+    s, h, a = p["context_length"], p["d_model"], p["n_heads"]
+    per = {"none": 34 + 5 * a * s / h, "selective": 34, "full": 2}
+    if recompute not in per:
+        raise ValueError(f"recompute must be one of {RECOMPUTATION}, got {recompute!r}")
+    return s * micro_batch * h * per[recompute]
+
+
+def memory_calculator(preset: str, dp: int, pp: int, micro_batch: int, n_micro: int, recompute: str
+                      ) -> dict[str, dict[str, float]]:
+    """Per ZeRO stage, GB (1e9 bytes) per GPU with mixed precision and Adam (2 + 2 + 12 bytes per parameter, sharded
+    over the dp replicas by stage; layers split over pp stages) and the activations of the first pipeline stage, which
+    keeps min(pp, n_micro) micro-batches in flight (1F1B); with the pipeline's bubble fraction (pp−1)/(n_micro+pp−1)
+    and the global batch, dp · micro_batch · n_micro sequences."""
+    if preset not in CALCULATOR_PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {list(CALCULATOR_PRESETS)}")
+    if min(dp, pp, micro_batch, n_micro) < 1:
+        raise ValueError("dp, pp, micro_batch and n_micro must be at least 1")
+    psi = preset_params(preset) / pp
+    layers = math.ceil(CALCULATOR_PRESETS[preset]["n_layers"] / pp)
+    acts = layers * min(pp, n_micro) * layer_activation_bytes(preset, micro_batch, recompute)
+    bubble = (pp - 1) / (n_micro + pp - 1)
+    out = {}
+    for stage in range(4):
+        states = psi * (2 / (dp if stage >= 3 else 1) + 2 / (dp if stage >= 2 else 1) + 12 / (dp if stage >= 1 else 1))
+        out[f"ZeRO-{stage}" if stage else "DDP (ZeRO-0)"] = {
+            "parameters per GPU (B)": psi / dp ** (stage >= 3) / 1e9, "model states (GB)": states / 1e9,
+            "activations (GB)": acts / 1e9, "total (GB)": (states + acts) / 1e9, "pipeline bubble": bubble,
+            "global batch (sequences)": dp * micro_batch * n_micro}
+    return out

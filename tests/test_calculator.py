@@ -119,9 +119,39 @@ def test_bad_inputs_get_clear_errors(inputs, default, message):
 
 def test_bad_results_name_the_combination():
     with pytest.raises(TypeError, match=r"returned a dict; a calculator shows pandas DataFrames"):
-        Calculator(lambda n: {"n": n}, {"n": [1, 2]})
+        Calculator(lambda n: {"n": n}, {"n": [1, 2]})  # a dict, but not of rows
     with pytest.raises(ValueError, match=r"\(\*\*\{'n': 0\}\) failed: division by zero"):
         Calculator(lambda n: pd.DataFrame({"x": [1 / n]}), {"n": [1, 0]})
+
+
+def test_rows_as_plain_data_become_a_table():
+    calc = Calculator(lambda n: {"a": {"x": n / 3}, "b": {"x": 2.0}}, {"n": [1, 2]})
+    pd.testing.assert_frame_equal(calc.table(n=1), pd.DataFrame({"x": [0.333, 2.0]}, index=["a", "b"]))
+
+
+def test_the_memory_calculator_with_presets_recomputation_and_pipeline():
+    """formulas.memory_calculator: sharding and pipeline stages divide the states, recomputation cuts activations in
+    the published ratios (Korthikanti et al., 2022), 1F1B keeps min(pp, m) micro-batches, the bubble (pp-1)/(m+pp-1)."""
+    from helpers import formulas as F
+
+    assert {"small", "xl", "2.7B", "2026 leaderboard"} <= set(F.CALCULATOR_PRESETS)
+    assert F.preset_params("2026 leaderboard") + F.LEADERBOARD_MODEL["d_model"] * (2 * 34 + 1) == sum(
+        F.llama_params(**F.LEADERBOARD_MODEL).values())  # the same model less its norm gains
+    base = dict(preset="Llama-3-8B-like (MHA)", dp=8, pp=1, micro_batch=1, n_micro=8)
+    none, sel, full = (F.memory_calculator(**base, recompute=r) for r in F.RECOMPUTATION)
+    psi = F.preset_params("Llama-3-8B-like (MHA)")
+    assert none["DDP (ZeRO-0)"]["model states (GB)"] == pytest.approx(16 * psi / 1e9)
+    assert none["ZeRO-3"]["model states (GB)"] == pytest.approx(16 * psi / 8 / 1e9)
+    assert sel["ZeRO-1"]["activations (GB)"] / full["ZeRO-1"]["activations (GB)"] == pytest.approx(17)  # 34 / 2
+    assert none["ZeRO-1"]["activations (GB)"] > sel["ZeRO-1"]["activations (GB)"]
+    piped = F.memory_calculator(**{**base, "pp": 4}, recompute="full")
+    assert piped["DDP (ZeRO-0)"]["model states (GB)"] == pytest.approx(16 * psi / 4 / 1e9)
+    assert piped["DDP (ZeRO-0)"]["pipeline bubble"] == pytest.approx(3 / 11)
+    assert piped["DDP (ZeRO-0)"]["activations (GB)"] == pytest.approx(full["DDP (ZeRO-0)"]["activations (GB)"])
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        F.memory_calculator(**base, recompute="some")
+    with pytest.raises(ValueError, match="unknown preset"):
+        F.memory_calculator(**{**base, "preset": "gpt-5"}, recompute="full")
 
 
 def test_styler_results_render_and_table_returns_the_data():
@@ -175,6 +205,32 @@ def test_two_calculators_on_one_page_work_offline_and_apart(tmp_path):
         assert out[a].get_attribute("innerHTML") == compact(table_of("small", 8, "fp32"))
         assert out[b].get_attribute("innerHTML") == b_before == compact(table_of("xl", 1, "mixed"))  # untouched
         assert browser.exercise_calc(driver, b) == {name: True for name in INPUTS}
+        assert browser.console_errors(driver) == [] and browser.remote_requests(driver) == []
+    finally:
+        driver.quit()
+
+
+def test_the_memory_calculator_reacts_to_every_input_in_chromium(tmp_path):
+    """Notebook 07's presets × recomputation × micro-batch × pipeline calculator, offline: every input changes the
+    table from the notebook's default choice (a smaller grid of the same inputs, to keep the test cheap)."""
+    browser = pytest.importorskip("browser", reason="tests/browser.py (headless Chromium helpers)")
+    if not (browser.CHROMIUM and browser.CHROMEDRIVER):
+        pytest.skip("no Chromium/chromedriver on PATH")
+    from selenium.webdriver.common.by import By
+
+    from helpers import formulas as F
+
+    inputs = {"preset": ["xl", "Llama-3-8B-like (MHA)", "2026 leaderboard"], "dp": [1, 8], "pp": [1, 4],
+              "micro_batch": [1, 2], "n_micro": [4, 16], "recompute": list(F.RECOMPUTATION)}
+    calc = Calculator(F.memory_calculator, inputs, default={"preset": "Llama-3-8B-like (MHA)", "dp": 8, "pp": 4,
+                                                            "n_micro": 4, "recompute": "selective"})
+    path = tmp_path / "memory.html"
+    path.write_text(f'<!doctype html><html><head><meta charset="utf-8"></head><body>{calc._repr_html_()}</body>'
+                    "</html>", encoding="utf-8")
+    driver = browser.start_chrome(offline=True)
+    try:
+        browser.visit(driver, path.as_uri())
+        assert browser.exercise_calc(driver, driver.find_element(By.CSS_SELECTOR, ".calc")) == {n: True for n in inputs}
         assert browser.console_errors(driver) == [] and browser.remote_requests(driver) == []
     finally:
         driver.quit()

@@ -390,3 +390,36 @@ def bench_main(argv: list[str]) -> int:
     path = save_results(df, "attention_bench", profile="gpu" if cuda else "cpu")
     print(f"saved {len(df)} rows to {path}")
     return 0
+
+
+# ---- the published 2025 leaderboard marks beside this machine's times (notebook 06) ----
+
+def plot_leaderboard_marks(rows: pd.DataFrame, marks, comparable: bool, title: str = ""):
+    """fwd+bwd median ms per implementation (the leaderboard's rows on a GPU; on a CPU the section 4 rows at this
+    profile's shape), with the published marks as labelled lines: compared only at the leaderboard's shape."""
+    import matplotlib.pyplot as plt
+
+    from helpers.published import draw_mark
+
+    part = rows[rows["pass"] == "fwd+bwd"] if "pass" in rows else rows
+    ms = part.groupby("impl")["median_ms"].median().sort_values()
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    ax.bar(range(len(ms)), ms.to_numpy(), color="#4a7")
+    for m, style in zip(marks, ("--", ":")):
+        draw_mark(ax, m, comparable, style=style)
+    ax.set_xticks(range(len(ms)), ms.index)
+    ax.set(yscale="log", ylabel="fwd+bwd median (ms)", title=title or "causal attention fwd+bwd and the 2025 leaderboard")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def leaderboard_mark_table(rows: pd.DataFrame, marks, comparable: bool) -> pd.DataFrame:
+    """Beside the plot: median ms per implementation and, at the leaderboard's shape, its "% of" each mark's speed."""
+    from helpers.published import share_column
+
+    part = rows[rows["pass"] == "fwd+bwd"] if "pass" in rows else rows
+    t = part.groupby("impl")["median_ms"].median().to_frame()
+    for m in marks:
+        t[f"% of {m.label}"] = share_column(t["median_ms"], m, comparable)
+    return t

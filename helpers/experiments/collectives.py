@@ -257,9 +257,16 @@ def fit_table(df: pd.DataFrame, keys=("backend", "device", "world_size", "op"), 
     return pd.DataFrame(rows)
 
 
-def plot_collectives(df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str = "all_reduce", title: str = ""):
-    """Log-log time (median, quartile bars) and busbw vs size, one line per (backend, device, world_size); fits dashed."""
+def plot_collectives(df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str = "all_reduce", title: str = "",
+                     marks=None):
+    """Log-log time (median, quartile bars) and busbw vs size, one line per (backend, device, world_size); fits dashed.
+    marks: published busbw marks drawn on the busbw panel (default: NCCL's on H100 NVLink for all_reduce), compared
+    only when NCCL on CUDA was measured."""
     import matplotlib.pyplot as plt
+
+    from helpers.published import MARKS, draw_mark
+
+    marks = ([MARKS["nccl_allreduce_h100"]] if op == "all_reduce" else []) if marks is None else marks
 
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
     part = df[df["op"] == op]
@@ -276,12 +283,29 @@ def plot_collectives(df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str
                 ax_t.plot(xs, match.iloc[0]["fit"].predict(xs), "--", color=color)
     ax_t.set(xscale="log", yscale="log", xlabel="size (bytes)", ylabel="time (s)",
              title=f"{op}: median, quartile bars; dashed: α–β fit")
-    ax_b.set(xscale="log", xlabel="size (bytes)", ylabel="busbw (GB/s)", title=f"{op}: bus bandwidth")
-    ax_b.legend(fontsize=8)
+    nccl = bool(((part["backend"] == "nccl") & (part["device"] == "cuda")).any())
+    for m in marks:
+        draw_mark(ax_b, m, comparable=nccl)
+    ax_b.set(xscale="log", yscale="log" if marks else "linear", xlabel="size (bytes)", ylabel="busbw (GB/s)",
+             title=f"{op}: bus bandwidth")
+    ax_b.legend(fontsize=7)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def mark_table(df: pd.DataFrame, mark=None, op: str = "all_reduce") -> pd.DataFrame:
+    """Beside the plot: per (backend, device, world_size) the best busbw measured and its "% of mark" (NCCL on CUDA
+    only; other backends and devices are not compared with a GPU figure)."""
+    from helpers.published import MARKS, share_column
+
+    mark = mark or MARKS["nccl_allreduce_h100"]
+    part = df[(df["op"] == op) & (df["wrong"] == 0)]
+    best = part.groupby(["backend", "device", "world_size"])["busbw_GBps"].max().reset_index()
+    comparable = (best["backend"] == "nccl") & (best["device"] == "cuda")
+    best[f"% of mark ({mark.label})"] = [share_column([v], mark, c)[0] for v, c in zip(best["busbw_GBps"], comparable)]
+    return best.set_index(["backend", "device", "world_size"])
 
 
 # ---- comparisons that know their noise ----

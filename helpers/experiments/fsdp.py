@@ -755,3 +755,38 @@ def bench_main(argv: list[str]) -> int:
           f"{ours['median_ms']:.1f} vs {theirs['median_ms']:.1f} ms; per-rank peak {ours['peak_MiB']:.2f} vs "
           f"{theirs['peak_MiB']:.2f} MiB (helpers.memory.track)")
     return 0
+
+
+# ---- 8 · the 2026 leaderboard as a plan (formulas.leaderboard_plan), with the published marks ----
+
+def plan_table(plan: list[dict], marks=()) -> pd.DataFrame:
+    """One row per strategy × checkpointing: GB per GPU, fits per GPU, predicted step seconds per GPU, and for each
+    mark (helpers.published, a time) the share of its speed the plan would reach on the B200 (notebook 07 §8)."""
+    rows = []
+    for r in plan:
+        row = {"strategy": r["strategy"], "checkpointing": r["checkpointing"], "GB per GPU": r["memory_GB"],
+               "TFLOP per step": r["flops"] / 1e12}
+        row.update({f"fits {g}": ok for g, ok in r["fits"].items()})
+        row.update({f"step s, {g}": s for g, s in r["step_s"].items()})
+        b200 = next(g for g in r["step_s"] if g.startswith("B200"))
+        row.update({f"% of {m.name}": round(100 * m.share(r["step_s"][b200] * 1e3), 1) for m in marks})
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(["strategy", "checkpointing"])
+
+
+def plot_plan(plan: list[dict], marks=(), gpu: str = "B200 ~180 GB", title: str = ""):
+    """Predicted step time of each plan on `gpu` (grey: does not fit), with the published marks as lines labelled
+    with their source and year."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    labels = [f"{r['strategy']}\n{r['checkpointing']}" for r in plan]
+    colors = ["#4a7" if r["fits"][gpu] else "#ccc" for r in plan]
+    ax.bar(range(len(plan)), [r["step_s"][gpu] for r in plan], color=colors, edgecolor="#555")
+    for m, style in zip(marks, ("--", ":", "-.")):
+        ax.axhline(m.value / 1e3, color="#c33", linestyle=style, label=m.label)
+    ax.set_xticks(range(len(plan)), labels, fontsize=7, rotation=90)
+    ax.set(ylabel="predicted step (s)", title=title or f"2026 leaderboard plans on 2× {gpu} (grey: does not fit)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from helpers.experiments.common import positive_int, variant_runs
+from helpers.experiments.common import log_ticks, positive_int, variant_runs
 from helpers.formulas import norm_bytes
 from helpers.env import triton_mode
 from helpers.model import ModelConfig, build_model, lm_loss, make_norm, random_batch
@@ -371,3 +371,36 @@ def bench_main(argv: list[str]) -> int:
     print(f"RMSNorm on {device} ({torch.cuda.get_device_name() if cuda else 'cpu'}), {args.rows} rows, {args.dtype}")
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return 0
+
+
+# ---- the published mark: what the best memory-bound kernels reach on an H100 (notebook 02) ----
+
+def plot_bandwidth_mark(big: pd.DataFrame, mark, comparable: bool, title: str = ""):
+    """Achieved GB/s per implementation vs H (float32, forward and forward+backward), with the published mark drawn
+    as a labelled line (helpers.published): compared only on the device it was measured on."""
+    import matplotlib.pyplot as plt
+
+    from helpers.published import draw_mark
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    f32 = big[big["dtype"] == "float32"]
+    for ax, pass_ in zip(axes, ("fwd", "fwd+bwd")):
+        for impl, part in f32[f32["pass"] == pass_].groupby("impl"):
+            part = part.sort_values("H")
+            ax.plot(part["H"], part["GBps"], marker="o", label=impl)
+        draw_mark(ax, mark, comparable)
+        ax.set(xscale="log", yscale="log", xlabel="H (columns)", ylabel="achieved GB/s", title=f"{pass_}, float32")
+        log_ticks(ax, sorted(f32["H"].unique()))
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title or "RMSNorm bandwidth against the published mark", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def bandwidth_mark_table(big: pd.DataFrame, mark, comparable: bool) -> pd.DataFrame:
+    """Beside the plot: the best GB/s per implementation and pass, and its "% of mark" where comparable."""
+    from helpers.published import share_column
+
+    best = big.groupby(["dtype", "pass", "impl"])["GBps"].max().reset_index()
+    best[f"% of mark ({mark.label})"] = share_column(best["GBps"], mark, comparable)
+    return best.set_index(["dtype", "pass", "impl"])

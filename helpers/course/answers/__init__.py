@@ -1,0 +1,18 @@
+"""The answers page (writeups/answers.html): every question of the course's three editions, answered in a sentence or
+two from the results this machine saved (`helpers.results`), grouped by edition and named as each edition names them.
+
+    write_page(Path("writeups/answers.html"), profile="cpu")   # after the notebooks ran; reads data/local/<device>/
+    QUESTIONS                                                  # every edition's questions (rows of core.Question)
+
+One module per notebook holds its questions (rows of data) and the functions that answer them; `core` holds what they
+share (reading saved results, the comparison sentences), `page` the HTML. A question two editions share is one row with
+both years: answered once, listed under both.
+"""
+from helpers.course.answers import nb01, nb02, nb03, nb04, nb05, nb06, nb07  # noqa: F401  (each registers its rows)
+from helpers.course.answers.core import (ANSWERS, BY_NUMBER, QUESTIONS, WRITEUP, ZERO1, Answer, Answered, NotMeasured,
+                                         Question, Reference, Saved, answer, answers, compare_text, series_text)
+from helpers.course.answers.page import EDITIONS, NOTEBOOKS, render, write_page
+
+__all__ = ["ANSWERS", "BY_NUMBER", "EDITIONS", "NOTEBOOKS", "QUESTIONS", "WRITEUP", "ZERO1", "Answer", "Answered",
+           "NotMeasured", "Question", "Reference", "Saved", "answer", "answers", "compare_text", "render",
+           "series_text", "write_page"]
