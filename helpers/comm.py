@@ -93,13 +93,15 @@ _COUNTED = {"all_reduce": ("all_reduce", 0, "tensor"), "broadcast": ("broadcast"
             "all_gather_into_tensor": ("all_gather", 0, "output_tensor"),
             "all_gather_single": ("all_gather", 0, "output"),
             "reduce_scatter_tensor": ("reduce_scatter", 1, "input"),
-            "reduce_scatter_single": ("reduce_scatter", 1, "input")}
+            "reduce_scatter_single": ("reduce_scatter", 1, "input"),
+            "all_gather": ("all_gather", 0, "tensor_list"),  # the list forms, as many students write them
+            "reduce_scatter": ("reduce_scatter", 1, "input_list")}
 
 
 @contextlib.contextmanager
 def count_collectives():
     """Record (op, bytes) for each collective called through torch.distributed while active: the all-reduce and
-    broadcast buffer, the all-gather output, the reduce-scatter input (nccl-tests' sizes)."""
+    broadcast buffer, the all-gather output, the reduce-scatter input (nccl-tests' sizes); the list forms summed."""
     log, saved = [], {}
     for name, (op, pos, key) in _COUNTED.items():
         if not hasattr(dist, name):
@@ -108,7 +110,8 @@ def count_collectives():
 
         def counting(*args, _fn=fn, _op=op, _pos=pos, _key=key, **kwargs):
             t = args[_pos] if len(args) > _pos else kwargs[_key]
-            log.append((_op, t.numel() * t.element_size()))
+            parts = t if isinstance(t, (list, tuple)) else [t]
+            log.append((_op, sum(x.numel() * x.element_size() for x in parts)))
             return _fn(*args, **kwargs)
         setattr(dist, name, counting)
     try:

@@ -175,3 +175,15 @@ def test_a_worker_that_showed_a_progress_bar_leaks_no_semaphore(tmp_path):
     run = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0 and "leaked" not in run.stderr, run.stderr[-2000:]
+
+
+def test_count_collectives_counts_the_tensor_and_the_list_forms(one_rank):
+    from helpers.comm import count_collectives
+
+    t = torch.ones(6)  # 24 bytes
+    with count_collectives() as log:
+        dist.all_reduce(t)
+        dist.all_gather_into_tensor(torch.empty(6), t)
+        dist.all_gather([torch.empty(6)], t)
+        dist.reduce_scatter_tensor(torch.empty(6), t)
+    assert log == [("all_reduce", 24), ("all_gather", 24), ("all_gather", 24), ("reduce_scatter", 24)]

@@ -12,7 +12,6 @@ experiments.ddp / sharding / fsdp), called with the student's implementation in 
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import re
@@ -513,34 +512,13 @@ def _student_fsdp(fns: dict) -> XF.FsdpImpl:
                        gather_full_params=gathered)
 
 
-@contextlib.contextmanager
-def _counting():
-    """helpers.comm.count_collectives, plus the list forms dist.all_gather / dist.reduce_scatter (many students')."""
-    with count_collectives() as log:
-        saved = {name: getattr(dist, name) for name in ("all_gather", "reduce_scatter")}
-
-        def all_gather(tensor_list, tensor, *args, **kwargs):
-            log.append(("all_gather", sum(t.numel() * t.element_size() for t in tensor_list)))
-            return saved["all_gather"](tensor_list, tensor, *args, **kwargs)
-
-        def reduce_scatter(output, input_list, *args, **kwargs):
-            log.append(("reduce_scatter", sum(t.numel() * t.element_size() for t in input_list)))
-            return saved["reduce_scatter"](output, input_list, *args, **kwargs)
-        dist.all_gather, dist.reduce_scatter = all_gather, reduce_scatter
-        try:
-            yield log
-        finally:
-            for name, fn in saved.items():
-                setattr(dist, name, fn)
-
-
 def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
     """One fp32 AdamW step of a fresh model (yours or ours): the collectives it called and its peak above its start."""
     cfg = FSDP_CHECK
     net, grad_sync, opt = XF.build_kind(kind, cfg["model"], impl=impl)
     x, y = rank_share(make_batches(cfg["model"], 1, cfg["batch_size"], cfg["context_length"], 0)[0])
     XF.step(net, grad_sync, opt, x, y)  # the first step records call orders, makes optimizer state
-    with _counting() as log:
+    with count_collectives() as log:
         XF.step(net, grad_sync, opt, x, y)
     return list(log)
 
