@@ -355,6 +355,21 @@ def _function_class(adapter: A.Adapter, name: str):
     return cls
 
 
+def _function_checks(adapter: A.Adapter, suites) -> tuple[object, list[Check]]:
+    """An adapter that returns an autograd.Function: (its apply or None, the checks), each suite a ({property:
+    cases}, check(apply, case)) pair; a wrong return kind is an ERROR, NotImplementedError 'not implemented'."""
+    topic, impl = adapter.topic, adapter.impl
+    try:
+        cls = _function_class(adapter, A.ADAPTERS[topic][impl][0])
+    except Exception as exc:  # noqa: BLE001 - the student's getter raised or returned the wrong kind
+        return None, [Check(topic, impl, "returns an autograd.Function", ERROR, str(exc))]
+    if cls is A.NOT_IMPLEMENTED:
+        return None, [Check(topic, impl, "implemented", NOT_IMPLEMENTED)]
+    checks = [c for properties, check in suites
+              for c in _run_properties(topic, impl, properties, lambda case, check=check: check(cls.apply, case))]
+    return cls.apply, checks
+
+
 def _run_properties(topic: str, impl: str, properties: dict, check) -> list[Check]:
     """One Check per property: the first failing case's detail, or pass; an exception in student code is ERROR."""
     out = []
@@ -441,17 +456,10 @@ def rmsnorm_worker(adapters_path: str, opts: Options) -> TopicResult:
             res.checks += _run_properties("rmsnorm", adapter.impl, props,
                                           lambda c: check_norm_backward(fn, which, c))
             continue
-        try:
-            cls = _function_class(adapter, name)
-        except Exception as exc:  # noqa: BLE001
-            res.checks.append(Check("rmsnorm", adapter.impl, "returns an autograd.Function", ERROR, str(exc)))
-            continue
-        if cls is A.NOT_IMPLEMENTED:
-            res.checks.append(Check("rmsnorm", adapter.impl, "implemented", NOT_IMPLEMENTED))
-            continue
-        yours[adapter.impl] = cls.apply
-        res.checks += _run_properties("rmsnorm", adapter.impl, NORM_PROPERTIES,
-                                      lambda c, f=cls.apply: check_norm_function(f, c))
+        apply, checks = _function_checks(adapter, [(NORM_PROPERTIES, check_norm_function)])
+        res.checks += checks
+        if apply is not None:
+            yours[adapter.impl] = apply
     rows, H = (1024, 1024) if opts.profile == "cpu" else (50_000, 4096)
     dtype = torch.float32 if opts.profile == "cpu" else torch.bfloat16
     if opts.timed:
@@ -506,20 +514,11 @@ def attention_worker(adapters_path: str, opts: Options) -> TopicResult:
         if absent:
             res.checks.append(absent)
             continue
-        try:
-            cls = _function_class(adapter, name)
-        except Exception as exc:  # noqa: BLE001
-            res.checks.append(Check("attention", adapter.impl, "returns an autograd.Function", ERROR, str(exc)))
-            continue
-        if cls is A.NOT_IMPLEMENTED:
-            res.checks.append(Check("attention", adapter.impl, "implemented", NOT_IMPLEMENTED))
-            continue
-        yours[adapter.impl] = cls.apply
-        res.checks += _run_properties("attention", adapter.impl, ATTN_PROPERTIES,
-                                      lambda c, f=cls.apply: check_attn_function(f, c))
-        res.checks += _run_properties("attention", adapter.impl,
-                                      {"exactly one logsumexp saved for backward, nothing T x T": [LSE_CASE]},
-                                      lambda c, f=cls.apply: check_lse_saved(f, c))
+        lse = {"exactly one logsumexp saved for backward, nothing T x T": [LSE_CASE]}
+        apply, checks = _function_checks(adapter, [(ATTN_PROPERTIES, check_attn_function), (lse, check_lse_saved)])
+        res.checks += checks
+        if apply is not None:
+            yours[adapter.impl] = apply
     ours = {"pytorch": FlashAttentionPyTorch.apply, "triton": FlashAttentionTriton.apply}
     if opts.timed:
         res.rows += attn_timing(yours, opts=opts, ours=ours)
