@@ -221,3 +221,44 @@ def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None 
     state = [t for s in (optimizer.state.values() if optimizer else []) for t in s.values()
              if isinstance(t, torch.Tensor)]
     return list(model.parameters()) + list(model.buffers()) + state + list(batch)
+
+
+class _StorageWatch(TorchDispatchMode):
+    """Live bytes of every storage seen (op outputs and `existing`), re-read after each op: a storage grown or
+    emptied in place with untyped_storage().resize_ (no op reports that) counts at its size now."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages, self.current, self.peak = {}, 0, 0  # key -> weakref to the storage
+
+    def add(self, t) -> None:
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
+            storage = t.untyped_storage()
+            self.storages.setdefault(storage_key(t), weakref.ref(storage))
+
+    def rescan(self) -> None:
+        alive = {k: r for k, r in self.storages.items() if r() is not None}
+        self.storages = alive
+        self.current = sum(r().nbytes() for r in alive.values())
+        self.peak = max(self.peak, self.current)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            self.add(t)
+        self.rescan()
+        return out
+
+
+def track_resizing(fn, existing=(), device=None) -> MemoryTrace:
+    """helpers.memory.track's peak and live bytes for code that may resize storages in place (any FSDP: a gathered
+    buffer grown and freed with resize_), at the price of re-reading every live storage's size after each op."""
+    watch = _StorageWatch()
+    for t in existing:
+        watch.add(t)
+    watch.rescan()
+    baseline = watch.current
+    with watch:
+        result = fn()
+    watch.rescan()
+    return MemoryTrace(watch.peak, watch.current, baseline, [], result=result)

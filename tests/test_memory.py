@@ -107,3 +107,18 @@ def test_peak_rows_and_timelines_of_a_tiny_model():
     assert "autocast bfloat16: full-step peak" in benchmarking.peak_summary(table)
     fig = benchmarking.plot_timelines(benchmarking.step_peaks(cfg, 2, 16))
     assert len(fig.axes[0].lines) == 2
+
+
+def test_track_resizing_sees_a_storage_grown_and_freed_in_place():
+    from helpers.memory import track_resizing
+
+    buf = torch.empty(0)
+
+    def gather_and_free():
+        buf.untyped_storage().resize_(1024 * 4)  # 1024 fp32 elements' worth, as FSDP's gathered buffer
+        y = torch.ones(10)  # an op after the growth: the watcher re-reads every storage's size
+        buf.untyped_storage().resize_(0)
+        return y + 1
+
+    trace = track_resizing(gather_and_free, existing=[buf])
+    assert trace.peak_bytes >= 4096 and trace.current_bytes < 4096

@@ -19,7 +19,6 @@ import copy
 
 import functools
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,8 +27,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_leaves
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
 from helpers import formulas as F
@@ -312,10 +310,10 @@ class FsdpMemory:
 
 def fsdp_memory(*, model, batch_size, context_length, steps=2, impl: FsdpImpl | None = None) -> FsdpMemory:
     """Bytes live and peak after init, before and after each optimizer step of FSDP + AdamW (helpers.memory.track;
-    for another `impl`, track_resizing, which also sees storages resized in place)."""
+    for another `impl`, M.track_resizing, which also sees storages resized in place)."""
     dev, (rank, world) = L.device(), S._rank_world()
     x, y = rank_share(make_batches(model, 1, batch_size, context_length, 0)[0])
-    track = M.track if impl is None else track_resizing
+    track = M.track if impl is None else M.track_resizing
     init = track(lambda: _settled(build_kind("fsdp", model, impl=impl)), device=dev)
     net, sync_, opt = init.result
     init.result = None
@@ -336,47 +334,6 @@ def _settled(result):
     broadcast) until the next collective, which the tracker would count as live after init."""
     dist.barrier()
     return result
-
-
-class _StorageWatch(TorchDispatchMode):
-    """Live bytes of every storage seen (op outputs and `existing`), re-read after each op: a storage grown or
-    emptied in place with untyped_storage().resize_ (no op reports that) counts at its size now."""
-
-    def __init__(self):
-        super().__init__()
-        self.storages, self.current, self.peak = {}, 0, 0  # key -> weakref to the storage
-
-    def add(self, t) -> None:
-        if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
-            storage = t.untyped_storage()
-            self.storages.setdefault(M.storage_key(t), weakref.ref(storage))
-
-    def rescan(self) -> None:
-        alive = {k: r for k, r in self.storages.items() if r() is not None}
-        self.storages = alive
-        self.current = sum(r().nbytes() for r in alive.values())
-        self.peak = max(self.peak, self.current)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            self.add(t)
-        self.rescan()
-        return out
-
-
-def track_resizing(fn, existing=(), device=None) -> M.MemoryTrace:
-    """helpers.memory.track's peak and live bytes for code that may resize storages in place (any FSDP: a gathered
-    buffer grown and freed with resize_), at the price of re-reading every live storage's size after each op."""
-    watch = _StorageWatch()
-    for t in existing:
-        watch.add(t)
-    watch.rescan()
-    baseline = watch.current
-    with watch:
-        result = fn()
-    watch.rescan()
-    return M.MemoryTrace(watch.peak, watch.current, baseline, [], result=result)
 
 
 @dataclass
