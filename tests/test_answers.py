@@ -447,3 +447,15 @@ def test_the_leaderboards_give_the_share_of_the_published_mark(synthetic, tmp_pa
     text, ok = all_answers(tmp_path)["2025 leaderboard"]  # nothing saved: the command that can, and the arithmetic
     assert not ok and "python -m helpers bench attention" in text and "TFLOP per forward+backward" in text
     assert "of the published best's speed" in got["2026 leaderboard"][0]
+
+
+def test_a_saved_reference_run_is_named_beside_the_answer(tmp_path, monkeypatch):
+    from helpers import results
+    from helpers.course.answers import page
+    from helpers.course.answers.core import QUESTIONS
+
+    q = next(q for q in QUESTIONS if q.reads)
+    monkeypatch.setattr(results, "DATA_DIR", tmp_path)
+    assert page._reference_runs(q) == ""
+    results.save_results([{"x": 1}], q.reads[0], profile="gpu", kind="reference", directory=tmp_path / "reference" / "h100")
+    assert "reference runs beside this one" in page._reference_runs(q) and "profile gpu" in page._reference_runs(q)

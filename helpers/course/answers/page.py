@@ -39,6 +39,19 @@ def _code(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text, quote=False))
 
 
+def _reference_runs(q: Question) -> str:
+    """A line naming the reference runs (data/reference/<device>/) of what the answer reads, by device and date."""
+    from helpers.results import reference_rows
+
+    runs = []
+    for name in q.reads:
+        ref = reference_rows(name)
+        for (device, date, profile), _ in ref.groupby(["device", "date", "profile"]) if len(ref) else ():
+            runs.append(f"<code>{html.escape(name)}</code> on {html.escape(str(device))} ({html.escape(str(date))}, "
+                        f"profile {html.escape(str(profile))})")
+    return f"<li>reference runs beside this one: {'; '.join(runs)}</li>" if runs else ""
+
+
 def _entry(q: Question, got: Answered, year: int) -> str:
     """One answer: number, question, answer, where the details are, the published figures, the GPU line."""
     page = f"{NOTEBOOKS[q.notebook]}.html"
@@ -50,7 +63,7 @@ def _entry(q: Question, got: Answered, year: int) -> str:
             f'<p class="ask"><b>{html.escape(q.number)}</b> {_code(q.ask)}</p>'
             f'<p class="ans">{_code(got.text)}</p><ul class="meta">'
             f'<li>details: <a href="{page}">notebook {q.notebook}</a>, {html.escape(q.section)}; reads {reads}'
-            f"{shared}</li>{refs}<li>on a GPU: {_code(got.gpu)}</li></ul></div>")
+            f"{shared}</li>{refs}{_reference_runs(q)}<li>on a GPU: {_code(got.gpu)}</li></ul></div>")
 
 
 STYLE = """body{font:15px/1.5 system-ui,sans-serif;max-width:62rem;margin:2rem auto;padding:0 1rem;color:#222}
