@@ -3,6 +3,8 @@
 #
 #   make writeup                 execute notebooks/*.ipynb, export writeups/*.html + index.html
 #   make writeup PROFILE=gpu     the same at the reference sizes (needs CUDA)
+#   make writeup BUDGET=300      cpu profile: give each notebook's timed runs 300 s (default auto: a few minutes
+#                                in all on a 2-core laptop; none: every size; each notebook names what it left out)
 #   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs)
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
@@ -20,6 +22,7 @@ PY        := $(VENV)/bin/python
 TORCH     ?= torch==2.13.0
 VENV_ARGS ?=
 PROFILE   ?= auto
+BUDGET    ?= auto
 TOPICS    ?= rmsnorm collectives ddp sharding attention fsdp
 RUNS      ?= 200
 
@@ -37,7 +40,7 @@ test: setup
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=900 tests notebooks
 
 writeup: setup
-	$(PY) -m helpers writeup --profile $(PROFILE)
+	$(PY) -m helpers writeup --profile $(PROFILE) --budget $(BUDGET)
 
 lab: setup
 	$(PY) -m jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)

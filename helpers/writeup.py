@@ -2,6 +2,7 @@
 
     python -m helpers writeup                      # notebooks/*.ipynb -> writeups/*.html + index.html
     python -m helpers writeup --profile gpu        # inject PROFILE = "gpu" after each `parameters` cell
+    python -m helpers writeup --budget 300         # inject BUDGET = "300": more time for the cpu profile's runs
     python -m helpers writeup notebooks/00_setup.ipynb --hide-code
 
 Parameters are injected the way papermill does it (a cell tagged
@@ -87,13 +88,35 @@ def inject_parameters(nb, **params) -> None:
     nb.cells.insert(tagged[0] + 1 if tagged else 0, cell)
 
 
+_IPC: list[Path] = []
+
+
+def _ipc_folder() -> Path:
+    """One private temporary folder per process for the kernels' IPC sockets, removed when the process exits."""
+    if not _IPC:
+        import atexit
+        import shutil
+        import tempfile
+
+        _IPC.append(Path(tempfile.mkdtemp(prefix="helpers-kernels-")))
+        atexit.register(shutil.rmtree, _IPC[0], ignore_errors=True)
+    return _IPC[0]
+
+
 def _this_python_kernel_manager():
-    """A KernelManager class that runs this very Python (the project's .venv), whatever kernels are installed."""
+    """A KernelManager class that runs this very Python (the project's .venv), whatever kernels are installed, talking
+    to it over local IPC sockets in a private temporary folder: no TCP ports, so no kernel warning about TCP without
+    encryption in the log."""
     from ipykernel.kernelspec import get_kernel_dict
     from jupyter_client.kernelspec import KernelSpec
     from jupyter_client.manager import KernelManager
 
     class ThisPython(KernelManager):
+        def __init__(self, **kwargs):
+            kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", str(_ipc_folder() / "kernel"))  # sockets kernel-1, kernel-2, ... (free numbers)
+            super().__init__(**kwargs)
+
         @property
         def kernel_spec(self):
             return KernelSpec(resource_dir=str(ROOT), **get_kernel_dict())
@@ -325,23 +348,30 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -
     Each extra page is (title, filename, build) with build(out_path, profile) writing the page; they are built
     after the notebooks ran and linked first from the index.
     """
+    from helpers.budget import parse_budget
     from helpers.env import resolve_profile
 
     parser = argparse.ArgumentParser(prog="python -m helpers writeup", description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb in order")
     parser.add_argument("--profile", default="auto", help="auto | cpu | gpu (injected as PROFILE)")
+    parser.add_argument("--budget", default="auto", help="cpu profile: seconds each notebook's timed runs may take, "
+                        "or none (injected as BUDGET; auto: helpers.budget.DEFAULT_SECONDS)")
     parser.add_argument("--out", type=Path, default=ROOT / "writeups")
     parser.add_argument("--hide-code", action="store_true", help="leave code cells out of the HTML")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
     args = parser.parse_args(argv)
 
     profile = resolve_profile(args.profile)
+    if args.budget != "auto":
+        parse_budget(args.budget)  # a one-line ValueError before any notebook runs
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
     if not paths:
         print("no notebooks found", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     params = {} if args.profile == "auto" else {"PROFILE": profile}
+    if args.budget != "auto":
+        params["BUDGET"] = args.budget
     entries, pages = [], []
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.name} (profile {profile}) ...", flush=True)

@@ -1,0 +1,123 @@
+"""helpers.budget: the calibration, BUDGET's values, plans that fit and say what they left out; notebook 01's plans
+and the writeup's --budget."""
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers import budget as B
+from helpers import formulas, model, writeup
+from helpers.experiments import benchmarking
+
+SLOW_BF16 = B.Calibration(fp32_flops=200e9, bf16_flops=2.5e9, allreduce_s=1e-3)  # a 2-core EPYC told AVX2 only
+FAST_BF16 = B.Calibration(fp32_flops=200e9, bf16_flops=400e9, allreduce_s=1e-3)  # the same with avx512_bf16
+
+
+def test_calibration_measures_this_machine_in_about_a_second():
+    cal = B.calibrate(refresh=True)
+    assert cal.fp32_flops > 1e8 and cal.bf16_flops > 1e7 and 0 < cal.allreduce_s < 1
+    assert cal.seconds < 10  # about a second on an idle 2-core machine; 10 leaves room for a loaded one
+    assert B.calibrate() is cal  # once per process
+    assert "GFLOP/s" in str(cal) and "all-reduce" in str(cal)
+
+
+def test_bf16_sentence_says_how_many_times_slower_or_faster():
+    assert SLOW_BF16.bf16_slowdown == 80 and not SLOW_BF16.fast_bf16
+    assert SLOW_BF16.bf16_sentence().startswith("this CPU multiplies bf16 80x slower than fp32")
+    assert FAST_BF16.bf16_sentence().startswith("this CPU multiplies bf16 2.0x faster than fp32") and FAST_BF16.fast_bf16
+    assert "about as fast" in B.Calibration(200e9, 150e9, 1e-3).bf16_sentence()
+    assert SLOW_BF16.matmul_s(2e9) == 0.01 and SLOW_BF16.matmul_s(2e9, bf16=True) == 0.8
+    assert SLOW_BF16.allreduce_time(4 * 2**20, calls=2) == pytest.approx(8e-3)  # scaled by bytes
+    assert SLOW_BF16.allreduce_time(1, calls=3) == pytest.approx(3e-3)  # never below the calibrated one
+
+
+@pytest.mark.parametrize("value, seconds", [("120", 120.0), (45, 45.0), ("none", None), ("off", None), (None, None),
+                                            ("inf", None)])
+def test_parse_budget(value, seconds):
+    assert B.parse_budget(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["lots", "-5", "0", "nan"])
+def test_parse_budget_refuses_bad_values_in_one_line(value):
+    with pytest.raises(ValueError, match="BUDGET=") as err:
+        B.parse_budget(value)
+    assert "\n" not in str(err.value)
+
+
+def test_resolve_auto_is_the_notebook_default_on_cpu_and_none_on_gpu():
+    cpu = B.Budget.resolve("auto", "01", "cpu", SLOW_BF16)
+    assert cpu.seconds == B.DEFAULT_SECONDS["01"] and cpu.label == "auto"
+    gpu = B.Budget.resolve("auto", "01", "gpu")
+    assert gpu.seconds is None and gpu.calibration is None
+    plan = gpu.fit(["a", "b"], cost=lambda item: 1 / 0, what="sizes")  # no budget: nothing estimated, all kept
+    assert plan.kept == ["a", "b"] and plan.note == "" and "no time budget" in gpu.summary()
+    assert B.Budget.resolve("90", "04", "gpu", SLOW_BF16).seconds == 90  # asked for explicitly: applies anywhere
+    with pytest.raises(ValueError, match="no budget for notebook"):
+        B.Budget.resolve("auto", "99", "cpu", SLOW_BF16)
+    assert set(B.DEFAULT_SECONDS) == set(B.NOTEBOOKS)
+
+
+def test_fit_keeps_the_longest_prefix_and_names_what_it_left_out():
+    b = B.Budget(10.0, "01", SLOW_BF16)
+    costs = {"s": 2.0, "m": 3.0, "l": 6.0, "xl": 1.0}
+    first = b.fit(list(costs), costs.get, what="mixed precision at")
+    assert first.kept == ["s", "m"] and first.dropped == ["l", "xl"]  # a prefix: xl would fit but comes after l
+    assert first.seconds == 5.0 and first.needed == 12.0 and b.used == 5.0 and b.left == 5.0
+    assert first.note.startswith("not timed here (budget): mixed precision at l, xl (about 7 s more")
+    assert "`make writeup BUDGET=20`" in first.note and "notebooks/01_benchmarking_and_profiling.ipynb --budget 20" in first.note
+    second = b.fit(["a", "b"], lambda item: 4.0, what="peaks at")  # what is left: 5 s
+    assert second.kept == ["a"] and "BUDGET=20" in second.note  # 5 used before + 8 asked, rounded up to tens
+    assert "time budget 10 s" in b.summary() and "3 item(s) left out" in b.summary()
+    forced = B.Budget(1.0, "02", SLOW_BF16).fit(["x", "y"], lambda item: 5.0, what="sizes", keep_first=True)
+    assert forced.kept == ["x"] and forced.dropped == ["y"]
+    everything = B.Budget(100.0, "02", SLOW_BF16).fit(["x", "y"], lambda item: 5.0, what="sizes")
+    assert everything.dropped == [] and everything.note == ""
+
+
+def test_notebook_01_plans_mixed_precision_from_the_calibration():
+    sizes, (bt, ctx) = model.sizes_for("cpu"), (16, 32)
+    fp32_s = {s: benchmarking.step_estimate(s, bt, ctx, SLOW_BF16) for s in sizes}
+    slow = benchmarking.plan_precision(B.Budget(20.0, "01", SLOW_BF16), sizes, bt, ctx, 2, 6, fp32_s)
+    fast = benchmarking.plan_precision(B.Budget(20.0, "01", FAST_BF16), sizes, bt, ctx, 2, 6, fp32_s)
+    assert fast.kept == sizes and slow.kept and slow.dropped and slow.kept + slow.dropped == sizes
+    mm = formulas.train_flops("small/cpu", bt, ctx) / SLOW_BF16.fp32_flops
+    bf16 = benchmarking.step_estimate("small/cpu", bt, ctx, SLOW_BF16, bf16=True, fp32_s=0.05)
+    assert bf16 == pytest.approx(0.05 - mm + formulas.train_flops("small/cpu", bt, ctx) / SLOW_BF16.bf16_flops)
+    assert benchmarking.step_estimate("small/cpu", bt, ctx, SLOW_BF16, fp32_s=math.nan) == benchmarking.STEP_OVERHEAD * mm
+    timing = benchmarking.plan_timing(B.Budget(0.001, "01", SLOW_BF16), sizes, bt, ctx, 2, 6, 3)
+    assert timing.kept == sizes[:1]  # the smallest size always: the notebook's checks need one
+    peaks = benchmarking.plan_peaks(B.Budget(0.001, "01", SLOW_BF16), sizes, bt, ctx, fp32_s)
+    assert peaks.kept == [] and "autocast memory peaks at small/cpu" in peaks.note
+
+
+def test_sizes_left_out_get_no_verdict_only_the_budget_line():
+    cfg = model.get_config("small/cpu", n_layers=1, d_model=48, d_ff=96, vocab_size=256)
+    amp, comps = benchmarking.compare_precisions([cfg], 2, 8, [torch.bfloat16], warmup=0, steps=2, device="cpu",
+                                                 skipped=["xl/cpu"])
+    skipped = amp[amp["size"] == "xl/cpu"]
+    assert list(skipped["status"]) == [benchmarking.NOT_TIMED] * 2 and skipped["median_s"].isna().all()
+    assert list(comps) == [cfg]
+    lines = benchmarking.speedup_lines(comps, skipped=["xl/cpu"]).splitlines()
+    assert lines[-1] == "xl/cpu: not timed here (budget)"
+    assert "too few paired samples" in lines[0]  # 2 pairs: no verdict from fewer than timing.MIN_PAIRS
+    table = benchmarking.speedup_table(amp, [cfg, "xl/cpu"])
+    assert table.loc["xl/cpu"].isna().all() and not table.loc[cfg].isna().any()
+
+
+def test_writeup_refuses_a_bad_budget_before_running_anything(tmp_path):
+    with pytest.raises(ValueError, match="BUDGET='soon'"):
+        writeup.main(["--budget", "soon", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())
+
+
+def test_writeup_kernels_talk_over_ipc_not_tcp():
+    km = writeup._this_python_kernel_manager()()
+    assert km.transport == "ipc" and km.ip.startswith(str(writeup._ipc_folder()))
+
+
+def test_peak_rows_can_leave_fp32_out():
+    cfg = model.get_config("small/cpu", n_layers=1, d_model=48, d_ff=96, vocab_size=256)
+    rows = benchmarking.peak_rows([cfg], 2, 8, [torch.bfloat16], fp32=False)
+    assert set(rows["precision"]) == {"autocast bfloat16"} and (rows["status"] == "ok").all()
+    assert isinstance(rows, pd.DataFrame) and len(rows) == 2
