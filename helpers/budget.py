@@ -34,6 +34,8 @@ NOTEBOOKS = {  # notebook number -> file, for the command a note prints
 MATMUL_N = 256  # calibration matmuls are n x n: big enough for the BLAS kernels, 20 ms where bf16 is slow, so the
 # fastest of ~0.25 s of calls finds a quiet moment on a loaded machine (512 gave 13-200 GFLOP/s fp32 under load)
 ALLREDUCE_BYTES = 2**20
+STEP_OVERHEAD = 2.0  # a CPU fp32 forward+backward takes about twice its matmul FLOPs at the calibrated rate (the
+# elementwise ops; issue 26's 2-core runs: small/cpu 18-36 ms against 15 ms of matmul): a planning estimate only
 FAST_BF16 = 0.5  # bf16 counts as fast when it multiplies at least half as fast as fp32 (it is 2-16x on AMX/AVX512)
 
 
@@ -60,6 +62,13 @@ class Calibration:
     def matmul_s(self, flops: float, bf16: bool = False) -> float:
         """Seconds for `flops` of matmul at the calibrated rate."""
         return flops / (self.bf16_flops if bf16 else self.fp32_flops)
+
+    def step_s(self, flops: float, bf16: bool = False, fp32_s: float | None = None) -> float:
+        """Seconds of a training step (or any model pass) whose matmuls do `flops`: fp32_s when it was measured, else
+        the matmul time x STEP_OVERHEAD; under bf16 autocast the matmuls take the bf16 rate, the rest as in fp32."""
+        mm = self.matmul_s(flops)
+        fp32 = STEP_OVERHEAD * mm if fp32_s is None or math.isnan(fp32_s) else fp32_s
+        return max(0.0, fp32 - mm) + self.matmul_s(flops, bf16=True) if bf16 else fp32
 
     def allreduce_time(self, nbytes: float, calls: int = 1) -> float:
         """Seconds for `calls` all-reduces of `nbytes`, scaled from the calibrated one by bytes (at least its time)."""

@@ -84,7 +84,7 @@ def test_notebook_01_plans_mixed_precision_from_the_calibration():
     mm = formulas.train_flops("small/cpu", bt, ctx) / SLOW_BF16.fp32_flops
     bf16 = benchmarking.step_estimate("small/cpu", bt, ctx, SLOW_BF16, bf16=True, fp32_s=0.05)
     assert bf16 == pytest.approx(0.05 - mm + formulas.train_flops("small/cpu", bt, ctx) / SLOW_BF16.bf16_flops)
-    assert benchmarking.step_estimate("small/cpu", bt, ctx, SLOW_BF16, fp32_s=math.nan) == benchmarking.STEP_OVERHEAD * mm
+    assert benchmarking.step_estimate("small/cpu", bt, ctx, SLOW_BF16, fp32_s=math.nan) == B.STEP_OVERHEAD * mm
     timing = benchmarking.plan_timing(B.Budget(0.001, "01", SLOW_BF16), sizes, bt, ctx, 2, 6, 3)
     assert timing.kept == sizes[:1]  # the smallest size always: the notebook's checks need one
     peaks = benchmarking.plan_peaks(B.Budget(0.001, "01", SLOW_BF16), sizes, bt, ctx, fp32_s)
@@ -121,3 +121,17 @@ def test_peak_rows_can_leave_fp32_out():
     rows = benchmarking.peak_rows([cfg], 2, 8, [torch.bfloat16], fp32=False)
     assert set(rows["precision"]) == {"autocast bfloat16"} and (rows["status"] == "ok").all()
     assert isinstance(rows, pd.DataFrame) and len(rows) == 2
+
+
+def test_notebook_02_plans_the_whole_model_sizes():
+    from helpers.experiments import rmsnorm as XR
+
+    sizes, norms = model.sizes_for("cpu"), ["layernorm", "rmsnorm", "rmsnorm_torchfn"]
+    roomy = XR.plan_model_norms(B.Budget(1e6, "02", SLOW_BF16), sizes, norms, 4, 2, 6)
+    tight = XR.plan_model_norms(B.Budget(1e-3, "02", SLOW_BF16), sizes, norms, 4, 2, 6)
+    assert roomy.kept == sizes and tight.kept == sizes[:1]  # the smallest always: section 2's checks need one
+    cfg = model.get_config("small/cpu")
+    t = SLOW_BF16.step_s(formulas.train_flops(cfg, 4, cfg.context_length))
+    assert tight.needed == pytest.approx(sum((2 + 6) * 3 * (4 / 3) * SLOW_BF16.step_s(
+        formulas.train_flops(model.get_config(s), 4, cfg.context_length)) for s in sizes))
+    assert tight.seconds == pytest.approx(8 * 3 * t * 4 / 3) and "whole model's norms at medium/cpu" in tight.note

@@ -41,15 +41,36 @@ def timed(fn):
     return out, time.perf_counter() - wall, children_cpu_s() - cpu
 
 
-def notebook_rows(paths, params: dict, out_dir: Path) -> list[dict]:
-    """Execute and export each notebook as `make writeup` does (writeup.run_notebook): one row each."""
+def cell_seconds(nb) -> list[tuple[float, str]]:
+    """(seconds, cell id) per executed code cell, slowest first, from the timestamps nbclient records."""
+    from datetime import datetime
+
+    out = []
+    for cell in nb.cells:
+        t = cell.get("metadata", {}).get("execution", {})
+        start, end = t.get("iopub.execute_input"), t.get("shell.execute_reply")
+        if start and end:
+            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
+                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+            out.append((seconds, cell.get("id", "?")))
+    return sorted(out, reverse=True)
+
+
+def notebook_rows(paths, params: dict, out_dir: Path, slowest: int = 4) -> list[dict]:
+    """Execute and export each notebook as `make writeup` does (writeup.execute, export_html): one row each, with
+    its `slowest` cells (seconds, id)."""
     rows = []
     for path in paths:
         print(f"{path.name} ...", flush=True)
-        entry, wall, cpu = timed(lambda: writeup.run_notebook(path, out_dir, params, hide_code=False, timeout_s=3600))
+        (nb, error), wall, cpu = timed(lambda: writeup.execute(path, params))
+        writeup.export_html(nb, out_dir / f"{path.stem}.html", writeup.notebook_title(nb, path.stem),
+                            notebook_dir=path.parent)
+        cells = cell_seconds(nb)[:slowest]
         rows.append({"what": "notebook", "name": path.name, "wall_s": wall, "cpu_s": cpu,
-                     "status": "ok" if entry["error"] is None else f"FAILED: {entry['error']}"})
-        print(f"    {wall:.0f} s wall, {cpu:.0f} s CPU, {rows[-1]['status']}", flush=True)
+                     "status": "ok" if error is None else f"FAILED: {error}",
+                     "slowest_cells": [f"{cid} {sec:.1f} s" for sec, cid in cells]})
+        print(f"    {wall:.0f} s wall, {cpu:.0f} s CPU, {rows[-1]['status']}; slowest cells: "
+              + ", ".join(rows[-1]["slowest_cells"]), flush=True)
     return rows
 
 

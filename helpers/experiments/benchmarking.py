@@ -129,19 +129,12 @@ def time_sizes(sizes, batch_size: int, context_length: int, runs: list[dict], de
 
 # --- the cpu profile's time budget (helpers.budget): what each section costs, and its plan ---------------------
 
-STEP_OVERHEAD = 2.0  # a CPU fp32 forward+backward takes about twice its matmul FLOPs at the calibrated rate (the
-# elementwise ops; issue 26's 2-core runs: small/cpu 18-36 ms against 15 ms of matmul): a planning estimate only
-TRACK_OVERHEAD = 2.0  # memory.track's dispatch mode runs Python per op: a planning estimate, as STEP_OVERHEAD
+TRACK_OVERHEAD = 2.0  # memory.track's dispatch mode runs Python per op: a planning estimate, as budget.STEP_OVERHEAD
 
 
 def step_estimate(size, batch_size: int, context_length: int, cal, bf16: bool = False, fp32_s=None) -> float:
-    """Seconds of one forward+backward of `size`: fp32_s when measured, else its matmul FLOPs at cal's fp32 rate x
-    STEP_OVERHEAD; under bf16 autocast the matmuls take cal's bf16 rate and the rest stays as in fp32."""
-    mm = cal.matmul_s(formulas.train_flops(size, batch_size, context_length))
-    fp32 = STEP_OVERHEAD * mm if fp32_s is None or math.isnan(fp32_s) else fp32_s
-    if not bf16:
-        return fp32
-    return max(0.0, fp32 - mm) + cal.matmul_s(formulas.train_flops(size, batch_size, context_length), bf16=True)
+    """Seconds of one forward+backward of `size` (Calibration.step_s of its training FLOPs): fp32_s when measured."""
+    return cal.step_s(formulas.train_flops(size, batch_size, context_length), bf16=bf16, fp32_s=fp32_s)
 
 
 def plan_timing(budget, sizes, batch_size: int, context_length: int, warmup: int, steps: int, cold_steps: int):
