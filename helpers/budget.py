@@ -16,6 +16,7 @@ changes a statistic: a comparison that cannot get timing.MIN_PAIRS pairs is left
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -62,6 +63,11 @@ class Calibration:
     def matmul_s(self, flops: float, bf16: bool = False) -> float:
         """Seconds for `flops` of matmul at the calibrated rate."""
         return flops / (self.bf16_flops if bf16 else self.fp32_flops)
+
+    def per_thread(self) -> "Calibration":
+        """The rates of one thread: what each of several ranks sharing the cores gets (one thread each)."""
+        return dataclasses.replace(self, fp32_flops=self.fp32_flops / self.threads,
+                                   bf16_flops=self.bf16_flops / self.threads, threads=1)
 
     def step_s(self, flops: float, bf16: bool = False, fp32_s: float | None = None) -> float:
         """Seconds of a training step (or any model pass) whose matmuls do `flops`: fp32_s when it was measured, else

@@ -135,3 +135,15 @@ def test_notebook_02_plans_the_whole_model_sizes():
     assert tight.needed == pytest.approx(sum((2 + 6) * 3 * (4 / 3) * SLOW_BF16.step_s(
         formulas.train_flops(model.get_config(s), 4, cfg.context_length)) for s in sizes))
     assert tight.seconds == pytest.approx(8 * 3 * t * 4 / 3) and "whole model's norms at medium/cpu" in tight.note
+
+
+def test_notebook_05_plans_its_timed_steps_never_below_min_pairs():
+    from helpers.experiments import sharding as XS
+    from helpers.timing import MIN_PAIRS
+
+    kinds = ["unsharded", "sharded"]
+    assert XS.plan_speed_steps(B.Budget(1e6, "05", SLOW_BF16), "xl/cpu", kinds, 3, 10, 8, 64) == 10
+    tight = B.Budget(1e-3, "05", SLOW_BF16)
+    assert XS.plan_speed_steps(tight, "xl/cpu", kinds, 3, 10, 8, 64) == MIN_PAIRS
+    assert "xl/cpu's timed step 7, step 8, step 9, step 10" in tight.plans[-1].note
+    assert XS.plan_speed_steps(B.Budget.resolve("auto", "05", "gpu"), "xl/cpu", kinds, 3, 10, 8, 64) == 10
