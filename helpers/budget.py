@@ -208,7 +208,8 @@ class Budget:
 
     @classmethod
     def resolve(cls, value, notebook: str, profile: str, calibration: Calibration | None = None) -> "Budget":
-        """The notebook's budget: BUDGET="auto" is DEFAULT_SECONDS[notebook] on the cpu profile and none on gpu."""
+        """The notebook's budget: BUDGET="auto" is DEFAULT_SECONDS[notebook] on the cpu profile and none on gpu. The
+        cpu profile is calibrated even without a budget (the notebooks quote the calibration)."""
         if notebook not in DEFAULT_SECONDS:
             raise ValueError(f"no budget for notebook {notebook!r}; known: {', '.join(DEFAULT_SECONDS)}")
         auto = isinstance(value, str) and value.strip().lower() == "auto"
@@ -216,7 +217,7 @@ class Budget:
             seconds = DEFAULT_SECONDS[notebook] if profile == "cpu" else None
         else:
             seconds = parse_budget(value)
-        if seconds is not None and calibration is None:
+        if calibration is None and (seconds is not None or profile == "cpu"):  # cpu: the notebooks cite it too
             calibration = calibrate()
         return cls(seconds, notebook, calibration, "auto" if auto else str(value))
 

@@ -129,7 +129,8 @@ def time_sizes(sizes, batch_size: int, context_length: int, runs: list[dict], de
 
 # --- the cpu profile's time budget (helpers.budget): what each section costs, and its plan ---------------------
 
-TRACK_OVERHEAD = 2.0  # memory.track's dispatch mode runs Python per op: a planning estimate, as budget.STEP_OVERHEAD
+TRACK_OVERHEAD = 1.5  # memory.track's dispatch mode runs Python per op; PEAK_FIXED_S: the model, first calls. Planning
+PEAK_FIXED_S = 1.0  # estimates from one run (step_peaks on one thread: small/cpu 1.5 s, large/cpu 3.0x a step)
 
 
 def step_estimate(size, batch_size: int, context_length: int, cal, bf16: bool = False, fp32_s=None) -> float:
@@ -147,22 +148,23 @@ def plan_timing(budget, sizes, batch_size: int, context_length: int, warmup: int
 
 
 def plan_precision(budget, sizes, batch_size: int, context_length: int, warmup: int, steps: int, fp32_s: dict):
-    """Section 4's sizes within the budget: per size `warmup + steps` rounds of fp32 and bf16 forward+backward (fp32
-    as measured in section 1, bf16 from the calibration). A size left out gets no verdict (timing.MIN_PAIRS)."""
+    """Section 4's sizes within the budget (the smallest always: the question is answered at one size at least): per
+    size `warmup + steps` rounds of fp32 and bf16 forward+backward (fp32 as measured in section 1, bf16 from the
+    calibration). A size left out gets no verdict (timing.MIN_PAIRS), only NOT_TIMED."""
     def cost(size):
         args = (size, batch_size, context_length, budget.calibration)
         return (warmup + steps) * (step_estimate(*args, fp32_s=fp32_s.get(size))
                                    + step_estimate(*args, bf16=True, fp32_s=fp32_s.get(size)))
-    return budget.fit(sizes, cost, what="mixed precision at")
+    return budget.fit(sizes, cost, what="mixed precision at", keep_first=True)
 
 
-def plan_peaks(budget, sizes, batch_size: int, context_length: int, fp32_s: dict):
-    """Section 5's bf16 peak sizes within the budget: per size three tracked bf16 steps (AdamW's state, forward,
-    full step); the fp32 peaks are cheap and always measured."""
+def plan_peaks(budget, sizes, batch_size: int, context_length: int, fp32_s: dict, bf16: bool):
+    """Section 5's peak sizes (fp32, or bf16 autocast) within the budget, the smallest always: per size a model built
+    and three tracked steps (AdamW's state, forward, full step)."""
     def cost(size):
-        return 3 * TRACK_OVERHEAD * step_estimate(size, batch_size, context_length, budget.calibration, bf16=True,
-                                                  fp32_s=fp32_s.get(size))
-    return budget.fit(sizes, cost, what="autocast memory peaks at")
+        t = step_estimate(size, batch_size, context_length, budget.calibration, bf16=bf16, fp32_s=fp32_s.get(size))
+        return PEAK_FIXED_S + 3 * TRACK_OVERHEAD * t
+    return budget.fit(sizes, cost, what="autocast memory peaks at" if bf16 else "memory peaks at", keep_first=True)
 
 
 def plot_timing(times: pd.DataFrame, warmup: int, title: str = ""):
