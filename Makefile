@@ -9,6 +9,8 @@
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
 #   make bench [TOPICS=ddp]      the benchmark scripts (python -m helpers bench TOPIC), one after another
+#   make bench TOPICS=walltime   each notebook's and the test suite's wall and CPU time, saved (python -m helpers
+#                                bench walltime --suite; ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2: no fast bf16)
 #   make stress [RUNS=200]       spawn-train-exit scripts per wrapper: does a rank die at exit? (not part of make test)
 #
 # TORCH is installed first: the default resolves to a local CPU build on the

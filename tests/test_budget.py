@@ -149,3 +149,18 @@ def test_notebook_05_plans_its_timed_steps_never_below_min_pairs():
     assert XS.plan_speed_steps(tight, "xl/cpu", kinds, 3, 10, 8, 64) == MIN_PAIRS
     assert "xl/cpu's timed step 7, step 8, step 9, step 10" in tight.plans[-1].note
     assert XS.plan_speed_steps(B.Budget.resolve("auto", "05", "gpu"), "xl/cpu", kinds, 3, 10, 8, 64) == 10
+
+
+def test_walltime_reads_each_cells_seconds_from_nbclients_timestamps():
+    import nbformat
+
+    from helpers.course import walltime
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("a"), nbformat.v4.new_code_cell("b"), nbformat.v4.new_markdown_cell("c")]
+    for cell, end in zip(nb.cells[:2], ("00:00:02.5", "00:00:10")):
+        cell.id = f"cell{end[-1]}"
+        cell.metadata["execution"] = {"iopub.execute_input": "2026-11-25T00:00:00.000000Z",
+                                      "shell.execute_reply": f"2026-11-25T{end}Z"}
+    assert walltime.cell_seconds(nb) == [(10.0, "cell0"), (2.5, "cell5")]
+    assert walltime.children_cpu_s() >= 0
