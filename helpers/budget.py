@@ -183,17 +183,21 @@ class Plan:
     what: str
     kept: list
     dropped: list
-    seconds: float  # estimate for what is kept
+    seconds: float  # estimate for what is kept (when the plan ran its items: the seconds they took)
     needed: float  # estimate for everything asked
     command: str = ""  # what runs the dropped items
+    results: list = field(default_factory=list)  # run(item) per kept item, when fit was given run
+    pace: float = 1.0  # seconds taken / seconds estimated, for the items it ran
 
     @property
     def note(self) -> str:
         """"" when nothing was left out; else which items, their estimate and the command that runs them."""
         if not self.dropped:
             return ""
+        busy = (f"; the runs took {self.pace:.1f}x their estimate, so this machine is slower now than calibrated "
+                f"(busy?)" if self.pace > 1.5 else "")
         return (f"not timed here (budget): {self.what} {', '.join(map(str, self.dropped))} (about "
-                f"{self.needed - self.seconds:.0f} s more on this machine); run them with {self.command}")
+                f"{self.needed - self.seconds:.0f} s more on this machine{busy}); run them with {self.command}")
 
 
 @dataclass
@@ -232,14 +236,20 @@ class Budget:
         return (f"`make writeup BUDGET={n}` (or `python -m helpers writeup notebooks/{nb} --budget {n}`, or "
                 f"BUDGET = {n} in the parameters cell)")
 
-    def fit(self, items: Sequence, cost: Callable[[object], float], what: str, keep_first: bool = False) -> Plan:
+    def fit(self, items: Sequence, cost: Callable[[object], float], what: str, keep_first: bool = False,
+            run: Callable | None = None) -> Plan:
         """The longest prefix of `items` whose estimated seconds (cost(item) each) fit what is left, taken from the
         budget. keep_first: the first item runs whatever its cost (the one a notebook's checks need). Without a
-        budget everything is kept and nothing estimated."""
+        budget everything is kept and nothing estimated.
+
+        run: call run(item) for the kept items in order (plan.results) and stop early once the next item, at the
+        pace measured so far (seconds taken / estimated), would not fit what was left: a busy machine shortens the
+        plan instead of overrunning the budget; the budget is charged the seconds taken."""
         items = list(items)
         if self.seconds is None:
-            self.plans.append(Plan(what, items, [], 0.0, 0.0))
-            return self.plans[-1]
+            plan = Plan(what, items, [], 0.0, 0.0, results=[run(item) for item in items] if run else [])
+            self.plans.append(plan)
+            return plan
         costs = [float(cost(item)) for item in items]
         kept, total = [], 0.0
         for item, c in zip(items, costs):
@@ -247,8 +257,21 @@ class Budget:
                 break
             kept.append(item)
             total += c
-        plan = Plan(what, kept, items[len(kept):], total, sum(costs),
-                    self.command(self.used + sum(costs)) if len(kept) < len(items) else "")
+        results, pace = [], 1.0
+        if run is not None:
+            allowed, taken, estimated = max(self.left, total), 0.0, 0.0
+            for i, item in enumerate(kept):
+                if results and taken + costs[i] * pace > allowed:
+                    break
+                start = time.perf_counter()
+                results.append(run(item))
+                taken += time.perf_counter() - start
+                estimated += costs[i]
+                pace = taken / estimated if estimated > 0 else 1.0
+            kept, total = kept[:len(results)], taken
+        needed = total + pace * sum(costs[len(kept):])
+        plan = Plan(what, kept, items[len(kept):], total, needed,
+                    self.command(self.used + needed) if len(kept) < len(items) else "", results, pace)
         self.used += total
         self.plans.append(plan)
         return plan

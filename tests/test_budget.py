@@ -164,3 +164,22 @@ def test_walltime_reads_each_cells_seconds_from_nbclients_timestamps():
                                       "shell.execute_reply": f"2026-11-25T{end}Z"}
     assert walltime.cell_seconds(nb) == [(10.0, "cell0"), (2.5, "cell5")]
     assert walltime.children_cpu_s() >= 0
+
+
+def test_a_plan_that_runs_stops_once_the_measured_pace_would_overrun(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(B.time, "perf_counter", lambda: clock[0])
+
+    def run(item):  # each run takes 5x its estimate of 1 s: a busy machine
+        clock[0] += 5.0
+        return item * 10
+
+    b = B.Budget(12.0, "01", SLOW_BF16)
+    plan = b.fit([1, 2, 3, 4], lambda item: 1.0, what="sizes", run=run)
+    assert plan.kept == [1, 2] and plan.results == [10, 20] and plan.dropped == [3, 4]  # 10 s taken; a third: 15 > 12
+    assert plan.pace == 5.0 and plan.seconds == 10.0 and b.used == 10.0 and plan.needed == 20.0
+    assert "took 5.0x their estimate" in plan.note and "BUDGET=20" in plan.note
+    late = b.fit([7, 8], lambda item: 1.0, what="more", keep_first=True, run=run)  # 2 s left: the first runs anyway
+    assert late.kept == [7] and late.dropped == [8]
+    free = B.Budget(None).fit([1, 2], lambda item: 1 / 0, what="sizes", run=run)
+    assert free.results == [10, 20] and free.dropped == []

@@ -138,16 +138,18 @@ def step_estimate(size, batch_size: int, context_length: int, cal, bf16: bool = 
     return cal.step_s(formulas.train_flops(size, batch_size, context_length), bf16=bf16, fp32_s=fp32_s)
 
 
-def plan_timing(budget, sizes, batch_size: int, context_length: int, warmup: int, steps: int, cold_steps: int):
+def plan_timing(budget, sizes, batch_size: int, context_length: int, warmup: int, steps: int, cold_steps: int,
+                run=None):
     """Section 1's sizes within the budget (the smallest always): per size a cold run of each pass (forward 1/3 of a
     step, backward 2/3 plus the forward of its graph, both 1) and a warm interleaved run of the three."""
     def cost(size):
         t = step_estimate(size, batch_size, context_length, budget.calibration)
         return cold_steps * 2 * t + t / 3 + (warmup + steps) * 2 * t + t / 3
-    return budget.fit(sizes, cost, what="section 1 timing at", keep_first=True)
+    return budget.fit(sizes, cost, what="section 1 timing at", keep_first=True, run=run)
 
 
-def plan_precision(budget, sizes, batch_size: int, context_length: int, warmup: int, steps: int, fp32_s: dict):
+def plan_precision(budget, sizes, batch_size: int, context_length: int, warmup: int, steps: int, fp32_s: dict,
+                   run=None):
     """Section 4's sizes within the budget (the smallest always: the question is answered at one size at least): per
     size `warmup + steps` rounds of fp32 and bf16 forward+backward (fp32 as measured in section 1, bf16 from the
     calibration). A size left out gets no verdict (timing.MIN_PAIRS), only NOT_TIMED."""
@@ -155,16 +157,17 @@ def plan_precision(budget, sizes, batch_size: int, context_length: int, warmup: 
         args = (size, batch_size, context_length, budget.calibration)
         return (warmup + steps) * (step_estimate(*args, fp32_s=fp32_s.get(size))
                                    + step_estimate(*args, bf16=True, fp32_s=fp32_s.get(size)))
-    return budget.fit(sizes, cost, what="mixed precision at", keep_first=True)
+    return budget.fit(sizes, cost, what="mixed precision at", keep_first=True, run=run)
 
 
-def plan_peaks(budget, sizes, batch_size: int, context_length: int, fp32_s: dict, bf16: bool):
+def plan_peaks(budget, sizes, batch_size: int, context_length: int, fp32_s: dict, bf16: bool, run=None):
     """Section 5's peak sizes (fp32, or bf16 autocast) within the budget, the smallest always: per size a model built
     and three tracked steps (AdamW's state, forward, full step)."""
     def cost(size):
         t = step_estimate(size, batch_size, context_length, budget.calibration, bf16=bf16, fp32_s=fp32_s.get(size))
         return PEAK_FIXED_S + 3 * TRACK_OVERHEAD * t
-    return budget.fit(sizes, cost, what="autocast memory peaks at" if bf16 else "memory peaks at", keep_first=True)
+    return budget.fit(sizes, cost, what="autocast memory peaks at" if bf16 else "memory peaks at", keep_first=True,
+                      run=run)
 
 
 def plot_timing(times: pd.DataFrame, warmup: int, title: str = ""):
@@ -291,6 +294,14 @@ def compare_precisions(sizes, batch_size: int, context_length: int, dtypes, warm
         if comp != "OOM":
             comps[size] = comp
     return pd.DataFrame(rows), comps
+
+
+def planned_precisions(plan, dtypes, warmup: int, device=None):
+    """compare_precisions' (rows, {size: Comparison}) of a plan that ran them size by size (plan.results), joined,
+    with NOT_TIMED rows for the sizes it left out."""
+    skipped = compare_precisions([], 0, 0, dtypes, warmup, 0, device, skipped=plan.dropped)[0]
+    return (pd.concat([rows for rows, _ in plan.results] + [skipped], ignore_index=True),
+            {size: comp for _, comps in plan.results for size, comp in comps.items()})
 
 
 def speedup_table(amp: pd.DataFrame, sizes) -> pd.DataFrame:

@@ -277,14 +277,14 @@ def fastest_lines(rows, comps) -> str:
     return "\n".join(lines)
 
 
-def plan_model_norms(budget, sizes, norms, batch_size: int, warmup: int, steps: int):
+def plan_model_norms(budget, sizes, norms, batch_size: int, warmup: int, steps: int, run=None):
     """Section 2's model sizes within the budget (the smallest always): per size `warmup + steps` rounds of every
     norm's forward (a third of a step) and forward+backward, at the model's own context length."""
     def cost(size):
         cfg = get_config(size)
         t = budget.calibration.step_s(formulas.train_flops(cfg, batch_size, cfg.context_length))
         return (warmup + steps) * len(norms) * (t / 3 + t)
-    return budget.fit(sizes, cost, what="the whole model's norms at", keep_first=True)
+    return budget.fit(sizes, cost, what="the whole model's norms at", keep_first=True, run=run)
 
 
 def compare_model_norms(size: str, norms, device="cpu", batch_size: int = 4, warmup: int = 3, steps: int = 10):
