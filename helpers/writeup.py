@@ -284,11 +284,16 @@ def _status(entry: dict) -> str:
     return "ok" if entry["error"] is None else "FAILED: " + html.escape(entry["error"])
 
 
-def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequence[dict] = ()) -> Path:
-    """writeups/index.html: title, device, profile, date, the extra pages first, then one link per notebook."""
+def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequence[dict] = (),
+                budget: str = "auto") -> Path:
+    """writeups/index.html: title, device, profile and time budget, date, the extra pages first, then one link per
+    notebook."""
     from helpers.env import machine_facts
 
     facts = machine_facts()
+    budget_note = ("" if profile != "cpu" and budget == "auto" else
+                   f" (time budget {html.escape(str(budget))}: each notebook names what it left out and the command "
+                   "that runs it)")
     extra = "\n".join(f"<li>{_link(p, out_dir)}{'' if p['error'] is None else ' · ' + _status(p)}</li>" for p in pages)
     rows = "\n".join(
         f"<tr><td>{_link(e, out_dir)}</td>"
@@ -300,7 +305,7 @@ def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequenc
 ul.pages{{font-size:1.15rem}}</style>
 </head><body><h1>LLM systems companion: writeups</h1>
 <p>Device: <b>{html.escape(facts['device'])}</b> ({facts['cpu_count']} CPU cores, {facts['gpu_count']} GPU(s));
-profile: <b>{html.escape(profile)}</b>; torch {facts['torch']}, triton {facts['triton']};
+profile: <b>{html.escape(profile)}</b>{budget_note}; torch {facts['torch']}, triton {facts['triton']};
 made {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.</p>
 {f'<ul class="pages">{chr(10)}{extra}{chr(10)}</ul>' if pages else ''}
 <table><tr><th>notebook writeup</th><th>notebook</th><th>run time</th><th>status</th></tr>
@@ -382,7 +387,7 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -
     for title, filename, build in extra_pages:
         pages.append(build_page(title, filename, build, args.out, profile))
         print(f"page {filename}: {'ok' if pages[-1]['error'] is None else 'FAILED: ' + pages[-1]['error']}", flush=True)
-    index = write_index(entries, args.out, profile, pages)
+    index = write_index(entries, args.out, profile, pages, budget=args.budget)
     failed = [e["notebook"] for e in entries if e["error"]] + [p["html"] for p in pages if p["error"]]
     print(f"wrote {index}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
