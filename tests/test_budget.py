@@ -52,7 +52,7 @@ def test_resolve_auto_is_the_notebook_default_on_cpu_and_none_on_gpu():
     assert gpu.seconds is None and gpu.calibration is None
     plan = gpu.fit(["a", "b"], cost=lambda item: 1 / 0, what="sizes")  # no budget: nothing estimated, all kept
     assert plan.kept == ["a", "b"] and plan.note == "" and "no time budget" in gpu.summary()
-    assert B.Budget.resolve("90", "04", "gpu", SLOW_BF16).seconds == 90  # asked for explicitly: applies anywhere
+    assert B.Budget.resolve("90", "05", "gpu", SLOW_BF16).seconds == 90  # asked for explicitly: applies anywhere
     with pytest.raises(ValueError, match="no budget for notebook"):
         B.Budget.resolve("auto", "99", "cpu", SLOW_BF16)
     assert set(B.DEFAULT_SECONDS) == set(B.NOTEBOOKS)
