@@ -269,8 +269,9 @@ class Budget:
                 pace = taken / estimated if estimated > 0 else 1.0
             kept, total = kept[:len(results)], taken
         needed = total + pace * sum(costs[len(kept):])
+        everything = sum(p.needed for p in self.plans) + needed  # this plan and the earlier ones, all items each
         plan = Plan(what, kept, items[len(kept):], total, needed,
-                    self.command(self.used + needed) if len(kept) < len(items) else "", results, pace)
+                    self.command(everything) if len(kept) < len(items) else "", results, pace)
         self.used += total
         self.plans.append(plan)
         return plan
@@ -280,5 +281,7 @@ class Budget:
         if self.seconds is None:
             return "no time budget: every planned run is made"
         dropped = sum(len(p.dropped) for p in self.plans)
-        return (f"time budget {self.seconds:.0f} s (BUDGET={self.label}) for this notebook's timed runs; planned "
-                f"{self.used:.0f} s; {dropped} item(s) left out" + (" (named below)" if dropped else ""))
+        everything = sum(p.needed for p in self.plans)
+        return (f"time budget {self.seconds:.0f} s (BUDGET={self.label}) for this notebook's timed runs; they took "
+                f"{self.used:.0f} s (the first size of a section runs whatever it costs); {dropped} item(s) left out"
+                + (f" (named below); all of them: {self.command(everything)}" if dropped else ""))

@@ -67,8 +67,8 @@ def test_fit_keeps_the_longest_prefix_and_names_what_it_left_out():
     assert first.note.startswith("not timed here (budget): mixed precision at l, xl (about 7 s more")
     assert "`make writeup BUDGET=20`" in first.note and "notebooks/01_benchmarking_and_profiling.ipynb --budget 20" in first.note
     second = b.fit(["a", "b"], lambda item: 4.0, what="peaks at")  # what is left: 5 s
-    assert second.kept == ["a"] and "BUDGET=20" in second.note  # 5 used before + 8 asked, rounded up to tens
-    assert "time budget 10 s" in b.summary() and "3 item(s) left out" in b.summary()
+    assert second.kept == ["a"] and "BUDGET=20" in second.note  # 12 asked before + 8 asked, rounded up to tens
+    assert "time budget 10 s" in b.summary() and "3 item(s) left out" in b.summary() and "BUDGET=20" in b.summary()
     forced = B.Budget(1.0, "02", SLOW_BF16).fit(["x", "y"], lambda item: 5.0, what="sizes", keep_first=True)
     assert forced.kept == ["x"] and forced.dropped == ["y"]
     everything = B.Budget(100.0, "02", SLOW_BF16).fit(["x", "y"], lambda item: 5.0, what="sizes")
@@ -179,6 +179,7 @@ def test_a_plan_that_runs_stops_once_the_measured_pace_would_overrun(monkeypatch
     assert plan.kept == [1, 2] and plan.results == [10, 20] and plan.dropped == [3, 4]  # 10 s taken; a third: 15 > 12
     assert plan.pace == 5.0 and plan.seconds == 10.0 and b.used == 10.0 and plan.needed == 20.0
     assert "took 5.0x their estimate" in plan.note and "BUDGET=20" in plan.note
+    assert "BUDGET=30" in b.fit([5], lambda item: 10.0, what="later").note  # 20 for the first plan, 10 for this
     late = b.fit([7, 8], lambda item: 1.0, what="more", keep_first=True, run=run)  # 2 s left: the first runs anyway
     assert late.kept == [7] and late.dropped == [8]
     free = B.Budget(None).fit([1, 2], lambda item: 1 / 0, what="sizes", run=run)
