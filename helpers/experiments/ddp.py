@@ -48,6 +48,32 @@ PROFILES = {  # notebook 04 per profile: speed-table models, the sweep's model, 
 }
 
 
+def plan_speed(budget, sizes, sweep_model: str, extra_buckets_mb, seed_buckets_mb, warmup: int, steps: int,
+               batch_size: int, context_length: int, world: int = 2) -> tuple[int, list]:
+    """Notebook 04's speed runs within the budget: first the timed steps (never fewer than timing.MIN_PAIRS), then the
+    sweep's extra bucket sizes below the seed's grid, largest first. A variant's step on a rank (one thread each): its
+    share of the batch forward+backward, and an all-reduce of the gradients. Returns (steps, extra bucket sizes kept);
+    the two plans (budget.plans[-2:]) name what was left out."""
+    from helpers.timing import MIN_PAIRS
+
+    cal = budget.calibration.per_thread() if budget.calibration else None
+
+    def variant_step(model):
+        return (cal.step_s(formulas.train_flops(model, batch_size // world, context_length))
+                + cal.allreduce_time(count_parameters(model) * 4))
+
+    variants = {m: len(SPEED_VARIANTS) + (len(sweep_variants(seed_buckets_mb)) if m == sweep_model else 0) for m in sizes}
+    first = f"warm-up and steps 1-{MIN_PAIRS}"
+    items = [first] + [f"step {i}" for i in range(MIN_PAIRS + 1, steps + 1)]
+    timed = budget.fit(items, lambda item: (warmup + MIN_PAIRS if item == first else 1)
+                       * sum(n * variant_step(m) for m, n in variants.items()), what="the speed table's timed",
+                       keep_first=True)
+    steps = MIN_PAIRS + len(timed.kept) - 1 if steps >= MIN_PAIRS else steps
+    extra = budget.fit(sorted(extra_buckets_mb, reverse=True), lambda mb: (warmup + steps) * variant_step(sweep_model),
+                       what=f"{sweep_model}'s bucket sweep at (MB)")
+    return steps, sorted(extra.kept)
+
+
 def make_optimizer(params, name: str):
     """SGD (lr 0.1) or AdamW (lr 1e-3): what the equivalence and speed runs train with."""
     return torch.optim.SGD(params, lr=0.1) if name == "sgd" else torch.optim.AdamW(params, lr=1e-3)
