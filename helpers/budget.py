@@ -5,14 +5,16 @@
     print(cal.bf16_sentence())    # "this CPU multiplies bf16 84x slower than fp32 (...)"
     budget = Budget.resolve(BUDGET, "01", profile, cal)   # BUDGET: "auto" | seconds | "none"; none on gpu
     plan = budget.fit(SIZES, lambda size: 8 * step_s(size), what="mixed precision at")  # longest prefix that fits
-    plan.kept, plan.dropped       # what runs here, what the budget left out
+    plan = budget.fit(SIZES, cost, what="...", keep_first=True, run=time_one_size)  # runs them, stops if slower
+    plan.kept, plan.dropped, plan.results   # what ran here, what the budget left out, run(item) per kept item
     print(plan.note)              # "" when nothing was left out, else what and the command that runs it
 
 A budget is the seconds a notebook's budgeted runs may take (its fixed work, imports and checks, is not counted):
-DEFAULT_SECONDS per notebook for BUDGET="auto", so that `make writeup` stays near 5 minutes on a 2-core laptop.
-Each fit takes its estimate from what is left, so the notebook's first plans have priority. The estimates are the
-experiments' own cost models (FLOPs over the calibrated rate, launches, rounds); the budget only cuts, never
-changes a statistic: a comparison that cannot get timing.MIN_PAIRS pairs is left out, not reported from fewer.
+DEFAULT_SECONDS per notebook for BUDGET="auto". Each fit takes its estimate from what is left, so a notebook's first
+plans have priority; a fit given `run` runs its items and stops early when the measured pace says the rest would not
+fit (a busy machine). The estimates are the experiments' own cost models (FLOPs over the calibrated rate, an
+all-reduce per step, rounds); the budget only cuts, never changes a statistic: a comparison that cannot get
+timing.MIN_PAIRS pairs is left out ("not timed here (budget)"), not reported from fewer.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ MATMUL_N = 256  # calibration matmuls are n x n: big enough for the BLAS kernels
 ALLREDUCE_BYTES = 2**20
 STEP_OVERHEAD = 2.0  # a CPU fp32 forward+backward takes about twice its matmul FLOPs at the calibrated rate (the
 # elementwise ops; issue 26's 2-core runs: small/cpu 18-36 ms against 15 ms of matmul): a planning estimate only
-FAST_BF16 = 0.5  # bf16 counts as fast when it multiplies at least half as fast as fp32 (it is 2-16x on AMX/AVX512)
+FAST_BF16 = 0.5  # bf16 counts as fast when it multiplies at least half as fast as fp32 (2.4x faster than fp32 on
+# the course machine's avx512_bf16, 512x512, measured; 84x slower with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
 
 
 @dataclass(frozen=True)
