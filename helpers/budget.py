@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-DEFAULT_SECONDS = {"01": 45.0, "02": 15.0, "04": 35.0, "05": 15.0}  # the notebooks that plan their cpu runs so far
+DEFAULT_SECONDS = {"01": 45.0, "02": 15.0, "04": 25.0, "05": 15.0}  # the notebooks that plan their cpu runs so far
 NOTEBOOKS = {  # notebook number -> file, for the command a note prints
     "01": "01_benchmarking_and_profiling.ipynb", "02": "02_rmsnorm_triton.ipynb", "04": "04_ddp.ipynb",
     "05": "05_optimizer_state_sharding.ipynb",
