@@ -4,10 +4,14 @@
 #   make writeup                 execute notebooks/*.ipynb, export writeups/*.html + index.html
 #   make writeup PROFILE=gpu     the same at the reference sizes (needs CUDA)
 #   make writeup ADAPTERS=PATH   the same with a "yours" row from your tests/adapters.py
+#   make writeup BUDGET=300      cpu profile: give each notebook's timed runs 300 s (default auto: a few minutes
+#                                in all on a 2-core laptop; none: every size; each notebook names what it left out)
 #   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs)
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
 #   make bench [TOPICS=ddp]      the benchmark scripts (python -m helpers bench TOPIC), one after another
+#   make bench TOPICS=walltime   each notebook's and the test suite's wall and CPU time, saved (python -m helpers
+#                                bench walltime --suite; ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2: no fast bf16)
 #   make stress [RUNS=200]       spawn-train-exit scripts per wrapper: does a rank die at exit? (not part of make test)
 #   make yours ADAPTERS=PATH     your assignment's tests/adapters.py checked and timed beside ours (writeups/yours.html)
 #   make reference [BUDGET_S=1500] [REFERENCE_ARGS="--only kernels 01"]
@@ -27,6 +31,7 @@ PY        := $(VENV)/bin/python
 TORCH     ?= torch==2.13.0
 VENV_ARGS ?=
 PROFILE   ?= auto
+BUDGET    ?= auto
 TOPICS    ?= rmsnorm collectives ddp sharding attention fsdp
 RUNS      ?= 200
 ADAPTERS  ?=
@@ -49,7 +54,7 @@ test: setup
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=900 tests notebooks
 
 writeup: setup
-	$(PY) -m helpers writeup --profile $(PROFILE) $(if $(strip $(ADAPTERS)),--adapters $(ADAPTERS))
+	$(PY) -m helpers writeup --profile $(PROFILE) --budget $(BUDGET) $(if $(strip $(ADAPTERS)),--adapters $(ADAPTERS))
 
 lab: setup
 	$(PY) -m jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)

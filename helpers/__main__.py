@@ -90,6 +90,7 @@ BENCHMARKS = {  # topic -> experiment module with bench_main(argv) -> exit code
     "sharding": "helpers.experiments.sharding",
     "attention": "helpers.experiments.attention",
     "fsdp": "helpers.experiments.fsdp",
+    "walltime": "helpers.course.walltime",  # not a topic: each notebook's and the test suite's wall and CPU time
 }
 
 

@@ -2,6 +2,7 @@
 
     python -m helpers writeup                      # notebooks/*.ipynb -> writeups/*.html + index.html
     python -m helpers writeup --profile gpu        # inject PROFILE = "gpu" after each `parameters` cell
+    python -m helpers writeup --budget 300         # inject BUDGET = "300": more time for the cpu profile's runs
     python -m helpers writeup notebooks/00_setup.ipynb --hide-code
     python -m helpers writeup --adapters ../assignment2-systems/tests/adapters.py   # a "yours" row (ADAPTERS)
 
@@ -88,13 +89,35 @@ def inject_parameters(nb, **params) -> None:
     nb.cells.insert(tagged[0] + 1 if tagged else 0, cell)
 
 
+_IPC: list[Path] = []
+
+
+def _ipc_folder() -> Path:
+    """One private temporary folder per process for the kernels' IPC sockets, removed when the process exits."""
+    if not _IPC:
+        import atexit
+        import shutil
+        import tempfile
+
+        _IPC.append(Path(tempfile.mkdtemp(prefix="helpers-kernels-")))
+        atexit.register(shutil.rmtree, _IPC[0], ignore_errors=True)
+    return _IPC[0]
+
+
 def _this_python_kernel_manager():
-    """A KernelManager class that runs this very Python (the project's .venv), whatever kernels are installed."""
+    """A KernelManager class that runs this very Python (the project's .venv), whatever kernels are installed, talking
+    to it over local IPC sockets in a private temporary folder: no TCP ports, so no kernel warning about TCP without
+    encryption in the log."""
     from ipykernel.kernelspec import get_kernel_dict
     from jupyter_client.kernelspec import KernelSpec
     from jupyter_client.manager import KernelManager
 
     class ThisPython(KernelManager):
+        def __init__(self, **kwargs):
+            kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", str(_ipc_folder() / "kernel"))  # sockets kernel-1, kernel-2, ... (free numbers)
+            super().__init__(**kwargs)
+
         @property
         def kernel_spec(self):
             return KernelSpec(resource_dir=str(ROOT), **get_kernel_dict())
@@ -262,11 +285,16 @@ def _status(entry: dict) -> str:
     return "ok" if entry["error"] is None else "FAILED: " + html.escape(entry["error"])
 
 
-def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequence[dict] = ()) -> Path:
-    """writeups/index.html: title, device, profile, date, the extra pages first, then one link per notebook."""
+def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequence[dict] = (),
+                budget: str = "auto") -> Path:
+    """writeups/index.html: title, device, profile and time budget, date, the extra pages first, then one link per
+    notebook."""
     from helpers.env import machine_facts
 
     facts = machine_facts()
+    budget_note = ("" if profile != "cpu" and budget == "auto" else
+                   f" (time budget {html.escape(str(budget))}: each notebook names what it left out and the command "
+                   "that runs it)")
     extra = "\n".join(f"<li>{_link(p, out_dir)}{'' if p['error'] is None else ' · ' + _status(p)}</li>" for p in pages)
     rows = "\n".join(
         f"<tr><td>{_link(e, out_dir)}</td>"
@@ -278,7 +306,7 @@ def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequenc
 ul.pages{{font-size:1.15rem}}</style>
 </head><body><h1>LLM systems companion: writeups</h1>
 <p>Device: <b>{html.escape(facts['device'])}</b> ({facts['cpu_count']} CPU cores, {facts['gpu_count']} GPU(s));
-profile: <b>{html.escape(profile)}</b>; torch {facts['torch']}, triton {facts['triton']};
+profile: <b>{html.escape(profile)}</b>{budget_note}; torch {facts['torch']}, triton {facts['triton']};
 made {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.</p>
 {f'<ul class="pages">{chr(10)}{extra}{chr(10)}</ul>' if pages else ''}
 <table><tr><th>notebook writeup</th><th>notebook</th><th>run time</th><th>status</th></tr>
@@ -326,11 +354,14 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -
     Each extra page is (title, filename, build) with build(out_path, profile) writing the page; they are built
     after the notebooks ran and linked first from the index.
     """
+    from helpers.budget import parse_budget
     from helpers.env import resolve_profile
 
     parser = argparse.ArgumentParser(prog="python -m helpers writeup", description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb in order")
     parser.add_argument("--profile", default="auto", help="auto | cpu | gpu (injected as PROFILE)")
+    parser.add_argument("--budget", default="auto", help="cpu profile: seconds each notebook's timed runs may take, "
+                        "or none (injected as BUDGET; auto: helpers.budget.DEFAULT_SECONDS)")
     parser.add_argument("--out", type=Path, default=ROOT / "writeups")
     parser.add_argument("--hide-code", action="store_true", help="leave code cells out of the HTML")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
@@ -341,6 +372,8 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -
         raise ValueError(f"no adapters file at {args.adapters}: pass your assignment's tests/adapters.py")
 
     profile = resolve_profile(args.profile)
+    if args.budget != "auto":
+        parse_budget(args.budget)  # a one-line ValueError before any notebook runs
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
     if not paths:
         print("no notebooks found", file=sys.stderr)
@@ -349,6 +382,8 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -
     params = {} if args.profile == "auto" else {"PROFILE": profile}
     if args.adapters is not None:
         params["ADAPTERS"] = str(args.adapters.resolve())
+    if args.budget != "auto":
+        params["BUDGET"] = args.budget
     entries, pages = [], []
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.name} (profile {profile}) ...", flush=True)
@@ -359,7 +394,7 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -
     for title, filename, build in extra_pages:
         pages.append(build_page(title, filename, build, args.out, profile))
         print(f"page {filename}: {'ok' if pages[-1]['error'] is None else 'FAILED: ' + pages[-1]['error']}", flush=True)
-    index = write_index(entries, args.out, profile, pages)
+    index = write_index(entries, args.out, profile, pages, budget=args.budget)
     failed = [e["notebook"] for e in entries if e["error"]] + [p["html"] for p in pages if p["error"]]
     print(f"wrote {index}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

@@ -1,7 +1,8 @@
 """The HTML writeups in a real browser: headless Chromium, networking off, pages opened from disk (file://).
 
-Pages: notebooks 00 and 05 executed (profile cpu) and exported into a temp folder by helpers.writeup, so a
-fresh clone checks itself, plus every writeups/*.html that `make writeup` left (index.html, answers.html ...).
+Pages: notebooks 00 and 05 executed (profile cpu, the least time budget) and exported into a temp folder by
+helpers.writeup, so a fresh clone checks itself, plus every writeups/*.html that `make writeup` left (index.html,
+answers.html ...).
 Each page must request nothing over http(s)/ws(s) and name no remote resource, show no unrendered TeX
 outside code, decode every <img>, log no console error, and, for each `.calc`, change its `.calc-output`
 when any of its `[data-input]` inputs changes. A full-page screenshot of each lands in writeups/screenshots/.
@@ -40,7 +41,8 @@ def build(tmp_path_factory):
 
     def _build(stem: str) -> Path:
         if stem not in pages:
-            nb, error = writeup.execute(ROOT / "notebooks" / f"{stem}.ipynb", {"PROFILE": "cpu"}, timeout_s=600)
+            nb, error = writeup.execute(ROOT / "notebooks" / f"{stem}.ipynb", {"PROFILE": "cpu", "BUDGET": "1"},
+                                        timeout_s=600)  # the least budget: the page, not the numbers, is checked
             if error is not None:
                 pytest.fail(f"notebooks/{stem}.ipynb failed, so its page is incomplete:\n{first_error(nb)}",
                             pytrace=False)

@@ -219,3 +219,15 @@ def test_flame_labels_are_whole_where_they_fit_else_shortened_with_a_key():
     shortened = [t for t in texts if t.endswith("]")]
     frames = {f for stack, _ in stacks for f in stack}
     assert shortened and len(key) == len(shortened) and all(k.split("] ", 1)[1] in frames for k in key)
+
+
+def test_forward_le_both_is_checked_on_paired_samples():
+    cfg = model.get_config("small/cpu", n_layers=1)
+    rows = benchmarking.time_size(cfg, 2, 16, warmup=1, steps=3)  # one interleaved loop on one model
+    fwd = next(r for r in rows if r["pass"] == "forward")
+    assert fwd["pairs_vs_both"] == 3 and 0 < fwd["ratio_low_vs_both"] <= fwd["ratio_vs_both"] <= fwd["ratio_high_vs_both"]
+    assert "ratio_vs_both" not in rows[2]  # "both" is the baseline
+    flipped = pd.DataFrame([{"size": "s", "pass": p, "warm-up": w, "status": "ok", "ratio_vs_both": 1.2,
+                             "pairs_vs_both": 6} for p in ("forward", "both") for w in (0, 2)])
+    with pytest.raises(AssertionError, match="median of paired ratios"):
+        benchmarking.check_forward_le_both(flipped, 2)

@@ -25,9 +25,10 @@ from helpers.experiments.common import train_step
 from helpers.memory import MemoryTrace, model_state, track
 from helpers.model import build_model, lm_loss, random_batch
 from helpers.profiling import class_shares
-from helpers.timing import benchmark, compare, pairwise_ratios
+from helpers.timing import Timing, benchmark, compare, paired_ratio, pairwise_ratios, ratio_columns
 
 MiB = 2**20
+NOT_TIMED = "not timed here (budget)"
 PROFILES = {  # notebook 01 per profile: batch x context, warm-up and timed steps, no-warm-up steps, the profiled size
     # the gpu batch at a quarter of its context, as the presets are a quarter of its width: T/d and activations per
     # parameter stay the reference's (notebook 00); 6 steps: timing.MIN_PAIRS
@@ -79,20 +80,43 @@ def pass_fn(lm, x, y, kind: str, autocast_dtype=None):
 
 def time_size(size, batch_size: int, context_length: int, warmup: int, steps: int, device=None,
               kinds=("forward", "backward", "both"), autocast_dtype=None) -> list[dict]:
-    """One row per pass of a freshly built model of `size`: timing stats and the first sample, or status "OOM"."""
-    def run(kind):
-        lm = build_model(size, device=device)
-        x, y = random_batch(lm.cfg, batch_size, context_length, device=device)
-        fn = pass_fn(lm, x, y, kind, autocast_dtype)
-        return benchmark(fn, warmup=warmup, steps=steps, device=device, label=f"{size} {kind}")
+    """One row per pass of `size`: timing stats and the first sample, or status "OOM".
 
+    Warm runs (warmup > 0) time every pass on ONE model, interleaved in one loop (forward, backward, both, then
+    reversed), so load hits all alike and forward <= forward+backward can be checked on paired samples: the forward
+    row carries its time over "both"'s, paired per round (ratio columns). Cold runs (warmup 0) build a fresh model per
+    pass, so each pass's first call is that model's first."""
+    def build():
+        lm = build_model(size, device=device)
+        return lm, *random_batch(lm.cfg, batch_size, context_length, device=device)
+
+    def cold(kind):  # {kind: Timing}
+        fn = pass_fn(*build(), kind, autocast_dtype)
+        return benchmark(fn, warmup=0, steps=steps, device=device, label=f"{size} {kind}")
+
+    def warm():  # {kind: Timing}, every kind's samples from one interleaved loop
+        lm, x, y = build()
+        comp = compare({kind: pass_fn(lm, x, y, kind, autocast_dtype) for kind in kinds}, steps=steps,
+                       warmup=warmup, device=device)
+        return {kind: Timing(s, warmup, comp.device, f"{size} {kind}") for kind, s in comp.samples.items()}
+
+    if warmup:
+        timings = guarded(warm)
+        timings = {kind: "OOM" for kind in kinds} if timings == "OOM" else timings
+    else:
+        timings = {kind: guarded(lambda: cold(kind)) for kind in kinds}
     rows = []
     for kind in kinds:
-        t = guarded(lambda: run(kind))
+        t = timings[kind]
         row = {"size": size, "pass": kind, "warm-up": warmup, "precision": precision_name(autocast_dtype)}
-        row.update({"mean_s": None, "median_s": None, "std_s": None, "status": "OOM"} if t == "OOM" else
-                   {**t.as_row(), "p25_s": float(np.percentile(t.samples, 25)), "first_s": t.samples[0],
-                    "status": "ok"})
+        if t == "OOM":
+            row.update({"mean_s": None, "median_s": None, "std_s": None, "status": "OOM"})
+        else:
+            row.update({**t.as_row(), "p25_s": float(np.percentile(t.samples, 25)), "first_s": t.samples[0],
+                        "status": "ok"})
+            both = timings.get("both")
+            if warmup and kind != "both" and both not in (None, "OOM"):
+                row.update({f"{k}_vs_both": v for k, v in ratio_columns(paired_ratio(t.samples, both.samples)).items()})
         rows.append(row)
     return rows
 
@@ -101,6 +125,49 @@ def time_sizes(sizes, batch_size: int, context_length: int, runs: list[dict], de
     """time_size for every size and every run (a dict of its keyword arguments: warmup, steps, kinds, autocast_dtype)."""
     return pd.DataFrame([row for size in sizes for run in runs
                          for row in time_size(size, batch_size, context_length, device=device, **run)])
+
+
+# --- the cpu profile's time budget (helpers.budget): what each section costs, and its plan ---------------------
+
+TRACK_OVERHEAD = 1.5  # memory.track's dispatch mode runs Python per op; PEAK_FIXED_S: the model, first calls. Planning
+PEAK_FIXED_S = 1.0  # estimates from one run (step_peaks on one thread: small/cpu 1.5 s, large/cpu 3.0x a step)
+
+
+def step_estimate(size, batch_size: int, context_length: int, cal, bf16: bool = False, fp32_s=None) -> float:
+    """Seconds of one forward+backward of `size` (Calibration.step_s of its training FLOPs): fp32_s when measured."""
+    return cal.step_s(formulas.train_flops(size, batch_size, context_length), bf16=bf16, fp32_s=fp32_s)
+
+
+def plan_timing(budget, sizes, batch_size: int, context_length: int, warmup: int, steps: int, cold_steps: int,
+                run=None):
+    """Section 1's sizes within the budget (the smallest always): per size a cold run of each pass (forward 1/3 of a
+    step, backward 2/3 plus the forward of its graph, both 1) and a warm interleaved run of the three."""
+    def cost(size):
+        t = step_estimate(size, batch_size, context_length, budget.calibration)
+        return cold_steps * 2 * t + t / 3 + (warmup + steps) * 2 * t + t / 3
+    return budget.fit(sizes, cost, what="section 1 timing at", keep_first=True, run=run)
+
+
+def plan_precision(budget, sizes, batch_size: int, context_length: int, warmup: int, steps: int, fp32_s: dict,
+                   run=None):
+    """Section 4's sizes within the budget (the smallest always: the question is answered at one size at least): per
+    size `warmup + steps` rounds of fp32 and bf16 forward+backward (fp32 as measured in section 1, bf16 from the
+    calibration). A size left out gets no verdict (timing.MIN_PAIRS), only NOT_TIMED."""
+    def cost(size):
+        args = (size, batch_size, context_length, budget.calibration)
+        return (warmup + steps) * (step_estimate(*args, fp32_s=fp32_s.get(size))
+                                   + step_estimate(*args, bf16=True, fp32_s=fp32_s.get(size)))
+    return budget.fit(sizes, cost, what="mixed precision at", keep_first=True, run=run)
+
+
+def plan_peaks(budget, sizes, batch_size: int, context_length: int, fp32_s: dict, bf16: bool, run=None):
+    """Section 5's peak sizes (fp32, or bf16 autocast) within the budget, the smallest always: per size a model built
+    and three tracked steps (AdamW's state, forward, full step)."""
+    def cost(size):
+        t = step_estimate(size, batch_size, context_length, budget.calibration, bf16=bf16, fp32_s=fp32_s.get(size))
+        return PEAK_FIXED_S + 3 * TRACK_OVERHEAD * t
+    return budget.fit(sizes, cost, what="autocast memory peaks at" if bf16 else "memory peaks at", keep_first=True,
+                      run=run)
 
 
 def plot_timing(times: pd.DataFrame, warmup: int, title: str = ""):
@@ -149,17 +216,15 @@ def warmup_summary(times: pd.DataFrame, warmup: int, cold_steps: int) -> str:
 
 
 def check_forward_le_both(times: pd.DataFrame, warmup: int) -> str:
-    """Assert forward <= forward+backward per size for the warm runs, on the fastest step of each (each pass runs on
-    its own fresh model, one after the other, so on a shared machine load can flip the medians; load only adds
-    time, so the fastest steps are the ones it slowed least). Returns the sentence saying so."""
-    warm = warm_cold(times, warmup)[1]["min_s"].unstack("pass")
-    bad = warm[warm["forward"] > warm["both"]]
-    assert bad.empty, f"forward > forward+backward (fastest steps) for {list(bad.index)}"
-    med = warm_cold(times, warmup)[1]["median_s"].unstack("pass")
-    flipped = list(med.index[med["forward"] > med["both"]])
-    return ("forward <= forward+backward for every size (fastest warm steps)"
-            + (f"; the medians flipped for {', '.join(flipped)}: load changed between the runs" if flipped else
-               "; the medians agree"))
+    """Assert forward <= forward+backward per size for the warm runs, on paired samples: the two are timed in one
+    interleaved loop on one model, so the median of forward_i / both_i over rounds compares steps that shared the
+    machine's load (separate loops flipped under load). Returns the sentence saying so."""
+    fwd = warm_cold(times, warmup)[1].xs("forward", level="pass")
+    bad = fwd[fwd["ratio_vs_both"] > 1]
+    assert bad.empty, f"forward > forward+backward (median of paired ratios) for {list(bad.index)}"
+    return (f"forward <= forward+backward for every size: forward takes {fwd['ratio_vs_both'].min():.2f}x to "
+            f"{fwd['ratio_vs_both'].max():.2f}x of forward+backward (median of ratios paired per round, "
+            f"{int(fwd['pairs_vs_both'].min())}+ pairs)")
 
 
 # --- 2, 3 · profiler tables and stacks ------------------------------------------------------------
@@ -204,10 +269,15 @@ def flame_rows(stacks, parts: dict[str, tuple[float, int]]) -> list[dict]:
 
 # --- 4 · mixed precision --------------------------------------------------------------------------
 
-def compare_precisions(sizes, batch_size: int, context_length: int, dtypes, warmup: int, steps: int, device=None):
+def compare_precisions(sizes, batch_size: int, context_length: int, dtypes, warmup: int, steps: int, device=None,
+                       skipped=()):
     """Per size ONE model whose forward+backward runs in fp32 and under each autocast dtype in one interleaved loop
-    (fp32, bf16, fp16, then reversed, ...): rows (size, precision, median_s, p25_s, status) and {size: Comparison}."""
+    (fp32, bf16, fp16, then reversed, ...): rows (size, precision, median_s, p25_s, status) and {size: Comparison}.
+    `skipped` sizes (left out by the budget) get rows with status NOT_TIMED and no times."""
     rows, comps = [], {}
+    for size in skipped:
+        rows += [{"size": size, "precision": precision_name(d), "pass": "both", "warm-up": warmup, "median_s": None,
+                  "p25_s": None, "steps": 0, "status": NOT_TIMED, "device": str(device)} for d in [None, *dtypes]]
     for size in sizes:
         def run():
             lm = build_model(size, device=device)
@@ -226,10 +296,18 @@ def compare_precisions(sizes, batch_size: int, context_length: int, dtypes, warm
     return pd.DataFrame(rows), comps
 
 
+def planned_precisions(plan, dtypes, warmup: int, device=None):
+    """compare_precisions' (rows, {size: Comparison}) of a plan that ran them size by size (plan.results), joined,
+    with NOT_TIMED rows for the sizes it left out."""
+    skipped = compare_precisions([], 0, 0, dtypes, warmup, 0, device, skipped=plan.dropped)[0]
+    return (pd.concat([rows for rows, _ in plan.results] + [skipped], ignore_index=True),
+            {size: comp for _, comps in plan.results for size, comp in comps.items()})
+
+
 def speedup_table(amp: pd.DataFrame, sizes) -> pd.DataFrame:
     """Median seconds per size and precision (rows of compare_precisions), plus each autocast dtype's speed-up over
     fp32 (ratio of the medians of one interleaved loop)."""
-    table = amp.pivot(index="size", columns="precision", values="median_s").loc[list(sizes)]
+    table = amp.pivot(index="size", columns="precision", values="median_s").reindex(list(sizes)).astype(float)
     for col in table.columns.drop("fp32"):
         table[f"speed-up {col[9:]}"] = table["fp32"] / table[col]
     return table
@@ -240,11 +318,11 @@ def precision_ratios(comps: dict) -> list[dict]:
     return [row for size, comp in comps.items() for row in pairwise_ratios(comp.samples, size=size, **{"pass": "both"})]
 
 
-def speedup_lines(comps: dict) -> str:
+def speedup_lines(comps: dict, skipped=()) -> str:
     """Per size and autocast dtype: its time over fp32's, paired per round with its interval, a winner only outside
-    the noise."""
-    return "\n".join(f"{size}: " + "; ".join(comp.verdict(label, "fp32") for label in comp.samples if label != "fp32")
-                     for size, comp in comps.items())
+    the noise; each size the budget left out says so."""
+    return "\n".join([f"{size}: " + "; ".join(comp.verdict(label, "fp32") for label in comp.samples if label != "fp32")
+                      for size, comp in comps.items()] + [f"{size}: {NOT_TIMED}" for size in skipped])
 
 
 def same_quantity_note(times: pd.DataFrame, amp: pd.DataFrame, warmup: int) -> str:
@@ -252,6 +330,8 @@ def same_quantity_note(times: pd.DataFrame, amp: pd.DataFrame, warmup: int) -> s
     s1 = warm_cold(times, warmup)[1].xs("both", level="pass")["median_s"]
     s4 = amp[(amp["precision"] == "fp32") & (amp["status"] == "ok")].set_index("size")["median_s"]
     both = pd.concat([s1.rename("s1"), s4.rename("s4")], axis=1).dropna()
+    if both.empty:
+        return "No size was timed in both section 1 and this section (budget): nothing to set side by side."
     ratio = both["s4"] / both["s1"]
     return (f"The fp32 column is this section's own interleaved loop (fp32 and autocast alternate on one model), so "
             f"each speed-up compares steps taken side by side; section 1 timed fp32 alone, on another model, earlier. "
@@ -399,11 +479,12 @@ def offloaded(model: nn.Module, optimizer=None, to: str = "cpu"):
             s[k] = s[k].to(home)
 
 
-def peak_rows(sizes, batch_size: int, context_length: int, dtypes, device=None) -> pd.DataFrame:
-    """Peak MiB of forward-only and of the full step per size and precision (fp32, then each autocast dtype)."""
+def peak_rows(sizes, batch_size: int, context_length: int, dtypes, device=None, fp32: bool = True) -> pd.DataFrame:
+    """Peak MiB of forward-only and of the full step per size and precision (fp32 unless fp32=False, then each
+    autocast dtype)."""
     rows = []
     for size in sizes:
-        for dtype in [None, *dtypes]:
+        for dtype in [None, *dtypes] if fp32 else dtypes:
             traces = guarded(lambda: step_peaks(size, batch_size, context_length, dtype, device))
             for kind in ("forward", "full step"):
                 tr = None if traces == "OOM" else traces[kind]

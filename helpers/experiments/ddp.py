@@ -48,6 +48,34 @@ PROFILES = {  # notebook 04 per profile: speed-table models, the sweep's model, 
 }
 
 
+def plan_speed(budget, sizes, sweep_model: str, extra_buckets_mb, seed_buckets_mb, warmup: int, steps: int,
+               batch_size: int, context_length: int, world: int = 2) -> tuple[int, list]:
+    """Notebook 04's speed runs within the budget: the speed table and the seed's sweep at timing.MIN_PAIRS steps
+    (always), then the sweep's extra bucket sizes below the seed's grid (largest first), then more timed steps. A
+    variant's step on a rank (one thread each): its share of the batch forward+backward and an all-reduce of the
+    gradients. Returns (steps, extra bucket sizes kept); the plans (budget.plans[-2:]) name what was left out."""
+    from helpers.timing import MIN_PAIRS
+
+    cal = budget.calibration.per_thread() if budget.calibration else None
+    base_steps = min(steps, MIN_PAIRS)
+
+    def variant_step(model):
+        return (cal.step_s(formulas.train_flops(model, batch_size // world, context_length))
+                + cal.allreduce_time(count_parameters(model) * 4))
+
+    variants = {m: len(SPEED_VARIANTS) + (len(sweep_variants(seed_buckets_mb)) if m == sweep_model else 0) for m in sizes}
+    round_s = lambda extra: sum(n * variant_step(m) for m, n in variants.items()) + extra * variant_step(sweep_model)
+    base = f"the speed table at {base_steps} steps"
+    sweep = budget.fit([base] + sorted(extra_buckets_mb, reverse=True),
+                       lambda item: (warmup + base_steps) * (round_s(0) if item == base else variant_step(sweep_model)),
+                       what=f"{sweep_model}'s bucket sweep at (MB)", keep_first=True)
+    extra = sorted(sweep.kept[1:])
+    sweep.dropped = [mb for mb in sweep.dropped if mb != base]
+    more = budget.fit([f"step {i}" for i in range(base_steps + 1, steps + 1)], lambda item: round_s(len(extra)),
+                      what="the speed table's timed")
+    return base_steps + len(more.kept), extra
+
+
 def make_optimizer(params, name: str):
     """SGD (lr 0.1) or AdamW (lr 1e-3): what the equivalence and speed runs train with."""
     return torch.optim.SGD(params, lr=0.1) if name == "sgd" else torch.optim.AdamW(params, lr=1e-3)

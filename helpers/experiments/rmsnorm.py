@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from helpers import formulas
 from helpers.experiments.common import log_ticks, positive_int, variant_runs
 from helpers.formulas import norm_bytes
 from helpers.env import triton_mode
-from helpers.model import ModelConfig, build_model, lm_loss, make_norm, random_batch
+from helpers.model import ModelConfig, build_model, get_config, lm_loss, make_norm, random_batch
 from helpers.rmsnorm import EPS, RMSNormPyTorchFunction, RMSNormTritonFunction, rmsnorm_reference
 from helpers.timing import Comparison, benchmark, compare, paired_ratio, pairwise_ratios, verdict
 
@@ -276,6 +277,16 @@ def fastest_lines(rows, comps) -> str:
         lines.append(f"{dt:>8} {pass_:>7} H={H:<5}: {head}; {first.impl} at {first.median_s * 1e3:.3f} ms, "
                      f"{first.GBps:.0f} GB/s = {first.frac_of_copy:.0%} of copy")
     return "\n".join(lines)
+
+
+def plan_model_norms(budget, sizes, norms, batch_size: int, warmup: int, steps: int, run=None):
+    """Section 2's model sizes within the budget (the smallest always): per size `warmup + steps` rounds of every
+    norm's forward (a third of a step) and forward+backward, at the model's own context length."""
+    def cost(size):
+        cfg = get_config(size)
+        t = budget.calibration.step_s(formulas.train_flops(cfg, batch_size, cfg.context_length))
+        return (warmup + steps) * len(norms) * (t / 3 + t)
+    return budget.fit(sizes, cost, what="the whole model's norms at", keep_first=True, run=run)
 
 
 def compare_model_norms(size: str, norms, device="cpu", batch_size: int = 4, warmup: int = 3, steps: int = 10):

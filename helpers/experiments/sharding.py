@@ -58,6 +58,28 @@ PROFILES = {  # notebook 05 per profile: the models for memory and speed, the gl
 }
 
 
+def plan_speed_steps(budget, model: str, kinds, warmup: int, steps: int, batch_size: int, context_length: int,
+                     world: int = 2) -> int:
+    """Section 4's timed steps within the budget, never fewer than timing.MIN_PAIRS (a verdict needs them): each
+    round trains every kind once on each rank (one thread per rank: its share of the batch, the gradients'
+    all-reduce, AdamW over the parameters). Returns the steps to run; the plan (budget.plans[-1]) names the rest."""
+    from helpers.timing import MIN_PAIRS
+
+    cal = budget.calibration.per_thread() if budget.calibration else None
+    psi = count_parameters(model) * 4
+
+    def round_s():
+        step = cal.step_s(F.train_flops(model, batch_size // world, context_length))
+        # AdamW reads p, g, m, v and writes p, m, v: 7 tensors of psi bytes, at 10 GB/s (a planning figure)
+        return len(kinds) * (step + cal.allreduce_time(psi) + 7 * psi / 10e9)
+
+    first = f"warm-up and steps 1-{MIN_PAIRS}"
+    items = [first] + [f"step {i}" for i in range(MIN_PAIRS + 1, steps + 1)]
+    plan = budget.fit(items, lambda item: (warmup + MIN_PAIRS if item == first else 1) * round_s(),
+                      what=f"{model}'s timed", keep_first=True)
+    return MIN_PAIRS + len(plan.kept) - 1 if steps >= MIN_PAIRS else steps
+
+
 # ---- what the workers return ----
 
 @dataclass
