@@ -122,9 +122,10 @@ def timing_script(q, saved):
     _, warm, warmup = _warm_cold(saved)
     prov = saved.run("01_timing").provenance
     sizes = list(dict.fromkeys(warm.index.get_level_values("size")))
-    return (f"`benchmarking.time_sizes` builds a fresh model per size and pass, and `helpers.timing.benchmark` runs "
-            f"{warmup} untimed warm-up calls, then times each of {int(warm['steps'].iloc[0])} calls between device "
-            f"synchronisations (a cold run repeats it with no warm-up). Here it timed {len(sizes)} sizes "
+    return (f"`benchmarking.time_sizes` builds one model per size and times forward, backward and forward+backward "
+            f"on it interleaved in one loop (`helpers.timing.compare`): {warmup} untimed warm-up rounds, then "
+            f"{int(warm['steps'].iloc[0])} rounds, each call between device synchronisations; a cold run builds a fresh "
+            f"model per pass and times it with no warm-up. Here it timed {len(sizes)} sizes "
             f"({', '.join(sizes)}) × forward, backward and forward+backward at batch {prov.get('batch')} × context "
             f"{prov.get('context')}.")
 
