@@ -183,7 +183,7 @@ def test_count_collectives_counts_the_tensor_and_the_list_forms(one_rank):
     t = torch.ones(6)  # 24 bytes
     with count_collectives() as log:
         dist.all_reduce(t)
-        dist.all_gather_into_tensor(torch.empty(6), t)
+        dist.all_gather_single(torch.empty(6), t)
         dist.all_gather([torch.empty(6)], t)
-        dist.reduce_scatter_tensor(torch.empty(6), t)
+        dist.reduce_scatter_single(torch.empty(6), t)
     assert log == [("all_reduce", 24), ("all_gather", 24), ("all_gather", 24), ("reduce_scatter", 24)]

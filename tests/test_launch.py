@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from helpers import launch as L
 from helpers.env import usable_cores
-from helpers.launch import RankError, launch
+from helpers.launch import RankError, all_reduce_rank_ids, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -182,3 +182,26 @@ def test_torchrun_world_size_cannot_be_changed(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ValueError, match="WORLD_SIZE=3"):
         launch(L.all_reduce_rank_ids, 2)
+
+
+def test_both_start_methods_run_a_launch_and_a_bad_one_is_named(monkeypatch):
+    from helpers.launch import start_method
+
+    assert start_method() == ("spawn" if torch.cuda.is_available() else "forkserver")
+    for method in ("spawn", "forkserver"):
+        monkeypatch.setenv("LAUNCH_START_METHOD", method)
+        assert [r["sum"] for r in launch(all_reduce_rank_ids, 2, backend="gloo", device="cpu")] == [1.0, 1.0]
+    monkeypatch.setenv("LAUNCH_START_METHOD", "fork")
+    with pytest.raises(ValueError, match="spawn or forkserver"):
+        start_method()
+
+
+def env_value(key: str) -> str | None:
+    return os.environ.get(key)
+
+
+def test_a_rank_sees_the_launchers_environment_now(monkeypatch):
+    """The forkserver started earlier; a variable set since must still reach the ranks, as with spawn."""
+    launch(all_reduce_rank_ids, 1, backend="gloo", device="cpu")  # the server is running
+    monkeypatch.setenv("LAUNCH_TEST_VALUE", "42")
+    assert launch(env_value, 1, "LAUNCH_TEST_VALUE", backend="gloo", device="cpu") == ["42"]

@@ -99,7 +99,7 @@ def command(tmp_path_factory):
     """One `python -m helpers yours` run on the fixture's kernel topics: (the finished process, the page's folder)."""
     out = tmp_path_factory.mktemp("yours")
     cmd = [sys.executable, "-m", "helpers", "yours", str(ADAPTERS), "--topics", "rmsnorm,attention", "--no-compile",
-           "--steps", "6", "--out", str(out)]
+           "--steps", "6", "--out", str(out), "--results", str(out)]  # not data/local: the writeup would link it
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600), out
 
 
@@ -108,7 +108,7 @@ def test_the_command_prints_saves_and_writes_the_page(command, tmp_path):
     assert run_.returncode == 0, run_.stdout[-3000:] + run_.stderr[-3000:]
     for who in ("yours:pytorch", "ours:pytorch", "pytorch:F.rms_norm", "pytorch:sdpa"):
         assert who in run_.stdout
-    checks = load_results("yours_checks").rows  # the fixture (our implementations) passes every check
+    checks = load_results(out / "yours_checks.jsonl").rows  # the fixture (our implementations) passes every check
     assert checks and all(c["status"] == PASS for c in checks), [c for c in checks if c["status"] != PASS]
     assert {c["impl"] for c in checks if c["topic"] == "attention"} == {"pytorch", "triton"}
     page = (out / "yours.html").read_text()

@@ -142,6 +142,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out of the timings")
     parser.add_argument("--timeout-s", type=float, default=Options.timeout_s, help="per launched check")
     parser.add_argument("--out", type=Path, default=None, help="the page's folder (default: writeups/)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="where the rows are saved (default: data/local/<device>/, which the writeup links)")
     args = parser.parse_args(argv)
     topics = [t.strip() for t in args.topics.split(",") if t.strip()]
     unknown = [t for t in topics if t not in RUNNERS]
@@ -156,13 +158,13 @@ def main(argv: list[str]) -> int:
     print_report(results)
     checks, rows = checks_table(results), side_by_side(results)
     extra = dict(adapters=str(args.adapters.resolve()), topics=topics)
-    save_results(checks, "yours_checks", profile, **extra)
-    save_results(rows, "yours_rows", profile, **extra)
+    save_results(checks, "yours_checks", profile, directory=args.results, **extra)
+    save_results(rows, "yours_rows", profile, directory=args.results, **extra)
     from helpers.course.yours.page import write_page
     from helpers.writeup import ROOT
 
     page = (args.out or ROOT / "writeups") / "yours.html"
-    write_page(page, profile)
+    write_page(page, profile, data_dir=args.results)
     failed = checks[checks.status.isin(["fail", "error"])]
     print(f"\n{len(checks) - len(failed)} of {len(checks)} checks without failure; page: {page}")
     return 1 if len(failed) else 0
