@@ -389,6 +389,18 @@ def _run_properties(topic: str, impl: str, properties: dict, check) -> list[Chec
     return out
 
 
+def _named(module, topic: str, res: TopicResult):
+    """(adapter, its constructor's name) for each implementation of `topic` the file names; a SKIPPED check in `res`
+    for each it does not (another edition's)."""
+    for adapter in A.implementations(module, topic):
+        name = A.ADAPTERS[topic][adapter.impl][0]
+        absent = _absent_or_missing(topic, adapter, name)
+        if absent:
+            res.checks.append(absent)
+        else:
+            yield adapter, name
+
+
 def _absent_or_missing(topic: str, adapter: A.Adapter, name: str) -> Check | None:
     if not adapter.ok or name not in adapter.fns:
         return Check(topic, adapter.impl, "adapter present", SKIPPED, f"no {name} in the file (another edition's)")
@@ -439,12 +451,7 @@ def rmsnorm_worker(adapters_path: str, opts: Options) -> TopicResult:
     from helpers.rmsnorm import RMSNormPyTorchFunction, RMSNormTritonFunction
 
     module, res, yours = A.load(adapters_path), TopicResult("rmsnorm"), {}
-    for adapter in A.implementations(module, "rmsnorm"):
-        name = A.ADAPTERS["rmsnorm"][adapter.impl][0]
-        absent = _absent_or_missing("rmsnorm", adapter, name)
-        if absent:
-            res.checks.append(absent)
-            continue
+    for adapter, name in _named(module, "rmsnorm", res):
         if adapter.impl in ("backward_g", "backward_x"):
             which = "dg" if adapter.impl == "backward_g" else "dx"
             fn = adapter.fns[name]
@@ -508,12 +515,7 @@ def attention_worker(adapters_path: str, opts: Options) -> TopicResult:
     from helpers.attention import FlashAttentionPyTorch, FlashAttentionTriton
 
     module, res, yours = A.load(adapters_path), TopicResult("attention"), {}
-    for adapter in A.implementations(module, "attention"):
-        name = A.ADAPTERS["attention"][adapter.impl][0]
-        absent = _absent_or_missing("attention", adapter, name)
-        if absent:
-            res.checks.append(absent)
-            continue
+    for adapter, name in _named(module, "attention", res):
         lse = {"exactly one logsumexp saved for backward, nothing T x T": [LSE_CASE]}
         apply, checks = _function_checks(adapter, [(ATTN_PROPERTIES, check_attn_function), (lse, check_lse_saved)])
         res.checks += checks
