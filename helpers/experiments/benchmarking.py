@@ -497,6 +497,18 @@ def peak_rows(sizes, batch_size: int, context_length: int, dtypes, device=None, 
     return pd.DataFrame(rows)
 
 
+def planned_peaks(budget, sizes, batch_size: int, context_length: int, fp32_s: dict, dtypes, device=None):
+    """Section 5: the fp32 and the autocast peaks of the sizes each plan fits in the budget: (rows, the table of
+    peak MiB by size x (pass, precision), the plans' notes on what they left out)."""
+    plans = [plan_peaks(budget, sizes, batch_size, context_length, fp32_s, bf16=bf16,
+                        run=lambda size, bf16=bf16: peak_rows([size], batch_size, context_length, dtypes if bf16 else [],
+                                                              device, fp32=not bf16))
+             for bf16 in (False, True)]
+    peaks = pd.concat([r for plan in plans for r in plan.results], ignore_index=True)
+    table = peaks.pivot_table(index="size", columns=["pass", "precision"], values="peak_MiB", sort=False).reindex(sizes)
+    return peaks, table, [plan.note for plan in plans if plan.note]
+
+
 def peak_summary(peak_table: pd.DataFrame) -> str:
     """Full-step peak of each autocast dtype vs fp32, and full step vs forward in fp32, as ranges over sizes."""
     full, fwd = peak_table["full step"], peak_table["forward"]

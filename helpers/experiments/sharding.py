@@ -481,6 +481,16 @@ def summarize_speed(per_rank: list[SpeedRun]) -> list[dict]:
     return rows
 
 
+def speed_runs(launches, *, model, steps: int, warmup: int, batch_size: int, context_length: int, world: int,
+               backend: str, device: str) -> list[list[SpeedRun]]:
+    """Notebook 05's timing: one launch per group of kinds (those timed together in one interleaved loop), each rank's
+    SpeedRun per launch."""
+    return [L.launch(functools.partial(speed_worker, model=model, kinds=kinds, steps=steps, warmup=warmup,
+                                       batch_size=batch_size, context_length=context_length),
+                     world, backend=backend, device=device)
+            for kinds in launches]
+
+
 def speed_table(per_launch: list[list[SpeedRun]]) -> pd.DataFrame:
     """summarize_speed over one or more launches, indexed by kind, with update_s = step_s - step_comm_s."""
     speed = pd.DataFrame([row for per_rank in per_launch for row in summarize_speed(per_rank)]).set_index("kind")
