@@ -14,6 +14,7 @@
 #                                bench walltime --suite; ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2: no fast bf16)
 #   make stress [RUNS=200]       spawn-train-exit scripts per wrapper: does a rank die at exit? (not part of make test)
 #   make yours ADAPTERS=PATH     your assignment's tests/adapters.py checked and timed beside ours (writeups/yours.html)
+#                                ARGS="--topics attention --python ../a2/.venv/bin/python": more options
 #   make reference [BUDGET_S=1500] [REFERENCE_ARGS="--only kernels 01"]
 #                                on a GPU: python -m helpers reference, the gpu profile's work in timed batches
 #                                into data/reference/<device>/ (resumes; see README "On a lent GPU machine")
@@ -35,6 +36,7 @@ BUDGET    ?= auto
 TOPICS    ?= rmsnorm collectives ddp sharding attention fsdp
 RUNS      ?= 200
 ADAPTERS  ?=
+ARGS      ?=
 BUDGET_S  ?= 1500
 REFERENCE_ARGS ?=
 WHEELS_DIR ?= build/wheels
@@ -70,7 +72,7 @@ stress: setup
 
 yours: setup
 	$(if $(strip $(ADAPTERS)),,$(error set ADAPTERS=path/to/your/tests/adapters.py))
-	$(PY) -m helpers yours $(ADAPTERS) --profile $(PROFILE)
+	$(PY) -m helpers yours $(ADAPTERS) --profile $(PROFILE) $(ARGS)
 reference: setup
 	$(PY) -m helpers reference --budget-s $(BUDGET_S) $(REFERENCE_ARGS)
 
