@@ -288,6 +288,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each distributed check (races)")
     parser.add_argument("--steps", type=int, default=Options.steps, help="timed steps per implementation")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out of the timings")
+    parser.add_argument("--no-timing", action="store_true", help="the checks alone (no timing, no side-by-side rows)")
     parser.add_argument("--timeout-s", type=float, default=Options.timeout_s, help="per launched check")
     parser.add_argument("--out", type=Path, default=None, help="the page's folder (default: writeups/)")
     parser.add_argument("--results", type=Path, default=None,
@@ -303,7 +304,7 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"no adapters file at {args.adapters}: pass the path to your assignment's tests/adapters.py")
     profile = resolve_profile(args.profile)
     opts = replace(Options(), profile=profile, repeat=args.repeat, steps=args.steps, compiled=not args.no_compile,
-                   timeout_s=args.timeout_s)
+                   timed=not args.no_timing, timeout_s=args.timeout_s)
     python = args.python or default_python(args.adapters)
     if python is not None and not Path(python).exists():
         raise ValueError(f"--python {python} does not exist")
