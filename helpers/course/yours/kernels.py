@@ -85,6 +85,21 @@ class ShapeError(ValueError):
     """An output of the wrong shape or kind."""
 
 
+class BackwardMissing(Exception):
+    """The forward is within its bounds and the backward raises NotImplementedError (a student part-way through)."""
+
+
+def _grads(out: Tensor, inputs: tuple, grad_out: Tensor) -> tuple:
+    """The gradients of `out` with respect to `inputs`; Nones when the backward raises NotImplementedError (the
+    caller checks the forward alone, then raises BackwardMissing)."""
+    if not out.requires_grad:
+        return (None,) * len(inputs)
+    try:
+        return torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
+    except NotImplementedError:
+        return ("not implemented",) * len(inputs)
+
+
 def first_mismatch(got: dict, want: dict, bound: dict) -> Mismatch | None:
     for name in want:
         m = worst(name, got[name], want[name], bound[name])
@@ -235,10 +250,12 @@ def check_norm_function(apply, case: NormCase, device="cpu") -> str:
     want, scales = norm_float64(x, g, dy)
     bound = norm_bounds(x, scales, case.dtype)
     m = worst("y", y, want["y"], bound["y"])  # the forward first: its error explains the gradients'
-    dx, dg = torch.autograd.grad(y, (x, g), dy, allow_unused=True) if y.requires_grad else (None, None)
-    got = {"y": y} if dx is None or dg is None else {"y": y, "dx": dx, "dg": dg}
+    dx, dg = _grads(y, (x, g), dy)
+    got = {"y": y} if not isinstance(dx, Tensor) or not isinstance(dg, Tensor) else {"y": y, "dx": dx, "dg": dg}
     if m is not None:  # the forward's own signature names the mistake (the gradients follow from it)
         return f"{case}: {m}. {norm_mistake({'y': y}, x, g, dy)}".strip()
+    if isinstance(dx, str):
+        raise BackwardMissing(f"{case}: forward within its bounds")
     if dx is None or dg is None:
         return f"{case}: no gradient for {'x' if dx is None else 'g'} (is backward returning it?)"
     try:
@@ -409,8 +426,8 @@ def check_attn_function(apply, case: AttnCase, device="cpu", *, mask_optional: b
         raise ShapeError(f"apply(q, k, v, is_causal) returned {type(o).__name__}, expected the output tensor")
     if o.dtype != q.dtype:
         return f"{case}: o is {o.dtype}, expected the input's dtype {q.dtype}"
-    grads = torch.autograd.grad(o, (q, k, v), do, allow_unused=True) if o.requires_grad else (None,) * 3
-    got = {"o": o} if any(g is None for g in grads) else dict(zip(("o", "dq", "dk", "dv"), (o, *grads)))
+    grads = _grads(o, (q, k, v), do)
+    got = {"o": o} if not all(isinstance(g, Tensor) for g in grads) else dict(zip(("o", "dq", "dk", "dv"), (o, *grads)))
     results = [_attn_differs(got, grads, q, k, v, do, case)]
     if mask_optional and results[0]:
         results.append(_attn_differs(got, grads, q, k, v, do, replace(case, is_causal=False)))
@@ -424,6 +441,8 @@ def _attn_differs(got: dict, grads, q, k, v, do, case: AttnCase) -> str:
     m = worst("o", got["o"], want["o"], bound["o"])  # the forward first: its error explains the gradients'
     if m is not None:  # the forward's own signature names the mistake (the gradients follow from it)
         return f"{case}: {m}. {attn_mistake({'o': got['o']}, q, k, v, do, case)}".strip()
+    if isinstance(grads[0], str):
+        raise BackwardMissing(f"{case}: forward within its bounds")
     if len(got) == 1:
         return f"{case}: no gradient for {'qkv'[[gr is None for gr in grads].index(True)]} (is backward returning it?)"
     try:
@@ -592,6 +611,9 @@ def _function_checks(adapter: A.Adapter, suites: list[Suite], runtime: TritonRun
               for c in _run_properties(topic, impl, suite.properties,
                                        lambda case, check=suite.check: check(cls.apply, case, device),
                                        beyond=suite.beyond, runtime=runtime)]
+    if any(c.detail == FORWARD_ONLY for c in checks):  # a student part-way through: the forward still counts
+        checks.append(Check(topic, impl, "backward implemented", NOT_IMPLEMENTED,
+                            "backward raises NotImplementedError: the gradients were not checked"))
     return cls.apply, checks
 
 
@@ -599,7 +621,7 @@ def _run_properties(topic: str, impl: str, properties: dict, check, *, beyond: b
                     runtime: TritonRuntime | None = None) -> list[Check]:
     """One Check per property: the first failing case's detail, or pass; an exception in student code is ERROR;
     a case this environment cannot run (runtime) makes the property NEEDS_GPU / NEEDS_TRITON, not a failure."""
-    out = []
+    out, forward_only = [], ""
     for prop, cases in properties.items():
         failed, cannot = None, None  # (status, detail): the first case that fails; the first that cannot run here
         for case in cases:
@@ -608,6 +630,9 @@ def _run_properties(topic: str, impl: str, properties: dict, check, *, beyond: b
                 status = FAIL if detail else PASS
             except ShapeError as exc:
                 status, detail = FAIL, f"{case}: {exc}"
+            except BackwardMissing as exc:
+                status, detail = PASS, ""
+                forward_only = str(exc)
             except Exception as exc:  # noqa: BLE001 - the student's code raised: say what and where
                 why = unrunnable(exc, runtime) if runtime else None
                 if why:
@@ -622,9 +647,12 @@ def _run_properties(topic: str, impl: str, properties: dict, check, *, beyond: b
             if status != PASS:
                 failed = (status, detail)
                 break
-        status, detail = failed or cannot or (PASS, "")
+        status, detail = failed or cannot or (PASS, FORWARD_ONLY if forward_only else "")
         out.append(Check(topic, impl, prop, status, detail, beyond=beyond))
     return out
+
+
+FORWARD_ONLY = "forward only: the backward is not implemented"
 
 
 def _named(module, topic: str, res: TopicResult, only=None):
@@ -824,7 +852,7 @@ def attn_timing(yours: dict, *, opts: Options, ours: dict) -> list[dict]:
     gpu = torch.cuda.is_available() and opts.profile == "gpu"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     case = (AttnCase(16384, 16384, 64, True, torch.bfloat16, batch=16) if gpu
-            else AttnCase(128, 128, 64, True, torch.float32, batch=4))
+            else AttnCase(128, 128, 64, False, torch.float32, batch=4))  # the PyTorch version may ignore is_causal
     q, k, v, do = attn_inputs(case, device=device)
     fns = {f"ours:{k_}": f for k_, f in ours.items()}
     fns.update({f"yours:{k_}": f for k_, f in yours.items()})

@@ -74,7 +74,7 @@ def summary(checks: list[dict]) -> tuple[str, bool]:
         return (f"nothing implemented yet: {count[NOT_IMPLEMENTED]} adapters raise NotImplementedError and the "
                 "others are absent, so there was nothing to check", False)
     text = (f"{implemented} checks of what you implemented: {count[PASS]} pass, {failed} fail, {cannot} need a GPU "
-            f"or another Triton; {count[NOT_IMPLEMENTED]} adapters not implemented")
+            f"or another Triton; {count[NOT_IMPLEMENTED]} not implemented")
     return text, failed == 0
 
 
