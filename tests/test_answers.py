@@ -4,7 +4,6 @@
 what was measured, and links nothing on the network."""
 import os
 import re
-from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
@@ -323,7 +322,8 @@ def test_sharding_speed_names_no_winner_without_a_paired_ratio(synthetic, tmp_pa
     assert "unsharded is measurably faster than ShardedOptimizer" in got["3.4.5(b)"][0]  # 0.95 s vs 0.9 s
     assert "1.500Ψ" in got["3.4.5(c)"][0]  # the counted table, when saved
     write(tmp_path, {"05_sharding_speed": (sharding_speed, dict(model=SIZES[1]))})
-    text, ok, _ = astuple(A.answer(A.BY_NUMBER["3.4.5(b)"], A.Saved(tmp_path, "cpu")))
+    got = A.answer(A.BY_NUMBER["3.4.5(b)"], A.Saved(tmp_path, "cpu"))
+    text, ok = got.text, got.measured
     assert ok and "no faster or slower is claimed" in text and "measurably" not in text
 
 
@@ -338,7 +338,8 @@ def test_a_triton_timing_when_there_is_one(tmp_path):
     write(tmp_path, {"rmsnorm_ratios": (XR.ratio_rows(shapes, ("dtype", "H")), {})}, profile="gpu")
     saved = A.Saved(tmp_path, "gpu")
     for number in ("2.2.1(a)", "2.2.4(a)"):
-        text, ok, _ = astuple(A.answer(A.BY_NUMBER[number], saved))
+        got = A.answer(A.BY_NUMBER[number], saved)
+        text, ok = got.text, got.measured
         assert ok and "Triton RMSNorm is measurably faster than RMSNorm (PyTorch ops) for H 4096" in text, text
         assert "not timed" not in text
 
@@ -371,7 +372,8 @@ def test_an_empty_folder_gives_not_measured_everywhere(tmp_path):
 
 def test_results_of_the_other_profile_are_not_used(tmp_path):
     write(tmp_path, {"01_timing": notebook_01_rows()["01_timing"]}, profile="gpu")
-    text, ok, _ = astuple(A.answer(A.BY_NUMBER["2.1.1(b)"], A.Saved(tmp_path, "cpu")))
+    got = A.answer(A.BY_NUMBER["2.1.1(b)"], A.Saved(tmp_path, "cpu"))
+    text, ok = got.text, got.measured
     assert not ok and "gpu-profile run" in text
 
 
@@ -398,13 +400,16 @@ def edition_problems(text: str) -> dict[int, set[str]]:
         if heading:
             year = int(heading.group(1))
             found[year] = set()
+        elif line.startswith("## "):  # another section (the details, the contract): no edition's list
+            year = None
         elif year and (bold := re.match(r"\s*-\s*\*\*([^*]+)\*\*", line)):
             found[year] |= {name.strip() for name in bold.group(1).split("/")}
     return found
 
 
 def test_the_curricula_parser_reads_editions_and_split_names():
-    text = "## 2025 edition (adds)\n- **a_b**: x\n- plain\n## 2026 edition\n- **c / d_e**: y\n- **a_b**: z\n"
+    text = ("## 2025 edition (adds)\n- **a_b**: x\n- plain\n## 2026 edition\n- **c / d_e**: y\n- **a_b**: z\n"
+            "## Details\n- **2026 Table 1**: not a problem\n")
     assert edition_problems(text) == {2025: {"a_b"}, 2026: {"c", "d_e", "a_b"}}
 
 
@@ -459,3 +464,41 @@ def test_a_saved_reference_run_is_named_beside_the_answer(tmp_path, monkeypatch)
     assert page._reference_runs(q) == ""
     results.save_results([{"x": 1}], q.reads[0], profile="gpu", kind="reference", directory=tmp_path / "reference" / "h100")
     assert "reference runs beside this one" in page._reference_runs(q) and "profile gpu" in page._reference_runs(q)
+
+
+# ---- issue 32: the closed-form answers carry the derived figures, and directions follow the values -------------------
+
+def test_the_2025_and_2026_closed_forms_on_the_page(synthetic):
+    got = all_answers(synthetic)
+    c = got["communication_accounting(c)"][0]
+    assert "1,278 tokens per FSDP shard" in c and "319 tokens per device" in c and "20,444" in c and "10,222" in c
+    assert "17.5 MB per token" in got["communication_accounting(a)"][0]
+    assert "10,828 tokens per device" in got["communication_accounting(b)"][0]
+    assert "communication_accounting(d)" in A.BY_NUMBER  # tricks are their own part
+    assert "k* = √(L·I/A) = 0.86" in got["gradient_checkpointing(b)"][0]
+    a = got["gradient_checkpointing(a)"][0]
+    assert "O(1)" in a and "O(N²)" in a and "recursive prefix" in a
+    f = got["fsdp_accounting(a)"][0]
+    assert "27.3 GB against DDP" in f and "13.6 GB against ZeRO-1" in f
+    assert "N_TP ≤ 1 + 1.5·D_FF·W/C" in got["tp_calcs(b)"][0] and "12.2 against 23.4" in got["tp_calcs(b)"][0]
+    assert "N_DP ≤ 1 + B·W/C" in got["data_parallel_calcs"][0]
+    assert "1.5·B·D_FF·W²/C²" in got["fsdp_tp_calcs(c)"][0] and "3·B·D_FF·W²/(8·C²)" in got["fsdp_tp_calcs(d)"][0]
+
+
+@pytest.mark.parametrize("peak_fall, states_fall, says", [(8.7, 8.16, "by more than"), (7.0, 8.16, "by less than"),
+                                                          (8.16, 8.16, "by the states saved")])
+def test_the_peak_fall_direction_follows_the_values(peak_fall, states_fall, says):
+    from helpers.course.answers.nb07 import fall_text
+
+    assert says in fall_text(peak_fall, states_fall)
+
+
+def test_fsdp_accounting_direction_on_planted_rows(tmp_path):
+    zero = [{"kind": k, "stage": s, "rank": 0, "measured_MiB": v, "zero_MiB": v, "measured/zero": 1.0}
+            for k, s, v in (("ddp", 0, 16.0), ("fsdp", 3, 7.84))]
+    for fsdp_peak, says in ((23.3, "by more than the states saved"), (25.0, "by less than the states saved")):
+        mem = [{"kind": k, "rank": 0, "point": "after step 1", "live_MiB": v, "peak_MiB": p}
+               for k, v, p in (("ddp", 16.0, 32.0), ("fsdp", 7.84, fsdp_peak))]
+        write(tmp_path, {"07_zero_check": (zero, {}), "07_memory": (mem, {})})
+        got = A.answer(A.BY_NUMBER["fsdp_accounting(a)"], A.Saved(tmp_path, "cpu"))
+        assert got.measured and says in got.text, got.text

@@ -192,19 +192,37 @@ def ref(value: str, source: str = WRITEUP) -> tuple[Reference, ...]:
     return (Reference(value, source),)
 
 
+STATUSES = {  # an answer's status on the page -> what it means (the page's header counts each)
+    "measured": "measured here: computed from results this machine saved",
+    "closed form": "closed form: computed from the handout's values, the same anywhere",
+    "partial": "partial: answered in part, the rest says what is missing",
+    "needs a GPU": "needs a GPU: what a CPU can give is shown, the asked measurement needs a GPU",
+    "not run": "not run yet: the notebook that measures it has not saved its results here",
+}
+
+
 @dataclass(frozen=True)
 class Answer:
-    """What an answer function may return instead of a str: its text and the GPU line its measurement chose."""
+    """What an answer function may return instead of a str: its text, the GPU line its measurement chose, a small table
+    shown under the text (rows of {column: value}), and a status when it is not a plain measured/closed-form answer
+    ("partial" or "needs a GPU", with `missing` saying what is left)."""
     text: str
-    gpu: str
+    gpu: str = ""
+    table: tuple = ()
+    status: str = ""
+    missing: str = ""
 
 
 @dataclass(frozen=True)
 class Answered:
-    """An answer on the page: its text, whether it came from this run's results, and the GPU line shown."""
+    """An answer on the page: its text, whether it came from this run's results, the GPU line, its table, its status
+    (a key of STATUSES) and what is missing when partial."""
     text: str
     measured: bool
     gpu: str
+    table: tuple = ()
+    status: str = "measured"
+    missing: str = ""
 
 
 QUESTIONS: list[Question] = []  # every edition's, in page order within each edition
@@ -240,9 +258,12 @@ def answer(q: Question, saved: Saved) -> Answered:
     try:
         got = ANSWERS[q.number](q, saved)
     except NotMeasured as why:
-        return Answered(f"Not measured in this run (run notebook {q.notebook}; {why}).", False, q.gpu)
+        return Answered(f"Not measured in this run (run notebook {q.notebook}; {why}).", False, q.gpu, status="not run")
     except READ_ERRORS as err:
         return Answered(f"Not measured in this run (run notebook {q.notebook}: its saved results lack what this answer "
-                        f"reads, {type(err).__name__}: {err}).", False, q.gpu)
-    text, gpu = (got.text, got.gpu) if isinstance(got, Answer) else (got, q.gpu)
-    return Answered(cap(text), True, gpu)
+                        f"reads, {type(err).__name__}: {err}).", False, q.gpu, status="not run")
+    got = got if isinstance(got, Answer) else Answer(got)
+    status = got.status or ("measured" if q.reads else "closed form")
+    if status not in STATUSES or status == "not run":
+        raise ValueError(f"answer {q.number}: status {status!r} is not one of {list(STATUSES)[:-1]}")
+    return Answered(cap(got.text), True, got.gpu or q.gpu, tuple(got.table), status, got.missing)
