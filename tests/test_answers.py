@@ -435,8 +435,8 @@ def test_a_problem_both_editions_share_is_one_question():
 
 
 @pytest.mark.parametrize("medians, says, never", [
-    ({"fp32": 1.0, "autocast bfloat16": 0.6}, "measurably faster at every size here", "slower"),
-    ({"fp32": 1.0, "autocast bfloat16": 1.3}, "Does not carry over", "faster at every size here"),
+    ({"fp32": 1.0, "autocast bfloat16": 0.6}, "measurably faster at each of the 2 sizes timed here", "slower"),
+    ({"fp32": 1.0, "autocast bfloat16": 1.3}, "Does not carry over", "faster at"),
 ])
 def test_the_autocast_gpu_line_follows_what_was_measured(tmp_path, medians, says, never):
     precision = {s: Comparison({k: samples(m) for k, m in medians.items()}, "fp32", "cpu") for s in SIZES}
@@ -504,3 +504,69 @@ def test_fsdp_accounting_direction_on_planted_rows(tmp_path):
         write(tmp_path, {"07_zero_check": (zero, {}), "07_memory": (mem, {})})
         got = A.answer(A.BY_NUMBER["fsdp_accounting(a)"], A.Saved(tmp_path, "cpu"))
         assert got.measured and says in got.text, got.text
+
+
+def test_every_is_said_only_when_every_size_ran(tmp_path):
+    from helpers.model import CPU_SIZES
+
+    for sizes, says, never in ((SIZES, "at each of the 2 sizes timed here", "at every size here"),
+                               (CPU_SIZES, "at every size here", "sizes timed here")):
+        precision = {s: Comparison({"fp32": samples(1.0), "autocast bfloat16": samples(0.6)}, "fp32", "cpu")
+                     for s in sizes}
+        write(tmp_path, {"01_precision_ratios": (benchmarking.precision_ratios(precision), {})})
+        got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(tmp_path, "cpu"))
+        assert says in got.gpu and never not in got.gpu + got.text, got.gpu
+        assert ("the time budget ran 2 of the 5 sizes" in got.text) == (len(sizes) == 2)
+
+
+@pytest.mark.parametrize("first, says, never", [
+    ((1.0, 1.0, 1.0, 1.0, 1.0, 6.3), "1 of 6 first calls are not", "no measurable first-call cost"),
+    ((1.0, 1.0, 1.0, 1.0, 1.0, 1.01), "no measurable first-call cost", "are not ("),
+])
+def test_the_first_call_sentence_follows_the_largest_value(tmp_path, first, says, never):
+    timing = [{"size": s, "pass": p, "warm-up": w, "mean_s": 0.01, "std_s": 0.0002, "median_s": 0.01,
+               "first_s": 0.01 * (f if w == 0 else 1), "steps": 6, "status": "ok"}
+              for (s, p), f in zip([(s, p) for s in SIZES for p in ("forward", "backward", "both")], first)
+              for w in (0, 2)]
+    write(tmp_path, {"01_timing": (timing, dict(batch=4, context=32))})
+    got = A.answer(A.BY_NUMBER["2.1.1(c)"], A.Saved(tmp_path, "cpu"))
+    assert got.measured and says in got.text and never not in got.text, got.text
+
+
+@pytest.mark.parametrize("medium, says", [(0.6, "Partly: overlapping was measurably faster here for medium/cpu"),
+                                          (1.0, "Does not carry over"), ])
+def test_the_overlap_gpu_line_follows_each_models_ratio(tmp_path, medium, says):
+    raw = {m: [{"naive": speed_run(1.0, 0.1), "flat": speed_run(1.0, 0.1), "per_parameter": speed_run(k, 0.1)}
+                for _ in range(2)]
+           for m, k in zip(SIZES, (1.0, medium))}
+    write(tmp_path, {"04_ddp_ratios": (ddp.ratio_rows(raw), {})})
+    got = A.answer(A.BY_NUMBER["3.4.3(a)"], A.Saved(tmp_path, "cpu"))
+    assert got.measured and says in got.gpu, got.gpu
+
+
+def test_nsys_compares_softmax_with_the_attention_matmuls_within_the_forward(tmp_path):
+    rows = notebook_01_rows()
+    profile = [{"op": op, "ms/step": 6.0 * share, "share": share, "calls/step": 2, "class": kind, "run": run,
+                "matmul_share": 0.7}
+               for run in ("forward", "forward+backward", "full step")
+               for op, share, kind in (("aten::mm", 0.6, "matmul"), ("aten::bmm", 0.1, "matmul"),
+                                       ("aten::_softmax", 0.05, "other"), ("aten::add", 0.25, "other"))]
+    write(tmp_path, {**rows, "01_profile": (profile, dict(size="medium/cpu", steps=2))})
+    text = A.answer(A.BY_NUMBER["nsys_profile"], A.Saved(tmp_path, "cpu")).text
+    head_dim = A.BY_NUMBER and __import__("helpers.model", fromlist=["get_config"]).get_config("medium/cpu").head_dim
+    assert f"{5 / (4 * head_dim):.1%} of the FLOPs of the QKᵀ and PV matmuls" in text and "0.50x their time" in text
+
+
+def test_the_attention_growth_is_the_ratio_of_the_times_shown(synthetic):
+    got = A.answer(A.BY_NUMBER["pytorch_attention(a)"], A.Saved(synthetic, "cpu"))
+    # synthetic: fwd+bwd = 3e-5·T s for T <= 512: T 128 -> 512 is 4x
+    assert "4x for 4x the length" in got.text and len(got.table) == 6, got.text
+
+
+def test_the_alternate_ring_shows_both_rings_and_the_fits_error(tmp_path):
+    ring = [{"N": n, "S_bytes": s, "method": m, "exact": True, "median_us": t, "model_us": 1600.0}
+            for n in (2, 4) for s in (1024, 65536) for m, t in (("ring", 600.0 * n), ("alternate ring", 660.0 * n))]
+    write(tmp_path, {"07_ring": (ring, dict(alpha_s=1495e-6, W_Bps=2e9))})
+    got = A.answer(A.BY_NUMBER["alternate_ring_all_reduce"], A.Saved(tmp_path, "cpu"))
+    assert "α alone exceeds every measured N = 2 time" in got.text and "1.10x to 1.10x" in got.text
+    assert len(got.table) == 4 and "ring: measured / model" in got.table[0]

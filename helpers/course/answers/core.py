@@ -131,6 +131,20 @@ def cap(text: str) -> str:
     return text if keep else text[0].upper() + text[1:]
 
 
+def coverage(ran, profile: str) -> str:
+    """"" when every size of the profile ran; else a clause naming how many of them the time budget ran."""
+    from helpers.model import sizes_for
+
+    planned = sizes_for(profile) if profile in ("cpu", "gpu") else []
+    ran = [s for s in dict.fromkeys(ran)]
+    missing = [s for s in planned if s not in ran]
+    if not missing:
+        return ""
+    return (f" (the time budget ran {len(ran)} of the {len(planned)} sizes: {', '.join(ran)}; "
+            f"{', '.join(missing)} {'was' if len(missing) == 1 else 'were'} not timed, so \"every\" means every size "
+            "timed)")
+
+
 def span(values, digits: int = 1) -> str:
     """"1.2x to 1.9x" over the values, or "1.5x" when they agree to `digits`."""
     lo, hi = f"{min(values):.{digits}f}x", f"{max(values):.{digits}f}x"

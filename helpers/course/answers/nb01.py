@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from helpers import formulas
-from helpers.course.answers.core import (Answer, answers, fmt_mib, fmt_s, NotMeasured, pct, Question, ref, register,
+from helpers.course.answers.core import (Answer, answers, coverage, fmt_mib, fmt_s, NotMeasured, pct, Question, ref, register,
                                          Saved, series_text, span)
 from helpers.model import get_config
 from helpers.timing import ratio_of
@@ -154,8 +154,13 @@ def cold_timings(q, saved):
             f"passes; up to {first.max():.1f}x for {worst[0]} {worst[1]}), and the cold runs' relative spread is "
             f"{spread:.1f}x the warm runs'. ")
     if first.median() <= 1 + 2 * noise:
-        return text + (f"That is within twice the warm steps' own spread ({pct(noise)} std/mean): no measurable "
-                       "first-call cost on this machine in this run.")
+        if first.max() > 1 + 2 * noise:
+            costly = [f"{s} {p_} {v:.1f}x" for (s, p_), v in first.items() if v > 1 + 2 * noise]
+            return text + (f"The median is within twice the warm steps' own spread ({pct(noise)} std/mean), but "
+                           f"{len(costly)} of {len(first)} first calls are not ({', '.join(costly)}): a first-call "
+                           "cost that shows only for some sizes and passes in this run.")
+        return text + (f"Every first call is within twice the warm steps' own spread ({pct(noise)} std/mean): no "
+                       "measurable first-call cost on this machine in this run.")
     return text + ("The first call pays one-time work (allocating every buffer, lazy initialisation; on a GPU also the "
                    "CUDA context and kernel selection), so a mean without warm-up mixes two different things.")
 
@@ -260,20 +265,29 @@ def autocast_speed(q, saved):
     ratios = [ratio_of(r) for r in rows.to_dict("records")]
     faster = [r.differs and r.median < 1 for r in ratios]
     slower = [r.differs and r.median > 1 for r in ratios]
+    ran = list(dict.fromkeys(rows["size"]))
+    run = saved.run("01_precision_ratios")
+    note = coverage(ran, saved.profile)
+    every = "at every size here" if not note else f"at each of the {len(ran)} sizes timed here"
     if all(faster):
-        gpu = ("Carries over in direction: autocast was measurably faster at every size here, because this CPU "
+        gpu = (f"Carries over in direction: autocast was measurably faster {every}, because this CPU "
                "multiplies 16-bit numbers natively; GPU tensor cores do so at several times their fp32 rate, so the "
                "gain there is typically larger for the big sizes, while the small ones stay bound by kernel launches.")
     elif all(slower):
-        gpu = ("Does not carry over: autocast was measurably slower at every size here, where the casts it inserts "
-               "cost more than this CPU gains from 16-bit arithmetic; GPU tensor cores run bf16/fp16 matmuls several "
-               "times faster than fp32, so there it pays for all but the smallest models.")
+        gpu = (f"Does not carry over: autocast was measurably slower {every}, where this CPU multiplies 16-bit "
+               "numbers slower than fp32; GPU tensor cores run bf16/fp16 matmuls several times faster than fp32, so "
+               "there it pays for all but the smallest models.")
     else:
         gpu = ("Mixed here (faster at some sizes, slower or inside the noise at others); on a GPU, tensor cores run "
                "bf16/fp16 matmuls several times faster than fp32, so the large sizes gain there.")
-    return Answer("Forward+backward: " + "; ".join(parts) + ". Autocast pays only where the hardware multiplies 16-bit "
-                  "numbers faster than 32-bit ones (GPU tensor cores, CPUs with bf16 instructions); elsewhere the "
-                  "casts it inserts are extra work.", gpu)
+    caps = run.provenance.get("cpu_caps") or {}
+    capped = (f" This run capped the CPU's instruction set ({', '.join(f'{k}={v}' for k, v in caps.items())}), which "
+              "sends bf16 matmuls to a slow path." if caps else "")
+    return Answer("Forward+backward: " + "; ".join(parts) + f"{note}. Autocast pays only where the hardware multiplies "
+                  "16-bit numbers faster than 32-bit ones (GPU tensor cores, CPUs with avx512_bf16 or AMX). Where it "
+                  "does not, a slowdown comes mostly from the matmuls themselves, not from the casts: without a fast "
+                  "bf16 path a bf16 matmul takes many times an fp32 one (notebook 01 prints this CPU's factor from its "
+                  "calibration), while the casts are a few elementwise passes." + capped, gpu)
 
 
 @answers("2.1.4(b)")
@@ -331,7 +345,7 @@ def memory_autocast(q, saved):
         parts.append(f"{precision}: forward peak {span(r['forward'], 2)} fp32's, full step {span(r['full step'], 2)}")
     if not parts:
         raise NotMeasured("01_memory_peaks has no autocast rows")
-    return ("; ".join(parts) + ". Autocast keeps the fp32 parameters, gradients and AdamW state and adds 16-bit copies "
+    return ("; ".join(parts) + coverage(list(fp32.index), saved.profile) + ". Autocast keeps the fp32 parameters, gradients and AdamW state and adds 16-bit copies "
             "of the weights and 16-bit activations beside the fp32 ones it keeps (norms, softmax, loss), so the peak "
             "is not halved.")
 
@@ -383,8 +397,18 @@ def kernels_and_softmax(q, saved):
     matmul_flops = sum(formulas.forward_flops(cfg, 1, T).values())
     soft = float(f.loc["softmax", "share"])
     mm = _profile(saved, "full step")["matmul_share"].iloc[0]
-    return (f"Torch profiler standing in for nsys (no GPU here), {size}: the leading op per stage is {lead}. Softmax "
-            f"takes {pct(soft)} of the full step while doing about {softmax_flops / matmul_flops:.2%} of the "
-            f"forward's FLOPs (≈5 per score element against the matmuls' {matmul_flops / 1e9:.3g} GFLOP per "
-            f"sequence), and matmuls take {pct(mm)} of the step: time follows bytes moved, not FLOPs, for the "
-            "elementwise ops.")
+    # within self-attention's forward: softmax (~5 FLOPs per score) against QKᵀ and PV (2·T²·d_head each, per head)
+    attn_flop_ratio = 5 / (4 * cfg.head_dim)
+    fwd = _profile(saved, "forward").set_index("op")["share"]
+    soft_fwd = float(fwd[[o for o in fwd.index if "softmax" in o]].sum())
+    bmm_fwd = float(fwd.get("aten::bmm", 0.0))  # QKᵀ and PV: the model's only batched (4-D) matmuls
+    within = (f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
+              f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes {soft_fwd / bmm_fwd:.2f}x their "
+              f"time here ({pct(soft_fwd)} against {pct(bmm_fwd)} of the forward)" if soft_fwd and bmm_fwd else
+              f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
+              "matmuls (5 per score against 4·d_head); their times are not both among the forward's saved top ops "
+              "here, so the time ratio is not shown")
+    return (f"Torch profiler standing in for nsys (no GPU here), {size}: the leading op per stage is {lead}. "
+            f"{within}: time follows bytes moved, not FLOPs, for the elementwise softmax. Over the whole step, "
+            f"softmax takes {pct(soft)} while doing about {softmax_flops / matmul_flops:.2%} of the forward's FLOPs, "
+            f"and matmuls take {pct(mm)} of the step.")
