@@ -139,6 +139,24 @@ def activation_bytes(cfg: ModelConfig | str, batch_size: int, context_length: in
             "position ids": T * 8}
 
 
+def block_saved_parts(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
+                      dtype=torch.float32) -> dict[str, int]:
+    """The bytes one block saves for backward, per op that produced them (activation_bytes' "blocks" / L, itemised),
+    largest first."""
+    c = get_config(cfg)
+    B, T = batch_size, context_length or c.context_length
+    e = dtype_bytes(dtype)
+    R = B * T * c.d_model * e
+    parts = {"softmax output (attention probabilities, B·H·T²)": B * c.n_heads * T * T * e,
+             "ffn w1 output (B·T·d_ff)": B * T * c.d_ff * e, "GELU output (B·T·d_ff)": B * T * c.d_ff * e,
+             "q, k, v made contiguous for the matmuls (3 B·T·d)": 3 * R,
+             "norm1: normalised x and output (2 B·T·d)": 2 * R, "norm2: normalised x and output (2 B·T·d)": 2 * R,
+             "block input (B·T·d)": R, "heads re-assembled for the output projection (B·T·d)": R,
+             "mid-block residual (B·T·d)": R, "norms' rsqrt columns (2 B·T)": 2 * B * T * e,
+             "causal mask, negated (T², bool)": T * T}
+    return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
+
+
 def token_bytes(batch_size: int, context_length: int) -> int:
     """Inputs and targets, (B, T) int64 each."""
     return 2 * batch_size * context_length * 8

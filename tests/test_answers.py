@@ -349,12 +349,69 @@ def test_the_page_is_self_contained(synthetic, tmp_path):
     A.write_page(out, "cpu", synthetic)
     page = out.read_text(encoding="utf-8")
     assert "://" not in page and "<script" not in page.lower() and "<link" not in page.lower()
-    assert "<style>" in page and 'href="01_benchmarking_and_profiling.html"' in page
+    assert "<style>" in page and 'href="01_benchmarking_and_profiling.html#1-%C2%B7-Timing' in page
+    ids = re.findall(r'id="([^"]*)"', page)
+    assert len(ids) == len(set(ids)) and not any(" " in i for i in ids), ids  # stable ids without spaces
     for q in A.QUESTIONS:
-        assert f"<b>{q.number}</b>" in page
-        for year in q.editions:  # a shared problem: listed under each edition that asks it
-            assert f'id="q{year}-{q.number}"' in page, (year, q.number)
-    assert "profile: <b>cpu</b>" in page and f"{len(A.QUESTIONS)} of {len(A.QUESTIONS)} answers" in page
+        assert page.count(f"<b>{q.number}</b>") == 1, q.number  # answered once, not repeated
+        anchor = A.page.answer_id(q)
+        assert anchor in ids
+        maps = [re.search(rf'<table class="map" id="map{y}">.*?</table>', page, re.S).group(0) for y in q.editions]
+        assert all(f'href="#{anchor}"' in m for m in maps), (q.number, q.editions)  # every edition's map links it
+    counts = {k: int(n) for n, k in re.findall(r"<li><b>(\d+)</b> ([^:<]+):", page)}
+    assert sum(counts.values()) == len(A.QUESTIONS) and "profile: <b>cpu</b>" in page, counts
+
+
+def test_the_header_counts_four_statuses_honestly(synthetic):
+    from helpers.course.answers.page import status_counts
+
+    saved = A.Saved(synthetic, "cpu")
+    got = {q.number: A.answer(q, saved) for q in A.QUESTIONS}
+    counts = status_counts(got)
+    assert set(counts) == set(A.STATUSES) and sum(counts.values()) == len(A.QUESTIONS)
+    assert got["2.2.1(a)"].status == "needs a GPU"  # "the Triton kernel was not timed" is not an answer
+    assert got["2.2.4(a)"].status == "partial" and got["2.2.4(a)"].missing
+    assert got["nsys_profile"].status == "partial" and got["communication_accounting(c)"].status == "closed form"
+    assert got["2.1.1(b)"].status == "measured" and counts["not run"] == 0
+
+
+def test_the_edition_maps_use_each_handouts_ids_and_point_at_sections(synthetic):
+    from helpers.course.answers import page as P
+
+    html_ = P.render("cpu", synthetic)
+    m2026 = re.search(r'<table class="map" id="map2026">.*?</table>', html_, re.S).group(0)
+    # 2026 points back to the 2024-numbered problems it keeps, with the later letters
+    assert "<code>benchmarking_mixed_precision (c)</code></td><td><a href=\"#a2024-2.1.4-a\">" in m2026
+    assert 'href="#a2024-3.4.3-a"' in m2026 and 'href="#a2024-3.4.4"' not in m2026  # bucketed DDP is gone
+    assert "memory_profiling (f)" in m2026 and 'href="#a2025-flash_forward' in m2026
+    assert "07_fsdp.html#7-%C2%B7-Calculators" in m2026
+    for q in A.QUESTIONS:
+        assert P.section_anchor(q), (q.number, q.section)  # a section, not the page top
+        heads = {P.heading_id(h) for h in P.notebook_headings(q.notebook)}
+        assert P.section_anchor(q) in heads
+
+
+def test_section_anchors_match_the_exported_notebook():
+    import nbformat
+
+    from helpers.course.answers import page as P
+    from helpers.writeup import OfflineHTMLExporter
+
+    nb = nbformat.read(ROOT / "notebooks" / "07_fsdp.ipynb", 4)
+    body, _ = OfflineHTMLExporter().from_notebook_node(nb)
+    exported = set(re.findall(r'<h[1-6] id="([^"]+)"', body))
+    for q in (q for q in A.QUESTIONS if q.notebook == "07"):
+        assert P.section_anchor(q) in exported, (q.number, P.section_anchor(q))
+
+
+def test_a_table_and_math_render_under_the_sentence(synthetic):
+    from helpers.course.answers import page as P
+
+    html_ = P.render("cpu", synthetic)
+    entry = re.search(r'<div class="q [^"]*" id="a2026-tp_calcs-b">.*?</div>', html_, re.S).group(0)
+    assert '<table class="ans-table">' in entry and '<span class="math">' in entry
+    assert 'N<sub>TP</sub> ≤ 1 + 1.5·D<sub>FF</sub>·W/C' in entry
+    assert "$" not in entry
 
 
 def test_an_empty_folder_gives_not_measured_everywhere(tmp_path):
@@ -365,9 +422,12 @@ def test_an_empty_folder_gives_not_measured_everywhere(tmp_path):
         if number in computed:
             assert ok, (number, text)
         else:
-            assert not ok and text.startswith(f"Not measured in this run (run notebook {notebook}"), (number, text)
+            assert not ok and (text.startswith(f"Not measured in this run (run notebook {notebook}")
+                               or text.startswith("Needs a GPU")), (number, text)
     A.write_page(tmp_path / "answers.html", "gpu", tmp_path)
-    assert f"{len(computed)} of {len(A.QUESTIONS)} answers" in (tmp_path / "answers.html").read_text(encoding="utf-8")
+    page = (tmp_path / "answers.html").read_text(encoding="utf-8")
+    counts = {k: int(n) for n, k in re.findall(r"<li><b>(\d+)</b> ([^:<]+):", page)}
+    assert counts["not run yet"] + counts["needs a GPU"] == len(A.QUESTIONS) - len(computed), counts
 
 
 def test_results_of_the_other_profile_are_not_used(tmp_path):
@@ -570,3 +630,12 @@ def test_the_alternate_ring_shows_both_rings_and_the_fits_error(tmp_path):
     got = A.answer(A.BY_NUMBER["alternate_ring_all_reduce"], A.Saved(tmp_path, "cpu"))
     assert "α alone exceeds every measured N = 2 time" in got.text and "1.10x to 1.10x" in got.text
     assert len(got.table) == 4 and "ring: measured / model" in got.table[0]
+
+
+def test_intervals_sit_in_a_table_under_the_sentence(synthetic):
+    got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(synthetic, "cpu"))
+    assert "(ratios in the table below)" in got.text and "[95% interval]" not in got.text
+    assert [r["size"] for r in got.intervals] == SIZES and all("x [" in r["median of paired ratios [95% interval]"]
+                                                              for r in got.intervals)
+    rows = A.Saved(synthetic, "cpu").frame("01_precision_ratios")
+    assert "[95% interval]" in A.series_text(rows[rows["b"] == "fp32"], "autocast bfloat16", "fp32", "size")  # inline

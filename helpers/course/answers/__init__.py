@@ -9,10 +9,11 @@ share (reading saved results, the comparison sentences), `page` the HTML. A ques
 both years: answered once, listed under both.
 """
 from helpers.course.answers import nb01, nb02, nb03, nb04, nb05, nb06, nb07  # noqa: F401  (each registers its rows)
-from helpers.course.answers.core import (ANSWERS, BY_NUMBER, QUESTIONS, WRITEUP, ZERO1, Answer, Answered, NotMeasured,
+from helpers.course.answers.core import (ANSWERS, BY_NUMBER, QUESTIONS, STATUSES, WRITEUP, ZERO1, Answer, Answered,
+                                         NeedsGPU, NotMeasured,
                                          Question, Reference, Saved, answer, answers, compare_text, series_text)
 from helpers.course.answers.page import EDITIONS, NOTEBOOKS, render, write_page
 
 __all__ = ["ANSWERS", "BY_NUMBER", "EDITIONS", "NOTEBOOKS", "QUESTIONS", "WRITEUP", "ZERO1", "Answer", "Answered",
-           "NotMeasured", "Question", "Reference", "Saved", "answer", "answers", "compare_text", "render",
+           "NeedsGPU", "NotMeasured", "Question", "Reference", "STATUSES", "Saved", "answer", "answers", "compare_text", "render",
            "series_text", "write_page"]

@@ -2,6 +2,8 @@
 answers from what notebook 01 saved."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from helpers import formulas
@@ -94,6 +96,11 @@ QUESTIONS = [
       notebook="01", section="§4 Mixed precision: accumulating in 16 bits", reads=(), editions=(2025,),
       name="mixed_precision_accumulation",
       gpu="Carries over exactly: scalar IEEE rounding is the same on every device (computed here, not timed)."),
+    Q("memory_profiling(f)", "What does one TransformerBlock save for backward, which 5 ops contribute most and with "
+      "what share, and how large are one block's gradients (the 2026 Table 1 sizes)?",
+      notebook="01", section="§5 Memory", reads=(), editions=(2026,), name="memory_profiling",
+      gpu="The bytes are the same on every device (fp32, the same ops); the handout reads them from NVTX-labelled CUDA "
+          "memory profiles."),
     Q("nsys_profile", "Forward, backward and optimizer per size: which kernels dominate, and how does softmax's time "
       "compare with the matmuls' against their FLOPs?",
       notebook="01", section="§2 Profiler tables and §3 Flame graph", reads=("01_profile", "01_flame", "01_timing"),
@@ -373,6 +380,32 @@ def largest_tensors(q, saved):
             f"all) the {int(top['n'].sum())} largest live storages are: {listed}.")
 
 
+@answers("memory_profiling(f)")
+def block_memory(q, saved):
+    from helpers.model import SIZES_2026, parameter_shapes
+
+    B, T = 4, 512  # the 2026 Table 1 context; batch 4 as in the memory profiling runs
+    rows = []
+    for name, cfg in SIZES_2026.items():
+        parts = formulas.block_saved_parts(cfg, B, T)
+        total = sum(parts.values())
+        top = list(parts.items())[:5]
+        grads = sum(math.prod(shape) for k, shape in parameter_shapes(cfg).items() if k.startswith("blocks.0."))
+        rows.append({"size (2026)": name.removesuffix("-2026"), "saved per block": fmt_mib(total / 2**20),
+                     "top 5 ops' share": pct(sum(v for _, v in top) / total),
+                     "gradients per block": fmt_mib(4 * grads / 2**20)})
+    xl = SIZES_2026["xl-2026"]
+    parts = formulas.block_saved_parts(xl, B, T)
+    total = sum(parts.values())
+    top = "; ".join(f"{k} {fmt_mib(v / 2**20)} ({pct(v / total)})" for k, v in list(parts.items())[:5])
+    assert total * xl.n_layers == formulas.activation_bytes(xl, B, T)["blocks"]
+    return Answer(f"Closed form for this project's block (fp32, naive attention keeping its probabilities; `formulas."
+                  f"block_saved_parts`), batch {B} × {T}: the 2026 xl's block saves {fmt_mib(total / 2**20)} for "
+                  f"backward; the 5 largest contributions: {top}. One block's gradients are its parameters' bytes "
+                  "(fp32): the backward's per-block rise in a memory profile. Every 2026 size:", table=tuple(rows),
+                  status="partial", missing="the same read off NVTX-labelled CUDA memory profiles needs a GPU")
+
+
 # ---- 2025: mixed_precision_accumulation, nsys_profile ---------------------------------------------------------------
 
 @answers("mixed_precision_accumulation")
@@ -408,7 +441,10 @@ def kernels_and_softmax(q, saved):
               f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
               "matmuls (5 per score against 4·d_head); their times are not both among the forward's saved top ops "
               "here, so the time ratio is not shown")
-    return (f"Torch profiler standing in for nsys (no GPU here), {size}: the leading op per stage is {lead}. "
+    text = (f"Torch profiler standing in for nsys (no GPU here), {size}: the leading op per stage is {lead}. "
             f"{within}: time follows bytes moved, not FLOPs, for the elementwise softmax. Over the whole step, "
             f"softmax takes {pct(soft)} while doing about {softmax_flops / matmul_flops:.2%} of the forward's FLOPs, "
             f"and matmuls take {pct(mm)} of the step.")
+    on_gpu = saved.run("01_profile").provenance.get("device_type") == "cuda"
+    return text if on_gpu else Answer(text, status="partial", missing="nsys with NVTX ranges on a GPU; the torch "
+                                                                      "profiler stands in")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from helpers.course.answers.core import answers, coverage, NotMeasured, Question, ref, register, Saved, series_text
+from helpers.course.answers.core import Answer, answers, coverage, NotMeasured, Question, ref, register, Saved, series_text
 
 Q = Question
 QUESTIONS = [
@@ -119,10 +119,10 @@ def model_norm_swap(q, saved):
     return text + _sizes_note(saved, "norms")
 
 
-def _kernel_answer(rows: pd.DataFrame, impl: str, others, over: str, what: str, absent: str) -> str:
+def _kernel_answer(rows: pd.DataFrame, impl: str, others, over: str, what: str, absent: str) -> str | Answer:
     """impl against each of `others` present in the rows, or why impl was not timed here."""
     if impl not in set(rows["a"]):
-        return absent
+        return Answer(absent, status="needs a GPU", missing="the Triton kernel timed on a GPU")
     return _norm_series(rows, [(impl, o) for o in others if o in set(rows["b"])], over, what)
 
 
@@ -178,8 +178,9 @@ def norms_fwd_bwd(q, saved):
     rows = _norm_rows(saved, "fwd+bwd")
     if "triton" in set(rows["a"]):
         return _norm_series(rows, [("triton", "layernorm"), ("triton", "torch")], "H", "forward+backward time")
-    return (_triton_absent("on (rows, H) tensors") + " What this machine does answer: "
-            + _norm_series(rows, [("torchfn", "torch"), ("torch", "layernorm")], "H", "forward+backward time"))
+    return Answer(_triton_absent("on (rows, H) tensors") + " What this machine does answer: "
+                  + _norm_series(rows, [("torchfn", "torch"), ("torch", "layernorm")], "H", "forward+backward time"),
+                  status="partial", missing="the Triton kernel timed on a GPU")
 
 
 @answers("2.2.4(b)")
@@ -187,7 +188,8 @@ def model_norms_fwd_bwd(q, saved):
     rows = _model_rows(saved, "norms", "fwd+bwd")
     impl = "rmsnorm_triton" if "rmsnorm_triton" in set(rows["a"]) else "rmsnorm_torchfn"
     text = _norm_series(rows, [(impl, "rmsnorm"), (impl, "layernorm")], "size", "forward+backward time")
-    return text if impl == "rmsnorm_triton" else _triton_absent("inside the model") + " Measured here: " + text
+    return text if impl == "rmsnorm_triton" else Answer(_triton_absent("inside the model") + " Measured here: " + text,
+                                                        status="partial", missing="the Triton kernel timed on a GPU")
 
 
 def _compiled_answer(saved: Saved, pass_: str) -> str:

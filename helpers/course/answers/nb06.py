@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from helpers import attention as A
-from helpers.course.answers.core import (ANSWERS, Answer, NotMeasured, Question, Reference, answers, compare_text,
+from helpers.course.answers.core import (ANSWERS, Answer, NeedsGPU, NotMeasured, Question, Reference, answers, compare_text,
                                          fmt_mib, fmt_s, register)
 from helpers.published import MARKS
 from helpers.timing import ratio_of
@@ -188,8 +188,9 @@ def flash_bench(q, saved):
     triton = ("" if "flash_triton" in timed else
               " The Triton kernel was not timed on this machine (it runs in the interpreter here); "
               + q.gpu.split("only on a GPU: ")[-1])
-    return ("Forward / backward / forward+backward medians, causal, from separate loops (a table, not a ranking; "
+    text = ("Forward / backward / forward+backward medians, causal, from separate loops (a table, not a ranking; "
             "the paired comparison is the leaderboard's): " + "; ".join(parts) + "." + triton)
+    return Answer(text, status="partial", missing="the Triton kernel timed on a GPU") if triton else text
 
 
 @answers("2025 leaderboard")
@@ -201,7 +202,7 @@ def leaderboard_2025(q, saved):
     facts = (f"The configuration is {flops / 1e12:.2f} TFLOP per forward+backward (causal half) and naive attention's "
              f"P alone is {fmt_mib(p_bytes / 2**20)} in bf16.")
     if not saved.has("06_leaderboard"):
-        raise NotMeasured(f"{facts} It needs a GPU: run {LEADERBOARD_CMD}, or notebook 06 with PROFILE=gpu")
+        raise NeedsGPU(f"{facts} It needs a GPU: run {LEADERBOARD_CMD}, or notebook 06 with PROFILE=gpu")
     lb = saved.frame("06_leaderboard").set_index("impl")
     best, naive = MARKS["leaderboard_2025_best"], MARKS["leaderboard_2025_naive"]
     ours = lb.loc["flash_triton"]
