@@ -116,7 +116,7 @@ def _sizes_note(saved: Saved, loop: str) -> str:
 @answers("2.1.5(b)")
 def model_norm_swap(q, saved):
     text = _by_pass(lambda p: _model_rows(saved, "norms", p), [("layernorm", "rmsnorm")], "size")
-    return text + _sizes_note(saved, "norms")
+    return text.rstrip(".") + _sizes_note(saved, "norms") + "."
 
 
 def _kernel_answer(rows: pd.DataFrame, impl: str, others, over: str, what: str, absent: str) -> str | Answer:
@@ -211,5 +211,5 @@ def compiled_fwd_bwd(q, saved):
 
 @answers("2.3.1(c)")
 def compiled_model(q, saved):
-    return (_by_pass(lambda p: _model_rows(saved, "compile", p), [("True", "False")], "size")
-            + _sizes_note(saved, "compile"))
+    return (_by_pass(lambda p: _model_rows(saved, "compile", p), [("True", "False")], "size").rstrip(".")
+            + _sizes_note(saved, "compile") + ".")

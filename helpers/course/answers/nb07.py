@@ -329,10 +329,10 @@ def _calc_rows(parts) -> tuple:
 
 
 def _calc_answer(parts, head: str) -> Answer:
-    ex = formulas.CALC_EXAMPLE
+    """The head sentence, the variables, and the worked example's inputs; the expressions in the table below."""
     return Answer(f"{head} B is the global batch in tokens, 16-bit weights and activations, C FLOP/s and W bytes/s of "
-                  f"egress per device; the worked example: {_example(parts[0])} (`formulas.CALC_EXAMPLE`, H100-like; "
-                  f"{ex['B'] // ex['N']:,} tokens per device at N = {ex['N']}).", table=_calc_rows(parts))
+                  f"egress per device. Worked example (`formulas.CALC_EXAMPLE`, H100-like): {_example(parts[0])}.",
+                  table=_calc_rows(parts))
 
 
 @answers("data_parallel_calcs")
@@ -384,7 +384,7 @@ def fsdp_tp_calcs(q, saved):
                    f"{_m('N_TP ≤ 1.5·D_FF·W/C')}, so {_m(c.inequality)} (rings' (N−1)/N taken as 1).",
             "(d)": "Without overlap compute must outlast their sum; the product N_FSDP·N_TP is largest with each term at "
                    f"half the compute, so {_m(c.inequality)} (rings' (N−1)/N taken as 1), a quarter of (c)'s."}[part]
-    return _calc_answer([c], head + " Worked example at N_FSDP = 2, N_TP = 4:")
+    return _calc_answer([c], head)
 
 
 def plan_name(r: dict) -> str:
