@@ -5,8 +5,11 @@
     busbw_factor("all_reduce", 8), wire_factor(...)           # collectives (notebooks 03-05)
     bucket_overhead(n, S, T_b, alpha, beta)                  # the DDP bucket-size model (notebook 04)
     zero_memory("xl", 8, stage=1), live_bytes(...)           # ZeRO 0-3 and our sharded runs (notebook 05)
+    tp_calc("forward", **CALC_EXAMPLE).inequality            # the 2026 calculators in the handout's variables (07)
+    xxl_compute_bound(), leaderboard_plan(), fastest_plan(plan, "B200 ~180 GB")   # 2025 accounting, 2026 plan (07)
 
-Every function here is checked against a measurement (a test or a notebook assert). Counts come from the model's
+Every function here is checked against a measurement (a test or a notebook assert), or, for the handouts' closed
+forms, against figures derived by hand (tests/test_calculator.py). Counts come from the model's
 own parameter table (`helpers.model.parameter_shapes`) and, for sharding, from the optimizers' own partition plan.
 """
 from __future__ import annotations
