@@ -639,3 +639,11 @@ def test_intervals_sit_in_a_table_under_the_sentence(synthetic):
                                                               for r in got.intervals)
     rows = A.Saved(synthetic, "cpu").frame("01_precision_ratios")
     assert "[95% interval]" in A.series_text(rows[rows["b"] == "fp32"], "autocast bfloat16", "fp32", "size")  # inline
+
+
+def test_the_autocast_answer_quotes_the_calibration_and_a_capped_isa(tmp_path, monkeypatch):
+    precision = {s: Comparison({"fp32": samples(1.0), "autocast bfloat16": samples(20.0)}, "fp32", "cpu") for s in SIZES}
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    write(tmp_path, {"01_precision_ratios": (benchmarking.precision_ratios(precision), dict(bf16_slowdown=43.0))})
+    got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(tmp_path, "cpu"))
+    assert "a bf16 matmul takes 43.0x an fp32 one" in got.text and "ONEDNN_MAX_CPU_ISA=AVX2" in got.text, got.text

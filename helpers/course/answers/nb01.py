@@ -287,6 +287,9 @@ def autocast_speed(q, saved):
     else:
         gpu = ("Mixed here (faster at some sizes, slower or inside the noise at others); on a GPU, tensor cores run "
                "bf16/fp16 matmuls several times faster than fp32, so the large sizes gain there.")
+    slow = run.provenance.get("bf16_slowdown")
+    factor = (f" This CPU's calibration: a bf16 matmul takes {float(slow):.1f}x an fp32 one." if slow and float(slow) >= 2
+              else f" This CPU's calibration: bf16 matmuls run at {1 / float(slow):.1f}x fp32's speed." if slow else "")
     caps = run.provenance.get("cpu_caps") or {}
     capped = (f" This run capped the CPU's instruction set ({', '.join(f'{k}={v}' for k, v in caps.items())}), which "
               "sends bf16 matmuls to a slow path." if caps else "")
@@ -294,7 +297,7 @@ def autocast_speed(q, saved):
                   "16-bit numbers faster than 32-bit ones (GPU tensor cores, CPUs with avx512_bf16 or AMX). Where it "
                   "does not, a slowdown comes mostly from the matmuls themselves, not from the casts: without a fast "
                   "bf16 path a bf16 matmul takes many times an fp32 one (notebook 01 prints this CPU's factor from its "
-                  "calibration), while the casts are a few elementwise passes." + capped, gpu)
+                  "calibration), while the casts are a few elementwise passes." + factor + capped, gpu)
 
 
 @answers("2.1.4(b)")
