@@ -647,3 +647,14 @@ def test_the_autocast_answer_quotes_the_calibration_and_a_capped_isa(tmp_path, m
     write(tmp_path, {"01_precision_ratios": (benchmarking.precision_ratios(precision), dict(bf16_slowdown=43.0))})
     got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(tmp_path, "cpu"))
     assert "a bf16 matmul takes 43.0x an fp32 one" in got.text and "ONEDNN_MAX_CPU_ISA=AVX2" in got.text, got.text
+
+
+@pytest.mark.parametrize("ratio, says", [(1.31, "consistent with the 1.33x"), (3.1, "above the 1.33x"),
+                                         (1.1, "below the 1.33x")])
+def test_the_checkpointing_price_is_compared_with_the_flops_from_the_same_interval(tmp_path, ratio, says):
+    sweep = [{"segment": k, "peak_MiB": pk, "median_ms": 100.0 * r, "time / none": r, "low": r - 0.05,
+              "high": r + 0.05} for k, pk, r in ((0, 40.0, 1.0), (1, 12.0, ratio), (2, 14.0, ratio))]
+    write(tmp_path, {"07_checkpoint": (sweep, dict(model="small/cpu", n_blocks=12, batch=4, context=64,
+                                                   k_continuous=0.8, k_best=1, steps=6))})
+    got = A.answer(A.BY_NUMBER["gradient_checkpointing(b)"], A.Saved(tmp_path, "cpu"))
+    assert says in got.text and ("measurably slower" in got.text) == (ratio - 0.05 > 1), got.text

@@ -442,6 +442,10 @@ def kernels_and_softmax(q, saved):
               f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes {soft_fwd / bmm_fwd:.2f}x their "
               f"time here ({pct(soft_fwd)} against {pct(bmm_fwd)} of the forward)" if soft_fwd and bmm_fwd else
               f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
+              f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes more time: {pct(soft_fwd)} of the "
+              f"forward, while aten::bmm (QKᵀ and PV together) falls below the smallest op saved ({pct(fwd.min())})"
+              if soft_fwd and soft_fwd > fwd.min() else
+              f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
               "matmuls (5 per score against 4·d_head); their times are not both among the forward's saved top ops "
               "here, so the time ratio is not shown")
     text = (f"Torch profiler standing in for nsys (no GPU here), {size}: the leading op per stage is {lead}. "

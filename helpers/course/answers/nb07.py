@@ -184,6 +184,9 @@ def best_block(q, saved):
                                                      f"[{s.loc[k, 'low']:.2f}-{s.loc[k, 'high']:.2f}]"}
                  for k in [0, best] + near)
     slower = s.loc[best, "low"] > 1
+    flops_say = 4 / 3  # one more forward on a step of three forwards' FLOPs
+    against = ("above" if s.loc[best, "low"] > flops_say else "below" if s.loc[best, "high"] < flops_say else
+               "consistent with")
     xl = formulas.get_config("xl-2026", context_length=2048)
     I = formulas.residual_stream_bytes(4, 2048, xl.d_model)
     A = formulas.activation_bytes(xl, 4, 2048)["blocks"] / xl.n_layers
@@ -196,8 +199,8 @@ def best_block(q, saved):
                   f"{float(p['k_continuous']):.2f}). The price is one more forward, about a third of a step in FLOPs; "
                   f"measured at k = {best} it is {s.loc[best, 'time / none']:.2f}x the step "
                   f"[{s.loc[best, 'low']:.2f}-{s.loc[best, 'high']:.2f}], "
-                  f"{'measurably slower' if slower else 'inside the noise of this machine'}. k against its "
-                  "neighbours:", table=rows, status="partial",
+                  f"{'measurably slower' if slower else 'inside the noise of this machine'}, {against} the "
+                  f"{flops_say:.2f}x the FLOPs predict. k against its neighbours:", table=rows, status="partial",
                   missing="the handout's xl measured at 4 × 2048 needs a GPU; here a CPU preset and the closed form")
 
 
