@@ -437,6 +437,15 @@ class CalcPart:
     latex: tuple[str, ...]  # the same, as LaTeX for a notebook
     example: dict  # inputs and the values they give
 
+    def _repr_markdown_(self) -> str:
+        """In a notebook: the part's expressions, its inequality, the same as math, and the example's bound."""
+        lines = [f"**{self.problem} · {self.part}**"] + [f"- {q}: `{e}`" for q, e in self.expressions]
+        if self.inequality != "—":
+            bound = self.example.get("max_devices")
+            lines.append(f"- compute-bound while: `{self.inequality}`"
+                         + (f" (worked example: N ≤ {bound:.1f})" if bound not in (None, math.inf) else ""))
+        return "\n".join(lines + [f"$${t}$$" for t in self.latex])
+
 
 def _ring(n: float, collective: str) -> float:
     return (2 if collective == "all_reduce" else 1) * (n - 1) / n
@@ -546,6 +555,15 @@ def fsdp_tp_calc(part: str, *, B: int, D: int, D_FF: int, N_FSDP: int, N_TP: int
             "N = N_FSDP·N_TP ≤ 3·B·D_FF·W²/(8·C²)", (r"N \le \frac{3\,B D_{FF} W^2}{8\,C^2}",),
             {**ex, "N_FSDP_max": n_f, "N_TP_max": n_t, "max_devices": 3 * B * D_FF * W**2 / (8 * C**2)})
     raise ValueError(f"fsdp_tp_calcs has parts (a) to (d); got {part!r}")
+
+
+def calc_parts(*, B: int, D: int, D_FF: int, N: int, C: float, W: float, N_TP: int = 4) -> list[CalcPart]:
+    """Every part of the four 2026 calculators at one example: DP, FSDP and TP forward and backward, FSDP × TP (a)-(d)
+    forward with N_FSDP = N / N_TP."""
+    ex = dict(B=B, D=D, D_FF=D_FF, N=N, C=C, W=W)
+    return ([fn(p, **ex) for fn in (dp_calc, fsdp_calc, tp_calc) for p in ("forward", "backward")]
+            + [fsdp_tp_calc(part, B=B, D=D, D_FF=D_FF, N_FSDP=N // N_TP, N_TP=N_TP, C=C, W=W)
+               for part in ("(a)", "(b)", "(c)", "(d)")])
 
 
 def basics_params(cfg) -> int:
