@@ -320,3 +320,16 @@ def test_fsdp_tp_forward_parts():
     assert best == pytest.approx(d.example["max_devices"], rel=1e-5)
     with pytest.raises(ValueError, match="parts"):
         F.fsdp_tp_calc("(e)", N_FSDP=2, N_TP=4, **kw)
+
+
+def test_every_2026_calculator_part_has_an_expression_an_inequality_and_math():
+    parts = F.calc_parts(**EX)
+    assert [(c.problem, c.part) for c in parts] == [
+        (p, s) for p in ("data_parallel_calcs", "fsdp_calcs", "tp_calcs") for s in ("forward", "backward")] + [
+        ("fsdp_tp_calcs", s) for s in ("(a)", "(b)", "(c)", "(d)")]
+    for c in parts:
+        assert c.expressions and c.latex and c.example
+        md = c._repr_markdown_()
+        assert md.startswith(f"**{c.problem} · {c.part}**") and "$$" in md
+    bounds = [c for c in parts if c.inequality != "—"]
+    assert all("≤" in c.inequality or c.inequality == "always compute-bound" for c in bounds)
