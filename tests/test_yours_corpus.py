@@ -104,3 +104,30 @@ def test_the_students_own_python_runs_their_code(tmp_path):
     assert saved.provenance["student_python"] == str(python)
     assert {c["status"] for c in saved.rows if not c["beyond"]} <= {PASS, *CANNOT_RUN}
     assert "your code ran with" in (out / "yours.html").read_text()
+
+
+def test_an_import_that_fails_names_the_one_command_that_fixes_it(tmp_path, monkeypatch):
+    from helpers.course.yours.adapters import AdaptersError, load
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading puts the assignment's folders on this process's path
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "cs336-systems"\nversion = "1.0.4"\n')
+    (tmp_path / "tests").mkdir()
+    adapters = tmp_path / "tests" / "adapters.py"
+    adapters.write_text("import some_missing_package_xyz\n")
+    with pytest.raises(AdaptersError, match=r"No module named 'some_missing_package_xyz'.*To fix: .* -m pip install "
+                                            r"some_missing_package_xyz"):
+        load(adapters)
+    adapters.write_text("import cs336_basics\n")
+    with pytest.raises(AdaptersError, match=r"To fix: cd .* && uv sync, then run with --python .*\.venv/bin/python"):
+        load(adapters)
+    adapters.write_text("import importlib.metadata\nVERSION = importlib.metadata.version('cs336-systems')\n")
+    assert load(adapters).VERSION == "1.0.4"  # the metadata of a package that is not installed, made visible
+
+
+def test_an_empty_template_says_so_and_does_not_pass():
+    from helpers.course.yours.report import NOT_IMPLEMENTED, SKIPPED
+
+    text, ok = summary([{"status": NOT_IMPLEMENTED}, {"status": NOT_IMPLEMENTED}, {"status": SKIPPED}])
+    assert not ok and text.startswith("nothing implemented yet")
+    text, ok = summary([{"status": PASS}, {"status": "fail", "beyond": True}, {"status": NEEDS_GPU}])
+    assert ok and text.startswith("2 checks of what you implemented: 1 pass, 0 fail, 1 need a GPU")
