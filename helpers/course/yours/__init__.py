@@ -169,10 +169,11 @@ def run(adapters_path, topics=None, opts: Options | None = None, progress: bool 
 SHIMMED = ("cloudpickle", "tqdm")  # what helpers' launch and timing need that a course environment may lack
 
 
-def _shim_dir() -> str:
-    """A folder of links to this environment's pure-Python packages that helpers needs (SHIMMED), for another
-    Python to append to its sys.path: its own copies, when it has them, come first."""
-    folder = Path(tempfile.mkdtemp(prefix="yours-shim-"))
+def _shim_dir(parent: Path) -> str:
+    """A folder (in `parent`) of links to this environment's pure-Python packages that helpers needs (SHIMMED), for
+    another Python to append to its sys.path: its own copies, when it has them, come first."""
+    folder = parent / "shim"
+    folder.mkdir()
     for name in SHIMMED:
         spec = importlib.util.find_spec(name)
         if spec and spec.origin:
@@ -214,7 +215,7 @@ def run_elsewhere(python: Path, adapters_path, topics, opts: Options) -> tuple[l
     with tempfile.TemporaryDirectory(prefix="yours-") as tmp:
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
         request.write_text(json.dumps({"adapters": str(Path(adapters_path).resolve()), "topics": list(topics),
-                                       "opts": asdict(opts), "shim": _shim_dir()}))
+                                       "opts": asdict(opts), "shim": _shim_dir(Path(tmp))}))
         env = {**os.environ, "PYTHONPATH": str(root)}
         proc = subprocess.run([str(python), "-c", "from helpers.course.yours import child; child()", str(request),
                                str(answer)], env=env, stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
