@@ -142,3 +142,20 @@ def test_the_notebooks_experiments_take_yours_as_one_more_implementation():
     attn = functions(ADAPTERS, "attention")
     cmp = XA.compare_impls(["flash_pytorch", *attn, "sdpa"], (1, 2, 32, 16), warmup=1, steps=6, fns=attn)
     assert set(cmp.samples) == {"flash_pytorch", "yours:pytorch", "sdpa"}
+
+
+def test_triton_checks_draw_their_inputs_on_the_device_triton_runs_on(monkeypatch):
+    """On a GPU the Triton checks' inputs are CUDA tensors (a kernel cannot read CPU memory); the PyTorch version
+    keeps the course's CPU inputs. Checked through the device argument, with a runtime that says "cuda"."""
+    from helpers.course.yours.adapters import Adapter
+    from helpers.rmsnorm import RMSNormPyTorchFunction
+
+    seen, real = [], K.norm_inputs
+    monkeypatch.setattr(K, "norm_inputs", lambda case, seed=0, device="cpu": seen.append(device) or real(case, seed))
+    suites = [K.Suite(K.NORM_CONTRACT, K.check_norm_function)]
+    for impl, runtime, want in (("triton", K.TritonRuntime("cuda", "", None, None), "cuda"), ("pytorch", None, "cpu")):
+        seen.clear()
+        name = f"get_rmsnorm_autograd_function_{impl}"
+        _, checks = K._function_checks(Adapter("rmsnorm", impl, "ok", {name: lambda: RMSNormPyTorchFunction}), suites,
+                                       runtime)
+        assert checks and all(c.status == PASS for c in checks) and seen and set(seen) == {want}
