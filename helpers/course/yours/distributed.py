@@ -7,14 +7,23 @@ process, accounted (memory, bytes) against the formulas, and timed beside ours a
 The student's code runs only in ranks started by helpers.launch (2 ranks, gloo, CPU); each rank imports the adapters
 file itself. A crashed rank (signal named), a hung collective (after Options.timeout_s) or an exception in the
 student's code becomes an "error" check naming file:line, and the topic's other implementations are then run in
-launches of their own, so one broken flavour never hides the others. The checks are the experiments' own (helpers.
-experiments.ddp / sharding / fsdp), called with the student's implementation in place of ours.
+launches of their own, so one broken flavour never hides the others. Two kinds of check (report.Check.beyond):
+- within the handout's contract (they decide the exit status): the course's own test models and procedures
+  (course_models: ToyModel and ToyModelWithTiedWeights built with a seed per rank for DDP, one seed for the sharded
+  optimizer, the cs336_basics layers with one seed for FSDP), with the tolerances the course's tests assert;
+- beyond it (reported, never in the exit status): our toy with tied, frozen and unused parameters and a per-rank
+  buffer, torch.nn layers seeded per rank, memory and bytes against the formulas, the timings; these are the
+  experiments' own checks (helpers.experiments.ddp / sharding / fsdp) with the student's implementation in place of ours.
+Each phase (a check, the timing, the memory and bytes) runs apart: an exception in one is its own error row, located at
+the deepest frame in the student's files.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import re
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +37,7 @@ from helpers import memory as M
 from helpers.comm import count_collectives
 from helpers.course.yours import Options
 from helpers.course.yours import adapters as A
+from helpers.course.yours import course_models as CM
 from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED, Check, TopicResult
 from helpers.ddp import wrap
 from helpers.experiments import ddp as XD
@@ -97,6 +107,31 @@ def _outcome(fn) -> dict:
         return {"status": ERROR, "detail": str(exc)}
 
 
+_OUTSIDE = ("site-packages", "dist-packages", "/.venv/", "/lib/python", str(Path(torch.__file__).parent),
+            str(Path(__file__).parents[2]))  # installed packages, torch, and the companion itself: never the student's
+
+
+def _student_frame(frames: list[tuple[str, str]], path: str) -> str:
+    """file:line of the deepest frame in the student's files: under the assignment root and outside installed
+    packages (a .venv inside the repository included); else the deepest frame outside those; else the deepest."""
+    root = str(A.assignment_root(Path(path)))
+    theirs = [f for f in frames if not any(o in f[0] for o in _OUTSIDE)]
+    mine = [f for f in theirs if f[0].startswith(root)] or theirs or frames
+    return f"{mine[-1][0]}:{mine[-1][1]}" if mine else "?"
+
+
+def _phase(path: str, fn) -> dict:
+    """fn()'s dict with status "ok", or its exception as {"status": ERROR, "detail": "Type: message (at file:line)"}:
+    one phase's failure kept apart from the others. Unusable (the implementation cannot be checked at all) propagates."""
+    try:
+        return {"status": "ok", **fn()}
+    except (Unusable, A.AdaptersError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a student's exception is a result, not a crash of the checker
+        frames = [(f.filename, str(f.lineno)) for f in traceback.extract_tb(exc.__traceback__)]
+        return {"status": ERROR, "detail": f"{type(exc).__name__}: {exc} (at {_student_frame(frames, path)})"}
+
+
 def _digest(state: dict) -> dict:
     """name -> sha1 of the tensor's bytes: equality across ranks without sending the tensors back."""
     return {k: hashlib.sha1(v.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest() for k, v in state.items()}
@@ -116,11 +151,8 @@ def _one_step_bytes_and_peak(model, grad_sync, opt, x, y, track=M.track) -> tupl
 # ---- in the parent: launches that never crash the driver ----
 
 def _where_in(text: str, path: str) -> str:
-    """file:line of the deepest frame of the student's assignment in a traceback's text (else the deepest frame)."""
-    frames = re.findall(r'File "([^"]+)", line (\d+)', text or "")
-    root = str(A.assignment_root(Path(path)))
-    mine = [f for f in frames if f[0].startswith(root)] or frames
-    return f"{mine[-1][0]}:{mine[-1][1]}" if mine else "?"
+    """file:line of the deepest frame of the student's files in a traceback's text (_student_frame)."""
+    return _student_frame(re.findall(r'File "([^"]+)", line (\d+)', text or ""), path)
 
 
 def _failure_detail(exc: BaseException, path: str) -> str:
@@ -205,7 +237,7 @@ class StudentDDP:
         self.after = _required(fns, names[1])
         self.start = _required(fns, names[2]) if len(names) > 2 else None
         args = (module, bucket_mb) if impl == "bucketed" else (module,)
-        self.ddp = _called(ctor, *args, expect=nn.Module, what="a torch.nn.Module wrapping the model")
+        self.ddp = _callable_wrapper(_called(ctor, *args), ctor)
         self.module, self.optimizer, self.synced = module, None, []
         self.keep = True  # keep each step's synced gradients (not while timing or measuring memory)
 
@@ -232,6 +264,122 @@ class StudentDDP:
     def close(self) -> None:
         """Nothing to remove: the student's wrapper owns its hooks."""
 
+
+def _callable_wrapper(out, ctor):
+    """The student's wrapper as the course's tests use it: called on the inputs, .parameters() and .named_parameters()
+    read (an nn.Module, or a plain class with __call__ and __getattr__ delegating to the model); Unusable otherwise."""
+    if not callable(out) or not callable(getattr(out, "named_parameters", None)):
+        raise Unusable(ERROR, f"{ctor.__name__} returned {type(out).__name__}, expected a wrapper the course's tests "
+                              "can call on the inputs and read .parameters() / .named_parameters() of")
+    return out
+
+
+def _named(wrapper) -> dict:
+    """The wrapper's parameters by the model's names, as the course's tests read them (a "module." prefix dropped)."""
+    return {n[len("module."):] if n.startswith("module.") else n: p for n, p in wrapper.named_parameters()}
+
+
+# ---- DDP within the handout's contract: the course's test (2025/2026 tests/test_ddp.py; 2024 test_ddp_*.py) ----
+
+COURSE_BUCKETS_MB = (0.0016, 0.0001, 0.01)  # the 2024 bucketed test's sizes: two buckets, one per tensor, one bucket
+ALLCLOSE = dict(rtol=1e-5, atol=1e-8)  # the DDP tests compare with torch.allclose's defaults after every step
+
+
+def _close_ratio(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[float, tuple]:
+    """max |got - ref| / (atol + rtol |ref|) (allclose passes at <= 1) and where; inf where got is not finite."""
+    r = torch.nan_to_num((got - ref).abs() / (atol + rtol * ref.abs()), nan=float("inf"))
+    i = tuple(int(k) for k in np.unravel_index(int(r.argmax()), tuple(r.shape))) if r.numel() else ()
+    return (float(r.max()) if r.numel() else 0.0), i
+
+
+def course_ddp_run(fns, impl: str, model: str, bucket_mb) -> dict:
+    """The course's DDP test on this rank: the model seeded by the rank, a deepcopy wrapped (the broadcast must give
+    rank 0's parameters), 5 SGD steps (lr 0.1, MSE) on this rank's 10 of 20 rows with the adapters' hooks, each step
+    compared (allclose, the test's tolerance) with rank 0's model trained in one process on all 20 rows."""
+    rank, cls = dist.get_rank(), CM.MODELS[model]
+    torch.manual_seed(rank)
+    local = cls()
+    torch.manual_seed(0)
+    ref = cls()  # rank 0's model: the one-process reference on every rank
+    shim = StudentDDP(fns, impl, copy.deepcopy(local), bucket_mb)
+    mine = _named(shim.ddp)
+    missing = [n for n, _ in ref.named_parameters() if n not in mine]
+    if missing:
+        raise Unusable(ERROR, f"the wrapper's named_parameters() lack {', '.join(missing[:3])}: the course's tests read "
+                              "the model's parameters through the wrapper (as a registered .module or by delegation)")
+    start_diff = [n for n, p in ref.named_parameters() if not torch.equal(mine[n].detach(), p.detach())]
+    shim.optimizer = opt = torch.optim.SGD(shim.ddp.parameters(), lr=CM.DDP_LR)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=CM.DDP_LR)
+    x, y = CM.ddp_data()
+    rows, steps = rank_rows(x.shape[0], rank, WORLD), []
+    for i in range(CM.DDP_STEPS):
+        ref_opt.zero_grad()
+        nn.functional.mse_loss(ref(x), y).backward()
+        g_ref = {n: p.grad.detach().clone() for n, p in ref.named_parameters() if p.grad is not None}
+        ref_opt.step()
+        opt.zero_grad()
+        shim.on_train_batch_start()
+        nn.functional.mse_loss(shim(x[rows]), y[rows]).backward()
+        shim.finish_gradient_synchronization()
+        grads = {n: p.grad.detach().clone() for n, p in _named(shim.ddp).items() if p.grad is not None}
+        opt.step()
+        ratios = {n: _close_ratio(mine[n].detach(), p.detach(), **ALLCLOSE) for n, p in ref.named_parameters()}
+        worst = max(ratios, key=lambda n: ratios[n][0])
+        i_w = ratios[worst][1]
+        steps.append({
+            "ratio": ratios[worst][0],
+            "where": (f"{worst}[{', '.join(map(str, i_w))}]: yours {float(mine[worst].detach()[i_w]):.6g}, one process "
+                      f"{float(dict(ref.named_parameters())[worst].detach()[i_w]):.6g}"),
+            "finite": all(bool(torch.isfinite(g).all()) for g in grads.values()),
+            "summed": bool(g_ref) and all(n in grads and torch.allclose(grads[n], WORLD * g, **ALLCLOSE)
+                                          and not torch.allclose(grads[n], g, **ALLCLOSE) for n, g in g_ref.items()),
+            "grads": _digest(grads)})
+        x, y = CM.shuffled(i, x, y)
+    return {"start_diff": start_diff, "steps": steps, "final": _digest({n: p for n, p in mine.items()})}
+
+
+def _course_ddp_checks(impl: str, label: str, per_rank: list[dict]) -> list[Check]:
+    """The course test's two assertions, on every rank: rank 0's parameters after construction; after each step the
+    parameters allclose to one process's. A diagnosis only when its whole signature is there."""
+    after = A.ADAPTERS["ddp"][impl][1]
+    diff = sorted({n for r in per_rank for n in r["start_diff"]})
+    ranks = [i for i, r in enumerate(per_rank) if r["start_diff"]]
+    checks = [Check("ddp", impl, f"{label}: rank 0's parameters after construction", FAIL if diff else PASS,
+                    f"rank(s) {ranks} still hold their own {', '.join(diff[:4])} after construction: not broadcast from "
+                    "rank 0" if diff else "every rank starts from rank 0's parameters")]
+    bad = [(s, rank) for rank, r in enumerate(per_rank) for s, st in enumerate(r["steps"]) if not st["ratio"] <= 1]
+    prop = f"{label}: {CM.DDP_STEPS} SGD steps vs one process (allclose)"
+    if not bad:
+        worst = max(st["ratio"] for r in per_rank for st in r["steps"])
+        checks.append(Check("ddp", impl, prop, PASS, f"every step on every rank; worst |diff| / (atol + rtol |w|) "
+                                                     f"{worst:.3g}"))
+        return checks
+    s, rank = min(bad)
+    st = per_rank[rank]["steps"][s]
+    digests = [r["steps"][s]["grads"] for r in per_rank]
+    unsynced = sorted({n for d in digests[1:] for n in set(d) | set(digests[0]) if d.get(n) != digests[0].get(n)})
+    why = ""
+    if not st["finite"]:
+        why = " - a gradient is not finite (NaN/inf) after " + after
+    elif diff:
+        why = " - the ranks did not start from rank 0's parameters (the check above)"
+    elif all(r["steps"][s]["summed"] for r in per_rank):
+        why = f" - every gradient is {WORLD}x one process's: summed over ranks, not averaged (divide by the world size)"
+    elif unsynced:
+        why = (f" - {', '.join(unsynced[:4])}'s gradient is not the same on every rank after {after}: not all-reduced "
+               "before the optimizer step")
+    checks.append(Check("ddp", impl, prop, FAIL, f"step {s}, rank {rank}: {st['where']}; |diff| / (atol + rtol |w|) "
+                                                 f"{st['ratio']:.3g}, allclose's bound 1{why}"))
+    return checks
+
+
+def _course_ddp_configs(impl: str) -> list[tuple[str, float | None]]:
+    """(model, bucket size) pairs the course's tests run a flavour on: both toy models, each bucket size for bucketed."""
+    sizes = COURSE_BUCKETS_MB if impl == "bucketed" else (None,)
+    return [(m, mb) for m in CM.MODELS for mb in sizes]
+
+
+# ---- DDP beyond the handout: our toy (tied, frozen, unused parameters, a per-rank buffer), gradients vs float64 ----
 
 def _ddp_config(fns, impl: str, bucket_mb) -> dict:
     """One equivalence run of the student's flavour on the toy model (rank-seeded: the broadcast must fix it)."""
@@ -279,17 +427,30 @@ def _untracked(shim: StudentDDP) -> StudentDDP:
 
 
 def ddp_worker(path: str, impls: list[str], opts: Options) -> dict:
-    """In each rank: per DDP flavour, equivalence runs on the toy model (each bucket size for the bucketed one) and
-    the side-by-side timing; {impl: outcome}."""
+    """In each rank, per DDP flavour: the course's test on its models (each bucket size for the bucketed one), then
+    beyond the handout our toy model at several bucket sizes, then the side-by-side timing; each in a phase of its
+    own (an exception in one is its error, the others still run). {impl: outcome}."""
     out = {}
     for impl in impls:
         def run(impl=impl):
             fns = _adapter_fns(path, "ddp", impl)
+            course = [_phase(path, functools.partial(course_ddp_run, fns, impl, m, mb))
+                      for m, mb in _course_ddp_configs(impl)]
             sizes = ddp_bucket_sizes() if impl == "bucketed" else [None]
-            configs = [_ddp_config(fns, impl, mb) for mb in sizes]
-            return {"configs": configs, "speed": _ddp_speed(fns, impl, opts) if opts.timed and opts.steps else None}
+            beyond = [_phase(path, functools.partial(_ddp_config, fns, impl, mb)) for mb in sizes]
+            speed = _phase(path, lambda: _ddp_speed(fns, impl, opts)) if opts.timed and opts.steps else None
+            return {"course": course, "configs": beyond, "speed": speed}
         out[impl] = _outcome(run)
     return out
+
+
+def _phase_error(topic: str, impl: str, prop: str, per_rank: list[dict], beyond: bool) -> Check | None:
+    """An ERROR check when a phase raised on some rank (its first rank's message), else None."""
+    bad = [(rank, r) for rank, r in enumerate(per_rank) if r["status"] != "ok"]
+    if not bad:
+        return None
+    rank, r = bad[0]
+    return Check(topic, impl, prop, r["status"], f"rank {rank}: {r['detail']}", beyond=beyond)
 
 
 def _ddp_config_checks(impl: str, label: str, per_rank: list[dict]) -> list[Check]:
@@ -357,8 +518,9 @@ def _ddp_rows(impl: str, speed_per_rank: list[dict]) -> list[dict]:
 
 
 def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
-    """Every DDP flavour the file has (individual, bucketed, 2026's get_ddp): equivalence with one process on the toy
-    model (tied, frozen, unused parameters; the bucketed one at several bucket sizes), then yours vs ours vs torch DDP."""
+    """Every DDP flavour the file has (individual, bucketed, 2026's get_ddp): the course's test on its two toy models
+    (at the 2024 test's bucket sizes), then beyond the handout our toy (tied, frozen and unused parameters, a buffer)
+    at several bucket sizes, then yours vs ours vs torch DDP."""
     result = TopicResult("ddp")
     got = _launch_each(ddp_worker, str(adapters_path), list(A.ADAPTERS["ddp"]), opts)
     for impl, per_rank in got.items():
@@ -366,13 +528,31 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
         if early:
             result.checks += early
             continue
-        for k, configs in enumerate(zip(*[r["configs"] for r in per_rank])):
+        for k, (model, mb) in enumerate(_course_ddp_configs(impl)):
+            label = model + (f", bucket {mb:g} MB" if mb is not None else "")
+            runs = [r["course"][k] for r in per_rank]
+            error = _phase_error("ddp", impl, f"{label}: the course's DDP test runs", runs, beyond=False)
+            result.checks += [error] if error else _course_ddp_checks(impl, label, runs)
+        for configs in zip(*[r["configs"] for r in per_rank]):
+            configs = list(configs)
+            error = _phase_error("ddp", impl, "beyond the handout: our toy model (tied, frozen, unused, buffer) runs",
+                                 configs, beyond=True)
+            if error:
+                result.checks.append(error)
+                continue
             mb = configs[0]["bucket_mb"]
-            label = "toy model" + (f", bucket {mb:.3g} MB" if mb is not None else "")
-            result.checks += _ddp_config_checks(impl, label, list(configs))
-        if per_rank[0]["speed"]:
-            result.rows += _ddp_rows(impl, [r["speed"] for r in per_rank])
-            same = all(r["speed"]["same_weights"] for r in per_rank)
+            label = "our toy model (tied, frozen, unused, buffer)" + (f", bucket {mb:.3g} MB" if mb is not None else "")
+            for c in _ddp_config_checks(impl, label, configs):
+                c.beyond, c.prop = True, f"beyond the handout: {c.prop}"
+                result.checks.append(c)
+        speed = [r["speed"] for r in per_rank]
+        if speed[0] is not None:
+            error = _phase_error("ddp", impl, "beyond the handout: timing, bytes and peak on small/cpu", speed, True)
+            if error:
+                result.checks.append(error)
+                continue
+            result.rows += _ddp_rows(impl, speed)
+            same = all(r["same_weights"] for r in speed)
             result.rows.append({"topic": "ddp", "impl": impl, "measure": "same weights as ours and torch DDP after "
                                 "the timed steps", "who": "yours", "value": same, "unit": ""})
     return result
@@ -393,28 +573,80 @@ def _student_optimizer(fns: dict):
     return make
 
 
+def course_sharding_run(make, model: str) -> dict:
+    """The course's sharded-optimizer test (2025/2026 tests/test_sharded_optimizer.py) on this rank: one seed on every
+    rank, the model deep-copied, AdamW (lr 0.1, weight decay 0.1) unsharded beside yours, 10 steps of a summed squared
+    error on the same 32 rows on every rank; both models' final weights."""
+    cls = CM.MODELS[model]
+    torch.manual_seed(42)
+    ref = cls()
+    mine = copy.deepcopy(ref)
+    ref_opt = torch.optim.AdamW(ref.parameters(), **CM.SHARDING_ADAMW)
+    opt = make(mine.parameters(), torch.optim.AdamW, **CM.SHARDING_ADAMW)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(CM.SHARDING_STEPS):
+        x, y = torch.rand(CM.SHARDING_ROWS, 10, generator=gen), torch.rand(CM.SHARDING_ROWS, 5, generator=gen)
+        for net, o in ((ref, ref_opt), (mine, opt)):
+            o.zero_grad()
+            ((y - net(x)) ** 2).sum().backward()
+            o.step()
+    return {"ref": _cpu_params(ref), "mine": _cpu_params(mine)}
+
+
+def _cpu_params(net: nn.Module) -> dict:
+    return {n: p.detach().cpu().clone() for n, p in net.named_parameters()}
+
+
+def course_state_growth(make) -> dict:
+    """Bytes of tensors the first optimizer step leaves alive (the optimizer state it creates) on this rank, unsharded
+    AdamW's and yours, on the course's ToyModel; and the smallest trainable tensor's state (2 moments, float32)."""
+    out = {}
+    for who, build in (("unsharded", lambda ps: torch.optim.AdamW(ps, **CM.SHARDING_ADAMW)),
+                       ("yours", lambda ps: make(ps, torch.optim.AdamW, **CM.SHARDING_ADAMW))):
+        torch.manual_seed(42)
+        net = CM.ToyModel()
+        opt = build(net.parameters())
+        x = torch.rand(CM.SHARDING_ROWS, 10, generator=torch.Generator().manual_seed(0))
+        net(x).pow(2).sum().backward()
+        trace = M.track(lambda: (opt.step(), dist.barrier()),  # the barrier: the backend lets go of a broadcast's buffer
+                        existing=list(net.parameters()) + [p.grad for p in net.parameters() if p.grad is not None])
+        out[who] = trace.current_bytes - trace.baseline_bytes
+    out["smallest"] = 2 * 4 * min(p.numel() for p in CM.ToyModel().parameters() if p.requires_grad)
+    return out
+
+
 def sharding_worker(path: str, impls: list[str], opts: Options) -> dict:
-    """In each rank: unsharded AdamW, ours and yours trained on the toy model (bitwise comparison), the state each
-    holds after one step of small/cpu (helpers.memory.track), and the three timed interleaved with torch's ZeRO."""
+    """In each rank, per implementation, each phase apart: the course's test on its two models and the state each
+    rank keeps (within the handout); beyond it, unsharded AdamW, ours and yours on our toy model (bitwise), the state
+    after one step of small/cpu vs the formula, and the three timed interleaved with torch's ZeRO."""
     out = {}
     for impl in impls:
         def run():
             make = _student_optimizer(_adapter_fns(path, "sharding", impl))
-            runs = XS.equivalence_worker(model="toy", kinds=["unsharded", "sharded", "yours"], optimizer="adamw",
-                                         impls={"yours": make}, **TOY)
-            mem = XS.memory_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], impls={"yours": make},
-                                   steps=1, **SHARDING_MEMORY)
-            growth = {k: _after(r, "after step") - _after(r, "before step") for k, r in mem.items()}
-            speed = None
-            if opts.timed and opts.steps:
+            course = [_phase(path, functools.partial(course_sharding_run, make, m)) for m in CM.MODELS]
+            partition = _phase(path, lambda: course_state_growth(make))
+
+            def beyond():
+                runs = XS.equivalence_worker(model="toy", kinds=["unsharded", "sharded", "yours"], optimizer="adamw",
+                                             impls={"yours": make}, **TOY)
+                return {"runs": {k: {"weights": _digest(r.weights) if dist.get_rank() else r.weights,
+                                     "same_grads": r.same_grads, "collectives": r.collectives[-1]}
+                                 for k, r in runs.items()}}
+
+            def memory():
+                mem = XS.memory_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], impls={"yours": make},
+                                       steps=1, **SHARDING_MEMORY)
+                return {"growth": {k: _after(r, "after step") - _after(r, "before step") for k, r in mem.items()},
+                        "peak": {k: max(p.peak for p in r.points) for k, r in mem.items()}}
+
+            def timed():
                 speed = XS.speed_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], steps=opts.steps,
                                         warmup=opts.warmup, impls={"yours": make}, **SPEED)
-            return {"runs": {k: {"weights": _digest(r.weights) if dist.get_rank() else r.weights,
-                                 "same_grads": r.same_grads, "collectives": r.collectives[-1]} for k, r in runs.items()},
-                    "growth": growth, "peak": {k: max(p.peak for p in r.points) for k, r in mem.items()},
-                    "speed": None if speed is None else {"samples": {k: [s["fwd_bwd"] + s["step"] for s in v]
-                                                                     for k, v in speed.samples.items()},
-                                                         "same_weights": speed.same_weights}}
+                return {"samples": {k: [s["fwd_bwd"] + s["step"] for s in v] for k, v in speed.samples.items()},
+                        "same_weights": speed.same_weights}
+            return {"course": course, "partition": partition, "beyond": _phase(path, beyond),
+                    "memory": _phase(path, memory),
+                    "speed": _phase(path, timed) if opts.timed and opts.steps else None}
         out[impl] = _outcome(run)
     return out
 
@@ -424,17 +656,65 @@ def _after(run, point: str) -> int:
 
 
 def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
-    """The sharded optimizer: bitwise equal to unsharded AdamW after several steps, each rank's state at most 1/N of
-    the total plus its largest tensor; yours vs ours vs torch's ZeroRedundancyOptimizer."""
+    """The sharded optimizer: within the handout, the course's test (allclose to unsharded AdamW on ToyModel and
+    ToyModelWithTiedWeights) and each rank keeping only part of the state; beyond it, bitwise equality on our toy,
+    each rank's state at most 1/N of the total plus its largest tensor on small/cpu, and yours vs ours vs torch's
+    ZeroRedundancyOptimizer."""
     result = TopicResult("sharding")
     for impl, per_rank in _launch_each(sharding_worker, str(adapters_path), list(A.ADAPTERS["sharding"]), opts).items():
         early = _status_checks("sharding", impl, per_rank, str(adapters_path))
         if early:
             result.checks += early
             continue
-        result.checks += _sharding_checks(impl, per_rank)
-        result.rows += _sharding_rows(impl, per_rank)
+        for k, model in enumerate(CM.MODELS):
+            runs = [r["course"][k] for r in per_rank]
+            error = _phase_error("sharding", impl, f"{model}: the course's sharded-optimizer test runs", runs, False)
+            result.checks += [error] if error else _course_sharding_checks(impl, model, runs)
+        parts = [r["partition"] for r in per_rank]
+        error = _phase_error("sharding", impl, "ToyModel: optimizer state partitioned over ranks", parts, False)
+        result.checks += [error] if error else [_partition_check(impl, parts)]
+        beyond = [r["beyond"] for r in per_rank]
+        error = _phase_error("sharding", impl, "beyond the handout: our toy model runs", beyond, True)
+        result.checks += [error] if error else _sharding_checks(impl, beyond)
+        memory = [r["memory"] for r in per_rank]
+        error = _phase_error("sharding", impl, "beyond the handout: state per rank on small/cpu runs", memory, True)
+        result.checks += [error] if error else [_state_check(impl, memory)]
+        speed = [r["speed"] for r in per_rank] if per_rank[0]["speed"] is not None else None
+        error = speed and _phase_error("sharding", impl, "beyond the handout: timing on small/cpu", speed, True)
+        if error:
+            result.checks.append(error)
+        result.rows += _sharding_rows(impl, beyond, memory, None if error else speed)
     return result
+
+
+def _course_sharding_checks(impl: str, model: str, per_rank: list[dict]) -> list[Check]:
+    """Final weights vs unsharded AdamW's on every rank, with the test's numpy.testing.assert_allclose (rtol 1e-7)."""
+    worst = None
+    for rank, r in enumerate(per_rank):
+        for n, ref in r["ref"].items():
+            ratio, i = _close_ratio(r["mine"][n], ref, rtol=1e-7, atol=0.0)
+            if worst is None or ratio > worst[0]:
+                worst = (ratio, rank, n, i, float(r["mine"][n][i]), float(ref[i]))
+    ratio, rank, n, i, got, want = worst
+    prop = f"{model}: {CM.SHARDING_STEPS} AdamW steps vs unsharded (allclose, rtol 1e-7)"
+    detail = (f"worst rank {rank}, {n}[{', '.join(map(str, i))}]: yours {got:.8g}, unsharded {want:.8g}; |diff| / "
+              f"(rtol |w|) {ratio:.3g}")
+    return [Check("sharding", impl, prop, PASS if ratio <= 1 else FAIL, detail)]
+
+
+def _partition_check(impl: str, per_rank: list[dict]) -> Check:
+    """Each rank keeps state for only part of the parameters (the handout: each rank updates the ones it owns): the
+    state the first step leaves on every rank is below unsharded AdamW's by at least the smallest tensor's moments."""
+    full, least = per_rank[0]["unsharded"], per_rank[0]["smallest"]
+    worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["yours"])
+    held = per_rank[worst]["yours"]
+    ok = held <= full - least
+    detail = (f"rank {worst} keeps {held} B of optimizer state after the first step, unsharded AdamW {full} B; "
+              f"partitioned, no rank keeps the state of every parameter (bound {full} - {least} B, the smallest "
+              "tensor's two moments)")
+    if not ok and held >= full:
+        detail += " - every rank keeps the whole state: not partitioned (step only the parameters this rank owns)"
+    return Check("sharding", impl, "ToyModel: optimizer state partitioned over ranks", PASS if ok else FAIL, detail)
 
 
 def _sharding_checks(impl: str, per_rank: list[dict]) -> list[Check]:
@@ -459,6 +739,12 @@ def _sharding_checks(impl: str, per_rank: list[dict]) -> list[Check]:
     checks.append(Check("sharding", impl, "same weights on every rank", FAIL if split else PASS,
                         f"ranks hold different {', '.join(split[:4])}: an owner's update not broadcast" if split
                         else "bitwise equal on every rank"))
+    return [Check(c.topic, c.impl, "beyond the handout: " + c.prop, c.status, c.detail, beyond=True) for c in checks]
+
+
+def _state_check(impl: str, per_rank: list[dict]) -> Check:
+    """Beyond the handout: each rank's state after one step of small/cpu at most 1/N of the whole + its largest
+    tensor (a balanced partition by whole tensors)."""
     full = max(r["growth"]["unsharded"] for r in per_rank)
     slack = XS.whole_tensor_slack(SHARDING_MEMORY["model"])
     limit = full / WORLD + slack
@@ -469,15 +755,15 @@ def _sharding_checks(impl: str, per_rank: list[dict]) -> list[Check]:
     if held > limit:
         detail += (" - each rank holds all the state: sharded state not partitioned (step only the parameters this "
                    "rank owns)" if held >= 0.9 * full else " - the partition is unbalanced")
-    checks.append(Check("sharding", impl, f"state per rank <= 1/{WORLD} + largest tensor (small/cpu)",
-                        FAIL if held > limit else PASS, detail))
-    return checks
+    return Check("sharding", impl, f"beyond the handout: state per rank <= 1/{WORLD} + largest tensor (small/cpu)",
+                 FAIL if held > limit else PASS, detail, beyond=True)
 
 
-def _sharding_rows(impl: str, per_rank: list[dict]) -> list[dict]:
+def _sharding_rows(impl: str, beyond: list[dict], memory: list[dict], speed: list[dict] | None) -> list[dict]:
     labels = {"yours": "yours", "sharded": "ours", "torch_zero": "pytorch", "unsharded": "unsharded AdamW"}
     rows = []
-    for kind in ("yours", "sharded", "torch_zero", "unsharded"):
+    per_rank = memory
+    for kind in ("yours", "sharded", "torch_zero", "unsharded") if memory[0]["status"] == "ok" else ():
         rows.append({"topic": "sharding", "impl": impl, "measure": "optimizer state per rank, worst rank",
                      "who": labels[kind], "value": max(r["growth"][kind] for r in per_rank) / MiB, "unit": "MiB"})
         rows.append({"topic": "sharding", "impl": impl, "measure": "peak over a step, worst rank", "who": labels[kind],
@@ -485,31 +771,162 @@ def _sharding_rows(impl: str, per_rank: list[dict]) -> list[dict]:
     rows.append({"topic": "sharding", "impl": impl, "measure": "optimizer state per rank, worst rank", "who": "formula",
                  "value": max(F.state_bytes("sharded", SHARDING_MEMORY["model"], WORLD, r) for r in range(WORLD)) / MiB,
                  "unit": "MiB"})
-    for kind in ("yours", "sharded"):  # the optimizer's own collectives: the all-reduce is the shared DDPBucketed's
-        log = [(op, b) for op, b in per_rank[0]["runs"][kind]["collectives"] if op != "all_reduce"]
+    for kind in ("yours", "sharded") if beyond[0]["status"] == "ok" else ():  # the optimizer's own collectives: the all-reduce is the shared DDPBucketed's
+        log = [(op, b) for op, b in beyond[0]["runs"][kind]["collectives"] if op != "all_reduce"]
         rows.append({"topic": "sharding", "impl": impl, "measure": "bytes sent by step() (rank 0, toy model)",
                      "who": labels[kind], "value": _sent(log, WORLD) / MiB, "unit": "MiB"})
-    if per_rank[0]["speed"]:
-        samples = [r["speed"]["samples"] for r in per_rank]
-        rows += _timing_rows("sharding", impl, samples, labels)
+    if speed:
+        rows += _timing_rows("sharding", impl, [r["samples"] for r in speed], labels)
         rows.append({"topic": "sharding", "impl": impl, "measure": "same weights as unsharded after the timed steps",
-                     "who": "yours", "value": all(r["speed"]["same_weights"]["yours"] for r in per_rank), "unit": ""})
+                     "who": "yours", "value": all(r["same_weights"]["yours"] for r in speed), "unit": ""})
     return rows
 
 
 # ======================================= FSDP =======================================
 
 def _student_fsdp(fns: dict) -> XF.FsdpImpl:
-    """The student's get_fsdp / fsdp_on_after_backward / fsdp_gather_full_params as an FsdpImpl, return kinds checked."""
+    """The student's get_fsdp / fsdp_on_after_backward / fsdp_gather_full_params as an FsdpImpl (get_fsdp called with
+    compute_dtype= as the 2026 test calls it), return kinds checked."""
     ctor, after, gather = (_required(fns, n) for n in A.ADAPTERS["fsdp"]["fsdp"])
 
     def gathered(model):
         out = _called(gather, model, expect=dict, what="a dict {parameter name: full tensor}")
         return {k: v.detach().float().cpu().clone() for k, v in out.items()}
-    return XF.FsdpImpl(wrap=lambda module, dtype: _called(ctor, module, dtype, expect=nn.Module,
-                                                          what="a torch.nn.Module wrapping the model"),
+    return XF.FsdpImpl(wrap=lambda module, dtype: _callable_wrapper(_called(ctor, module, compute_dtype=dtype), ctor),
                        on_after_backward=lambda model, opt: _called(after, model, opt),
                        gather_full_params=gathered)
+
+
+# ---- FSDP within the handout's contract: the 2026 test (tests/test_fsdp.py) on the cs336_basics layers ----
+
+COURSE_FSDP_DTYPES = ("fp32", "fp16")  # the 2026 test: compute_dtype None and torch.float16
+COURSE_FSDP_TOL = {"fp32": dict(atol=1e-6, rtol=1e-4), "fp16": dict(atol=1e-4, rtol=1e-4)}  # its allclose per dtype
+COURSE_FSDP_GRAD_TOL = dict(atol=1e-4, rtol=1e-4)  # its replicated gradients across ranks
+
+
+def _course_layers():
+    """The student's cs336_basics.model (the 2026 FSDP test builds its model from it) and its sharded layer types."""
+    import importlib
+
+    layers = importlib.import_module("cs336_basics.model")
+    return layers, (layers.Linear, layers.Embedding)
+
+
+def course_fsdp_run(impl: XF.FsdpImpl, dtype: str) -> dict:
+    """The 2026 FSDP correctness test on this rank: one seed (42) on every rank, get_fsdp(deepcopy(model),
+    compute_dtype), 3 SGD steps (lr 0.01, cross-entropy on the last position) on this rank's 10 of 20 rows, after each
+    fsdp_gather_full_params vs one process on all rows (with the same mixed precision); max |diff| / (atol + rtol |w|)."""
+    layers, shard_types = _course_layers()
+    rank, cdt = dist.get_rank(), XF.DTYPES[dtype]
+    torch.manual_seed(42)
+    base = CM.FSDPToyModel(layers)
+    ref = copy.deepcopy(base)
+    model = impl.wrap(copy.deepcopy(base), cdt)
+    opt = torch.optim.SGD(model.parameters(), lr=CM.FSDP_LR)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=CM.FSDP_LR)
+    ids, labels = CM.fsdp_data()
+    rows, names, steps = rank_rows(ids.shape[0], rank, WORLD), [n for n, _ in ref.named_parameters()], []
+    for s in range(CM.FSDP_STEPS):
+        ref_opt.zero_grad(set_to_none=True)
+        CM.reference_loss(ref, ids, labels, cdt, shard_types).backward()
+        ref_opt.step()
+        opt.zero_grad(set_to_none=True)
+        CM.last_position_loss(model(ids[rows]), labels[rows]).backward()
+        impl.on_after_backward(model, opt)
+        opt.step()
+        full = _aligned(impl.gather_full_params(model), names)
+        ratios = {n: _close_ratio(full[n], p.detach().cpu(), **COURSE_FSDP_TOL[dtype]) for n, p in ref.named_parameters()}
+        n = max(ratios, key=lambda k: ratios[k][0])
+        i = ratios[n][1]
+        steps.append({"ratio": ratios[n][0], "where": f"{n}[{', '.join(map(str, i))}]: yours {float(full[n][i]):.6g}, "
+                                                      f"one process {float(dict(ref.named_parameters())[n].detach()[i]):.6g}"})
+        ids, labels = CM.shuffled(s, ids, labels)
+    return {"steps": steps}
+
+
+def course_fsdp_grads(impl: XF.FsdpImpl, dtype: str) -> dict:
+    """The 2026 gradient test on this rank: one seed, each rank its own 4 x 8 ids, loss = logits.sum(); after
+    fsdp_on_after_backward, .module's parameters that need one have a gradient of their data's shape and dtype; the
+    replicated ones' gradients (not Linear/Embedding) are returned for the cross-rank comparison."""
+    layers, shard_types = _course_layers()
+    torch.manual_seed(42)
+    model = impl.wrap(CM.FSDPToyModel(layers), XF.DTYPES[dtype])
+    ids = torch.randint(0, CM.FSDP_VOCAB, (4, CM.FSDP_SEQ), generator=torch.Generator().manual_seed(dist.get_rank()))
+    opt = torch.optim.SGD(model.parameters(), lr=CM.FSDP_LR)
+    model(ids).sum().backward()
+    impl.on_after_backward(model, opt)
+    inner = getattr(model, "module", model)
+    modules, bad, replicated = dict(inner.named_modules()), [], {}
+    for name, p in inner.named_parameters():
+        if not p.requires_grad:
+            continue
+        g = p.grad
+        if g is None or g.shape != p.data.shape or g.dtype != p.data.dtype:
+            bad.append(f"{name}: " + ("no gradient" if g is None else f"gradient {tuple(g.shape)} {g.dtype}, data "
+                                      f"{tuple(p.data.shape)} {p.data.dtype}"))
+        elif not isinstance(modules[name.rsplit(".", 1)[0]] if "." in name else inner, shard_types):
+            replicated[name] = g.detach().float().cpu().clone()
+    return {"bad": bad, "replicated": replicated}
+
+
+def course_fsdp_memory(impl: XF.FsdpImpl) -> dict:
+    """Bytes live on this rank once get_fsdp has returned (the model built inside the tracked call), beside the
+    model's full bytes, this rank's share of the sharded ones and the largest sharded tensor."""
+    layers, shard_types = _course_layers()
+    torch.manual_seed(42)
+    trace = M.track_resizing(lambda: (impl.wrap(CM.FSDPToyModel(layers), None), dist.barrier()), device=L.device())
+    trace.result = None
+    sizes = {id(p): (p.numel(), isinstance(m, shard_types)) for m in CM.FSDPToyModel(layers).modules()
+             for p in m.parameters(recurse=False)}
+    sharded = [n for n, s in sizes.values() if s]
+    return {"live": trace.current_bytes, "full": 4 * sum(n for n, _ in sizes.values()),
+            "share": 4 * (sum(-(-n // WORLD) for n in sharded) + sum(n for n, s in sizes.values() if not s)),
+            "largest": 4 * max(sharded)}
+
+
+def _course_fsdp_checks(impl: str, course: dict) -> list[Check]:
+    """The 2026 test's assertions from each rank's results (course[part] = per-rank phase results)."""
+    checks = []
+    for dtype in COURSE_FSDP_DTYPES:
+        runs, prop = course[f"run {dtype}"], f"{CM.FSDP_STEPS} SGD steps vs one process ({dtype}, allclose)"
+        error = _phase_error("fsdp", impl, prop, runs, beyond=False)
+        if error:
+            checks.append(error)
+        else:
+            tol = COURSE_FSDP_TOL[dtype]
+            (ratio, s, rank), where = max(((st["ratio"], s, rank), st["where"]) for rank, r in enumerate(runs)
+                                          for s, st in enumerate(r["steps"]))
+            checks.append(Check("fsdp", impl, prop, PASS if ratio <= 1 else FAIL,
+                                f"worst: step {s}, rank {rank}, {where}; |diff| / (atol {tol['atol']:g} + rtol "
+                                f"{tol['rtol']:g} |w|) {ratio:.3g}"))
+        grads, prop = course[f"grads {dtype}"], f"gradients after fsdp_on_after_backward ({dtype})"
+        error = _phase_error("fsdp", impl, prop, grads, beyond=False)
+        if error:
+            checks.append(error)
+            continue
+        bad = [(rank, b) for rank, r in enumerate(grads) for b in r["bad"]]
+        first = grads[0]["replicated"]
+        split = [n for r in grads[1:] for n in first if n not in r["replicated"]
+                 or not torch.allclose(first[n], r["replicated"][n], **COURSE_FSDP_GRAD_TOL)]
+        detail = (f"rank {bad[0][0]}: {bad[0][1]} (every parameter that requires a gradient needs one of its data's "
+                  "shape and dtype)" if bad else f"replicated {', '.join(split[:3])}'s gradient differs between ranks: "
+                  "not all-reduced" if split else
+                  f"shapes and dtypes of the data; {len(first)} replicated gradients equal on every rank")
+        checks.append(Check("fsdp", impl, prop, FAIL if bad or split else PASS, detail))
+    mem = course["memory"]
+    error = _phase_error("fsdp", impl, "a shard per rank after get_fsdp", mem, beyond=False)
+    if error:
+        return checks + [error]
+    rank = max(range(len(mem)), key=lambda i: mem[i]["live"])
+    m = mem[rank]
+    bound = (1 + FSDP_MEMORY_TOL) * m["share"] + m["largest"]
+    detail = (f"rank {rank} holds {m['live']} B after get_fsdp; its shard (1/{WORLD} of the Linear and Embedding "
+              f"weights, norm gains whole) {m['share']} B, bound that + {FSDP_MEMORY_TOL:.0%} + the largest weight "
+              f"{m['largest']} B = {bound:.0f} B; the full model {m['full']} B")
+    if m["live"] > bound and m["live"] >= m["full"]:
+        detail += " - the full weights are still live: not sharded at init (keep only this rank's shard)"
+    checks.append(Check("fsdp", impl, "a shard per rank after get_fsdp", PASS if m["live"] <= bound else FAIL, detail))
+    return checks
 
 
 def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
@@ -524,28 +941,47 @@ def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
 
 
 def fsdp_worker(path: str, impls: list[str], opts: Options) -> dict:
-    """In each rank: the student's FSDP trained with SGD without and with bf16 compute (opts.repeat times), its
-    memory after init and over a step, one step's bytes, and yours vs ours vs torch's fully_shard timed."""
+    """In each rank, each phase apart: the 2026 test on the cs336_basics model (fp32 and fp16; when the student's
+    cs336_basics imports) and the memory after get_fsdp; beyond the handout, our TransformerLM seeded per rank with SGD
+    without and with bf16 compute (opts.repeat times), memory and bytes vs the formulas, and the timing."""
     out, cfg, rank = {}, FSDP_CHECK, dist.get_rank()
     for impl_name in impls:
         def run():
             impl = _student_fsdp(_adapter_fns(path, "fsdp", impl_name))
-            repeats = []
-            for r in range(max(1, opts.repeat)):
-                runs = XF.equivalence_worker(model=cfg["model"], n_layers=cfg["n_layers"], dtypes=list(FSDP_DTYPES),
-                                             steps=cfg["steps"], batch_size=cfg["batch_size"],
-                                             context_length=cfg["context_length"], impl=impl)
-                full = rank == 0 and r == 0
-                repeats.append({d: [w if full else _digest(w) for w in run.weights] for d, run in runs.items()})
-            memory = {k: XF.fsdp_memory(model=cfg["model"], batch_size=cfg["batch_size"],
-                                        context_length=cfg["context_length"], steps=1, impl=i)
-                      for k, i in (("yours", impl), ("ours", None))}
-            logs = {"yours": _fsdp_step_bytes("yours", impl), "ours": _fsdp_step_bytes("fsdp", None)}
-            speed = None
-            if opts.timed and opts.steps:
-                speed = XF.measure_worker(kinds=("yours", "fsdp", "torch_fsdp"), steps=opts.steps, warmup=opts.warmup,
-                                          memory=False, trace=False, impls={"yours": impl}, **SPEED).samples
-            return {"repeats": repeats, "memory": memory, "logs": logs, "speed": speed}
+            try:
+                _course_layers()
+                course = {}
+                for dtype in COURSE_FSDP_DTYPES:
+                    course[f"run {dtype}"] = _phase(path, functools.partial(course_fsdp_run, impl, dtype))
+                    course[f"grads {dtype}"] = _phase(path, functools.partial(course_fsdp_grads, impl, dtype))
+                course["memory"] = _phase(path, functools.partial(course_fsdp_memory, impl))
+            except Exception as exc:  # noqa: BLE001 - no cs336_basics: the course's test cannot run either
+                course = {"missing": f"{type(exc).__name__}: {exc}"}
+
+            def equivalence():
+                repeats = []
+                for r in range(max(1, opts.repeat)):
+                    runs = XF.equivalence_worker(model=cfg["model"], n_layers=cfg["n_layers"], dtypes=list(FSDP_DTYPES),
+                                                 steps=cfg["steps"], batch_size=cfg["batch_size"],
+                                                 context_length=cfg["context_length"], impl=impl)
+                    full = rank == 0 and r == 0
+                    repeats.append({d: [w if full else _digest(w) for w in run.weights] for d, run in runs.items()})
+                return {"repeats": repeats}
+
+            def memory():
+                return {"memory": {k: XF.fsdp_memory(model=cfg["model"], batch_size=cfg["batch_size"],
+                                                      context_length=cfg["context_length"], steps=1, impl=i)
+                                   for k, i in (("yours", impl), ("ours", None))}}
+
+            def logs():
+                return {"logs": {"yours": _fsdp_step_bytes("yours", impl), "ours": _fsdp_step_bytes("fsdp", None)}}
+
+            def timed():
+                return {"samples": XF.measure_worker(kinds=("yours", "fsdp", "torch_fsdp"), steps=opts.steps,
+                                                     warmup=opts.warmup, memory=False, trace=False,
+                                                     impls={"yours": impl}, **SPEED).samples}
+            return {"course": course, "equivalence": _phase(path, equivalence), "memory": _phase(path, memory),
+                    "logs": _phase(path, logs), "speed": _phase(path, timed) if opts.timed and opts.steps else None}
         out[impl_name] = _outcome(run)
     return out
 
@@ -718,24 +1154,49 @@ def _fsdp_bytes_checks(impl: str, per_rank: list[dict]) -> tuple[list[Check], li
 
 
 def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
-    """FSDP: SGD steps within the derived bound of one process's, without and with bf16 compute, opts.repeat times;
-    memory after init and the forward/backward peak vs the formulas; bytes per step vs the formula;
-    fsdp_gather_full_params; yours vs ours vs torch's fully_shard."""
+    """FSDP: within the handout, the 2026 test on the cs336_basics model (fp32 and fp16 steps vs one process,
+    gradients' shapes and dtypes, replicated gradients equal) and a shard per rank after get_fsdp; beyond it, our
+    TransformerLM seeded per rank (rank 0's weights, fp32 and bf16 steps within the derived bound, opts.repeat
+    times), memory and bytes vs the formulas, and yours vs ours vs torch's fully_shard."""
     result = TopicResult("fsdp")
     for impl, per_rank in _launch_each(fsdp_worker, str(adapters_path), list(A.ADAPTERS["fsdp"]), opts).items():
         early = _status_checks("fsdp", impl, per_rank, str(adapters_path))
         if early:
             result.checks += early
             continue
-        result.checks += _fsdp_equivalence_checks(impl, per_rank, max(1, opts.repeat))
-        for part in (_fsdp_memory_checks, _fsdp_bytes_checks):
-            checks, rows = part(impl, per_rank)
-            result.checks += checks
-            result.rows += rows
-        if per_rank[0]["speed"]:
+        if "missing" in per_rank[0]["course"]:  # the course's test cannot run without it either
+            result.checks.append(Check("fsdp", impl, "the 2026 test's model (cs336_basics.model)", SKIPPED,
+                                       f"cs336_basics.model does not import ({per_rank[0]['course']['missing']}): the "
+                                       "course's FSDP test builds its model from it; put your cs336-basics on the path"))
+        else:
+            result.checks += _course_fsdp_checks(impl, {k: [r["course"][k] for r in per_rank]
+                                                        for k in per_rank[0]["course"]})
+        beyond = []
+        phases = (("equivalence", lambda ph: _fsdp_equivalence_checks(impl, ph, max(1, opts.repeat)), "runs"),
+                  ("memory", lambda ph: _rows_into(result, _fsdp_memory_checks(impl, ph)), "memory"),
+                  ("logs", lambda ph: _rows_into(result, _fsdp_bytes_checks(impl, ph)), "bytes per step"))
+        for key, checks_of, what in phases:
+            ph = [r[key] for r in per_rank]
+            error = _phase_error("fsdp", impl, f"our TransformerLM ({what})", ph, beyond=True)
+            beyond += [error] if error else checks_of(ph)
+        speed = [r["speed"] for r in per_rank] if per_rank[0]["speed"] is not None else None
+        error = speed and _phase_error("fsdp", impl, "timing on small/cpu", speed, beyond=True)
+        if error:
+            beyond.append(error)
+        elif speed:
             labels = {"yours": "yours", "fsdp": "ours", "torch_fsdp": "pytorch"}
-            result.rows += _timing_rows("fsdp", impl, [r["speed"] for r in per_rank], labels)
+            result.rows += _timing_rows("fsdp", impl, [r["samples"] for r in speed], labels)
+        for c in beyond:
+            c.beyond, c.prop = True, c.prop if c.prop.startswith("beyond") else f"beyond the handout: {c.prop}"
+        result.checks += beyond
     return result
+
+
+def _rows_into(result: TopicResult, checks_rows: tuple[list[Check], list[dict]]) -> list[Check]:
+    checks, rows = checks_rows
+    result.rows += rows
+    return checks
+
 
 
 # ======================================= notebooks 04, 05, 07 =======================================
