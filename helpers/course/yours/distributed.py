@@ -457,10 +457,13 @@ def _ddp_config_checks(impl: str, label: str, per_rank: list[dict]) -> list[Chec
     """Broadcast at construction, gradients vs one process (with the likely mistake), same weights on every rank."""
     checks = []
     diff = sorted({k for r in per_rank for k in r["start_diff"]})
+    buffers = {n for n, _ in make_model("toy", 0).named_buffers()}
     checks.append(Check("ddp", impl, f"rank 0's weights at construction, {label}", FAIL if diff else PASS,
                         f"after construction, rank(s) {[i for i, r in enumerate(per_rank) if r['start_diff']]} still "
-                        f"hold their own {', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''} (parameters differ at "
-                        "step 0: not broadcast from rank 0)" if diff else "every rank starts from rank 0's weights"))
+                        f"hold their own {', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''} ("
+                        + ("buffers only: the parameters were broadcast, the buffers not; the handout asks for the "
+                           "parameters, and the course's models have no buffer)" if set(diff) <= buffers else
+                           "not broadcast from rank 0)") if diff else "every rank starts from rank 0's weights"))
     steps = [(rank, s) for rank, r in enumerate(per_rank) for s in r["steps"]]
     bad = [(rank, s) for rank, s in steps if not s.finite or not s.max_ratio <= 1]
     if not bad:
@@ -474,7 +477,7 @@ def _ddp_config_checks(impl: str, label: str, per_rank: list[dict]) -> list[Chec
         if not s.finite:
             why = "non-finite (NaN/inf) gradient"
         elif diff:
-            why = "likely because the ranks did not start from rank 0's weights"
+            why = "the ranks did not start from rank 0's weights (the check above)"
         elif s.summed_ratio <= 1:
             why = f"gradients exactly {WORLD}x one process's: summed over ranks, not averaged (divide by the world size)"
         elif unsynced:
@@ -771,7 +774,8 @@ def _sharding_rows(impl: str, beyond: list[dict], memory: list[dict], speed: lis
     rows.append({"topic": "sharding", "impl": impl, "measure": "optimizer state per rank, worst rank", "who": "formula",
                  "value": max(F.state_bytes("sharded", SHARDING_MEMORY["model"], WORLD, r) for r in range(WORLD)) / MiB,
                  "unit": "MiB"})
-    for kind in ("yours", "sharded") if beyond[0]["status"] == "ok" else ():  # the optimizer's own collectives: the all-reduce is the shared DDPBucketed's
+    # the optimizer's own collectives: the all-reduce is the shared DDPBucketed's
+    for kind in ("yours", "sharded") if beyond[0]["status"] == "ok" else ():
         log = [(op, b) for op, b in beyond[0]["runs"][kind]["collectives"] if op != "all_reduce"]
         rows.append({"topic": "sharding", "impl": impl, "measure": "bytes sent by step() (rank 0, toy model)",
                      "who": labels[kind], "value": _sent(log, WORLD) / MiB, "unit": "MiB"})
@@ -838,8 +842,9 @@ def course_fsdp_run(impl: XF.FsdpImpl, dtype: str) -> dict:
         ratios = {n: _close_ratio(full[n], p.detach().cpu(), **COURSE_FSDP_TOL[dtype]) for n, p in ref.named_parameters()}
         n = max(ratios, key=lambda k: ratios[k][0])
         i = ratios[n][1]
-        steps.append({"ratio": ratios[n][0], "where": f"{n}[{', '.join(map(str, i))}]: yours {float(full[n][i]):.6g}, "
-                                                      f"one process {float(dict(ref.named_parameters())[n].detach()[i]):.6g}"})
+        want = float(dict(ref.named_parameters())[n].detach()[i])
+        steps.append({"ratio": ratios[n][0],
+                      "where": f"{n}[{', '.join(map(str, i))}]: yours {float(full[n][i]):.6g}, one process {want:.6g}"})
         ids, labels = CM.shuffled(s, ids, labels)
     return {"steps": steps}
 
