@@ -78,7 +78,8 @@ def test_ddp_mutants_each_named_by_the_property_they_break(tmp_path):
     wrong = {c.prop for c in by(result, "bucketed", FAIL, beyond=False)}
     assert wrong == {f"{m}, bucket {mb:g} MB: 5 SGD steps vs one process (allclose)" for m in D.CM.MODELS
                      for mb in (0.0016, 0.0001)}
-    for c in by(result, "bucketed", FAIL, beyond=False):  # a diagnosis only when it is the right one: none fits here
+    for c in by(result, "bucketed", FAIL, beyond=False):  # the right diagnosis, no other
+        assert "gradient is all zeros after ddp_bucketed_on_after_backward" in c.detail and "fc1.weight" in c.detail
         assert "summed" not in c.detail and "broadcast" not in c.detail and "not finite" not in c.detail
 
 
@@ -196,3 +197,13 @@ def test_an_exception_beyond_the_contract_keeps_the_contract_checks(tmp_path):
     errors = by(result, status=ERROR)
     assert len(errors) == 2 and all(c.beyond and "small/cpu" in c.prop for c in errors)
     assert all("RuntimeError: my bug on big models" in c.detail and f"{path}:" in c.detail for c in errors)
+
+
+def test_an_exceptions_location_is_the_students_deepest_frame():
+    """Installed packages (a .venv inside the repository too), torch and the companion are skipped (no launch)."""
+    root = STUDENT
+    frames = [(str(root / "tests" / "adapters.py"), "10"), (str(root / "cs336_systems" / "ddp.py"), "42"),
+              (str(root / ".venv" / "lib" / "python3.11" / "site-packages" / "einops" / "einops.py"), "7"),
+              (D.torch.__file__, "99"), (D.__file__, "5")]
+    assert D._student_frame(frames, str(FIXTURE)) == f"{root / 'cs336_systems' / 'ddp.py'}:42"
+    assert D._student_frame(frames[2:], str(FIXTURE)) == f"{frames[-1][0]}:5"  # none of theirs: the deepest

@@ -38,7 +38,8 @@ from helpers.comm import count_collectives
 from helpers.course.yours import Options
 from helpers.course.yours import adapters as A
 from helpers.course.yours import course_models as CM
-from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED, Check, TopicResult
+from helpers.course.yours.report import (CHECK_COLUMNS, ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED, Check,
+                                         TopicResult)
 from helpers.ddp import wrap
 from helpers.experiments import ddp as XD
 from helpers.experiments import fsdp as XF
@@ -268,15 +269,21 @@ class StudentDDP:
 def _callable_wrapper(out, ctor):
     """The student's wrapper as the course's tests use it: called on the inputs, .parameters() and .named_parameters()
     read (an nn.Module, or a plain class with __call__ and __getattr__ delegating to the model); Unusable otherwise."""
-    if not callable(out) or not callable(getattr(out, "named_parameters", None)):
+    if not callable(out) or not callable(getattr(out, "parameters", None)):
         raise Unusable(ERROR, f"{ctor.__name__} returned {type(out).__name__}, expected a wrapper the course's tests "
                               "can call on the inputs and read .parameters() / .named_parameters() of")
     return out
 
 
-def _named(wrapper) -> dict:
-    """The wrapper's parameters by the model's names, as the course's tests read them (a "module." prefix dropped)."""
-    return {n[len("module."):] if n.startswith("module.") else n: p for n, p in wrapper.named_parameters()}
+def _by_position(model: nn.Module, wrapper) -> dict:
+    """The wrapper's parameters under the model's names, paired in order as the course's tests pair them (zip of
+    named_parameters()): any prefix the wrapper adds ("module.", "model.") is fine; Unusable when the counts differ."""
+    mine = list(wrapper.parameters())
+    names = [n for n, _ in model.named_parameters()]
+    if len(mine) != len(names):
+        raise Unusable(ERROR, f"the wrapper's parameters() yields {len(mine)} tensors, the model has {len(names)}: the "
+                              "course's tests read the model's parameters through the wrapper, in the model's order")
+    return dict(zip(names, mine))
 
 
 # ---- DDP within the handout's contract: the course's test (2025/2026 tests/test_ddp.py; 2024 test_ddp_*.py) ----
@@ -302,11 +309,7 @@ def course_ddp_run(fns, impl: str, model: str, bucket_mb) -> dict:
     torch.manual_seed(0)
     ref = cls()  # rank 0's model: the one-process reference on every rank
     shim = StudentDDP(fns, impl, copy.deepcopy(local), bucket_mb)
-    mine = _named(shim.ddp)
-    missing = [n for n, _ in ref.named_parameters() if n not in mine]
-    if missing:
-        raise Unusable(ERROR, f"the wrapper's named_parameters() lack {', '.join(missing[:3])}: the course's tests read "
-                              "the model's parameters through the wrapper (as a registered .module or by delegation)")
+    mine = _by_position(ref, shim.ddp)
     start_diff = [n for n, p in ref.named_parameters() if not torch.equal(mine[n].detach(), p.detach())]
     shim.optimizer = opt = torch.optim.SGD(shim.ddp.parameters(), lr=CM.DDP_LR)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=CM.DDP_LR)
@@ -321,7 +324,7 @@ def course_ddp_run(fns, impl: str, model: str, bucket_mb) -> dict:
         shim.on_train_batch_start()
         nn.functional.mse_loss(shim(x[rows]), y[rows]).backward()
         shim.finish_gradient_synchronization()
-        grads = {n: p.grad.detach().clone() for n, p in _named(shim.ddp).items() if p.grad is not None}
+        grads = {n: p.grad.detach().clone() for n, p in mine.items() if p.grad is not None}
         opt.step()
         ratios = {n: _close_ratio(mine[n].detach(), p.detach(), **ALLCLOSE) for n, p in ref.named_parameters()}
         worst = max(ratios, key=lambda n: ratios[n][0])
@@ -333,6 +336,7 @@ def course_ddp_run(fns, impl: str, model: str, bucket_mb) -> dict:
             "finite": all(bool(torch.isfinite(g).all()) for g in grads.values()),
             "summed": bool(g_ref) and all(n in grads and torch.allclose(grads[n], WORLD * g, **ALLCLOSE)
                                           and not torch.allclose(grads[n], g, **ALLCLOSE) for n, g in g_ref.items()),
+            "zeros": sorted(n for n, g in g_ref.items() if bool(g.any()) and (n not in grads or not grads[n].any())),
             "grads": _digest(grads)})
         x, y = CM.shuffled(i, x, y)
     return {"start_diff": start_diff, "steps": steps, "final": _digest({n: p for n, p in mine.items()})}
@@ -368,6 +372,9 @@ def _course_ddp_checks(impl: str, label: str, per_rank: list[dict]) -> list[Chec
     elif unsynced:
         why = (f" - {', '.join(unsynced[:4])}'s gradient is not the same on every rank after {after}: not all-reduced "
                "before the optimizer step")
+    elif st["zeros"] and all(r["steps"][s]["zeros"] == st["zeros"] for r in per_rank):
+        why = (f" - {', '.join(st['zeros'][:4])}'s gradient is all zeros after {after} on every rank, one process's is "
+               "not: what was all-reduced and copied back was not this gradient (read before backward produced it?)")
     checks.append(Check("ddp", impl, prop, FAIL, f"step {s}, rank {rank}: {st['where']}; |diff| / (atol + rtol |w|) "
                                                  f"{st['ratio']:.3g}, allclose's bound 1{why}"))
     return checks
@@ -380,6 +387,8 @@ def _course_ddp_configs(impl: str) -> list[tuple[str, float | None]]:
 
 
 # ---- DDP beyond the handout: our toy (tied, frozen, unused parameters, a per-rank buffer), gradients vs float64 ----
+# Beyond: the course's toy models have no unused parameter that requires a gradient and no buffer, and the handout
+# asks for the parameters to be broadcast (2024-2026 DDP problems); a float64-derived bound is ours, not the tests'.
 
 def _ddp_config(fns, impl: str, bucket_mb) -> dict:
     """One equivalence run of the student's flavour on the toy model (rank-seeded: the broadcast must fix it)."""
@@ -629,14 +638,14 @@ def sharding_worker(path: str, impls: list[str], opts: Options) -> dict:
             course = [_phase(path, functools.partial(course_sharding_run, make, m)) for m in CM.MODELS]
             partition = _phase(path, lambda: course_state_growth(make))
 
-            def beyond():
+            def beyond():  # bitwise (ours), on our toy (buffer, unused parameter): past the test's allclose
                 runs = XS.equivalence_worker(model="toy", kinds=["unsharded", "sharded", "yours"], optimizer="adamw",
                                              impls={"yours": make}, **TOY)
                 return {"runs": {k: {"weights": _digest(r.weights) if dist.get_rank() else r.weights,
                                      "same_grads": r.same_grads, "collectives": r.collectives[-1]}
                                  for k, r in runs.items()}}
 
-            def memory():
+            def memory():  # a balanced partition (1/N + a tensor) on small/cpu: the handout asks for a partition
                 mem = XS.memory_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], impls={"yours": make},
                                        steps=1, **SHARDING_MEMORY)
                 return {"growth": {k: _after(r, "after step") - _after(r, "before step") for k, r in mem.items()},
@@ -963,6 +972,8 @@ def fsdp_worker(path: str, impls: list[str], opts: Options) -> dict:
             except Exception as exc:  # noqa: BLE001 - no cs336_basics: the course's test cannot run either
                 course = {"missing": f"{type(exc).__name__}: {exc}"}
 
+            # Beyond the 2026 handout: torch.nn layers seeded per rank (the test uses cs336_basics with one seed),
+            # bf16, exact peaks and bytes against the formulas (it promises shards, not a peak), races over repeats.
             def equivalence():
                 repeats = []
                 for r in range(max(1, opts.repeat)):
@@ -1210,13 +1221,14 @@ RUNS = {"ddp": run_ddp, "sharding": run_sharding, "fsdp": run_fsdp}
 
 
 def notebook_tables(topic: str, adapters_path: str, opts: Options | None = None):
-    """A notebook's "yours" section (when its ADAPTERS parameter is set): (checks, side_by_side, ratios) DataFrames;
+    """A notebook's "yours" section (when its ADAPTERS parameter is set): (checks, side_by_side, ratios) DataFrames
+    (checks with a "beyond" column: True for the probes past the handout, which never count);
     side_by_side has one column per who (yours, ours, pytorch, formula) for each measure, ratios the paired step-time
     ratios of yours to the others with their intervals and verdicts."""
     import pandas as pd
 
     result = RUNS[topic](str(adapters_path), opts or Options())
-    checks = pd.DataFrame(result.as_rows(), columns=["topic", "impl", "prop", "status", "detail"])
+    checks = pd.DataFrame(result.as_rows(), columns=CHECK_COLUMNS)  # "beyond": a probe past the handout
     rows = pd.DataFrame(result.rows, columns=sorted({k for r in result.rows for k in r} | {"measure", "who", "value"}))
     is_ratio = rows["measure"].astype(str).str.contains(" / ")
     side = (rows[~is_ratio].assign(value=lambda d: d["value"].astype(object))
