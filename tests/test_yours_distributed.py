@@ -207,3 +207,23 @@ def test_an_exceptions_location_is_the_students_deepest_frame():
               (D.torch.__file__, "99"), (D.__file__, "5")]
     assert D._student_frame(frames, str(FIXTURE)) == f"{root / 'cs336_systems' / 'ddp.py'}:42"
     assert D._student_frame(frames[2:], str(FIXTURE)) == f"{frames[-1][0]}:5"  # none of theirs: the deepest
+
+
+def test_a_crash_beyond_the_contract_keeps_the_contract_checks(tmp_path):
+    """A rank killed only on a large model (the probes beyond the handout): the course's checks, relaunched alone,
+    stand; the probes are one error row naming the signal, never in the exit status."""
+    path = composed(tmp_path)
+    path.write_text(path.read_text() + textwrap.dedent("""
+        import os, signal
+        import torch.distributed as dist
+        def get_sharded_optimizer(params, optimizer_cls, **kwargs):
+            params = list(params)
+            if len(params) > 6 and dist.get_rank() == 1:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            return ShardedOptimizer(params, optimizer_cls, **kwargs)
+    """))
+    result = D.run_sharding(str(path), CHECKS_ONLY)
+    within = by(result, beyond=False)
+    assert len(within) == 3 and all(c.status == PASS for c in within) and not result.failed
+    [error] = by(result, beyond=True)
+    assert error.status == ERROR and "rank 1 of 2 was killed by SIGSEGV" in error.detail

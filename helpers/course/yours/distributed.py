@@ -169,25 +169,49 @@ def _failure_detail(exc: BaseException, path: str) -> str:
     return f"{first} (at {_where_in(tb, path)})" if tb else first
 
 
+PARTS = ("course", "beyond")  # a worker's two parts: the checks within the handout's contract, and the probes beyond it
+
+
 def _launch_each(worker, path: str, impls: list[str], opts: Options) -> dict:
     """impl -> the worker's per-rank results, or the exception that stopped its launch. All implementations in one
-    launch; if it fails, each in a launch of its own, so a crash or hang is pinned on the implementation that caused it."""
-    def launch(names):
-        return L.launch(functools.partial(worker, path, names, opts), WORLD, backend="gloo", device="cpu",
+    launch; if it fails, each in a launch of its own, so a crash or hang is pinned on the implementation that caused
+    it; if that fails too, the course's checks alone, then the probes beyond them alone: a crash or hang beyond the
+    handout keeps the contract's results (each rank's dict then has "beyond_failed", what stopped the probes)."""
+    def launch(names, parts=PARTS):
+        return L.launch(functools.partial(worker, path, names, opts, parts), WORLD, backend="gloo", device="cpu",
                         timeout_s=opts.timeout_s)
     try:
         per_rank = launch(impls)
         return {impl: [r[impl] for r in per_rank] for impl in impls}
     except (L.RankError, TimeoutError) as exc:
-        if len(impls) == 1:
-            return {impls[0]: exc}
+        first = exc
     out = {}
     for impl in impls:
         try:
-            out[impl] = [r[impl] for r in launch([impl])]
+            if len(impls) > 1:
+                out[impl] = [r[impl] for r in launch([impl])]
+                continue
         except (L.RankError, TimeoutError) as exc:
-            out[impl] = exc
+            first = exc
+        try:
+            course = [r[impl] for r in launch([impl], ("course",))]
+        except (L.RankError, TimeoutError):
+            out[impl] = first  # the contract's part fails alone too: the implementation's error
+            continue
+        try:
+            beyond = [r[impl] for r in launch([impl], ("beyond",))]
+            out[impl] = [{**b, **{k: v for k, v in c.items() if v is not None}} for c, b in zip(course, beyond)]
+        except (L.RankError, TimeoutError) as exc:
+            out[impl] = [{**c, "beyond_failed": _failure_detail(exc, path)} for c in course]
     return out
+
+
+def _beyond_failed(topic: str, impl: str, per_rank: list[dict]) -> list[Check]:
+    """The ERROR row for probes beyond the handout whose launch crashed or hung (the contract's checks stand)."""
+    if not isinstance(per_rank[0], dict) or "beyond_failed" not in per_rank[0]:
+        return []
+    return [Check(topic, impl, "beyond the handout: the probes run on 2 ranks", ERROR, per_rank[0]["beyond_failed"],
+                  beyond=True)]
 
 
 def _status_checks(topic: str, impl: str, got, path: str) -> list[Check] | None:
@@ -435,7 +459,7 @@ def _untracked(shim: StudentDDP) -> StudentDDP:
     return shim
 
 
-def ddp_worker(path: str, impls: list[str], opts: Options) -> dict:
+def ddp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
     """In each rank, per DDP flavour: the course's test on its models (each bucket size for the bucketed one), then
     beyond the handout our toy model at several bucket sizes, then the side-by-side timing; each in a phase of its
     own (an exception in one is its error, the others still run). {impl: outcome}."""
@@ -443,11 +467,14 @@ def ddp_worker(path: str, impls: list[str], opts: Options) -> dict:
     for impl in impls:
         def run(impl=impl):
             fns = _adapter_fns(path, "ddp", impl)
-            course = [_phase(path, functools.partial(course_ddp_run, fns, impl, m, mb))
-                      for m, mb in _course_ddp_configs(impl)]
-            sizes = ddp_bucket_sizes() if impl == "bucketed" else [None]
-            beyond = [_phase(path, functools.partial(_ddp_config, fns, impl, mb)) for mb in sizes]
-            speed = _phase(path, lambda: _ddp_speed(fns, impl, opts)) if opts.timed and opts.steps else None
+            course = beyond = speed = None
+            if "course" in parts:
+                course = [_phase(path, functools.partial(course_ddp_run, fns, impl, m, mb))
+                          for m, mb in _course_ddp_configs(impl)]
+            if "beyond" in parts:
+                sizes = ddp_bucket_sizes() if impl == "bucketed" else [None]
+                beyond = [_phase(path, functools.partial(_ddp_config, fns, impl, mb)) for mb in sizes]
+                speed = _phase(path, lambda: _ddp_speed(fns, impl, opts)) if opts.timed and opts.steps else None
             return {"course": course, "configs": beyond, "speed": speed}
         out[impl] = _outcome(run)
     return out
@@ -545,6 +572,9 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
             runs = [r["course"][k] for r in per_rank]
             error = _phase_error("ddp", impl, f"{label}: the course's DDP test runs", runs, beyond=False)
             result.checks += [error] if error else _course_ddp_checks(impl, label, runs)
+        if _beyond_failed("ddp", impl, per_rank):
+            result.checks += _beyond_failed("ddp", impl, per_rank)
+            continue
         for configs in zip(*[r["configs"] for r in per_rank]):
             configs = list(configs)
             error = _phase_error("ddp", impl, "beyond the handout: our toy model (tied, frozen, unused, buffer) runs",
@@ -627,7 +657,7 @@ def course_state_growth(make) -> dict:
     return out
 
 
-def sharding_worker(path: str, impls: list[str], opts: Options) -> dict:
+def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
     """In each rank, per implementation, each phase apart: the course's test on its two models and the state each
     rank keeps (within the handout); beyond it, unsharded AdamW, ours and yours on our toy model (bitwise), the state
     after one step of small/cpu vs the formula, and the three timed interleaved with torch's ZeRO."""
@@ -635,8 +665,10 @@ def sharding_worker(path: str, impls: list[str], opts: Options) -> dict:
     for impl in impls:
         def run():
             make = _student_optimizer(_adapter_fns(path, "sharding", impl))
-            course = [_phase(path, functools.partial(course_sharding_run, make, m)) for m in CM.MODELS]
-            partition = _phase(path, lambda: course_state_growth(make))
+            course = partition = None
+            if "course" in parts:
+                course = [_phase(path, functools.partial(course_sharding_run, make, m)) for m in CM.MODELS]
+                partition = _phase(path, lambda: course_state_growth(make))
 
             def beyond():  # bitwise (ours), on our toy (buffer, unused parameter): past the test's allclose
                 runs = XS.equivalence_worker(model="toy", kinds=["unsharded", "sharded", "yours"], optimizer="adamw",
@@ -656,6 +688,8 @@ def sharding_worker(path: str, impls: list[str], opts: Options) -> dict:
                                         warmup=opts.warmup, impls={"yours": make}, **SPEED)
                 return {"samples": {k: [s["fwd_bwd"] + s["step"] for s in v] for k, v in speed.samples.items()},
                         "same_weights": speed.same_weights}
+            if "beyond" not in parts:
+                return {"course": course, "partition": partition, "beyond": None, "memory": None, "speed": None}
             return {"course": course, "partition": partition, "beyond": _phase(path, beyond),
                     "memory": _phase(path, memory),
                     "speed": _phase(path, timed) if opts.timed and opts.steps else None}
@@ -685,6 +719,9 @@ def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
         parts = [r["partition"] for r in per_rank]
         error = _phase_error("sharding", impl, "ToyModel: optimizer state partitioned over ranks", parts, False)
         result.checks += [error] if error else [_partition_check(impl, parts)]
+        if _beyond_failed("sharding", impl, per_rank):
+            result.checks += _beyond_failed("sharding", impl, per_rank)
+            continue
         beyond = [r["beyond"] for r in per_rank]
         error = _phase_error("sharding", impl, "beyond the handout: our toy model runs", beyond, True)
         result.checks += [error] if error else _sharding_checks(impl, beyond)
@@ -811,6 +848,10 @@ def _student_fsdp(fns: dict) -> XF.FsdpImpl:
 
 
 # ---- FSDP within the handout's contract: the 2026 test (tests/test_fsdp.py) on the cs336_basics layers ----
+
+class _NotAsked(Exception):
+    """The launch asked for the probes beyond the handout only."""
+
 
 COURSE_FSDP_DTYPES = ("fp32", "fp16")  # the 2026 test: compute_dtype None and torch.float16
 COURSE_FSDP_TOL = {"fp32": dict(atol=1e-6, rtol=1e-4), "fp16": dict(atol=1e-4, rtol=1e-4)}  # its allclose per dtype
@@ -954,7 +995,7 @@ def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
     return list(log)
 
 
-def fsdp_worker(path: str, impls: list[str], opts: Options) -> dict:
+def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
     """In each rank, each phase apart: the 2026 test on the cs336_basics model (fp32 and fp16; when the student's
     cs336_basics imports) and the memory after get_fsdp; beyond the handout, our TransformerLM seeded per rank with SGD
     without and with bf16 compute (opts.repeat times), memory and bytes vs the formulas, and the timing."""
@@ -962,13 +1003,18 @@ def fsdp_worker(path: str, impls: list[str], opts: Options) -> dict:
     for impl_name in impls:
         def run():
             impl = _student_fsdp(_adapter_fns(path, "fsdp", impl_name))
+            course = None
             try:
+                if "course" not in parts:
+                    raise _NotAsked
                 _course_layers()
                 course = {}
                 for dtype in COURSE_FSDP_DTYPES:
                     course[f"run {dtype}"] = _phase(path, functools.partial(course_fsdp_run, impl, dtype))
                     course[f"grads {dtype}"] = _phase(path, functools.partial(course_fsdp_grads, impl, dtype))
                 course["memory"] = _phase(path, functools.partial(course_fsdp_memory, impl))
+            except _NotAsked:
+                pass
             except Exception as exc:  # noqa: BLE001 - no cs336_basics: the course's test cannot run either
                 course = {"missing": f"{type(exc).__name__}: {exc}"}
 
@@ -996,6 +1042,8 @@ def fsdp_worker(path: str, impls: list[str], opts: Options) -> dict:
                 return {"samples": XF.measure_worker(kinds=("yours", "fsdp", "torch_fsdp"), steps=opts.steps,
                                                      warmup=opts.warmup, memory=False, trace=False,
                                                      impls={"yours": impl}, **SPEED).samples}
+            if "beyond" not in parts:
+                return {"course": course, "equivalence": None, "memory": None, "logs": None, "speed": None}
             return {"course": course, "equivalence": _phase(path, equivalence), "memory": _phase(path, memory),
                     "logs": _phase(path, logs), "speed": _phase(path, timed) if opts.timed and opts.steps else None}
         out[impl_name] = _outcome(run)
@@ -1187,6 +1235,9 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
         else:
             result.checks += _course_fsdp_checks(impl, {k: [r["course"][k] for r in per_rank]
                                                         for k in per_rank[0]["course"]})
+        if _beyond_failed("fsdp", impl, per_rank):
+            result.checks += _beyond_failed("fsdp", impl, per_rank)
+            continue
         beyond = []
         phases = (("equivalence", lambda ph: _fsdp_equivalence_checks(impl, ph, max(1, opts.repeat)), "runs"),
                   ("memory", lambda ph: _rows_into(result, _fsdp_memory_checks(impl, ph)), "memory"),
