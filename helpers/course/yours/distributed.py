@@ -23,6 +23,7 @@ import copy
 import functools
 import hashlib
 import re
+import sysconfig
 import traceback
 from pathlib import Path
 
@@ -108,8 +109,9 @@ def _outcome(fn) -> dict:
         return {"status": ERROR, "detail": str(exc)}
 
 
-_OUTSIDE = ("site-packages", "dist-packages", "/.venv/", "/lib/python", str(Path(torch.__file__).parent),
-            str(Path(__file__).parents[2]))  # installed packages, torch, and the companion itself: never the student's
+_OUTSIDE = ("site-packages", "dist-packages", "/.venv/", sysconfig.get_paths()["stdlib"],
+            str(Path(torch.__file__).parent), str(Path(__file__).parents[2]))  # installed packages (a .venv inside the
+#                                    repository too), the standard library, torch, the companion: never the student's
 
 
 def _student_frame(frames: list[tuple[str, str]], path: str) -> str:
@@ -609,9 +611,12 @@ def _student_optimizer(fns: dict):
     """The student's get_sharded_optimizer as build()'s `impl` (params, optimizer_cls, **kwargs) -> Optimizer."""
     ctor = _required(fns, "get_sharded_optimizer")
 
-    def make(params, optimizer_cls, **kwargs):
-        return _called(ctor, params, optimizer_cls, expect=torch.optim.Optimizer, what="a torch.optim.Optimizer",
-                       **kwargs)
+    def make(params, optimizer_cls, **kwargs):  # the course's test calls zero_grad() and step(): nothing else asked
+        opt = _called(ctor, params, optimizer_cls, **kwargs)
+        if not all(callable(getattr(opt, m, None)) for m in ("zero_grad", "step")):
+            raise Unusable(ERROR, f"get_sharded_optimizer returned {type(opt).__name__}, expected an optimizer (the "
+                                  "course's test calls its zero_grad() and step())")
+        return opt
     return make
 
 
