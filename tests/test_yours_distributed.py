@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from helpers.course.yours import Options
+from helpers.course.yours import contract as C
 from helpers.course.yours import distributed as D
+from helpers.course.yours import student_calls as S
 from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED
 
 STUDENT = Path(__file__).parent / "student"
@@ -67,16 +69,16 @@ def test_ddp_mutants_each_named_by_the_property_they_break(tmp_path):
     result = D.run_ddp(str(path), CHECKS_ONLY)
     assert result.failed
     summed = by(result, "individual", FAIL, beyond=False)
-    assert [c.prop for c in summed] == [f"{m}: 5 SGD steps vs one process (allclose)" for m in D.CM.MODELS]
+    assert [c.prop for c in summed] == [f"{m}: 5 SGD steps vs one process (allclose)" for m in C.CM.MODELS]
     assert all("summed over ranks, not averaged" in c.detail for c in summed)
     [ours] = [c for c in by(result, "individual", FAIL, beyond=True) if "gradients" in c.prop]  # our toy: the same
     assert "summed over ranks, not averaged" in ours.detail and "emb.weight[" in ours.detail
     unbroadcast = by(result, "ddp", FAIL, beyond=False)
-    assert {c.prop for c in unbroadcast} >= {f"{m}: rank 0's parameters after construction" for m in D.CM.MODELS}
+    assert {c.prop for c in unbroadcast} >= {f"{m}: rank 0's parameters after construction" for m in C.CM.MODELS}
     assert all("not broadcast from rank 0" in c.detail for c in unbroadcast if "construction" in c.prop)
     # the wrong bucket all-reduced: caught wherever there are two buckets or more, right in one (0.01 MB: one bucket)
     wrong = {c.prop for c in by(result, "bucketed", FAIL, beyond=False)}
-    assert wrong == {f"{m}, bucket {mb:g} MB: 5 SGD steps vs one process (allclose)" for m in D.CM.MODELS
+    assert wrong == {f"{m}, bucket {mb:g} MB: 5 SGD steps vs one process (allclose)" for m in C.CM.MODELS
                      for mb in (0.0016, 0.0001)}
     for c in by(result, "bucketed", FAIL, beyond=False):  # the right diagnosis, no other
         assert "gradient is all zeros after ddp_bucketed_on_after_backward" in c.detail and "fc1.weight" in c.detail
@@ -97,7 +99,7 @@ def test_the_course_style_corpus_passes_within_the_contract(tmp_path):
     assert within and all(c.status == PASS for c in within), [(c.impl, c.prop, c.detail) for c in within
                                                              if c.status != PASS]
     assert {c.impl for c in within} == {"individual", "ddp", "bucketed"} and not result.failed
-    assert len(by(result, "bucketed", beyond=False)) == 2 * 2 * len(D.COURSE_BUCKETS_MB)
+    assert len(by(result, "bucketed", beyond=False)) == 2 * 2 * len(C.COURSE_BUCKETS_MB)
     buffer = [c for c in by(result, "ddp", FAIL, beyond=True) if "construction" in c.prop]
     assert buffer and "scale" in buffer[0].detail  # parameters broadcast, the buffer not: beyond the handout
     waits = by(result, "bucketed", beyond=True)
@@ -150,18 +152,18 @@ def test_a_crashed_rank_is_an_error_and_the_other_topics_still_run(tmp_path):
     assert statuses["ddp"][0] == ERROR and statuses["ddp"][1].startswith("get_ddp returned NoneType, expected a wrapper")
     assert statuses["individual"][0] == NOT_IMPLEMENTED
     nan = [c for c in by(ddp, "bucketed", FAIL, beyond=False) if "SGD steps" in c.prop]
-    assert len(nan) == 2 * len(D.COURSE_BUCKETS_MB) and all("not finite (NaN/inf)" in c.detail for c in nan)
+    assert len(nan) == 2 * len(C.COURSE_BUCKETS_MB) and all("not finite (NaN/inf)" in c.detail for c in nan)
     nan = [c for c in by(ddp, "bucketed", FAIL, beyond=True) if c.prop.startswith("beyond the handout: gradients")]
     assert len(nan) == len(D.ddp_bucket_sizes()) and all("non-finite (NaN/inf) gradient" in c.detail for c in nan)
 
 
 def test_another_editions_names_are_skipped(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))  # loading the file here puts its folders on this process's path
-    monkeypatch.setattr(D, "_LOADED", {})
+    monkeypatch.setattr(S, "_LOADED", {})
     path = composed(tmp_path)
     path.write_text(path.read_text() + "del get_ddp_bucketed, ddp_bucketed_on_after_backward, "
                     "ddp_bucketed_on_train_batch_start\n")
-    got = D._outcome(lambda: D._adapter_fns(str(path), "ddp", "bucketed"))  # in this process: no launch needed
+    got = S.outcome(lambda: S.adapter_fns(str(path), "ddp", "bucketed"))  # in this process: no launch needed
     assert got["status"] == SKIPPED and "another edition" in got["detail"]
 
 
@@ -204,9 +206,9 @@ def test_an_exceptions_location_is_the_students_deepest_frame():
     root = STUDENT
     frames = [(str(root / "tests" / "adapters.py"), "10"), (str(root / "cs336_systems" / "ddp.py"), "42"),
               (str(root / ".venv" / "lib" / "python3.11" / "site-packages" / "einops" / "einops.py"), "7"),
-              (D.torch.__file__, "99"), (D.__file__, "5")]
-    assert D._student_frame(frames, str(FIXTURE)) == f"{root / 'cs336_systems' / 'ddp.py'}:42"
-    assert D._student_frame(frames[2:], str(FIXTURE)) == f"{frames[-1][0]}:5"  # none of theirs: the deepest
+              (S.torch.__file__, "99"), (S.__file__, "5")]
+    assert S.student_frame(frames, str(FIXTURE)) == f"{root / 'cs336_systems' / 'ddp.py'}:42"
+    assert S.student_frame(frames[2:], str(FIXTURE)) == f"{frames[-1][0]}:5"  # none of theirs: the deepest
 
 
 def test_a_crash_beyond_the_contract_keeps_the_contract_checks(tmp_path):

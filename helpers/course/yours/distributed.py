@@ -8,29 +8,23 @@ The student's code runs only in ranks started by helpers.launch (2 ranks, gloo, 
 file itself. A crashed rank (signal named), a hung collective (after Options.timeout_s) or an exception in the
 student's code becomes an "error" check naming file:line, and the topic's other implementations are then run in
 launches of their own, so one broken flavour never hides the others. Two kinds of check (report.Check.beyond):
-- within the handout's contract (they decide the exit status): the course's own test models and procedures
-  (course_models: ToyModel and ToyModelWithTiedWeights built with a seed per rank for DDP, one seed for the sharded
-  optimizer, the cs336_basics layers with one seed for FSDP), with the tolerances the course's tests assert;
+- within the handout's contract (they decide the exit status; helpers.course.yours.contract): the course's own test
+  models and procedures (course_models: ToyModel and ToyModelWithTiedWeights built with a seed per rank for DDP, one
+  seed for the sharded optimizer, the cs336_basics layers with one seed for FSDP), with the tolerances its tests assert;
 - beyond it (reported, never in the exit status): our toy with tied, frozen and unused parameters and a per-rank
   buffer, torch.nn layers seeded per rank, memory and bytes against the formulas, the timings; these are the
   experiments' own checks (helpers.experiments.ddp / sharding / fsdp) with the student's implementation in place of ours.
 Each phase (a check, the timing, the memory and bytes) runs apart: an exception in one is its own error row, located at
-the deepest frame in the student's files.
+the deepest frame in the student's files (helpers.course.yours.student_calls calls the adapters).
 """
 from __future__ import annotations
 
-import copy
 import functools
-import hashlib
 import re
-import sysconfig
-import traceback
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from helpers import formulas as F
 from helpers import launch as L
@@ -38,9 +32,10 @@ from helpers import memory as M
 from helpers.comm import count_collectives
 from helpers.course.yours import Options
 from helpers.course.yours import adapters as A
+from helpers.course.yours import contract as C
 from helpers.course.yours import course_models as CM
-from helpers.course.yours.report import (CHECK_COLUMNS, ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED, Check,
-                                         TopicResult)
+from helpers.course.yours import student_calls as S
+from helpers.course.yours.report import CHECK_COLUMNS, ERROR, FAIL, PASS, SKIPPED, Check, TopicResult
 from helpers.ddp import wrap
 from helpers.experiments import ddp as XD
 from helpers.experiments import fsdp as XF
@@ -50,94 +45,13 @@ from helpers.formulas import MiB
 from helpers.fsdp import bytes_sent, fsdp_bytes_per_step
 from helpers.timing import paired_ratio, ratio_columns, verdict
 
-WORLD = 2
+WORLD = S.WORLD
 TOY = dict(steps=3, batch_size=8, context_length=6)  # DDP and sharding equivalence: the toy model (tied, frozen, unused)
 SPEED = dict(model="small/cpu", batch_size=8, context_length=32)  # side-by-side timing, small CPU shapes
 FSDP_CHECK = dict(model="small/cpu", n_layers=None, steps=2, batch_size=4, context_length=16)
 FSDP_DTYPES = ("fp32", "bf16")  # without and with a compute dtype
 FSDP_BYTES_TOL = 0.02  # bytes per step vs the formula, relative: another padding or sharded norm gains move ~0.1 %
 FSDP_MEMORY_TOL = 0.10  # after init and the forward/backward peak vs the formulas (XF.PEAK_TOL: the tracker's drift)
-
-
-class Unusable(Exception):
-    """An implementation that cannot be checked: an adapter not implemented, missing, or returning the wrong kind.
-    Raised alike on every rank (no collective is left waiting), so the worker reports it and goes on."""
-
-    def __init__(self, status: str, detail: str):
-        super().__init__(detail)
-        self.status, self.detail = status, detail
-
-
-# ---- in a rank: the student's adapters, loaded once per process ----
-
-_LOADED: dict = {}
-
-
-def _adapter_fns(path: str, topic: str, impl: str) -> dict:
-    """The callables of one implementation; Unusable(SKIPPED) when the file names none of them (another edition)."""
-    if path not in _LOADED:
-        _LOADED[path] = A.load(path)
-    adapter = next(a for a in A.implementations(_LOADED[path], topic) if a.impl == impl)
-    if not adapter.ok:
-        raise Unusable(SKIPPED, f"no {', '.join(A.ADAPTERS[topic][impl])} in the file (another edition's names)")
-    return adapter.fns
-
-
-def _required(fns: dict, name: str) -> callable:
-    if name not in fns:
-        raise Unusable(ERROR, f"{name} is missing from the adapters file (its flavour's other adapters are there)")
-    return fns[name]
-
-
-def _called(fn, *args, expect=None, what: str = "", **kwargs):
-    """A student's adapter called: NotImplementedError -> Unusable(NOT_IMPLEMENTED), a wrong return kind -> Unusable."""
-    out = A.call(fn, *args, **kwargs)
-    if isinstance(out, str) and out == A.NOT_IMPLEMENTED:
-        raise Unusable(NOT_IMPLEMENTED, f"{fn.__name__} raises NotImplementedError")
-    if expect is not None and not isinstance(out, expect):
-        raise Unusable(ERROR, f"{fn.__name__} returned {type(out).__name__}, expected {what}")
-    return out
-
-
-def _outcome(fn) -> dict:
-    """fn()'s dict with status "ok", or the Unusable's status and detail (other exceptions propagate: a rank error)."""
-    try:
-        return {"status": "ok", **fn()}
-    except Unusable as exc:
-        return {"status": exc.status, "detail": exc.detail}
-    except A.AdaptersError as exc:  # the file failed to import: the same on every rank, its file:line in the message
-        return {"status": ERROR, "detail": str(exc)}
-
-
-_OUTSIDE = ("site-packages", "dist-packages", "/.venv/", sysconfig.get_paths()["stdlib"],
-            str(Path(torch.__file__).parent), str(Path(__file__).parents[2]))  # installed packages (a .venv inside the
-#                                    repository too), the standard library, torch, the companion: never the student's
-
-
-def _student_frame(frames: list[tuple[str, str]], path: str) -> str:
-    """file:line of the deepest frame in the student's files: under the assignment root and outside installed
-    packages (a .venv inside the repository included); else the deepest frame outside those; else the deepest."""
-    root = str(A.assignment_root(Path(path)))
-    theirs = [f for f in frames if not any(o in f[0] for o in _OUTSIDE)]
-    mine = [f for f in theirs if f[0].startswith(root)] or theirs or frames
-    return f"{mine[-1][0]}:{mine[-1][1]}" if mine else "?"
-
-
-def _phase(path: str, fn) -> dict:
-    """fn()'s dict with status "ok", or its exception as {"status": ERROR, "detail": "Type: message (at file:line)"}:
-    one phase's failure kept apart from the others. Unusable (the implementation cannot be checked at all) propagates."""
-    try:
-        return {"status": "ok", **fn()}
-    except (Unusable, A.AdaptersError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - a student's exception is a result, not a crash of the checker
-        frames = [(f.filename, str(f.lineno)) for f in traceback.extract_tb(exc.__traceback__)]
-        return {"status": ERROR, "detail": f"{type(exc).__name__}: {exc} (at {_student_frame(frames, path)})"}
-
-
-def _digest(state: dict) -> dict:
-    """name -> sha1 of the tensor's bytes: equality across ranks without sending the tensors back."""
-    return {k: hashlib.sha1(v.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest() for k, v in state.items()}
 
 
 def _sent(log, world: int) -> float:
@@ -154,8 +68,8 @@ def _one_step_bytes_and_peak(model, grad_sync, opt, x, y, track=M.track) -> tupl
 # ---- in the parent: launches that never crash the driver ----
 
 def _where_in(text: str, path: str) -> str:
-    """file:line of the deepest frame of the student's files in a traceback's text (_student_frame)."""
-    return _student_frame(re.findall(r'File "([^"]+)", line (\d+)', text or ""), path)
+    """file:line of the deepest frame of the student's files in a traceback's text (S.student_frame)."""
+    return S.student_frame(re.findall(r'File "([^"]+)", line (\d+)', text or ""), path)
 
 
 def _failure_detail(exc: BaseException, path: str) -> str:
@@ -253,165 +167,6 @@ def ddp_bucket_sizes() -> list[float]:
     return [1e-5, XD.bucket_mb_for(2), 100.0]
 
 
-class StudentDDP:
-    """A student's DDP flavour behind the gradient-sync protocol of train_step and gradient_checks (.module, call,
-    on_train_batch_start, finish_gradient_synchronization), its hooks called with (ddp_model, optimizer) as the
-    course's tests call them; the synced gradients of every step are kept for the cross-rank check."""
-
-    def __init__(self, fns: dict, impl: str, module: nn.Module, bucket_mb: float | None = None):
-        names = A.ADAPTERS["ddp"][impl]
-        ctor = _required(fns, names[0])
-        self.after = _required(fns, names[1])
-        self.start = _required(fns, names[2]) if len(names) > 2 else None
-        args = (module, bucket_mb) if impl == "bucketed" else (module,)
-        self.ddp = _callable_wrapper(_called(ctor, *args), ctor)
-        self.module, self.optimizer, self.synced = module, None, []
-        self.keep = True  # keep each step's synced gradients (not while timing or measuring memory)
-
-    def parameters(self):
-        return self.ddp.parameters()
-
-    def bind_optimizer(self, optimizer) -> None:
-        """The optimizer the hooks are called with (bench_worker makes it after the wrapper)."""
-        self.optimizer = optimizer
-
-    def __call__(self, *args, **kwargs):
-        return self.ddp(*args, **kwargs)
-
-    def on_train_batch_start(self) -> None:
-        if self.start is not None:
-            _called(self.start, self.ddp, self.optimizer)
-
-    def finish_gradient_synchronization(self) -> None:
-        _called(self.after, self.ddp, self.optimizer)
-        if self.keep:
-            self.synced.append({n: None if p.grad is None else p.grad.detach().clone()
-                                for n, p in self.module.named_parameters() if p.requires_grad})
-
-    def close(self) -> None:
-        """Nothing to remove: the student's wrapper owns its hooks."""
-
-
-def _callable_wrapper(out, ctor):
-    """The student's wrapper as the course's tests use it: called on the inputs, .parameters() and .named_parameters()
-    read (an nn.Module, or a plain class with __call__ and __getattr__ delegating to the model); Unusable otherwise."""
-    if not callable(out) or not callable(getattr(out, "parameters", None)):
-        raise Unusable(ERROR, f"{ctor.__name__} returned {type(out).__name__}, expected a wrapper the course's tests "
-                              "can call on the inputs and read .parameters() / .named_parameters() of")
-    return out
-
-
-def _by_position(model: nn.Module, wrapper) -> dict:
-    """The wrapper's parameters under the model's names, paired in order as the course's tests pair them (zip of
-    named_parameters()): any prefix the wrapper adds ("module.", "model.") is fine; Unusable when the counts differ."""
-    mine = list(wrapper.parameters())
-    names = [n for n, _ in model.named_parameters()]
-    if len(mine) != len(names):
-        raise Unusable(ERROR, f"the wrapper's parameters() yields {len(mine)} tensors, the model has {len(names)}: the "
-                              "course's tests read the model's parameters through the wrapper, in the model's order")
-    return dict(zip(names, mine))
-
-
-# ---- DDP within the handout's contract: the course's test (2025/2026 tests/test_ddp.py; 2024 test_ddp_*.py) ----
-
-COURSE_BUCKETS_MB = (0.0016, 0.0001, 0.01)  # the 2024 bucketed test's sizes: two buckets, one per tensor, one bucket
-ALLCLOSE = dict(rtol=1e-5, atol=1e-8)  # the DDP tests compare with torch.allclose's defaults after every step
-
-
-def _close_ratio(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[float, tuple]:
-    """max |got - ref| / (atol + rtol |ref|) (allclose passes at <= 1) and where; inf where got is not finite."""
-    r = torch.nan_to_num((got - ref).abs() / (atol + rtol * ref.abs()), nan=float("inf"))
-    i = tuple(int(k) for k in np.unravel_index(int(r.argmax()), tuple(r.shape))) if r.numel() else ()
-    return (float(r.max()) if r.numel() else 0.0), i
-
-
-def course_ddp_run(fns, impl: str, model: str, bucket_mb) -> dict:
-    """The course's DDP test on this rank: the model seeded by the rank, a deepcopy wrapped (the broadcast must give
-    rank 0's parameters), 5 SGD steps (lr 0.1, MSE) on this rank's 10 of 20 rows with the adapters' hooks, each step
-    compared (allclose, the test's tolerance) with rank 0's model trained in one process on all 20 rows."""
-    rank, cls = dist.get_rank(), CM.MODELS[model]
-    torch.manual_seed(rank)
-    local = cls()
-    torch.manual_seed(0)
-    ref = cls()  # rank 0's model: the one-process reference on every rank
-    shim = StudentDDP(fns, impl, copy.deepcopy(local), bucket_mb)
-    mine = _by_position(ref, shim.ddp)
-    start_diff = [n for n, p in ref.named_parameters() if not torch.equal(mine[n].detach(), p.detach())]
-    shim.optimizer = opt = torch.optim.SGD(shim.ddp.parameters(), lr=CM.DDP_LR)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=CM.DDP_LR)
-    x, y = CM.ddp_data()
-    rows, steps = rank_rows(x.shape[0], rank, WORLD), []
-    for i in range(CM.DDP_STEPS):
-        ref_opt.zero_grad()
-        nn.functional.mse_loss(ref(x), y).backward()
-        g_ref = {n: p.grad.detach().clone() for n, p in ref.named_parameters() if p.grad is not None}
-        ref_opt.step()
-        opt.zero_grad()
-        shim.on_train_batch_start()
-        nn.functional.mse_loss(shim(x[rows]), y[rows]).backward()
-        shim.finish_gradient_synchronization()
-        grads = {n: p.grad.detach().clone() for n, p in mine.items() if p.grad is not None}
-        opt.step()
-        ratios = {n: _close_ratio(mine[n].detach(), p.detach(), **ALLCLOSE) for n, p in ref.named_parameters()}
-        worst = max(ratios, key=lambda n: ratios[n][0])
-        i_w = ratios[worst][1]
-        steps.append({
-            "ratio": ratios[worst][0],
-            "where": (f"{worst}[{', '.join(map(str, i_w))}]: yours {float(mine[worst].detach()[i_w]):.6g}, one process "
-                      f"{float(dict(ref.named_parameters())[worst].detach()[i_w]):.6g}"),
-            "finite": all(bool(torch.isfinite(g).all()) for g in grads.values()),
-            "summed": bool(g_ref) and all(n in grads and torch.allclose(grads[n], WORLD * g, **ALLCLOSE)
-                                          and not torch.allclose(grads[n], g, **ALLCLOSE) for n, g in g_ref.items()),
-            "zeros": sorted(n for n, g in g_ref.items() if bool(g.any()) and (n not in grads or not grads[n].any())),
-            "grads": _digest(grads)})
-        x, y = CM.shuffled(i, x, y)
-    return {"start_diff": start_diff, "steps": steps, "final": _digest({n: p for n, p in mine.items()})}
-
-
-def _course_ddp_checks(impl: str, label: str, per_rank: list[dict]) -> list[Check]:
-    """The course test's two assertions, on every rank: rank 0's parameters after construction; after each step the
-    parameters allclose to one process's. A diagnosis only when its whole signature is there."""
-    after = A.ADAPTERS["ddp"][impl][1]
-    diff = sorted({n for r in per_rank for n in r["start_diff"]})
-    ranks = [i for i, r in enumerate(per_rank) if r["start_diff"]]
-    checks = [Check("ddp", impl, f"{label}: rank 0's parameters after construction", FAIL if diff else PASS,
-                    f"rank(s) {ranks} still hold their own {', '.join(diff[:4])} after construction: not broadcast from "
-                    "rank 0" if diff else "every rank starts from rank 0's parameters")]
-    bad = [(s, rank) for rank, r in enumerate(per_rank) for s, st in enumerate(r["steps"]) if not st["ratio"] <= 1]
-    prop = f"{label}: {CM.DDP_STEPS} SGD steps vs one process (allclose)"
-    if not bad:
-        worst = max(st["ratio"] for r in per_rank for st in r["steps"])
-        checks.append(Check("ddp", impl, prop, PASS, f"every step on every rank; worst |diff| / (atol + rtol |w|) "
-                                                     f"{worst:.3g}"))
-        return checks
-    s, rank = min(bad)
-    st = per_rank[rank]["steps"][s]
-    digests = [r["steps"][s]["grads"] for r in per_rank]
-    unsynced = sorted({n for d in digests[1:] for n in set(d) | set(digests[0]) if d.get(n) != digests[0].get(n)})
-    why = ""
-    if not st["finite"]:
-        why = " - a gradient is not finite (NaN/inf) after " + after
-    elif diff:
-        why = " - the ranks did not start from rank 0's parameters (the check above)"
-    elif all(r["steps"][s]["summed"] for r in per_rank):
-        why = f" - every gradient is {WORLD}x one process's: summed over ranks, not averaged (divide by the world size)"
-    elif unsynced:
-        why = (f" - {', '.join(unsynced[:4])}'s gradient is not the same on every rank after {after}: not all-reduced "
-               "before the optimizer step")
-    elif st["zeros"] and all(r["steps"][s]["zeros"] == st["zeros"] for r in per_rank):
-        why = (f" - {', '.join(st['zeros'][:4])}'s gradient is all zeros after {after} on every rank, one process's is "
-               "not: what was all-reduced and copied back was not this gradient (read before backward produced it?)")
-    checks.append(Check("ddp", impl, prop, FAIL, f"step {s}, rank {rank}: {st['where']}; |diff| / (atol + rtol |w|) "
-                                                 f"{st['ratio']:.3g}, allclose's bound 1{why}"))
-    return checks
-
-
-def _course_ddp_configs(impl: str) -> list[tuple[str, float | None]]:
-    """(model, bucket size) pairs the course's tests run a flavour on: both toy models, each bucket size for bucketed."""
-    sizes = COURSE_BUCKETS_MB if impl == "bucketed" else (None,)
-    return [(m, mb) for m in CM.MODELS for mb in sizes]
-
-
 # ---- DDP beyond the handout: our toy (tied, frozen, unused parameters, a per-rank buffer), gradients vs float64 ----
 # Beyond: the course's toy models have no unused parameter that requires a gradient and no buffer, and the handout
 # asks for the parameters to be broadcast (2024-2026 DDP problems); a float64-derived bound is ours, not the tests'.
@@ -420,7 +175,7 @@ def _ddp_config(fns, impl: str, bucket_mb) -> dict:
     """One equivalence run of the student's flavour on the toy model (rank-seeded: the broadcast must fix it)."""
     rank = dist.get_rank()
     net = make_model("toy", rank)
-    shim = StudentDDP(fns, impl, net, bucket_mb)
+    shim = S.StudentDDP(fns, impl, net, bucket_mb)
     start = make_model("toy", 0).state_dict()
     start_diff = [k for k, v in net.state_dict().items() if not torch.equal(v, start[k])]
     shim.optimizer = opt = XD.make_optimizer(shim.parameters(), "sgd")
@@ -433,7 +188,7 @@ def _ddp_speed(fns, impl: str, opts: Options) -> dict:
     """Yours, ours (the same flavour) and torch DDP from the same weights, timed interleaved; then one more step each
     for bytes sent and the step's peak."""
     kind, mb = DDP_OURS[impl]
-    wrappers = {"yours": lambda m: _untracked(StudentDDP(fns, impl, m, SPEED_BUCKET_MB)),
+    wrappers = {"yours": lambda m: _untracked(S.StudentDDP(fns, impl, m, SPEED_BUCKET_MB)),
                 "ours": lambda m: wrap(kind, m, mb), "pytorch": lambda m: wrap("torch_ddp", m, SPEED_BUCKET_MB)}
     built = {}
 
@@ -448,7 +203,7 @@ def _ddp_speed(fns, impl: str, opts: Options) -> dict:
     x, y = rank_share(make_batches(SPEED["model"], 1, SPEED["batch_size"], SPEED["context_length"], 1)[0])
     sent, peak = {}, {}
     for label, w in built.items():
-        opt = w.optimizer if isinstance(w, StudentDDP) else XD.make_optimizer(w.parameters(), "sgd")
+        opt = w.optimizer if isinstance(w, S.StudentDDP) else XD.make_optimizer(w.parameters(), "sgd")
         sent[label], peak[label] = _one_step_bytes_and_peak(w.module, w, opt, x, y)
     for w in built.values():
         w.close()
@@ -456,7 +211,7 @@ def _ddp_speed(fns, impl: str, opts: Options) -> dict:
             "grad_bytes": 4 * sum(p.numel() for p in make_model(SPEED["model"], 0).parameters() if p.requires_grad)}
 
 
-def _untracked(shim: StudentDDP) -> StudentDDP:
+def _untracked(shim: S.StudentDDP) -> S.StudentDDP:
     shim.keep = False
     return shim
 
@@ -468,27 +223,18 @@ def ddp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
     out = {}
     for impl in impls:
         def run(impl=impl):
-            fns = _adapter_fns(path, "ddp", impl)
+            fns = S.adapter_fns(path, "ddp", impl)
             course = beyond = speed = None
             if "course" in parts:
-                course = [_phase(path, functools.partial(course_ddp_run, fns, impl, m, mb))
-                          for m, mb in _course_ddp_configs(impl)]
+                course = [S.phase(path, functools.partial(C.course_ddp_run, fns, impl, m, mb))
+                          for m, mb in C.course_ddp_configs(impl)]
             if "beyond" in parts:
                 sizes = ddp_bucket_sizes() if impl == "bucketed" else [None]
-                beyond = [_phase(path, functools.partial(_ddp_config, fns, impl, mb)) for mb in sizes]
-                speed = _phase(path, lambda: _ddp_speed(fns, impl, opts)) if opts.timed and opts.steps else None
+                beyond = [S.phase(path, functools.partial(_ddp_config, fns, impl, mb)) for mb in sizes]
+                speed = S.phase(path, lambda: _ddp_speed(fns, impl, opts)) if opts.timed and opts.steps else None
             return {"course": course, "configs": beyond, "speed": speed}
-        out[impl] = _outcome(run)
+        out[impl] = S.outcome(run)
     return out
-
-
-def _phase_error(topic: str, impl: str, prop: str, per_rank: list[dict], beyond: bool) -> Check | None:
-    """An ERROR check when a phase raised on some rank (its first rank's message), else None."""
-    bad = [(rank, r) for rank, r in enumerate(per_rank) if r["status"] != "ok"]
-    if not bad:
-        return None
-    rank, r = bad[0]
-    return Check(topic, impl, prop, r["status"], f"rank {rank}: {r['detail']}", beyond=beyond)
 
 
 def _ddp_config_checks(impl: str, label: str, per_rank: list[dict]) -> list[Check]:
@@ -569,17 +315,17 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
         if early:
             result.checks += early
             continue
-        for k, (model, mb) in enumerate(_course_ddp_configs(impl)):
+        for k, (model, mb) in enumerate(C.course_ddp_configs(impl)):
             label = model + (f", bucket {mb:g} MB" if mb is not None else "")
             runs = [r["course"][k] for r in per_rank]
-            error = _phase_error("ddp", impl, f"{label}: the course's DDP test runs", runs, beyond=False)
-            result.checks += [error] if error else _course_ddp_checks(impl, label, runs)
+            error = S.phase_error("ddp", impl, f"{label}: the course's DDP test runs", runs, beyond=False)
+            result.checks += [error] if error else C.course_ddp_checks(impl, label, runs)
         if _beyond_failed("ddp", impl, per_rank):
             result.checks += _beyond_failed("ddp", impl, per_rank)
             continue
         for configs in zip(*[r["configs"] for r in per_rank]):
             configs = list(configs)
-            error = _phase_error("ddp", impl, "beyond the handout: our toy model (tied, frozen, unused, buffer) runs",
+            error = S.phase_error("ddp", impl, "beyond the handout: our toy model (tied, frozen, unused, buffer) runs",
                                  configs, beyond=True)
             if error:
                 result.checks.append(error)
@@ -591,7 +337,7 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
                 result.checks.append(c)
         speed = [r["speed"] for r in per_rank]
         if speed[0] is not None:
-            error = _phase_error("ddp", impl, "beyond the handout: timing, bytes and peak on small/cpu", speed, True)
+            error = S.phase_error("ddp", impl, "beyond the handout: timing, bytes and peak on small/cpu", speed, True)
             if error:
                 result.checks.append(error)
                 continue
@@ -607,61 +353,6 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
 SHARDING_MEMORY = dict(model="small/cpu", batch_size=2, context_length=16)  # state bytes: a model with a formula
 
 
-def _student_optimizer(fns: dict):
-    """The student's get_sharded_optimizer as build()'s `impl` (params, optimizer_cls, **kwargs) -> Optimizer."""
-    ctor = _required(fns, "get_sharded_optimizer")
-
-    def make(params, optimizer_cls, **kwargs):  # the course's test calls zero_grad() and step(): nothing else asked
-        opt = _called(ctor, params, optimizer_cls, **kwargs)
-        if not all(callable(getattr(opt, m, None)) for m in ("zero_grad", "step")):
-            raise Unusable(ERROR, f"get_sharded_optimizer returned {type(opt).__name__}, expected an optimizer (the "
-                                  "course's test calls its zero_grad() and step())")
-        return opt
-    return make
-
-
-def course_sharding_run(make, model: str) -> dict:
-    """The course's sharded-optimizer test (2025/2026 tests/test_sharded_optimizer.py) on this rank: one seed on every
-    rank, the model deep-copied, AdamW (lr 0.1, weight decay 0.1) unsharded beside yours, 10 steps of a summed squared
-    error on the same 32 rows on every rank; both models' final weights."""
-    cls = CM.MODELS[model]
-    torch.manual_seed(42)
-    ref = cls()
-    mine = copy.deepcopy(ref)
-    ref_opt = torch.optim.AdamW(ref.parameters(), **CM.SHARDING_ADAMW)
-    opt = make(mine.parameters(), torch.optim.AdamW, **CM.SHARDING_ADAMW)
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(CM.SHARDING_STEPS):
-        x, y = torch.rand(CM.SHARDING_ROWS, 10, generator=gen), torch.rand(CM.SHARDING_ROWS, 5, generator=gen)
-        for net, o in ((ref, ref_opt), (mine, opt)):
-            o.zero_grad()
-            ((y - net(x)) ** 2).sum().backward()
-            o.step()
-    return {"ref": _cpu_params(ref), "mine": _cpu_params(mine)}
-
-
-def _cpu_params(net: nn.Module) -> dict:
-    return {n: p.detach().cpu().clone() for n, p in net.named_parameters()}
-
-
-def course_state_growth(make) -> dict:
-    """Bytes of tensors the first optimizer step leaves alive (the optimizer state it creates) on this rank, unsharded
-    AdamW's and yours, on the course's ToyModel; and the smallest trainable tensor's state (2 moments, float32)."""
-    out = {}
-    for who, build in (("unsharded", lambda ps: torch.optim.AdamW(ps, **CM.SHARDING_ADAMW)),
-                       ("yours", lambda ps: make(ps, torch.optim.AdamW, **CM.SHARDING_ADAMW))):
-        torch.manual_seed(42)
-        net = CM.ToyModel()
-        opt = build(net.parameters())
-        x = torch.rand(CM.SHARDING_ROWS, 10, generator=torch.Generator().manual_seed(0))
-        net(x).pow(2).sum().backward()
-        trace = M.track(lambda: (opt.step(), dist.barrier()),  # the barrier: the backend lets go of a broadcast's buffer
-                        existing=list(net.parameters()) + [p.grad for p in net.parameters() if p.grad is not None])
-        out[who] = trace.current_bytes - trace.baseline_bytes
-    out["smallest"] = 2 * 4 * min(p.numel() for p in CM.ToyModel().parameters() if p.requires_grad)
-    return out
-
-
 def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
     """In each rank, per implementation, each phase apart: the course's test on its two models and the state each
     rank keeps (within the handout); beyond it, unsharded AdamW, ours and yours on our toy model (bitwise), the state
@@ -669,16 +360,16 @@ def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> 
     out = {}
     for impl in impls:
         def run():
-            make = _student_optimizer(_adapter_fns(path, "sharding", impl))
+            make = S.student_optimizer(S.adapter_fns(path, "sharding", impl))
             course = partition = None
             if "course" in parts:
-                course = [_phase(path, functools.partial(course_sharding_run, make, m)) for m in CM.MODELS]
-                partition = _phase(path, lambda: course_state_growth(make))
+                course = [S.phase(path, functools.partial(C.course_sharding_run, make, m)) for m in CM.MODELS]
+                partition = S.phase(path, lambda: C.course_state_growth(make))
 
             def beyond():  # bitwise (ours), on our toy (buffer, unused parameter): past the test's allclose
                 runs = XS.equivalence_worker(model="toy", kinds=["unsharded", "sharded", "yours"], optimizer="adamw",
                                              impls={"yours": make}, **TOY)
-                return {"runs": {k: {"weights": _digest(r.weights) if dist.get_rank() else r.weights,
+                return {"runs": {k: {"weights": S.digest(r.weights) if dist.get_rank() else r.weights,
                                      "same_grads": r.same_grads, "collectives": r.collectives[-1]}
                                  for k, r in runs.items()}}
 
@@ -695,10 +386,10 @@ def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> 
                         "same_weights": speed.same_weights}
             if "beyond" not in parts:
                 return {"course": course, "partition": partition, "beyond": None, "memory": None, "speed": None}
-            return {"course": course, "partition": partition, "beyond": _phase(path, beyond),
-                    "memory": _phase(path, memory),
-                    "speed": _phase(path, timed) if opts.timed and opts.steps else None}
-        out[impl] = _outcome(run)
+            return {"course": course, "partition": partition, "beyond": S.phase(path, beyond),
+                    "memory": S.phase(path, memory),
+                    "speed": S.phase(path, timed) if opts.timed and opts.steps else None}
+        out[impl] = S.outcome(run)
     return out
 
 
@@ -719,56 +410,26 @@ def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
             continue
         for k, model in enumerate(CM.MODELS):
             runs = [r["course"][k] for r in per_rank]
-            error = _phase_error("sharding", impl, f"{model}: the course's sharded-optimizer test runs", runs, False)
-            result.checks += [error] if error else _course_sharding_checks(impl, model, runs)
+            error = S.phase_error("sharding", impl, f"{model}: the course's sharded-optimizer test runs", runs, False)
+            result.checks += [error] if error else C.course_sharding_checks(impl, model, runs)
         parts = [r["partition"] for r in per_rank]
-        error = _phase_error("sharding", impl, "ToyModel: optimizer state partitioned over ranks", parts, False)
-        result.checks += [error] if error else [_partition_check(impl, parts)]
+        error = S.phase_error("sharding", impl, "ToyModel: optimizer state partitioned over ranks", parts, False)
+        result.checks += [error] if error else [C.partition_check(impl, parts)]
         if _beyond_failed("sharding", impl, per_rank):
             result.checks += _beyond_failed("sharding", impl, per_rank)
             continue
         beyond = [r["beyond"] for r in per_rank]
-        error = _phase_error("sharding", impl, "beyond the handout: our toy model runs", beyond, True)
+        error = S.phase_error("sharding", impl, "beyond the handout: our toy model runs", beyond, True)
         result.checks += [error] if error else _sharding_checks(impl, beyond)
         memory = [r["memory"] for r in per_rank]
-        error = _phase_error("sharding", impl, "beyond the handout: state per rank on small/cpu runs", memory, True)
+        error = S.phase_error("sharding", impl, "beyond the handout: state per rank on small/cpu runs", memory, True)
         result.checks += [error] if error else [_state_check(impl, memory)]
         speed = [r["speed"] for r in per_rank] if per_rank[0]["speed"] is not None else None
-        error = speed and _phase_error("sharding", impl, "beyond the handout: timing on small/cpu", speed, True)
+        error = speed and S.phase_error("sharding", impl, "beyond the handout: timing on small/cpu", speed, True)
         if error:
             result.checks.append(error)
         result.rows += _sharding_rows(impl, beyond, memory, None if error else speed)
     return result
-
-
-def _course_sharding_checks(impl: str, model: str, per_rank: list[dict]) -> list[Check]:
-    """Final weights vs unsharded AdamW's on every rank, with the test's numpy.testing.assert_allclose (rtol 1e-7)."""
-    worst = None
-    for rank, r in enumerate(per_rank):
-        for n, ref in r["ref"].items():
-            ratio, i = _close_ratio(r["mine"][n], ref, rtol=1e-7, atol=0.0)
-            if worst is None or ratio > worst[0]:
-                worst = (ratio, rank, n, i, float(r["mine"][n][i]), float(ref[i]))
-    ratio, rank, n, i, got, want = worst
-    prop = f"{model}: {CM.SHARDING_STEPS} AdamW steps vs unsharded (allclose, rtol 1e-7)"
-    detail = (f"worst rank {rank}, {n}[{', '.join(map(str, i))}]: yours {got:.8g}, unsharded {want:.8g}; |diff| / "
-              f"(rtol |w|) {ratio:.3g}")
-    return [Check("sharding", impl, prop, PASS if ratio <= 1 else FAIL, detail)]
-
-
-def _partition_check(impl: str, per_rank: list[dict]) -> Check:
-    """Each rank keeps state for only part of the parameters (the handout: each rank updates the ones it owns): the
-    state the first step leaves on every rank is below unsharded AdamW's by at least the smallest tensor's moments."""
-    full, least = per_rank[0]["unsharded"], per_rank[0]["smallest"]
-    worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["yours"])
-    held = per_rank[worst]["yours"]
-    ok = held <= full - least
-    detail = (f"rank {worst} keeps {held} B of optimizer state after the first step, unsharded AdamW {full} B; "
-              f"partitioned, no rank keeps the state of every parameter (bound {full} - {least} B, the smallest "
-              "tensor's two moments)")
-    if not ok and held >= full:
-        detail += " - every rank keeps the whole state: not partitioned (step only the parameters this rank owns)"
-    return Check("sharding", impl, "ToyModel: optimizer state partitioned over ranks", PASS if ok else FAIL, detail)
 
 
 def _sharding_checks(impl: str, per_rank: list[dict]) -> list[Check]:
@@ -788,7 +449,7 @@ def _sharding_checks(impl: str, per_rank: list[dict]) -> list[Check]:
     else:
         checks.append(Check("sharding", impl, f"bitwise equal to unsharded AdamW after {steps} steps (toy model)", PASS,
                             f"all {len(ref)} tensors bitwise equal on rank 0"))
-    digests = [_digest(mine)] + [r["runs"]["yours"]["weights"] for r in per_rank[1:]]
+    digests = [S.digest(mine)] + [r["runs"]["yours"]["weights"] for r in per_rank[1:]]
     split = [k for k in digests[0] if any(d[k] != digests[0][k] for d in digests[1:])]
     checks.append(Check("sharding", impl, "same weights on every rank", FAIL if split else PASS,
                         f"ranks hold different {', '.join(split[:4])}: an owner's update not broadcast" if split
@@ -839,156 +500,6 @@ def _sharding_rows(impl: str, beyond: list[dict], memory: list[dict], speed: lis
 
 # ======================================= FSDP =======================================
 
-def _student_fsdp(fns: dict) -> XF.FsdpImpl:
-    """The student's get_fsdp / fsdp_on_after_backward / fsdp_gather_full_params as an FsdpImpl (get_fsdp called with
-    compute_dtype= as the 2026 test calls it), return kinds checked."""
-    ctor, after, gather = (_required(fns, n) for n in A.ADAPTERS["fsdp"]["fsdp"])
-
-    def gathered(model):
-        out = _called(gather, model, expect=dict, what="a dict {parameter name: full tensor}")
-        return {k: v.detach().float().cpu().clone() for k, v in out.items()}
-    return XF.FsdpImpl(wrap=lambda module, dtype: _callable_wrapper(_called(ctor, module, compute_dtype=dtype), ctor),
-                       on_after_backward=lambda model, opt: _called(after, model, opt),
-                       gather_full_params=gathered)
-
-
-# ---- FSDP within the handout's contract: the 2026 test (tests/test_fsdp.py) on the cs336_basics layers ----
-
-class _NotAsked(Exception):
-    """The launch asked for the probes beyond the handout only."""
-
-
-COURSE_FSDP_DTYPES = ("fp32", "fp16")  # the 2026 test: compute_dtype None and torch.float16
-COURSE_FSDP_TOL = {"fp32": dict(atol=1e-6, rtol=1e-4), "fp16": dict(atol=1e-4, rtol=1e-4)}  # its allclose per dtype
-COURSE_FSDP_GRAD_TOL = dict(atol=1e-4, rtol=1e-4)  # its replicated gradients across ranks
-
-
-def _course_layers():
-    """The student's cs336_basics.model (the 2026 FSDP test builds its model from it) and its sharded layer types."""
-    import importlib
-
-    layers = importlib.import_module("cs336_basics.model")
-    return layers, (layers.Linear, layers.Embedding)
-
-
-def course_fsdp_run(impl: XF.FsdpImpl, dtype: str) -> dict:
-    """The 2026 FSDP correctness test on this rank: one seed (42) on every rank, get_fsdp(deepcopy(model),
-    compute_dtype), 3 SGD steps (lr 0.01, cross-entropy on the last position) on this rank's 10 of 20 rows, after each
-    fsdp_gather_full_params vs one process on all rows (with the same mixed precision); max |diff| / (atol + rtol |w|)."""
-    layers, shard_types = _course_layers()
-    rank, cdt = dist.get_rank(), XF.DTYPES[dtype]
-    torch.manual_seed(42)
-    base = CM.FSDPToyModel(layers)
-    ref = copy.deepcopy(base)
-    model = impl.wrap(copy.deepcopy(base), cdt)
-    opt = torch.optim.SGD(model.parameters(), lr=CM.FSDP_LR)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=CM.FSDP_LR)
-    ids, labels = CM.fsdp_data()
-    rows, names, steps = rank_rows(ids.shape[0], rank, WORLD), [n for n, _ in ref.named_parameters()], []
-    for s in range(CM.FSDP_STEPS):
-        ref_opt.zero_grad(set_to_none=True)
-        CM.reference_loss(ref, ids, labels, cdt, shard_types).backward()
-        ref_opt.step()
-        opt.zero_grad(set_to_none=True)
-        CM.last_position_loss(model(ids[rows]), labels[rows]).backward()
-        impl.on_after_backward(model, opt)
-        opt.step()
-        full = _aligned(impl.gather_full_params(model), names)
-        ratios = {n: _close_ratio(full[n], p.detach().cpu(), **COURSE_FSDP_TOL[dtype]) for n, p in ref.named_parameters()}
-        n = max(ratios, key=lambda k: ratios[k][0])
-        i = ratios[n][1]
-        want = float(dict(ref.named_parameters())[n].detach()[i])
-        steps.append({"ratio": ratios[n][0],
-                      "where": f"{n}[{', '.join(map(str, i))}]: yours {float(full[n][i]):.6g}, one process {want:.6g}"})
-        ids, labels = CM.shuffled(s, ids, labels)
-    return {"steps": steps}
-
-
-def course_fsdp_grads(impl: XF.FsdpImpl, dtype: str) -> dict:
-    """The 2026 gradient test on this rank: one seed, each rank its own 4 x 8 ids, loss = logits.sum(); after
-    fsdp_on_after_backward, .module's parameters that need one have a gradient of their data's shape and dtype; the
-    replicated ones' gradients (not Linear/Embedding) are returned for the cross-rank comparison."""
-    layers, shard_types = _course_layers()
-    torch.manual_seed(42)
-    model = impl.wrap(CM.FSDPToyModel(layers), XF.DTYPES[dtype])
-    ids = torch.randint(0, CM.FSDP_VOCAB, (4, CM.FSDP_SEQ), generator=torch.Generator().manual_seed(dist.get_rank()))
-    opt = torch.optim.SGD(model.parameters(), lr=CM.FSDP_LR)
-    model(ids).sum().backward()
-    impl.on_after_backward(model, opt)
-    inner = getattr(model, "module", model)
-    modules, bad, replicated = dict(inner.named_modules()), [], {}
-    for name, p in inner.named_parameters():
-        if not p.requires_grad:
-            continue
-        g = p.grad
-        if g is None or g.shape != p.data.shape or g.dtype != p.data.dtype:
-            bad.append(f"{name}: " + ("no gradient" if g is None else f"gradient {tuple(g.shape)} {g.dtype}, data "
-                                      f"{tuple(p.data.shape)} {p.data.dtype}"))
-        elif not isinstance(modules[name.rsplit(".", 1)[0]] if "." in name else inner, shard_types):
-            replicated[name] = g.detach().float().cpu().clone()
-    return {"bad": bad, "replicated": replicated}
-
-
-def course_fsdp_memory(impl: XF.FsdpImpl) -> dict:
-    """Bytes live on this rank once get_fsdp has returned (the model built inside the tracked call), beside the
-    model's full bytes, this rank's share of the sharded ones and the largest sharded tensor."""
-    layers, shard_types = _course_layers()
-    torch.manual_seed(42)
-    trace = M.track_resizing(lambda: (impl.wrap(CM.FSDPToyModel(layers), None), dist.barrier()), device=L.device())
-    trace.result = None
-    sizes = {id(p): (p.numel(), isinstance(m, shard_types)) for m in CM.FSDPToyModel(layers).modules()
-             for p in m.parameters(recurse=False)}
-    sharded = [n for n, s in sizes.values() if s]
-    return {"live": trace.current_bytes, "full": 4 * sum(n for n, _ in sizes.values()),
-            "share": 4 * (sum(-(-n // WORLD) for n in sharded) + sum(n for n, s in sizes.values() if not s)),
-            "largest": 4 * max(sharded)}
-
-
-def _course_fsdp_checks(impl: str, course: dict) -> list[Check]:
-    """The 2026 test's assertions from each rank's results (course[part] = per-rank phase results)."""
-    checks = []
-    for dtype in COURSE_FSDP_DTYPES:
-        runs, prop = course[f"run {dtype}"], f"{CM.FSDP_STEPS} SGD steps vs one process ({dtype}, allclose)"
-        error = _phase_error("fsdp", impl, prop, runs, beyond=False)
-        if error:
-            checks.append(error)
-        else:
-            tol = COURSE_FSDP_TOL[dtype]
-            (ratio, s, rank), where = max(((st["ratio"], s, rank), st["where"]) for rank, r in enumerate(runs)
-                                          for s, st in enumerate(r["steps"]))
-            checks.append(Check("fsdp", impl, prop, PASS if ratio <= 1 else FAIL,
-                                f"worst: step {s}, rank {rank}, {where}; |diff| / (atol {tol['atol']:g} + rtol "
-                                f"{tol['rtol']:g} |w|) {ratio:.3g}"))
-        grads, prop = course[f"grads {dtype}"], f"gradients after fsdp_on_after_backward ({dtype})"
-        error = _phase_error("fsdp", impl, prop, grads, beyond=False)
-        if error:
-            checks.append(error)
-            continue
-        bad = [(rank, b) for rank, r in enumerate(grads) for b in r["bad"]]
-        first = grads[0]["replicated"]
-        split = [n for r in grads[1:] for n in first if n not in r["replicated"]
-                 or not torch.allclose(first[n], r["replicated"][n], **COURSE_FSDP_GRAD_TOL)]
-        detail = (f"rank {bad[0][0]}: {bad[0][1]} (every parameter that requires a gradient needs one of its data's "
-                  "shape and dtype)" if bad else f"replicated {', '.join(split[:3])}'s gradient differs between ranks: "
-                  "not all-reduced" if split else
-                  f"shapes and dtypes of the data; {len(first)} replicated gradients equal on every rank")
-        checks.append(Check("fsdp", impl, prop, FAIL if bad or split else PASS, detail))
-    mem = course["memory"]
-    error = _phase_error("fsdp", impl, "a shard per rank after get_fsdp", mem, beyond=False)
-    if error:
-        return checks + [error]
-    rank = max(range(len(mem)), key=lambda i: mem[i]["live"])
-    m = mem[rank]
-    bound = (1 + FSDP_MEMORY_TOL) * m["share"] + m["largest"]
-    detail = (f"rank {rank} holds {m['live']} B after get_fsdp; its shard (1/{WORLD} of the Linear and Embedding "
-              f"weights, norm gains whole) {m['share']} B, bound that + {FSDP_MEMORY_TOL:.0%} + the largest weight "
-              f"{m['largest']} B = {bound:.0f} B; the full model {m['full']} B")
-    if m["live"] > bound and m["live"] >= m["full"]:
-        detail += " - the full weights are still live: not sharded at init (keep only this rank's shard)"
-    checks.append(Check("fsdp", impl, "a shard per rank after get_fsdp", PASS if m["live"] <= bound else FAIL, detail))
-    return checks
-
-
 def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
     """One fp32 AdamW step of a fresh model (yours or ours): the collectives it called and its peak above its start."""
     cfg = FSDP_CHECK
@@ -1007,18 +518,18 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
     out, cfg, rank = {}, FSDP_CHECK, dist.get_rank()
     for impl_name in impls:
         def run():
-            impl = _student_fsdp(_adapter_fns(path, "fsdp", impl_name))
+            impl = S.student_fsdp(S.adapter_fns(path, "fsdp", impl_name))
             course = None
             try:
                 if "course" not in parts:
-                    raise _NotAsked
-                _course_layers()
+                    raise C.NotAsked
+                C.course_layers()
                 course = {}
-                for dtype in COURSE_FSDP_DTYPES:
-                    course[f"run {dtype}"] = _phase(path, functools.partial(course_fsdp_run, impl, dtype))
-                    course[f"grads {dtype}"] = _phase(path, functools.partial(course_fsdp_grads, impl, dtype))
-                course["memory"] = _phase(path, functools.partial(course_fsdp_memory, impl))
-            except _NotAsked:
+                for dtype in C.COURSE_FSDP_DTYPES:
+                    course[f"run {dtype}"] = S.phase(path, functools.partial(C.course_fsdp_run, impl, dtype))
+                    course[f"grads {dtype}"] = S.phase(path, functools.partial(C.course_fsdp_grads, impl, dtype))
+                course["memory"] = S.phase(path, functools.partial(C.course_fsdp_memory, impl))
+            except C.NotAsked:
                 pass
             except Exception as exc:  # noqa: BLE001 - no cs336_basics: the course's test cannot run either
                 course = {"missing": f"{type(exc).__name__}: {exc}"}
@@ -1032,7 +543,7 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
                                                  steps=cfg["steps"], batch_size=cfg["batch_size"],
                                                  context_length=cfg["context_length"], impl=impl)
                     full = rank == 0 and r == 0
-                    repeats.append({d: [w if full else _digest(w) for w in run.weights] for d, run in runs.items()})
+                    repeats.append({d: [w if full else S.digest(w) for w in run.weights] for d, run in runs.items()})
                 return {"repeats": repeats}
 
             def memory():
@@ -1049,22 +560,10 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
                                                      impls={"yours": impl}, **SPEED).samples}
             if "beyond" not in parts:
                 return {"course": course, "equivalence": None, "memory": None, "logs": None, "speed": None}
-            return {"course": course, "equivalence": _phase(path, equivalence), "memory": _phase(path, memory),
-                    "logs": _phase(path, logs), "speed": _phase(path, timed) if opts.timed and opts.steps else None}
-        out[impl_name] = _outcome(run)
+            return {"course": course, "equivalence": S.phase(path, equivalence), "memory": S.phase(path, memory),
+                    "logs": S.phase(path, logs), "speed": S.phase(path, timed) if opts.timed and opts.steps else None}
+        out[impl_name] = S.outcome(run)
     return out
-
-
-def _aligned(weights: dict, names: list[str]) -> dict:
-    """The gathered weights keyed as the model names its parameters (a "module." prefix dropped); ValueError naming
-    the missing and extra keys otherwise."""
-    for strip in ("", "module.", "_fsdp_wrapped_module."):
-        got = {k[len(strip):] if k.startswith(strip) else k: v for k, v in weights.items()}
-        if set(names) <= set(got):
-            return {n: got[n] for n in names}
-    missing, extra = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
-    raise ValueError(f"fsdp_gather_full_params' keys are not the model's parameter names: missing "
-                     f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; extra {', '.join(extra[:3])}")
 
 
 def _update_check(before: dict, after: dict, x, y, dtype: str) -> tuple[float, float, str]:
@@ -1102,7 +601,7 @@ def _fsdp_equivalence_checks(impl: str, per_rank: list[dict], repeat: int) -> li
     names = [n for n, _ in XF.build(cfg["model"], cfg["n_layers"], seed=0).named_parameters()]
     first = per_rank[0]["repeats"][0]
     try:
-        full = {d: [_aligned(w, names) for w in ws] for d, ws in first.items()}
+        full = {d: [S.aligned(w, names) for w in ws] for d, ws in first.items()}
     except ValueError as exc:
         return [Check("fsdp", impl, "fsdp_gather_full_params returns the full weights", FAIL, str(exc))]
     start = {n: p.detach().cpu() for n, p in XF.build(cfg["model"], cfg["n_layers"], seed=0).named_parameters()}
@@ -1127,7 +626,7 @@ def _fsdp_equivalence_checks(impl: str, per_rank: list[dict], repeat: int) -> li
         else:
             checks.append(Check("fsdp", impl, f"SGD steps vs one process ({label})", PASS,
                                 f"{cfg['steps']} steps, worst |diff| / bound {max(r[1] for r in results):.3g}"))
-    digests = {d: [_digest(w) for w in ws] for d, ws in first.items()}
+    digests = {d: [S.digest(w) for w in ws] for d, ws in first.items()}
     split = [(d, s, k) for r in per_rank[1:] for d, ws in r["repeats"][0].items() for s, w in enumerate(ws)
              for k in w if w[k] != digests[d][s].get(k)]
     checks.append(Check("fsdp", impl, "every rank gathers the same weights", FAIL if split else PASS,
@@ -1238,7 +737,7 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
                                        f"cs336_basics.model does not import ({per_rank[0]['course']['missing']}): the "
                                        "course's FSDP test builds its model from it; put your cs336-basics on the path"))
         else:
-            result.checks += _course_fsdp_checks(impl, {k: [r["course"][k] for r in per_rank]
+            result.checks += C.course_fsdp_checks(impl, {k: [r["course"][k] for r in per_rank]
                                                         for k in per_rank[0]["course"]})
         if _beyond_failed("fsdp", impl, per_rank):
             result.checks += _beyond_failed("fsdp", impl, per_rank)
@@ -1249,10 +748,10 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
                   ("logs", lambda ph: _rows_into(result, _fsdp_bytes_checks(impl, ph)), "bytes per step"))
         for key, checks_of, what in phases:
             ph = [r[key] for r in per_rank]
-            error = _phase_error("fsdp", impl, f"our TransformerLM ({what})", ph, beyond=True)
+            error = S.phase_error("fsdp", impl, f"our TransformerLM ({what})", ph, beyond=True)
             beyond += [error] if error else checks_of(ph)
         speed = [r["speed"] for r in per_rank] if per_rank[0]["speed"] is not None else None
-        error = speed and _phase_error("fsdp", impl, "timing on small/cpu", speed, beyond=True)
+        error = speed and S.phase_error("fsdp", impl, "timing on small/cpu", speed, beyond=True)
         if error:
             beyond.append(error)
         elif speed:
