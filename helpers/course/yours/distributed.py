@@ -769,7 +769,6 @@ def _rows_into(result: TopicResult, checks_rows: tuple[list[Check], list[dict]])
     return checks
 
 
-
 # ======================================= notebooks 04, 05, 07 =======================================
 
 RUNS = {"ddp": run_ddp, "sharding": run_sharding, "fsdp": run_fsdp}

@@ -102,8 +102,6 @@ def digest(state: dict) -> dict:
     return {k: hashlib.sha1(v.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest() for k, v in state.items()}
 
 
-
-
 class StudentDDP:
     """A student's DDP flavour behind the gradient-sync protocol of train_step and gradient_checks (.module, call,
     on_train_batch_start, finish_gradient_synchronization), its hooks called with (ddp_model, optimizer) as the
@@ -163,15 +161,11 @@ def by_position(model: nn.Module, wrapper) -> dict:
     return dict(zip(names, mine))
 
 
-
-
 def close_ratio(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[float, tuple]:
     """max |got - ref| / (atol + rtol |ref|) (allclose passes at <= 1) and where; inf where got is not finite."""
     r = torch.nan_to_num((got - ref).abs() / (atol + rtol * ref.abs()), nan=float("inf"))
     i = tuple(int(k) for k in np.unravel_index(int(r.argmax()), tuple(r.shape))) if r.numel() else ()
     return (float(r.max()) if r.numel() else 0.0), i
-
-
 
 
 def phase_error(topic: str, impl: str, prop: str, per_rank: list[dict], beyond: bool) -> Check | None:
@@ -181,8 +175,6 @@ def phase_error(topic: str, impl: str, prop: str, per_rank: list[dict], beyond: 
         return None
     rank, r = bad[0]
     return Check(topic, impl, prop, r["status"], f"rank {rank}: {r['detail']}", beyond=beyond)
-
-
 
 
 def student_optimizer(fns: dict):
@@ -198,8 +190,6 @@ def student_optimizer(fns: dict):
     return make
 
 
-
-
 def student_fsdp(fns: dict) -> XF.FsdpImpl:
     """The student's get_fsdp / fsdp_on_after_backward / fsdp_gather_full_params as an FsdpImpl (get_fsdp called with
     compute_dtype= as the 2026 test calls it), return kinds checked."""
@@ -213,8 +203,6 @@ def student_fsdp(fns: dict) -> XF.FsdpImpl:
                        gather_full_params=gathered)
 
 
-
-
 def aligned(weights: dict, names: list[str]) -> dict:
     """The gathered weights keyed as the model names its parameters (a "module." prefix dropped); ValueError naming
     the missing and extra keys otherwise."""
@@ -225,6 +213,3 @@ def aligned(weights: dict, names: list[str]) -> dict:
     missing, extra = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
     raise ValueError(f"fsdp_gather_full_params' keys are not the model's parameter names: missing "
                      f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; extra {', '.join(extra[:3])}")
-
-
-
