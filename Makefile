@@ -52,8 +52,12 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# CELL_TIMEOUT: twice the slowest cpu-profile cell measured (notebook 07's checkpointing sweep: 175 s on a 2-core EPYC
+# at load 5-8; the whole notebook used 107 s of CPU); a kernel that dies fails its cell within seconds instead
+CELL_TIMEOUT ?= 360
+
 test: setup
-	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=900 tests notebooks
+	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) tests notebooks
 
 writeup: setup
 	$(PY) -m helpers writeup --profile $(PROFILE) --budget $(BUDGET) $(if $(strip $(ADAPTERS)),--adapters $(ADAPTERS))
