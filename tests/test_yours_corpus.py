@@ -117,7 +117,7 @@ def test_an_import_that_fails_names_the_one_command_that_fixes_it(tmp_path, monk
     with pytest.raises(AdaptersError, match=r"No module named 'some_missing_package_xyz'.*To fix: .* -m pip install "
                                             r"some_missing_package_xyz"):
         load(adapters)
-    adapters.write_text("import cs336_basics\n")
+    adapters.write_text("import cs336_alignment\n")  # a course package this process has not imported
     with pytest.raises(AdaptersError, match=r"To fix: cd .* && uv sync, then run with --python .*\.venv/bin/python"):
         load(adapters)
     adapters.write_text("import importlib.metadata\nVERSION = importlib.metadata.version('cs336-systems')\n")
