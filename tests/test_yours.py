@@ -10,7 +10,7 @@ from browser import needs_chromium, start_chrome
 import torch
 import torch.nn.functional as F
 
-from helpers.course.yours import Options, inventory, kernels as K, run
+from helpers.course.yours import Options, inventory, kernels as K, norm_checks as N, run
 from helpers.course.yours.adapters import AdaptersError, assignment_root
 from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS
 from helpers.results import load_results
@@ -150,8 +150,8 @@ def test_triton_checks_draw_their_inputs_on_the_device_triton_runs_on(monkeypatc
     from helpers.course.yours.adapters import Adapter
     from helpers.rmsnorm import RMSNormPyTorchFunction
 
-    seen, real = [], K.norm_inputs
-    monkeypatch.setattr(K, "norm_inputs", lambda case, seed=0, device="cpu": seen.append(device) or real(case, seed))
+    seen, real = [], N.norm_inputs
+    monkeypatch.setattr(N, "norm_inputs", lambda case, seed=0, device="cpu": seen.append(device) or real(case, seed))
     suites = [K.Suite(K.NORM_CONTRACT, K.check_norm_function)]
     for impl, runtime, want in (("triton", K.TritonRuntime("cuda", "", None, None), "cuda"), ("pytorch", None, "cpu")):
         seen.clear()

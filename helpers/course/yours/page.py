@@ -48,7 +48,7 @@ def render(checks, rows, provenance: dict, data_dir: Path | None = None) -> str:
            f"</head><body><h1>Yours beside ours</h1><p>{head}</p>",
            f"<p><b style='color:{'#1a7f37' if ok else '#cf222e'}'>{e(text)}.</b> What counts is what your edition's "
            "handout and tests promise (shapes, dtypes, models); every bound is derived from the dtype and the number of "
-           "terms summed (helpers/course/yours/kernels.py says how). A failure names where, by how much, against which "
+           "terms summed (helpers/course/yours/numerics.py says how). A failure names where, by how much, against which "
            "bound, and the likely mistake when every output matches its signature. The probes beyond the handout are "
            "further down: they never change the verdict.</p>"]
     for topic in dict.fromkeys(r["topic"] for r in checks):

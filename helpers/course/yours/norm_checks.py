@@ -1,0 +1,156 @@
+"""RMSNorm checks (the 2024 edition): a student's Function against float64 with derived bounds, the likely mistakes
+recognised by their whole signature, and which inputs the handout promises.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from helpers.course.yours.numerics import (EPS, ROUNDINGS, BackwardMissing, ShapeError, _grads, bounds,  # noqa: F401
+                                           constant_factor, first_mismatch, matches, short, worst)
+
+
+@dataclass(frozen=True)
+class NormCase:
+    """One RMSNorm input: shape, dtype, memory layout, and the rows' scale (small: mean(x^2) below eps)."""
+    shape: tuple
+    dtype: torch.dtype = torch.float32
+    transposed: bool = False  # x is a non-contiguous view (the transpose of a contiguous tensor)
+    scale: float = 1.0
+
+    def __str__(self) -> str:
+        extra = (", non-contiguous" if self.transposed else "") + (f", |x| ~ {self.scale:g}" if self.scale != 1 else "")
+        return f"{short(self.dtype)} {'x'.join(map(str, self.shape))}{extra}"
+
+
+# 2024 handout and tests (rmsnorm, rmsnorm_triton): fp32, x of shape (..., H) with any H (the tests use 10 x 20 x 50),
+# g of shape (H,), eps = 1e-5 inside the square root. The Triton examples assert contiguous inputs and fit a row in
+# one block: wider rows, views and 16-bit dtypes are probes beyond that.
+NORM_CONTRACT = {
+    "forward and both gradients vs float64, fp32 (..., H)": [NormCase((10, 20, 50)), NormCase((3, 5, 1000)),
+                                                             NormCase((7, 33))],
+    "eps = 1e-5 inside the square root (rows with mean(x^2) below eps)": [NormCase((4, 96), scale=1e-3)],
+}
+NORM_BEYOND = {
+    "bf16 and fp16": [NormCase((3, 1000), torch.bfloat16), NormCase((3, 1000), torch.float16)],
+    "non-contiguous input (a transposed view)": [NormCase((6, 72), transposed=True)],
+    "a row wider than 4096": [NormCase((4, 4100))],
+}
+NORM_PROPERTIES = {**NORM_CONTRACT, **NORM_BEYOND}
+
+
+def norm_inputs(case: NormCase, seed: int = 0, device="cpu") -> tuple[Tensor, Tensor, Tensor]:
+    """x (case.shape, maybe a transposed view), g (H,), dy: drawn in fp32 on the CPU, cast and moved to `device`;
+    x and g require grad."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = case.shape[::-1] if case.transposed else case.shape
+    x = (case.scale * torch.randn(*shape, generator=gen)).to(device, case.dtype)
+    x = (x.t() if case.transposed else x).requires_grad_()  # (..., H)
+    g = (1 + 0.5 * torch.randn(case.shape[-1], generator=gen)).to(device, case.dtype).requires_grad_()  # (H,)
+    dy = torch.randn(*case.shape, generator=gen).to(device, case.dtype)  # (..., H)
+    return x, g, dy
+
+
+def norm_float64(x: Tensor, g: Tensor, dy: Tensor, eps: float = EPS, *, eps_outside: bool = False,
+                 sum_not_mean: bool = False, no_gain: bool = False) -> tuple[dict, dict]:
+    """y, dx, dg in float64 from the same inputs (closed forms), and their scales (the same on |terms|).
+    eps_outside / sum_not_mean / no_gain give the outputs of those mistakes (autograd on their forward), to
+    recognise them."""
+    x, g, dy = (t.detach().double().cpu() for t in (x, g, dy))
+    H = x.shape[-1]
+    if eps_outside or sum_not_mean or no_gain:
+        xv, gv = x.clone().requires_grad_(), g.clone().requires_grad_()
+        ms = (xv * xv).sum(-1, keepdim=True) / (1 if sum_not_mean else H)  # (..., 1)
+        r = 1 / (ms.sqrt() + eps) if eps_outside else torch.rsqrt(ms + eps)  # (..., 1)
+        y = xv * r * (1 if no_gain else gv)  # (..., H)
+        dx, dg = torch.autograd.grad(y, (xv, gv), dy, allow_unused=True)
+        dg = torch.zeros_like(g) if dg is None else dg
+        return {"y": y.detach(), "dx": dx, "dg": dg}, norm_float64(x, g, dy, eps)[1]
+    ms = (x * x).sum(-1, keepdim=True) / H  # (..., 1)
+    r = torch.rsqrt(ms + eps)  # (..., 1)
+    y = x * r * g  # (..., H)
+    dyg = dy * g  # (..., H)
+    dx = r * dyg - x * r ** 3 * (dyg * x).mean(-1, keepdim=True)  # (..., H)
+    dg = (dy * x * r).reshape(-1, H).sum(0)  # (H,)
+    scales = {"y": y.abs(), "dx": r * dyg.abs() + x.abs() * r ** 3 * (dyg * x).abs().mean(-1, keepdim=True),
+              "dg": (dy * x * r).abs().reshape(-1, H).sum(0)}
+    return {"y": y, "dx": dx, "dg": dg}, scales
+
+
+def norm_bounds(x: Tensor, scales: dict, dtype: torch.dtype) -> dict:
+    H, rows = x.shape[-1], x.numel() // x.shape[-1]
+    return bounds(scales, dtype, {"y": H, "dx": 2 * H, "dg": rows})
+
+
+NORM_MISTAKES = [  # (what the mistake is, norm_float64's keywords that reproduce it)
+    ("eps added outside the square root: 1 / (sqrt(mean(x^2)) + eps)", dict(eps_outside=True)),
+    ("sum of squares instead of their mean (divide by H)", dict(sum_not_mean=True)),
+    ("the gain g is not applied", dict(no_gain=True)),
+]
+SMALLER_EPS = (0.0, 1e-6, 1e-8, 1e-12)  # eps missing or smaller than the course's 1e-5
+
+
+def norm_mistake(got: dict, x, g, dy) -> str:
+    """The likely mistake when every output matches a known wrong formula (within the same bounds), else ''."""
+    for label, kwargs in NORM_MISTAKES:
+        want, scales = norm_float64(x, g, dy, **kwargs)
+        if matches(got, want, norm_bounds(x, scales, x.dtype)):
+            return f"likely mistake: {label}"
+    eps = [e for e in SMALLER_EPS if matches(got, *_with_bounds(x, norm_float64(x, g, dy, e)))]
+    if len(eps) == 1:
+        return ("likely mistake: no eps, 1 / sqrt(mean(x^2))" if eps[0] == 0 else
+                f"likely mistake: eps = {eps[0]:g}") + " (the course's eps is 1e-5, inside the square root)"
+    if eps:
+        return "likely mistake: eps missing or smaller than the course's 1e-5 (these rows cannot tell which)"
+    want, bound = _with_bounds(x, norm_float64(x, g, dy))
+    if "dg" in got and got["dg"].shape != want["dg"].shape:
+        return "likely mistake: dg is not summed over the rows (it must have g's shape)"
+    wrong = [k for k in got if got[k].shape == want[k].shape and worst(k, got[k], want[k], bound[k]) is not None]
+    if len(wrong) == 1:
+        return constant_factor(wrong[0], got[wrong[0]], want[wrong[0]], bound[wrong[0]])
+    return ""
+
+
+def _with_bounds(x: Tensor, want_scales: tuple[dict, dict]) -> tuple[dict, dict]:
+    want, scales = want_scales
+    return want, norm_bounds(x, scales, x.dtype)
+
+
+def check_norm_function(apply, case: NormCase, device="cpu") -> str:
+    """'' when y = apply(x, g) and its gradients are within the bounds, else what differed."""
+    x, g, dy = norm_inputs(case, device=device)
+    y = apply(x, g)
+    if not isinstance(y, Tensor):
+        raise ShapeError(f"apply(x, g) returned {type(y).__name__}, expected a tensor")
+    if y.dtype != x.dtype:
+        return f"{case}: y is {y.dtype}, expected the input's dtype {x.dtype}"
+    want, scales = norm_float64(x, g, dy)
+    bound = norm_bounds(x, scales, case.dtype)
+    m = worst("y", y, want["y"], bound["y"])  # the forward first: its error explains the gradients'
+    dx, dg = _grads(y, (x, g), dy)
+    got = {"y": y} if not isinstance(dx, Tensor) or not isinstance(dg, Tensor) else {"y": y, "dx": dx, "dg": dg}
+    if m is not None:  # the forward's own signature names the mistake (the gradients follow from it)
+        return f"{case}: {m}. {norm_mistake({'y': y}, x, g, dy)}".strip()
+    if isinstance(dx, str):
+        raise BackwardMissing(f"{case}: forward within its bounds")
+    if dx is None or dg is None:
+        return f"{case}: no gradient for {'x' if dx is None else 'g'} (is backward returning it?)"
+    try:
+        m = first_mismatch(got, want, bound)
+    except ShapeError as exc:
+        return f"{case}: {exc}. {norm_mistake(got, x, g, dy)}".strip()
+    return "" if m is None else f"{case}: {m}. {norm_mistake(got, x, g, dy)}".strip()
+
+
+def check_norm_backward(fn, which: str, case: NormCase) -> str:
+    """The 2024 edition's standalone backward functions: fn(dy, x, g) -> dg (which='dg') or dx, against float64."""
+    x, g, dy = norm_inputs(case)
+    got = fn(dy, x.detach(), g.detach())
+    if not isinstance(got, Tensor):
+        raise ShapeError(f"returned {type(got).__name__}, expected a tensor")
+    want, scales = norm_float64(x, g, dy)
+    bound = norm_bounds(x, scales, case.dtype)[which]
+    m = worst(which, got, want[which], bound)
+    return "" if m is None else f"{case}: {m}. {norm_mistake({which: got}, x, g, dy)}".strip()
