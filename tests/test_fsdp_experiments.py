@@ -102,3 +102,20 @@ def test_bad_inputs_are_clear_errors():
     with pytest.raises(ValueError, match="paired_ratio needs"):
         X.speed_table([X.MeasureRun([], [], None, {"fsdp": []}, {"fsdp": 0})])
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_reference_is_built_on_the_device_the_run_computed_on():
+    """Issue 31 item 2: a GPU run's one-rank bitwise check needs its reference computed by the same BLAS (cuBLAS)."""
+    per_rank = launch(functools.partial(X.equivalence_worker, dtypes=["fp32"], **{**CHECK, "steps": 1}), 1,
+                      backend="gloo", device="cpu", timeout_s=300)
+    run = per_rank[0]["fp32"]
+    assert run.device == "cpu"
+    net = X.loaded(CHECK["model"], CHECK["n_layers"], run.weights[0], device="meta")
+    assert {p.device.type for p in net.parameters()} == {"meta"}
+
+
+def test_checkpoint_sweep_builds_the_model_at_the_context_it_feeds():
+    """Issue 31 item 3: xl at context 1024 on the gpu profile; a model built at its default 128 positions fails."""
+    sweep = X.checkpoint_sweep("small/cpu", n_layers=2, batch_size=1, context_length=192, segments=[0, 1], steps=1,
+                               warmup=0)
+    assert list(sweep.index) == [0, 1]

@@ -80,6 +80,7 @@ class EquivalenceRun:
     grads: list  # per step: {name: tensor} (all ranks' mean, gathered)
     replicated: list  # per step: [this rank's replicated gradients]
     logs: list  # per step: [(op, bytes)]
+    device: str = "cpu"  # where the run computed: its one-process reference is computed there too
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def equivalence_worker(*, model, n_layers, dtypes, steps, batch_size, context_le
     for dtype in dtypes:
         fsdp = impl.wrap(build(model, n_layers, seed=rank), DTYPES[dtype])
         opt = torch.optim.SGD(fsdp.parameters(), lr=LR)
-        run = EquivalenceRun(dtype, dist.get_world_size(), [], [], [], [])
+        run = EquivalenceRun(dtype, dist.get_world_size(), [], [], [], [], device=L.device().type)
         for batch in make_batches(model, steps, batch_size, context_length, 0):
             x, y = rank_share(batch)
             run.weights.append(impl.gather_full_params(fsdp))
@@ -137,9 +138,9 @@ def equivalence_worker(*, model, n_layers, dtypes, steps, batch_size, context_le
     return out
 
 
-def loaded(model, n_layers, weights: dict) -> nn.Module:
-    """A fresh CPU model `model` holding `weights` ({name: tensor}, as gather_full_params returns them)."""
-    net = build(model, n_layers).cpu()
+def loaded(model, n_layers, weights: dict, device: str = "cpu") -> nn.Module:
+    """A fresh model `model` on `device` holding `weights` ({name: tensor}, as gather_full_params returns them)."""
+    net = build(model, n_layers).to(device)
     with torch.no_grad():
         for name, p in net.named_parameters():
             p.copy_(weights[name])
@@ -222,11 +223,13 @@ def equivalence_table(per_rank: list[dict], *, model, n_layers, steps, batch_siz
     batches = make_batches(model, steps, batch_size, context_length, 0)
     for dtype, run in per_rank[0].items():
         for s, (x, y) in enumerate(batches):
-            load = functools.partial(loaded, model, n_layers, run.weights[s])
-            whole = reference_grads(load(), x, y, dtype)
+            # on the run's device: cuBLAS and a CPU BLAS sum in different orders, so only there can 1 rank be bitwise
+            x, y = x.to(run.device), y.to(run.device)
+            load = functools.partial(loaded, model, n_layers, run.weights[s], device=run.device)
+            whole = _on_cpu(reference_grads(load(), x, y, dtype))
             shares = [(x[rows], y[rows]) for rows in (rank_rows(x.shape[0], r, run.world) for r in range(run.world))]
-            ref = whole if dtype == "fp32" else ranks_reference(load, shares, dtype)
-            lim = bound(load(), x, y, dtype)
+            ref = whole if dtype == "fp32" else _on_cpu(ranks_reference(load, shares, dtype))
+            lim = _on_cpu(bound(load(), x, y, dtype))
             diff = {n: (run.grads[s][n] - ref[n]).abs().detach() for n in ref}
             rows.append({"ranks": run.world, "dtype": dtype, "step": s,
                          "reference": "whole batch" if dtype == "fp32" else "each rank's rows, averaged",
@@ -237,6 +240,11 @@ def equivalence_table(per_rank: list[dict], *, model, n_layers, steps, batch_siz
                          "replicated_equal": all(torch.equal(a, b) for r in per_rank
                                                  for a, b in zip(r[dtype].replicated[s], run.replicated[s]))})
     return pd.DataFrame(rows)
+
+
+def _on_cpu(tensors: dict) -> dict:
+    """{name: tensor} moved to the CPU, where launch returns the ranks' tensors."""
+    return {n: t.detach().cpu() for n, t in tensors.items()}
 
 
 # ---- 2-4 · memory, bytes and trace, speed: one launch ----
@@ -556,7 +564,7 @@ class CheckpointedLM(nn.Module):
 def checkpoint_sweep(model, *, n_layers, batch_size, context_length, segments, steps=3, warmup=1) -> pd.DataFrame:
     """Per segment size: the peak bytes of forward+backward above the parameters (helpers.memory.track) and the
     step's time, interleaved over segment sizes, with the paired ratio to no checkpointing."""
-    lm = build(model, n_layers, context_length=None)
+    lm = build(model, n_layers, context_length=context_length)
     x, y = make_batches(model, 1, batch_size, context_length, 0)[0]
     x, y = x.to(L.device()), y.to(L.device())
     nets = {k: CheckpointedLM(lm, k) for k in segments}
