@@ -108,6 +108,26 @@ class FlatDDP(_DataParallel):
         self.comm_s += time.perf_counter() - start
 
 
+def _weak_hook(wrapper: "DDPBucketed"):
+    """wrapper._hook behind a weak reference: a hook holding the wrapper would close a cycle (parameter -> hook ->
+    wrapper -> module -> parameter), so a wrapper dropped without close() would keep its bucket buffers (a model's
+    worth of gradients) until the next full garbage collection. Once the wrapper is gone the hook does nothing."""
+    ref = weakref.ref(wrapper)
+
+    def hook(p: torch.Tensor) -> None:
+        alive = ref()
+        if alive is not None:
+            alive._hook(p)
+    return hook
+
+
+def _remove_hooks(handles: list) -> None:
+    """Remove gradient hooks by their handles, emptying the list in place."""
+    for h in handles:
+        h.remove()
+    handles.clear()
+
+
 def plan_buckets(sizes_bytes: list[int], bucket_size_bytes: float) -> list[list[int]]:
     """Greedy buckets of parameter indices in reverse order, each <= bucket_size_bytes (a larger one sits alone)."""
     buckets, used = [], 0
@@ -137,6 +157,7 @@ class DDPBucketed(_DataParallel):
             if id(p) in _HOOKED:
                 _HOOKED[id(p)].close()
         self._handles_hooks = []
+        weakref.finalize(self, _remove_hooks, self._handles_hooks)  # dropped without close(): its hooks go too
         for k, bucket in enumerate(self.buckets):
             if len({p.dtype for p in bucket}) > 1:
                 raise ValueError("DDPBucketed needs one dtype per bucket; cast the model or use smaller buckets")
@@ -144,7 +165,7 @@ class DDPBucketed(_DataParallel):
             self.bucket_buffers.append(flat)
             for p, view in zip(bucket, flat.split([p.numel() for p in bucket])):
                 self._where[id(p)] = (k, view.view_as(p))
-                self._handles_hooks.append(p.register_post_accumulate_grad_hook(self._hook))
+                self._handles_hooks.append(p.register_post_accumulate_grad_hook(_weak_hook(self)))
                 _HOOKED[id(p)] = self
         self._reset()
 
@@ -155,9 +176,7 @@ class DDPBucketed(_DataParallel):
         for h in self._handles:
             h.wait()
         self._reset()
-        for h in self._handles_hooks:
-            h.remove()
-        self._handles_hooks = []
+        _remove_hooks(self._handles_hooks)
         for p in self.params:
             if _HOOKED.get(id(p)) is self:
                 del _HOOKED[id(p)]

@@ -238,3 +238,32 @@ def test_alpha_beta_falls_back_to_notebook_03s_grid(monkeypatch):
     grid = collectives.PROFILE_GRID["cpu"]
     assert seen["sizes"] == grid["sizes"] and seen["iters"] == grid["iters"] and seen["budget_s"] == grid["budget_s"]
     assert fit.alpha_s == pytest.approx(1e-4, rel=1e-6) and "notebook 03's cpu grid" in source
+
+
+def dropped_wrapper_worker() -> dict:
+    """Train one step through DDPBucketed, drop it (closed or not) with the garbage collector off: is it freed?"""
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        freed = {}
+        for closed in (True, False):
+            model = R.make_model("toy", dist.get_rank())
+            ddp = D.DDPBucketed(model, None)
+            opt = R.make_optimizer(ddp.parameters(), "sgd")
+            R.gradient_checks("toy", ddp, opt, R.make_batches("toy", 1, TOY["batch_size"], TOY["context_length"]))
+            if closed:
+                ddp.close()
+            ref = weakref.ref(ddp)
+            del ddp, opt
+            freed["closed" if closed else "dropped"] = ref() is None
+        return freed
+    finally:
+        gc.enable()
+
+
+def test_a_dropped_wrapper_is_freed_without_a_garbage_collection():
+    """Issue 31 item 7: notebook 05 builds xl three times on one GPU; a wrapper kept alive by a reference cycle keeps
+    its bucket buffers (a model's worth of gradients) until a full collection, which may come too late."""
+    for out in launch(dropped_wrapper_worker, 2, backend="gloo", device="cpu"):
+        assert out == {"closed": True, "dropped": True}, out
