@@ -119,3 +119,20 @@ def test_checkpoint_sweep_builds_the_model_at_the_context_it_feeds():
     sweep = X.checkpoint_sweep("small/cpu", n_layers=2, batch_size=1, context_length=192, segments=[0, 1], steps=1,
                                warmup=0)
     assert list(sweep.index) == [0, 1]
+
+
+@pytest.mark.parametrize("gpus,expected", [(0, ("gloo", "cpu")), (1, ("gloo", "cpu")), (2, ("gloo", "cpu")),
+                                           (4, ("nccl", "cuda")), (8, ("nccl", "cuda"))])
+def test_ring_runs_nccl_on_a_gpu_per_rank_else_gloo_on_host_memory(monkeypatch, gpus, expected):
+    """Issue 31 item 6: worlds 2 and 4 on 1-3 GPUs run gloo with host data (gloo's send/recv read a raw pointer as
+    host memory), labelled so; a GPU per rank: NCCL with the data on each rank's GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert X.ring_backend([2, 4]) == expected
+
+
+def test_ring_table_says_where_the_data_moved():
+    per_rank = launch(functools.partial(X.ring_worker, sizes=[8], steps=1, warmup=0), 2, backend="gloo", device="cpu",
+                      timeout_s=120)
+    assert set(X.ring_table([per_rank])["on"]) == {"gloo on cpu"}

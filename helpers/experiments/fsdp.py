@@ -615,6 +615,16 @@ class RingRun:
     exact: dict  # size -> bool
     sent: dict  # size -> {method: bytes this rank sent}
     samples: dict  # size -> {method: [seconds]}
+    on: str = "gloo on cpu"  # backend and device the data moved by
+
+
+def ring_backend(worlds) -> tuple[str, str]:
+    """(backend, device) for ring_worker at every world size in `worlds`, one choice for all so that one α–β fit
+    covers them: NCCL on CUDA where every world has a GPU per rank, else gloo on the CPU. Not gloo on CUDA: gloo's
+    send/recv hand the tensor's data pointer to its transport as host memory (ProcessGroupGloo::send/recv stage no
+    copy), so the data stays in host memory and the table says so."""
+    choices = {L.choose_backend(n) for n in worlds}
+    return ("nccl", "cuda") if choices == {("nccl", "cuda")} else ("gloo", "cpu")
 
 
 METHODS = {"dist.all_reduce": lambda t: dist.all_reduce(t), "ring": R.ring_all_reduce,
@@ -624,10 +634,10 @@ METHODS = {"dist.all_reduce": lambda t: dist.all_reduce(t), "ring": R.ring_all_r
 def ring_worker(*, sizes, steps, warmup) -> RingRun:
     """Per size (elements, fp32): all three all-reduces on integer-valued data (sums exact in any order) must equal
     bitwise; then timed, interleaved, each call between barriers."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, dev = dist.get_rank(), dist.get_world_size(), L.device()
     exact, sent, samples = {}, {}, {}
     for n in sizes:
-        data = torch.randint(-1000, 1000, (n,), generator=torch.Generator().manual_seed(rank)).float()
+        data = torch.randint(-1000, 1000, (n,), generator=torch.Generator().manual_seed(rank)).float().to(dev)  # (n,)
         outs = {}
         for name, fn in METHODS.items():
             t = data.clone()
@@ -641,10 +651,11 @@ def ring_worker(*, sizes, steps, warmup) -> RingRun:
                 dist.barrier()
                 t0 = time.perf_counter()
                 METHODS[name](t)
+                sync(dev)  # NCCL's wait() only orders the stream
                 return time.perf_counter() - t0
             return one
         samples[n] = interleaved({k: timed(k) for k in METHODS}, steps, warmup)
-    return RingRun(world, exact, sent, samples)
+    return RingRun(world, exact, sent, samples, on=f"{dist.get_backend()} on {dev.type}")
 
 
 def ring_table(per_launch: list[list[RingRun]]) -> pd.DataFrame:
@@ -659,7 +670,8 @@ def ring_table(per_launch: list[list[RingRun]]) -> pd.DataFrame:
                 sent = [r.sent[n].get(method) for r in per_rank]
                 formula = {"ring": R.ring_bytes_sent(S_, world), "alternate ring": R.alternate_ring_bytes_sent(S_, world)
                            }.get(method)
-                rows.append({"N": world, "S_bytes": S_, "method": method, "exact": all(r.exact[n] for r in per_rank),
+                rows.append({"N": world, "on": per_rank[0].on, "S_bytes": S_, "method": method,
+                             "exact": all(r.exact[n] for r in per_rank),
                              "sent/S": np.mean(sent) / S_ if formula else np.nan,
                              "formula/S": formula / S_ if formula else np.nan, "median_us": t * 1e6})
     return pd.DataFrame(rows)
