@@ -169,6 +169,21 @@ def flash_forward_torch(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, cfg: L
     return o, lse
 
 
+TILE_OPS = {"forward": 14, "backward": 16}  # eager tensor ops per tile pair of the loops above and below (casts aside)
+
+
+def tiled_launches(T: int, d: int, dtype: torch.dtype, is_causal: bool = True, device="cuda") -> int:
+    """Eager kernel launches of one FlashAttentionPyTorch forward+backward on (N, T, d): per tile pair of each loop
+    TILE_OPS (its matmuls, exps, rescales and adds), at launch_config's tiles; N rides along in every launch. What
+    its time is made of on a GPU: launches, not FLOPs (the reference runner's cost model)."""
+    cfg = _launch_config(d, dtype, device)
+    fwd = sum(len(range(0, min(i0 + cfg.block_q, T) if is_causal else T, cfg.block_k))
+              for i0 in range(0, T, cfg.block_q))
+    bwd = sum(len(range(j0 // cfg.block_loop * cfg.block_loop if is_causal else 0, T, cfg.block_loop))
+              for j0 in range(0, T, cfg.block_own))
+    return TILE_OPS["forward"] * fwd + TILE_OPS["backward"] * bwd
+
+
 def _above_diagonal(i0: int, i1: int, j0: int, j1: int, device) -> Tensor:
     """(Bq, Bk) bool, True where key j > query i: the causal mask of one tile."""
     return torch.arange(j0, j1, device=device)[None, :] > torch.arange(i0, i1, device=device)[:, None]
