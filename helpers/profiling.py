@@ -119,12 +119,30 @@ def _leaf_times(prof) -> list[tuple[str, float, int]]:
     return rows
 
 
+def _launched_by(prof) -> tuple[list[tuple[str, float]], dict[str, str]]:
+    """On CUDA: (aten op, device µs of the kernels it launched) per op event, and kernel name -> the class of the op
+    that launched it. The profiler ties each kernel to its launching op by correlation id, so a GEMM counts as a
+    matmul whatever cuBLAS calls its kernel (sm_90's nvjet_*, cutlass_*, ...)."""
+    ops, kernels = [], {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CPU or _is_label(e.name):
+            continue
+        t = getattr(e, "self_device_time_total", 0)
+        if t > 0:
+            ops.append((e.name, t))
+        for k in getattr(e, "kernels", []):
+            kernels.setdefault(k.name, op_class(e.name))
+    return ops, kernels
+
+
 def op_table(prof, steps: int, top: int = 10) -> pd.DataFrame:
-    """Top ops (kernels on CUDA) by self time: ms per step, share of the total, calls per step, class."""
+    """Top ops (kernels on CUDA) by self time: ms per step, share of the total, calls per step, class (on CUDA the
+    class of the aten op that launched the kernel)."""
     rows = _leaf_times(prof)
     total = sum(t for _, t, _ in rows)
+    launched = _launched_by(prof)[1] if getattr(prof, "device_type", "cpu") == "cuda" else {}
     df = pd.DataFrame([{"op": n, "ms/step": t / 1e3 / steps, "share": t / total, "calls/step": c / steps,
-                        "class": op_class(n)} for n, t, c in rows])
+                        "class": launched.get(n) or op_class(n)} for n, t, c in rows])
     return df.sort_values("ms/step", ascending=False).head(top).reset_index(drop=True)
 
 
@@ -137,8 +155,11 @@ def op_class(name: str) -> str:
 
 
 def class_shares(prof) -> dict[str, float]:
-    """Share of self time per op class; sums to 1."""
-    rows = _leaf_times(prof)
+    """Share of self time per op class; sums to 1. On CUDA: each aten op's kernels' device time, by that op."""
+    if getattr(prof, "device_type", "cpu") == "cuda":
+        rows = [(n, t, 1) for n, t in _launched_by(prof)[0]]
+    else:
+        rows = _leaf_times(prof)
     total = sum(t for _, t, _ in rows)
     shares = {"matmul": 0.0, "elementwise/other": 0.0}
     for n, t, _ in rows:
