@@ -43,6 +43,38 @@ def sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+class WaitClock:
+    """Seconds spent waiting for collectives (the DDP and FSDP wrappers' comm_s). On the CPU: host time around the
+    waits. On CUDA: the time the current stream stood still across them, from a CUDA event pair, read once the events
+    are done: an NCCL Work.wait() only makes the stream wait and returns at once (gloo's blocks the host, which the
+    events see too)."""
+
+    def __init__(self):
+        self._seconds, self._pending = 0.0, []
+
+    @contextlib.contextmanager
+    def waiting(self, device: torch.device):
+        if torch.device(device).type != "cuda":
+            start = time.perf_counter()
+            yield
+            self._seconds += time.perf_counter() - start
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self._pending.append((start, end))
+
+    @property
+    def seconds(self) -> float:
+        """The total so far (waits for the device to reach the pending events)."""
+        for start, end in self._pending:
+            end.synchronize()
+            self._seconds += start.elapsed_time(end) / 1e3
+        self._pending = []
+        return self._seconds
+
+
 def _format_seconds(*values: float) -> tuple[list[str], str]:
     """Format values in one unit (s, ms or µs) picked from the first of them."""
     lead = abs(values[0])
