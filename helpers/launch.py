@@ -20,6 +20,7 @@ return values, and the parent prints and plots.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,6 +63,17 @@ def device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def using_device(dev: torch.device):
+    """device() returns `dev` inside (as in a launched worker): e.g. the meta device for a dry run of a gpu profile."""
+    global _DEVICE
+    saved, _DEVICE = _DEVICE, torch.device(dev)
+    try:
+        yield
+    finally:
+        _DEVICE = saved
 
 
 def choose_backend(world_size: int, backend: str = "auto", device_type: str = "auto") -> tuple[str, str]:
