@@ -136,3 +136,31 @@ def test_ring_table_says_where_the_data_moved():
     per_rank = launch(functools.partial(X.ring_worker, sizes=[8], steps=1, warmup=0), 2, backend="gloo", device="cpu",
                       timeout_s=120)
     assert set(X.ring_table([per_rank])["on"]) == {"gloo on cpu"}
+
+
+def test_nccl_all_gathers_are_found_and_timed_on_the_device():
+    """Issue 31 item 9: under NCCL the gathers are kernels (no gloo: event) and the host runs ahead of the GPU, so
+    each call's span is the kernels its ops launched. A fake trace: module a's ops launched kernels 10-20 µs (host
+    range 0-5), b's 25-40 (host 5-8); b's prefetched all-gather kernel ends at 18, in time; a second run ends it at 23."""
+    from types import SimpleNamespace as NS
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    span = lambda a, b: NS(start=a, end=b)  # noqa: E731
+    ra = NS(name="a (Linear)", device_type=cpu, thread=1, time_range=span(0, 5), id=1, linked_correlation_id=0)
+    rb = NS(name="b (Linear)", device_type=cpu, thread=1, time_range=span(5, 8), id=2, linked_correlation_id=0)
+    ops = [NS(name="aten::mm", device_type=cpu, thread=1, time_range=span(1, 2), id=11, linked_correlation_id=0),
+           NS(name="aten::mm", device_type=cpu, thread=1, time_range=span(6, 7), id=12, linked_correlation_id=0)]
+    kernels = [NS(name="nvjet_tst_gemm", device_type=cuda, thread=9, time_range=span(10, 20), id=0,
+                  linked_correlation_id=11),
+               NS(name="nvjet_tst_gemm", device_type=cuda, thread=9, time_range=span(25, 40), id=0,
+                  linked_correlation_id=12)]
+    for end, in_time in ((18, True), (23, False)):
+        gathers = [NS(name=f"ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgs{i})", device_type=cuda, thread=9,
+                      time_range=span(e - 3, e), id=0, linked_correlation_id=0) for i, e in enumerate((8, end))]
+        events = [ra, rb, *ops, *kernels, *gathers]
+        assert [X.is_gather(e) for e in events] == [False] * 6 + [True] * 2
+        spans = [X.kernel_span(events, r) for r in (ra, rb)]
+        assert spans == [(10, 20), (25, 40)]
+        traced = X.gather_rows(["a", "b"], [1, 1], spans, [e.time_range.end for e in gathers])
+        run = X.MeasureRun([], [], traced, {}, {})
+        assert X.gather_timeliness([run])["in_time"].tolist() == [False, in_time]
