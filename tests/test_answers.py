@@ -459,3 +459,13 @@ def test_a_saved_reference_run_is_named_beside_the_answer(tmp_path, monkeypatch)
     assert page._reference_runs(q) == ""
     results.save_results([{"x": 1}], q.reads[0], profile="gpu", kind="reference", directory=tmp_path / "reference" / "h100")
     assert "reference runs beside this one" in page._reference_runs(q) and "profile gpu" in page._reference_runs(q)
+
+
+def test_the_nsys_answer_says_no_gpu_only_where_there_was_none(synthetic, tmp_path):
+    """Issue 31: on the gpu profile the page said "no GPU here"; the profile's provenance says where it ran."""
+    nsys = next(q for q in A.QUESTIONS if q.name == "nsys_profile")
+    assert "no GPU here" in A.answer(nsys, A.Saved(synthetic, "cpu")).text
+    rows = {name: notebook_01_rows()[name] for name in nsys.reads}
+    rows["01_flame"] = (rows["01_flame"][0], {**rows["01_flame"][1], "device_type": "cuda"})
+    text = A.answer(nsys, A.Saved(write(tmp_path, rows, profile="gpu"), "gpu")).text
+    assert "no GPU here" not in text and "CUDA kernels" in text, text

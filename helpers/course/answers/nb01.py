@@ -383,7 +383,9 @@ def kernels_and_softmax(q, saved):
     matmul_flops = sum(formulas.forward_flops(cfg, 1, T).values())
     soft = float(f.loc["softmax", "share"])
     mm = _profile(saved, "full step")["matmul_share"].iloc[0]
-    return (f"Torch profiler standing in for nsys (no GPU here), {size}: the leading op per stage is {lead}. Softmax "
+    where = ("the torch profiler's CUDA kernels, as nsys would list them" if saved.run("01_flame").provenance.get(
+        "device_type") == "cuda" else "Torch profiler standing in for nsys (no GPU here)")
+    return (f"{where[0].upper()}{where[1:]}, {size}: the leading op per stage is {lead}. Softmax "
             f"takes {pct(soft)} of the full step while doing about {softmax_flops / matmul_flops:.2%} of the "
             f"forward's FLOPs (≈5 per score element against the matmuls' {matmul_flops / 1e9:.3g} GFLOP per "
             f"sequence), and matmuls take {pct(mm)} of the step: time follows bytes moved, not FLOPs, for the "
