@@ -223,7 +223,8 @@ class FlashAttentionPyTorch(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
         _check(q, k, v, is_causal, triton_kernels=False)
         cfg = _launch_config(q.shape[-1], q.dtype, q.device)
-        o, lse = flash_forward_torch(*(x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)), is_causal, cfg)
+        with torch.autocast(q.device.type, enabled=False):  # its fp32 tiles stay fp32 under an enclosing autocast
+            o, lse = flash_forward_torch(*(x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)), is_causal, cfg)
         o, lse = o.view(q.shape), lse.view(q.shape[:-1])  # (..., Tq, d), (..., Tq)
         ctx.save_for_backward(lse, q, k, v, o)
         ctx.is_causal, ctx.cfg = is_causal, cfg
@@ -233,7 +234,9 @@ class FlashAttentionPyTorch(torch.autograd.Function):
     def backward(ctx, do: Tensor):
         lse, q, k, v, o = ctx.saved_tensors
         q3, k3, v3, o3, do3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, o, do))  # (N, T, d)
-        dq, dk, dv = flash_backward_torch(q3, k3, v3, o3, lse.reshape(-1, q.shape[-2]), do3, ctx.is_causal, ctx.cfg)
+        with torch.autocast(q.device.type, enabled=False):
+            dq, dk, dv = flash_backward_torch(q3, k3, v3, o3, lse.reshape(-1, q.shape[-2]), do3, ctx.is_causal,
+                                              ctx.cfg)
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None
 
 
