@@ -30,7 +30,7 @@ import pandas as pd
 
 from helpers import formulas as F
 from helpers.course.reference_batches import SCALES, scale
-from helpers.experiments.attention import LEADERBOARD, PUBLISHED_MS
+from helpers.experiments.attention import LEADERBOARD, PUBLISHED_MS, TILED_STEPS
 from helpers.env import machine_facts
 from helpers.model import get_config
 from helpers.results import DATA_DIR, ROOT, device_slug, git_commit, load_results
@@ -203,7 +203,8 @@ def _est_06(s, r: Rates) -> float:
         for impl in s["bench_impls"]:
             if impl == "flash_pytorch" and shape[2] > s["flash_pytorch_max_T"]:
                 continue
-            total += sum(2 * steps * _attn_s(shape, impl, r, dtype)  # fwd, bwd, fwd+bwd
+            n = s["warmup"] + min(s["steps"], TILED_STEPS) if impl.endswith("pytorch") else steps  # sweep's cap
+            total += sum(2 * n * _attn_s(shape, impl, r, dtype)  # fwd, bwd, fwd+bwd
                          + (r.compile_s if impl == "compiled" else 0) + 3 * r.jit_s for dtype in s["dtypes"])
     return total
 
