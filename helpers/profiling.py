@@ -32,17 +32,25 @@ MATMUL_KERNEL_HINTS = ("gemm", "xmma", "cutlass", "cublas", "matmul", "wgmma")
 # --- running the profiler ------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def label_modules(model: nn.Module):
-    """Wrap every submodule's forward in record_function("name (Class)") so the profiler sees modules."""
+def label_modules(model: nn.Module, nvtx: bool | None = None):
+    """Wrap every submodule's forward in record_function("name (Class)") so the profiler sees modules; with nvtx
+    (default: where CUDA is available) also in an NVTX range of that name, which `nsys profile --trace=cuda,nvtx`
+    shows above the kernels."""
     handles, open_ranges = [], {}
+    nvtx = torch.cuda.is_available() if nvtx is None else nvtx
 
     def enter(mod, _inputs, name):
-        rf = record_function(f"{name or 'model'} ({type(mod).__name__})")
+        label = f"{name or 'model'} ({type(mod).__name__})"
+        rf = record_function(label)
         rf.__enter__()
         open_ranges.setdefault(id(mod), []).append(rf)
+        if nvtx:
+            torch.cuda.nvtx.range_push(label)
 
     def leave(mod, _inputs, _output):
         open_ranges[id(mod)].pop().__exit__(None, None, None)
+        if nvtx:
+            torch.cuda.nvtx.range_pop()
 
     for name, mod in model.named_modules():
         handles.append(mod.register_forward_pre_hook(lambda m, i, n=name: enter(m, i, n)))

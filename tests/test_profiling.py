@@ -250,3 +250,14 @@ def test_forward_le_both_is_checked_on_paired_samples():
     with pytest.raises(AssertionError, match="measurably slower"):
         benchmarking.check_forward_le_both(frame(1.1), 2)  # the interval above 1: the bound is broken
     benchmarking.check_forward_le_both(frame(0.9), 2)  # a median above 1 inside the noise is not a violation
+
+
+def test_module_labels_are_nvtx_ranges_for_nsys(monkeypatch):
+    """Issue 31: nsys was suggested but nothing emitted NVTX ranges; each labelled module opens and closes one."""
+    ranges = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: ranges.append(("push", name)))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: ranges.append(("pop", None)))
+    lm = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with profiling.label_modules(lm, nvtx=True):
+        lm(torch.zeros(1, 2))
+    assert ranges == [("push", "model (Sequential)"), ("push", "0 (Linear)"), ("pop", None), ("pop", None)]
