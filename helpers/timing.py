@@ -64,14 +64,25 @@ class WaitClock:
         yield
         end.record()
         self._pending.append((start, end))
+        if len(self._pending) > 1024:  # a long run nobody reads: fold what the device has done
+            self._fold(wait=False)
+
+    def _fold(self, wait: bool) -> None:
+        """Add the pending pairs the device has reached (all of them, waiting for it, when `wait`)."""
+        keep = []
+        for start, end in self._pending:
+            if wait:
+                end.synchronize()
+            if wait or end.query():
+                self._seconds += start.elapsed_time(end) / 1e3
+            else:
+                keep.append((start, end))
+        self._pending = keep
 
     @property
     def seconds(self) -> float:
         """The total so far (waits for the device to reach the pending events)."""
-        for start, end in self._pending:
-            end.synchronize()
-            self._seconds += start.elapsed_time(end) / 1e3
-        self._pending = []
+        self._fold(wait=True)
         return self._seconds
 
 

@@ -224,6 +224,9 @@ class _DeviceClockEvent:
     def synchronize(self):
         pass
 
+    def query(self):
+        return True
+
     def elapsed_time(self, end):
         return end.ms - self.ms
 
@@ -239,3 +242,14 @@ def test_compare_times_each_call_on_the_device_clock(monkeypatch):
         _DeviceClockEvent.now_ms += 2.0
     comp = timing.compare({"a": kernel}, steps=6, warmup=1, device="cuda")
     assert comp.samples["a"] == [pytest.approx(0.002)] * 6
+
+
+def test_wait_clock_reads_the_stream_wait_on_cuda(monkeypatch):
+    """Issue 31 item 8: an NCCL Work.wait() returns at once and makes the stream wait; the clock reads the stream's
+    time across it (2 ms of queued waiting here), also after folding a long run's pending events."""
+    monkeypatch.setattr(torch.cuda, "Event", _DeviceClockEvent)
+    clock = timing.WaitClock()
+    for _ in range(1100):
+        with clock.waiting(torch.device("cuda")):
+            _DeviceClockEvent.now_ms += 2.0  # the stream stands still until the collective ends
+    assert clock.seconds == pytest.approx(1100 * 0.002)
