@@ -9,7 +9,7 @@ gpu_plans' closed-form estimate. tests/test_dry_run.py runs it in `make test`.
 What a meta run cannot see, and what covers it instead: index values (a token or position id past an embedding's
 rows is a device-side assert on a GPU): IndexBounds keeps the bound of ids made by arange/randint and checks it at
 every embedding lookup; collectives (meta tensors cannot be sent): the multi-rank notebooks' runs are one rank's
-share of the batch (04, 05; their copies per rank are gpu_plans' arithmetic, and 03 is message buffers only);
+share of the batch (04, 05; their copies per rank are gpu_plans' arithmetic; 03, each rank's message buffers);
 autocast (no meta autocast): fp32 only, the larger peak of 01's; Triton kernels and torch.compile (no meta
 launches): the PyTorch implementations, whose tensors bound the kernels'.
 """
@@ -27,6 +27,7 @@ from helpers import memory as M
 from helpers.attention import naive_attention
 from helpers.experiments import attention as XA
 from helpers.experiments import benchmarking as XB
+from helpers.experiments import collectives as XC
 from helpers.experiments import ddp as XD
 from helpers.experiments import fsdp as XF
 from helpers.experiments import gpu_plans as G
@@ -129,6 +130,23 @@ def run_02(c=None) -> list[dict]:
     return rows
 
 
+def run_03(c=None, gpus: int = 1) -> list[dict]:
+    """Notebook 03: one rank's message buffers (source, output, expected, the work copy timed) for every op at the
+    largest message, per CUDA backend and world size; gloo puts every rank on the `gpus` GPUs, NCCL one per rank."""
+    c = c or XC.PROFILE_GRID["gpu"]
+    size, rows = max(c["sizes"]), []
+    for backend, device in c["combos"]:
+        for n in c["world_sizes"] if device == "cuda" else ():
+            peak, numel = 0, max(n, size // 4 // n * n)  # as bench_worker: float32, n equal chunks
+            for op in XC.OPS:
+                trace = M.track(lambda: [t.clone() if i == 0 else t for i, t in  # the work copy of the source
+                                         enumerate(XC._buffers(op, numel, 0, n, META)) if t is not None])
+                peak = max(peak, trace.peak_bytes)
+            rows.append(_row("03", f"{backend}+cuda, {n} ranks, {XC.format_size(size)} messages", peak,
+                             G.collective_bytes(size), 1 if backend == "nccl" else -(-n // gpus)))
+    return rows
+
+
 def run_04(c=None, world: int = 2) -> list[dict]:
     """Notebook 04: one rank's share of a training step per speed size (the wrappers' copies: gpu_plans)."""
     c = c or XD.PROFILES["gpu"]
@@ -181,7 +199,7 @@ def run_07(c=None) -> list[dict]:
     return [_row("07", f"checkpoint sweep {c['ckpt_model']}, context {c['ckpt_context']}, no checkpointing", peak)]
 
 
-RUNS = {"01": run_01, "02": run_02, "04": run_04, "05": run_05, "06": run_06, "07": run_07}
+RUNS = {"01": run_01, "02": run_02, "03": run_03, "04": run_04, "05": run_05, "06": run_06, "07": run_07}
 
 
 def dry_run(notebooks=None) -> pd.DataFrame:
