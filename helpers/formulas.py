@@ -5,14 +5,18 @@
     busbw_factor("all_reduce", 8), wire_factor(...)           # collectives (notebooks 03-05)
     bucket_overhead(n, S, T_b, alpha, beta)                  # the DDP bucket-size model (notebook 04)
     zero_memory("xl", 8, stage=1), live_bytes(...)           # ZeRO 0-3 and our sharded runs (notebook 05)
+    tp_calc("forward", **CALC_EXAMPLE).inequality            # the 2026 calculators in the handout's variables (07)
+    xxl_compute_bound(), leaderboard_plan(), fastest_plan(plan, "B200 ~180 GB")   # 2025 accounting, 2026 plan (07)
 
-Every function here is checked against a measurement (a test or a notebook assert). Counts come from the model's
+Every function here is checked against a measurement (a test or a notebook assert), or, for the handouts' closed
+forms, against figures derived by hand (tests/test_calculator.py). Counts come from the model's
 own parameter table (`helpers.model.parameter_shapes`) and, for sharding, from the optimizers' own partition plan.
 """
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -136,6 +140,24 @@ def activation_bytes(cfg: ModelConfig | str, batch_size: int, context_length: in
     return {"blocks": c.n_layers * per_block,
             "final norm + head + loss": (3 * R + B * T + B * T * c.vocab_size + 2) * e,
             "position ids": T * 8}
+
+
+def block_saved_parts(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
+                      dtype=torch.float32) -> dict[str, int]:
+    """The bytes one block saves for backward, per op that produced them (activation_bytes' "blocks" / L, itemised),
+    largest first."""
+    c = get_config(cfg)
+    B, T = batch_size, context_length or c.context_length
+    e = dtype_bytes(dtype)
+    R = B * T * c.d_model * e
+    parts = {"softmax output (attention probabilities, B·H·T²)": B * c.n_heads * T * T * e,
+             "ffn w1 output (B·T·d_ff)": B * T * c.d_ff * e, "GELU output (B·T·d_ff)": B * T * c.d_ff * e,
+             "q, k, v made contiguous for the matmuls (3 B·T·d)": 3 * R,
+             "norm1: normalised x and output (2 B·T·d)": 2 * R, "norm2: normalised x and output (2 B·T·d)": 2 * R,
+             "block input (B·T·d)": R, "heads re-assembled for the output projection (B·T·d)": R,
+             "mid-block residual (B·T·d)": R, "norms' rsqrt columns (2 B·T)": 2 * B * T * e,
+             "causal mask, negated (T², bool)": T * T}
+    return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
 
 
 def token_bytes(batch_size: int, context_length: int) -> int:
@@ -353,13 +375,16 @@ def best_segment(n_blocks: int, input_bytes: float, block_bytes: float) -> tuple
 
 
 def checkpoint_strategies(n_blocks: int) -> dict[str, dict[str, float]]:
-    """Peak activation memory (in blocks' activations, segment inputs counted as one block each) and forward passes
-    for N identical blocks: none, sqrt(N) segments, and nested halving (log2 N levels, O(log N) memory)."""
+    """Peak activation memory (in blocks' activations, kept inputs counted as one block each) and forward passes for N
+    identical blocks: none; one level of √N segments; nested halving (log2 N levels, O(log N) memory, O(N log N)
+    compute); recursive prefix checkpointing, the least memory (keep only the input; before each block's backward
+    re-run the prefix up to it, holding one running tensor: O(1) memory for N(N+1)/2 block forwards, O(N²))."""
     n, levels = n_blocks, max(1, math.ceil(math.log2(n_blocks)))
     s = max(1, round(math.sqrt(n)))
     return {"none": {"memory_blocks": n, "forward_passes": 1},
             "sqrt": {"memory_blocks": math.ceil(n / s) + s, "forward_passes": 2},
-            "nested": {"memory_blocks": 2 * levels, "forward_passes": 1 + levels}}
+            "nested": {"memory_blocks": 2 * levels, "forward_passes": 1 + levels},
+            "prefix": {"memory_blocks": 2, "forward_passes": (n + n * (n - 1) / 2) / n}}
 
 
 # the 2026 gated FFN (x W1, x W2, f(x1) * x2, z W3; d -> f -> d), 16-bit weights and activations, b tokens per
@@ -394,10 +419,177 @@ def gated_ffn_thresholds(*, d: int, f: int, n: int, C: float, W: float) -> dict[
             "tp_max_devices": 1 + 3 * f * W / C}
 
 
+# The 2026 calculators in the handout's variables: B tokens in the global batch, D, D_FF, N devices (N_DP, N_FSDP,
+# N_TP), C FLOP/s and W bytes/s of egress per device, 16-bit weights and activations. Each part returns its
+# expression and its compute-bound inequality (LaTeX for notebooks, plain text for the answers page) and a worked
+# example. Ring collectives: an all-reduce sends 2(N-1)/N of the buffer, an all-gather or reduce-scatter (N-1)/N.
+
+CALC_EXAMPLE = dict(B=32_768, D=4096, D_FF=16_384, N=8, C=989e12, W=450e9)  # H100-like: bf16 dense, NVLink one way
+
+
+@dataclass(frozen=True)
+class CalcPart:
+    """One part of a 2026 calculator: what it computes, as expressions and an inequality, and one worked example."""
+    problem: str  # "tp_calcs"
+    part: str  # "forward", "backward", "(a)" ...
+    expressions: tuple[tuple[str, str], ...]  # (quantity, plain-text expression), e.g. ("FLOPs per device", "6·B·D·D_FF/N")
+    inequality: str  # plain text: when it stays compute-bound
+    latex: tuple[str, ...]  # the same, as LaTeX for a notebook
+    example: dict  # inputs and the values they give
+
+    def _repr_markdown_(self) -> str:
+        """In a notebook: the part's expressions, its inequality, the same as math, and the example's bound."""
+        lines = [f"**{self.problem} · {self.part}**"] + [f"- {q}: `{e}`" for q, e in self.expressions]
+        if self.inequality != "—":
+            bound = self.example.get("max_devices")
+            lines.append(f"- compute-bound while: `{self.inequality}`"
+                         + (f" (worked example: N ≤ {bound:.1f})" if bound not in (None, math.inf) else ""))
+        return "\n".join(lines + [f"$${t}$$" for t in self.latex])
+
+
+def _ring(n: float, collective: str) -> float:
+    return (2 if collective == "all_reduce" else 1) * (n - 1) / n
+
+
+def dp_calc(pass_: str, *, B: int, D: int, D_FF: int, N: int, C: float, W: float) -> CalcPart:
+    """data_parallel_calcs: each of N_DP devices runs B/N_DP tokens through the whole FFN (3 D×D_FF matrices);
+    forward has no communication, backward all-reduces the 3·D·D_FF 16-bit gradients."""
+    k = 6 if pass_ == "forward" else 12
+    flops = k * B * D * D_FF / N
+    sent = 0.0 if pass_ == "forward" else _ring(N, "all_reduce") * 3 * D * D_FF * 2
+    exprs = (("FLOPs per device", f"{k}·B·D·D_FF/N_DP"),
+             ("bytes sent per device", "0 (no communication in forward)" if pass_ == "forward"
+              else "2·(N_DP−1)/N_DP · 3·D·D_FF · 2 = 12·D·D_FF·(N_DP−1)/N_DP"),
+             ("time", f"max({k}·B·D·D_FF/(N_DP·C), comm/W)" if pass_ == "backward" else f"{k}·B·D·D_FF/(N_DP·C)"))
+    ineq = ("always compute-bound" if pass_ == "forward" else
+            "12·B·D·D_FF/(N_DP·C) ≥ 12·D·D_FF·(N_DP−1)/(N_DP·W)  ⇔  N_DP ≤ 1 + B·W/C")
+    latex = ((r"\frac{6BDD_{FF}}{N_{DP}}", r"\text{no communication}") if pass_ == "forward" else
+             (r"\frac{12BDD_{FF}}{N_{DP}}", r"\frac{12DD_{FF}(N_{DP}-1)}{N_{DP}}",
+              r"N_{DP} \le 1 + \frac{BW}{C}"))
+    bound = math.inf if pass_ == "forward" else 1 + B * W / C
+    return CalcPart("data_parallel_calcs", pass_, exprs, ineq, latex, dict(
+        B=B, D=D, D_FF=D_FF, N_DP=N, C=C, W=W, flops=flops, bytes_sent=sent, compute_s=flops / C, comm_s=sent / W,
+        max_devices=bound, comm_bound=sent / W > flops / C))
+
+
+def fsdp_calc(pass_: str, *, B: int, D: int, D_FF: int, N: int, C: float, W: float) -> CalcPart:
+    """fsdp_calcs: B/N tokens per device; forward all-gathers the 3·D·D_FF 16-bit weights, backward gathers them again
+    and reduce-scatters the gradients (an all-reduce's bytes)."""
+    k, gathers = (6, 1) if pass_ == "forward" else (12, 2)
+    flops = k * B * D * D_FF / N
+    sent = gathers * _ring(N, "all_gather") * 3 * D * D_FF * 2
+    what = "all-gather of the weights" if pass_ == "forward" else "all-gather + reduce-scatter"
+    exprs = (("FLOPs per device", f"{k}·B·D·D_FF/N_FSDP"),
+             ("bytes sent per device", f"{what}: {k}·D·D_FF·(N_FSDP−1)/N_FSDP"))
+    ineq = (f"{k}·B·D·D_FF/(N_FSDP·C) ≥ {k}·D·D_FF·(N_FSDP−1)/(N_FSDP·W)  ⇔  N_FSDP ≤ 1 + B·W/C"
+            "  (per device: B/N_FSDP ≥ (N_FSDP−1)/N_FSDP · C/W)")
+    latex = (rf"\frac{{{k}BDD_{{FF}}}}{{N_{{FSDP}}}}", rf"\frac{{{k}DD_{{FF}}(N_{{FSDP}}-1)}}{{N_{{FSDP}}}}",
+             r"N_{FSDP} \le 1 + \frac{BW}{C}")
+    return CalcPart("fsdp_calcs", pass_, exprs, ineq, latex, dict(
+        B=B, D=D, D_FF=D_FF, N_FSDP=N, C=C, W=W, flops=flops, bytes_sent=sent, compute_s=flops / C, comm_s=sent / W,
+        max_devices=1 + B * W / C, comm_bound=sent / W > flops / C))
+
+
+TP_BACKWARD_EQUATIONS = (  # device i holds W1, W2 by columns (D × D_FF/N), W3 by rows (D_FF/N × D); x, dy replicated
+    "forward: x1ᵢ = x·W1ᵢ, x2ᵢ = x·W2ᵢ, zᵢ = f(x1ᵢ) ∗ x2ᵢ, y = Σᵢ zᵢ·W3ᵢ (all-reduce)",
+    "dW3ᵢ = zᵢᵀ·dy;  dzᵢ = dy·W3ᵢᵀ",
+    "dx2ᵢ = dzᵢ ∗ f(x1ᵢ);  dx1ᵢ = dzᵢ ∗ x2ᵢ ∗ f′(x1ᵢ)",
+    "dW1ᵢ = xᵀ·dx1ᵢ;  dW2ᵢ = xᵀ·dx2ᵢ",
+    "dx = Σᵢ (dx1ᵢ·W1ᵢᵀ + dx2ᵢ·W2ᵢᵀ)  (all-reduce of B × D)",
+)
+
+
+def tp_calc(pass_: str, *, B: int, D: int, D_FF: int, N: int, C: float, W: float) -> CalcPart:
+    """tp_calcs: every device sees all B tokens and 1/N_TP of each matrix; forward all-reduces y, backward dx (B × D,
+    16-bit) once each."""
+    k, ratio = (6, "1.5") if pass_ == "forward" else (12, "3")
+    flops = k * B * D * D_FF / N
+    sent = _ring(N, "all_reduce") * B * D * 2
+    exprs = (("FLOPs per device", f"{k}·B·D·D_FF/N_TP"),
+             ("bytes sent per device", f"all-reduce of {'y' if pass_ == 'forward' else 'dx'}: 4·B·D·(N_TP−1)/N_TP"))
+    ineq = (f"{k}·B·D·D_FF/(N_TP·C) ≥ 4·B·D·(N_TP−1)/(N_TP·W)  ⇔  N_TP ≤ 1 + {ratio}·D_FF·W/C (any batch)")
+    latex = (rf"\frac{{{k}BDD_{{FF}}}}{{N_{{TP}}}}", r"\frac{4BD(N_{TP}-1)}{N_{TP}}",
+             rf"N_{{TP}} \le 1 + {ratio}\,\frac{{D_{{FF}}W}}{{C}}")
+    bound = 1 + float(ratio) * D_FF * W / C
+    return CalcPart("tp_calcs", pass_, exprs, ineq, latex, dict(
+        B=B, D=D, D_FF=D_FF, N_TP=N, C=C, W=W, flops=flops, bytes_sent=sent, compute_s=flops / C, comm_s=sent / W,
+        max_devices=bound, comm_bound=sent / W > flops / C))
+
+
+def fsdp_tp_calc(part: str, *, B: int, D: int, D_FF: int, N_FSDP: int, N_TP: int, C: float, W: float) -> CalcPart:
+    """fsdp_tp_calcs, forward pass, N = N_FSDP·N_TP: (a) FLOPs 6BD·D_FF/N; (b) communication: the FSDP all-gather of
+    the device's 1/N_TP of the weights and TP's all-reduce of its B/N_FSDP tokens' output run on different axes, so
+    the time is the larger; (c) with overlap, compute-bound while compute exceeds each, N ≤ 1.5·B·D_FF·W²/C² at
+    N_FSDP = BW/C, N_TP = 1.5·D_FF·W/C; (d) without overlap, compute ≥ their sum, N ≤ 3·B·D_FF·W²/(8C²) at half of
+    each (N_FSDP = BW/(2C), N_TP = 3·D_FF·W/(4C)). (c) and (d) take the rings' (N−1)/N as 1, as the Scaling Book does."""
+    N = N_FSDP * N_TP
+    flops = 6 * B * D * D_FF / N
+    t_fsdp = _ring(N_FSDP, "all_gather") * 6 * D * D_FF / N_TP / W
+    t_tp = _ring(N_TP, "all_reduce") * 2 * B / N_FSDP * D / W
+    ex = dict(B=B, D=D, D_FF=D_FF, N_FSDP=N_FSDP, N_TP=N_TP, C=C, W=W, flops=flops, compute_s=flops / C,
+              fsdp_comm_s=t_fsdp, tp_comm_s=t_tp)
+    if part == "(a)":
+        return CalcPart("fsdp_tp_calcs", part, (("forward FLOPs per device", "6·B·D·D_FF/(N_FSDP·N_TP)"),), "—",
+                        (r"\frac{6BDD_{FF}}{N_{FSDP}N_{TP}}",), ex)
+    if part == "(b)":
+        return CalcPart("fsdp_tp_calcs", part, (
+            ("FSDP all-gather time", "6·D·D_FF·(N_FSDP−1)/(N_FSDP·N_TP·W)"),
+            ("TP all-reduce time", "4·B·D·(N_TP−1)/(N_FSDP·N_TP·W)"),
+            ("communication time", "max(FSDP term, TP term)")), "—",
+            (r"\max\left(\frac{6DD_{FF}(N_{FSDP}-1)}{N_{FSDP}N_{TP}W}, \frac{4BD(N_{TP}-1)}{N_{FSDP}N_{TP}W}\right)",),
+            {**ex, "comm_s": max(t_fsdp, t_tp)})
+    if part == "(c)":
+        n_f, n_t = B * W / C, 1.5 * D_FF * W / C
+        return CalcPart("fsdp_tp_calcs", part, (
+            ("FSDP side", "6·B·D·D_FF/(N·C) ≥ 6·D·D_FF/(N_TP·W) ⇔ N_FSDP ≤ B·W/C"),
+            ("TP side", "6·B·D·D_FF/(N·C) ≥ 4·B·D/(N_FSDP·W) ⇔ N_TP ≤ 1.5·D_FF·W/C")),
+            "N = N_FSDP·N_TP ≤ 1.5·B·D_FF·W²/C²", (r"N \le \frac{1.5\,B D_{FF} W^2}{C^2}",),
+            {**ex, "N_FSDP_max": n_f, "N_TP_max": n_t, "max_devices": 1.5 * B * D_FF * W**2 / C**2})
+    if part == "(d)":
+        n_f, n_t = B * W / (2 * C), 3 * D_FF * W / (4 * C)
+        return CalcPart("fsdp_tp_calcs", part, (
+            ("no overlap", "6·B·D·D_FF/(N·C) ≥ 6·D·D_FF/(N_TP·W) + 4·B·D/(N_FSDP·W) ⇔ 6·D_FF·N_FSDP + 4·B·N_TP ≤ "
+                           "6·B·D_FF·W/C"),
+            ("largest N", "the product is largest with each term half the budget: N_FSDP = B·W/(2C), "
+                          "N_TP = 3·D_FF·W/(4C)")),
+            "N = N_FSDP·N_TP ≤ 3·B·D_FF·W²/(8·C²)", (r"N \le \frac{3\,B D_{FF} W^2}{8\,C^2}",),
+            {**ex, "N_FSDP_max": n_f, "N_TP_max": n_t, "max_devices": 3 * B * D_FF * W**2 / (8 * C**2)})
+    raise ValueError(f"fsdp_tp_calcs has parts (a) to (d); got {part!r}")
+
+
+def calc_parts(*, B: int, D: int, D_FF: int, N: int, C: float, W: float, N_TP: int = 4) -> list[CalcPart]:
+    """Every part of the four 2026 calculators at one example: DP, FSDP and TP forward and backward, FSDP × TP (a)-(d)
+    forward with N_FSDP = N / N_TP."""
+    ex = dict(B=B, D=D, D_FF=D_FF, N=N, C=C, W=W)
+    return ([fn(p, **ex) for fn in (dp_calc, fsdp_calc, tp_calc) for p in ("forward", "backward")]
+            + [fsdp_tp_calc(part, B=B, D=D, D_FF=D_FF, N_FSDP=N // N_TP, N_TP=N_TP, C=C, W=W)
+               for part in ("(a)", "(b)", "(c)", "(d)")])
+
+
+def basics_params(cfg) -> int:
+    """Parameters of the handout's cs336_basics model at a size: per block 4d² attention, SwiGLU's 3·d·d_ff and two
+    RMSNorm gains; RoPE (no position table); untied embedding and LM head; a final gain."""
+    c = get_config(cfg)
+    d = c.d_model
+    return c.n_layers * (4 * d * d + 3 * d * c.d_ff + 2 * d) + 2 * c.vocab_size * d + d
+
+
+def sharded_state_bytes(psi: int, world_size: int) -> dict[str, float]:
+    """fp32 AdamW model states per rank (4 + 4 + 8 bytes per parameter): DDP 16Ψ, ZeRO-1 8Ψ + 8Ψ/N, FSDP 16Ψ/N."""
+    return {"DDP": 16 * psi, "ZeRO-1": 8 * psi + 8 * psi / world_size, "FSDP": 16 * psi / world_size}
+
+
 # the 2025 "XXL" FFN-only model: fp32 master weights, gradients, AdamW moments (16 B/param), bf16 activations
 
 XXL = dict(d_model=16_384, d_ff=53_248, n_blocks=126)
-TPU_V5P_LIKE = dict(C=4.6e14, W=1.8e11, hbm=95e9)  # assumed: bf16 FLOP/s, ICI egress B/s, bytes of HBM per device
+# the handout's TPU v5p figures (from the Scaling Book): bf16 FLOP/s, ICI bytes/s per link (2 · 9e10), HBM per device
+TPU_V5P_LIKE = dict(C=4.6e14, W=1.8e11, hbm=95e9)
+MESH_2025 = dict(X=16, Y=4, M_X=2, M_Y=1)  # communication_accounting(c): FSDP over X, TP over Y, M_X/M_Y links
+
+
+def xxl_activation_bytes_per_token(d_model=XXL["d_model"], d_ff=XXL["d_ff"], n_blocks=XXL["n_blocks"]) -> int:
+    """bf16 bytes saved for backward per token: each block's two matmul inputs, 2 (d + d_ff) bytes, over the blocks."""
+    return n_blocks * 2 * (d_model + d_ff)
 
 
 def xxl_memory(tokens: int, n_fsdp: int = 1, d_model=XXL["d_model"], d_ff=XXL["d_ff"], n_blocks=XXL["n_blocks"]
@@ -405,10 +597,15 @@ def xxl_memory(tokens: int, n_fsdp: int = 1, d_model=XXL["d_model"], d_ff=XXL["d
     """Bytes per device: 16 Ψ of fp32 states / N, and the bf16 activations saved for backward (each block's two
     matmul inputs, 2 (d + f) bytes per token) with half of them sharded: A (1 + 1/N) / 2."""
     psi = n_blocks * 2 * d_model * d_ff
-    acts = n_blocks * tokens * 2 * (d_model + d_ff)
+    acts = tokens * xxl_activation_bytes_per_token(d_model, d_ff, n_blocks)
     out = {"params": psi, "states": 16 * psi / n_fsdp, "activations": acts * (0.5 + 0.5 / n_fsdp)}
     out["total"] = out["states"] + out["activations"]
     return out
+
+
+def xxl_max_tokens(hbm: float = TPU_V5P_LIKE["hbm"], **model) -> float:
+    """Tokens per device above which no N fits: as N grows M(N) falls to A/2, so tokens <= 2 hbm / (bytes per token)."""
+    return 2 * hbm / xxl_activation_bytes_per_token(**model)
 
 
 def xxl_min_fsdp(tokens: int, hbm: float = TPU_V5P_LIKE["hbm"], **model) -> int | None:
@@ -425,10 +622,22 @@ def xxl_min_fsdp(tokens: int, hbm: float = TPU_V5P_LIKE["hbm"], **model) -> int 
     return n
 
 
-def xxl_compute_bound_tokens(n_tp: int, C: float = TPU_V5P_LIKE["C"], W: float = TPU_V5P_LIKE["W"]) -> float:
-    """Forward, FSDP x TP: per-device tokens above which a block's matmuls (4 b d f / n_tp per FSDP replica's b
-    tokens) outlast the weights' all-gather (~4 d f / n_tp bytes): b / n_tp >= C / (W n_tp)."""
-    return C / (W * n_tp)
+def xxl_compute_bound(*, X: int = MESH_2025["X"], Y: int = MESH_2025["Y"], M_X: int = MESH_2025["M_X"],
+                      M_Y: int = MESH_2025["M_Y"], C: float = TPU_V5P_LIKE["C"], W: float = TPU_V5P_LIKE["W"],
+                      d_ff: int = XXL["d_ff"]) -> dict[str, float]:
+    """Forward, FSDP over X × TP over Y (the Scaling Book's mixed FSDP/TP): per layer T_math = 4BDF/(XYC), the FSDP
+    all-gather 4DF/(Y·W·M_X), TP's activation collective 4BD/(X·W·M_Y). Compute-bound on the FSDP side once the
+    tokens per FSDP shard B/X >= C/(W·M_X); per device that is B/(XY), overall B. The TP side holds whatever the
+    batch when F >= Y·C/(W·M_Y)."""
+    shard = C / (W * M_X)
+    return {"per_fsdp_shard": shard, "per_device": shard / Y, "overall": shard * X, "tp_min_d_ff": Y * C / (W * M_Y),
+            "tp_ok": d_ff >= Y * C / (W * M_Y)}
+
+
+def xxl_compute_bound_tokens(n_tp: int, C: float = TPU_V5P_LIKE["C"], W: float = TPU_V5P_LIKE["W"],
+                             M_X: int = MESH_2025["M_X"]) -> float:
+    """Per-device tokens above which the FSDP × TP forward is compute-bound: C / (W · M_X · n_tp) (xxl_compute_bound)."""
+    return xxl_compute_bound(Y=n_tp, C=C, W=W, M_X=M_X)["per_device"]
 
 
 # ---- the 2026 leaderboard as a plan (notebook 07 §8) ----
@@ -444,8 +653,16 @@ LEADERBOARD_GPUS = {  # usable memory (bytes), dense bf16 FLOP/s, GPU-to-GPU lin
     "B200 ~180 GB": dict(memory=180e9, flops=2.25e15, link=900e9),  # NVLink 5: 1.8 TB/s both ways
 }
 LEADERBOARD_MFU = 0.40  # the stated utilisation of the matmuls (an assumption, not a measurement)
+PLAN_MFUS = (0.25, 0.35, 0.40, 0.50)  # the band the predicted time is shown over
+PLAN_MARGIN = 0.10  # a plan fits only with this share of the card left free (fragmentation, NCCL buffers, workspace)
+PLAN_TIE = 0.01  # predicted times within 1% are a tie, broken by memory (the plan with more headroom wins)
 PLAN_STRATEGIES = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "FSDP": 3}  # strategy -> ZeRO stage
 PLAN_CHECKPOINTING = ("none", "every block", "sqrt(L) segments")
+PLAN_HEADS = ("plain", "chunked")  # LM head + cross-entropy: full (tokens, V) logits, or fused and chunked
+PLAN_PRECISIONS = {"fp32 master": 12, "bf16 weights": 8}  # optimizer bytes per parameter beside bf16 weights + grads:
+# fp32 master copy + two fp32 AdamW moments, or no master (the bf16 weights are updated in place; updates below bf16's
+# resolution are lost unless rounded stochastically or compensated, a numerics risk a plan must state)
+HEAD_CHUNK_TOKENS = 1024  # tokens per chunk of the fused head: its fp32 logits and their gradient are live at once
 
 
 def llama_params(*, d_model: int, d_ff: int, n_layers: int, vocab_size: int, **_) -> dict[str, int]:
@@ -469,6 +686,21 @@ def llama_head_bytes(*, d_model: int, vocab_size: int, tokens: int, bytes_per_el
     return {"saved": tokens * ((3 * d_model + 1 + vocab_size) * e), "loss gradients": 2 * tokens * vocab_size * e}
 
 
+def chunked_head_bytes(*, d_model: int, vocab_size: int, tokens: int, bytes_per_element: int = 2,
+                       chunk_tokens: int = HEAD_CHUNK_TOKENS) -> dict[str, int]:
+    """A fused, chunked LM head + cross-entropy (as Liger's fused linear cross-entropy): the final norm's saved tensors,
+    the input gradient it computes during forward (tokens × d), and one chunk's fp32 logits and their gradient; the
+    (tokens, V) log-probabilities and loss gradients are never all live."""
+    e = bytes_per_element
+    return {"saved": tokens * ((3 * d_model + 1) * e + d_model * e),
+            "loss gradients": 2 * min(chunk_tokens, tokens) * vocab_size * 4}
+
+
+def implied_mfu(step_s: float, flops: float, *, peak_flops: float, world_size: int) -> float:
+    """The MFU a measured step implies: flops / (world_size · peak · step)."""
+    return flops / (world_size * peak_flops * step_s)
+
+
 def llama_train_flops(*, d_model: int, d_ff: int, n_layers: int, vocab_size: int, context_length: int,
                       batch_size: int, segments: int = 0, causal_fraction: float = 0.5, **_) -> int:
     """Matmul FLOPs of one forward + backward (backward = 2x forward) and, with the blocks checkpointed in `segments`
@@ -484,57 +716,76 @@ def llama_train_flops(*, d_model: int, d_ff: int, n_layers: int, vocab_size: int
 
 
 def leaderboard_plan(model: dict | None = None, gpus: dict | None = None, mfu: float = LEADERBOARD_MFU,
-                     bytes_per_element: int = 2) -> list[dict]:
-    """Every strategy (DDP, ZeRO-1, ZeRO-2, FSDP) × activation checkpointing (none, every block, √L segments): memory
-    per GPU (GB = 1e9 bytes) and whether it fits each GPU, FLOPs per step, and the predicted step time per GPU kind:
-    compute at `mfu` plus the communication that cannot overlap. Not overlappable: the collective on the last
-    gradients backward makes (the embedding's), ZeRO-1/2's parameter all-gather after the step, FSDP's first gather;
-    and whatever of the total communication outlasts the compute. bf16 compute (bytes_per_element: the activations'
-    dtype; 4 for an fp32 run, whose 4 + 4 + 8 bytes of state per parameter equal mixed precision's 2 + 2 + 12)."""
+                     bytes_per_element: int = 2, margin: float = PLAN_MARGIN, mfus=PLAN_MFUS) -> list[dict]:
+    """Every strategy (DDP, ZeRO-1, ZeRO-2, FSDP) × activation checkpointing (none, every block, √L segments) × LM head
+    (plain, fused and chunked) × optimizer precision (fp32 master weights, or bf16 weights without a master): memory
+    per GPU (GB = 1e9 bytes), whether it fits each GPU with `margin` of the card left free, FLOPs per step, and the
+    predicted step time per GPU kind: compute at `mfu` plus the communication that cannot overlap (and at every MFU of
+    `mfus`: "step_band_s"). Not overlappable: the collective on the last gradients backward makes (the embedding's),
+    ZeRO-1/2's parameter all-gather after the step, FSDP's first gather; and whatever of the total communication
+    outlasts the compute. bf16 compute (bytes_per_element: the activations' dtype; 4 for an fp32 run, whose 4 + 4 + 8
+    bytes of state per parameter equal mixed precision's 2 + 2 + 12)."""
     m = {**LEADERBOARD_MODEL, **(model or {})}
     gpus = gpus or LEADERBOARD_GPUS
     N, L, d = m["world_size"], m["n_layers"], m["d_model"]
     if m["batch_size"] % N:
         raise ValueError(f"batch_size {m['batch_size']} must be a multiple of world_size {N} (one share per GPU)")
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin is the share of the card kept free, in [0, 1); got {margin}")
     parts = llama_params(**m)
     psi, block_psi = sum(parts.values()), parts["blocks"] // L
     tokens = m["batch_size"] // N * m["context_length"]  # per GPU
     e = bytes_per_element
     A = llama_block_saved_bytes(d_model=d, d_ff=m["d_ff"], n_heads=m["n_heads"], tokens=tokens, bytes_per_element=e)
     I = tokens * d * e  # a block's input
-    head = llama_head_bytes(d_model=d, vocab_size=m["vocab_size"], tokens=tokens, bytes_per_element=e)
+    heads = {"plain": llama_head_bytes(d_model=d, vocab_size=m["vocab_size"], tokens=tokens, bytes_per_element=e),
+             "chunked": chunked_head_bytes(d_model=d, vocab_size=m["vocab_size"], tokens=tokens, bytes_per_element=e)}
     ring = (N - 1) / N
     rows = []
     for strategy, stage in PLAN_STRATEGIES.items():
-        states = {"bf16 weights": 2 * psi / (N if stage >= 3 else 1),
-                  "bf16 gradients": 2 * psi / (N if stage >= 2 else 1),
-                  "fp32 master + AdamW": 12 * psi / (N if stage >= 1 else 1)}
         gathered = 2 * 2 * max(block_psi, parts["lm_head"]) if stage == 3 else 0  # two units in flight, bf16
         sent = (3 if stage == 3 else 2) * ring * 2 * psi  # bytes each GPU sends per step
         tail = ring * 2 * parts["embedding"] * (2 if stage == 0 else 1)  # the embedding's all-reduce / reduce-scatter
         exposed = tail + (ring * 2 * psi if stage in (1, 2) else 0) + (ring * 2 * parts["embedding"] if stage == 3
                                                                           else 0)
-        for ckpt in PLAN_CHECKPOINTING:
-            segment = {"none": 0, "every block": 1, "sqrt(L) segments": max(1, round(math.sqrt(L)))}[ckpt]
-            acts = checkpoint_memory(L, segment, I, A)
-            total = sum(states.values()) + gathered + acts + sum(head.values())
-            flops = llama_train_flops(**m, segments=math.ceil(L / segment) if segment else 0)
-            step = {}
-            for name, g in gpus.items():
-                compute = flops / N / (mfu * g["flops"])
-                step[name] = compute + max(exposed / g["link"], sent / g["link"] - compute)
-            rows.append({"strategy": strategy, "checkpointing": ckpt, "segment": segment, "params": psi,
-                         **{f"{k} (GB)": v / 1e9 for k, v in states.items()}, "gathered (GB)": gathered / 1e9,
-                         "activations (GB)": acts / 1e9, "head + loss (GB)": sum(head.values()) / 1e9,
-                         "memory_GB": total / 1e9, "fits": {k: total <= g["memory"] for k, g in gpus.items()},
-                         "flops": flops, "sent_GB": sent / 1e9, "step_s": step})
+        for precision, opt_bytes in PLAN_PRECISIONS.items():
+            states = {"bf16 weights": 2 * psi / (N if stage >= 3 else 1),
+                      "bf16 gradients": 2 * psi / (N if stage >= 2 else 1),
+                      ("fp32 master + AdamW" if precision == "fp32 master" else "AdamW (fp32 moments)"):
+                          opt_bytes * psi / (N if stage >= 1 else 1)}
+            for ckpt in PLAN_CHECKPOINTING:
+                segment = {"none": 0, "every block": 1, "sqrt(L) segments": max(1, round(math.sqrt(L)))}[ckpt]
+                acts = checkpoint_memory(L, segment, I, A)
+                flops = llama_train_flops(**m, segments=math.ceil(L / segment) if segment else 0)
+                for head, hb in heads.items():
+                    total = sum(states.values()) + gathered + acts + sum(hb.values())
+
+                    def step_at(u, g):
+                        compute = flops / N / (u * g["flops"])
+                        return compute + max(exposed / g["link"], sent / g["link"] - compute)
+
+                    rows.append({"strategy": strategy, "checkpointing": ckpt, "head": head, "precision": precision,
+                                 "segment": segment, "params": psi,
+                                 **{f"{k} (GB)": v / 1e9 for k, v in states.items()}, "gathered (GB)": gathered / 1e9,
+                                 "activations (GB)": acts / 1e9, "head + loss (GB)": sum(hb.values()) / 1e9,
+                                 "memory_GB": total / 1e9,
+                                 "headroom_GB": {k: (g["memory"] - total) / 1e9 for k, g in gpus.items()},
+                                 "fits": {k: total <= (1 - margin) * g["memory"] for k, g in gpus.items()},
+                                 "flops": flops, "sent_GB": sent / 1e9,
+                                 "step_s": {k: step_at(mfu, g) for k, g in gpus.items()},
+                                 "step_band_s": {k: {u: step_at(u, g) for u in mfus} for k, g in gpus.items()}})
     return rows
 
 
-def fastest_plan(plan: list[dict], gpu: str) -> dict | None:
-    """The row of leaderboard_plan with the lowest predicted step time on `gpu` among those that fit; None if none."""
-    fits = [r for r in plan if r["fits"][gpu]]
-    return min(fits, key=lambda r: r["step_s"][gpu]) if fits else None
+def fastest_plan(plan: list[dict], gpu: str, tie: float = PLAN_TIE, **where) -> dict | None:
+    """The row of leaderboard_plan predicted fastest on `gpu` among those that fit (with the plan's margin); times
+    within `tie` of the fastest are a tie, broken by memory (least first). `where` keeps only rows with those values,
+    e.g. precision="fp32 master". None if none fits."""
+    fits = [r for r in plan if r["fits"][gpu] and all(r[k] == v for k, v in where.items())]
+    if not fits:
+        return None
+    quickest = min(r["step_s"][gpu] for r in fits)
+    return min((r for r in fits if r["step_s"][gpu] <= quickest * (1 + tie)), key=lambda r: r["memory_GB"])
 
 
 # ---- the memory calculator with presets, recomputation, micro-batches and pipeline stages (notebook 07 §7) ----

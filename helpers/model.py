@@ -83,6 +83,15 @@ _REFERENCE = [  # name, d_model, d_ff, n_layers, n_heads
     ModelConfig("2.7B", 2560, 10240, 32, 32),
 ]
 MODEL_SIZES: dict[str, ModelConfig] = {c.name: c for c in _REFERENCE + [cpu_preset(c) for c in _REFERENCE]}
+# The 2026 handout's Table 1 renames the sizes: its xl is the 2.7B's shape and it adds a 10B (context 512). They live
+# beside MODEL_SIZES, so "xl" keeps the 2024/2025 meaning the notebooks use; get_config("xl-2026") reads them.
+SIZES_2026: dict[str, ModelConfig] = {c.name: c for c in (
+    ModelConfig("small-2026", 768, 3072, 12, 12, context_length=512),
+    ModelConfig("medium-2026", 1024, 4096, 24, 16, context_length=512),
+    ModelConfig("large-2026", 1280, 5120, 36, 20, context_length=512),
+    ModelConfig("xl-2026", 2560, 10240, 32, 32, context_length=512),
+    ModelConfig("10B-2026", 4608, 12288, 50, 36, context_length=512),
+)}
 
 
 def sizes_for(profile: str) -> list[str]:
@@ -98,10 +107,10 @@ def get_config(name_or_cfg: str | ModelConfig, **overrides) -> ModelConfig:
     """A ModelConfig from a MODEL_SIZES name or a config, with fields replaced by `overrides`."""
     if isinstance(name_or_cfg, ModelConfig):
         cfg = name_or_cfg
-    elif name_or_cfg in MODEL_SIZES:
-        cfg = MODEL_SIZES[name_or_cfg]
+    elif name_or_cfg in MODEL_SIZES or name_or_cfg in SIZES_2026:
+        cfg = MODEL_SIZES.get(name_or_cfg) or SIZES_2026[name_or_cfg]
     else:
-        raise ValueError(f"unknown model size {name_or_cfg!r}; known: {', '.join(MODEL_SIZES)}")
+        raise ValueError(f"unknown model size {name_or_cfg!r}; known: {', '.join([*MODEL_SIZES, *SIZES_2026])}")
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 

@@ -46,10 +46,16 @@ def git_commit(root: Path = ROOT) -> str | None:
     return None if commit is None else commit + ("-dirty" if status else "")
 
 
+CPU_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")  # environment switches that cap the CPU kernels
+
+
 def provenance(profile: str | None = None, **extra) -> dict:
     """Machine facts, commit, UTC date and profile (no hostname), plus `extra`: what every saved run carries."""
     facts = {k: v for k, v in machine_facts().items() if k != "hostname"}
     facts.update(commit=git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"), profile=profile)
+    caps = {k: os.environ[k] for k in CPU_CAPS if os.environ.get(k)}
+    if caps:  # a capped instruction set changes what a CPU's bf16 timings mean (answers say so)
+        facts["cpu_caps"] = caps
     facts.update(extra)
     return facts
 

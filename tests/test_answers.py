@@ -4,7 +4,6 @@
 what was measured, and links nothing on the network."""
 import os
 import re
-from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
@@ -323,7 +322,8 @@ def test_sharding_speed_names_no_winner_without_a_paired_ratio(synthetic, tmp_pa
     assert "unsharded is measurably faster than ShardedOptimizer" in got["3.4.5(b)"][0]  # 0.95 s vs 0.9 s
     assert "1.500Ψ" in got["3.4.5(c)"][0]  # the counted table, when saved
     write(tmp_path, {"05_sharding_speed": (sharding_speed, dict(model=SIZES[1]))})
-    text, ok, _ = astuple(A.answer(A.BY_NUMBER["3.4.5(b)"], A.Saved(tmp_path, "cpu")))
+    got = A.answer(A.BY_NUMBER["3.4.5(b)"], A.Saved(tmp_path, "cpu"))
+    text, ok = got.text, got.measured
     assert ok and "no faster or slower is claimed" in text and "measurably" not in text
 
 
@@ -338,7 +338,8 @@ def test_a_triton_timing_when_there_is_one(tmp_path):
     write(tmp_path, {"rmsnorm_ratios": (XR.ratio_rows(shapes, ("dtype", "H")), {})}, profile="gpu")
     saved = A.Saved(tmp_path, "gpu")
     for number in ("2.2.1(a)", "2.2.4(a)"):
-        text, ok, _ = astuple(A.answer(A.BY_NUMBER[number], saved))
+        got = A.answer(A.BY_NUMBER[number], saved)
+        text, ok = got.text, got.measured
         assert ok and "Triton RMSNorm is measurably faster than RMSNorm (PyTorch ops) for H 4096" in text, text
         assert "not timed" not in text
 
@@ -348,12 +349,69 @@ def test_the_page_is_self_contained(synthetic, tmp_path):
     A.write_page(out, "cpu", synthetic)
     page = out.read_text(encoding="utf-8")
     assert "://" not in page and "<script" not in page.lower() and "<link" not in page.lower()
-    assert "<style>" in page and 'href="01_benchmarking_and_profiling.html"' in page
+    assert "<style>" in page and 'href="01_benchmarking_and_profiling.html#1-%C2%B7-Timing' in page
+    ids = re.findall(r'id="([^"]*)"', page)
+    assert len(ids) == len(set(ids)) and not any(" " in i for i in ids), ids  # stable ids without spaces
     for q in A.QUESTIONS:
-        assert f"<b>{q.number}</b>" in page
-        for year in q.editions:  # a shared problem: listed under each edition that asks it
-            assert f'id="q{year}-{q.number}"' in page, (year, q.number)
-    assert "profile: <b>cpu</b>" in page and f"{len(A.QUESTIONS)} of {len(A.QUESTIONS)} answers" in page
+        assert page.count(f"<b>{q.number}</b>") == 1, q.number  # answered once, not repeated
+        anchor = A.page.answer_id(q)
+        assert anchor in ids
+        maps = [re.search(rf'<table class="map" id="map{y}">.*?</table>', page, re.S).group(0) for y in q.editions]
+        assert all(f'href="#{anchor}"' in m for m in maps), (q.number, q.editions)  # every edition's map links it
+    counts = {k: int(n) for n, k in re.findall(r"<li><b>(\d+)</b> ([^:<]+):", page)}
+    assert sum(counts.values()) == len(A.QUESTIONS) and "profile: <b>cpu</b>" in page, counts
+
+
+def test_the_header_counts_four_statuses_honestly(synthetic):
+    from helpers.course.answers.page import status_counts
+
+    saved = A.Saved(synthetic, "cpu")
+    got = {q.number: A.answer(q, saved) for q in A.QUESTIONS}
+    counts = status_counts(got)
+    assert set(counts) == set(A.STATUSES) and sum(counts.values()) == len(A.QUESTIONS)
+    assert got["2.2.1(a)"].status == "needs a GPU"  # "the Triton kernel was not timed" is not an answer
+    assert got["2.2.4(a)"].status == "partial" and got["2.2.4(a)"].missing
+    assert got["nsys_profile"].status == "partial" and got["communication_accounting(c)"].status == "closed form"
+    assert got["2.1.1(b)"].status == "measured" and counts["not run"] == 0
+
+
+def test_the_edition_maps_use_each_handouts_ids_and_point_at_sections(synthetic):
+    from helpers.course.answers import page as P
+
+    html_ = P.render("cpu", synthetic)
+    m2026 = re.search(r'<table class="map" id="map2026">.*?</table>', html_, re.S).group(0)
+    # 2026 points back to the 2024-numbered problems it keeps, with the later letters
+    assert "<code>benchmarking_mixed_precision (c)</code></td><td><a href=\"#a2024-2.1.4-a\">" in m2026
+    assert 'href="#a2024-3.4.3-a"' in m2026 and 'href="#a2024-3.4.4"' not in m2026  # bucketed DDP is gone
+    assert "memory_profiling (f)" in m2026 and 'href="#a2025-flash_forward' in m2026
+    assert "07_fsdp.html#7-%C2%B7-Calculators" in m2026
+    for q in A.QUESTIONS:
+        assert P.section_anchor(q), (q.number, q.section)  # a section, not the page top
+        heads = {P.heading_id(h) for h in P.notebook_headings(q.notebook)}
+        assert P.section_anchor(q) in heads
+
+
+def test_section_anchors_match_the_exported_notebook():
+    import nbformat
+
+    from helpers.course.answers import page as P
+    from helpers.writeup import OfflineHTMLExporter
+
+    nb = nbformat.read(ROOT / "notebooks" / "07_fsdp.ipynb", 4)
+    body, _ = OfflineHTMLExporter().from_notebook_node(nb)
+    exported = set(re.findall(r'<h[1-6] id="([^"]+)"', body))
+    for q in (q for q in A.QUESTIONS if q.notebook == "07"):
+        assert P.section_anchor(q) in exported, (q.number, P.section_anchor(q))
+
+
+def test_a_table_and_math_render_under_the_sentence(synthetic):
+    from helpers.course.answers import page as P
+
+    html_ = P.render("cpu", synthetic)
+    entry = re.search(r'<div class="q [^"]*" id="a2026-tp_calcs-b">.*?</div>', html_, re.S).group(0)
+    assert '<table class="ans-table">' in entry and '<span class="math">' in entry
+    assert 'N<sub>TP</sub> ≤ 1 + 1.5·D<sub>FF</sub>·W/C' in entry
+    assert "$" not in entry
 
 
 def test_an_empty_folder_gives_not_measured_everywhere(tmp_path):
@@ -364,14 +422,18 @@ def test_an_empty_folder_gives_not_measured_everywhere(tmp_path):
         if number in computed:
             assert ok, (number, text)
         else:
-            assert not ok and text.startswith(f"Not measured in this run (run notebook {notebook}"), (number, text)
+            assert not ok and (text.startswith(f"Not measured in this run (run notebook {notebook}")
+                               or text.startswith("Needs a GPU")), (number, text)
     A.write_page(tmp_path / "answers.html", "gpu", tmp_path)
-    assert f"{len(computed)} of {len(A.QUESTIONS)} answers" in (tmp_path / "answers.html").read_text(encoding="utf-8")
+    page = (tmp_path / "answers.html").read_text(encoding="utf-8")
+    counts = {k: int(n) for n, k in re.findall(r"<li><b>(\d+)</b> ([^:<]+):", page)}
+    assert counts["not run yet"] + counts["needs a GPU"] == len(A.QUESTIONS) - len(computed), counts
 
 
 def test_results_of_the_other_profile_are_not_used(tmp_path):
     write(tmp_path, {"01_timing": notebook_01_rows()["01_timing"]}, profile="gpu")
-    text, ok, _ = astuple(A.answer(A.BY_NUMBER["2.1.1(b)"], A.Saved(tmp_path, "cpu")))
+    got = A.answer(A.BY_NUMBER["2.1.1(b)"], A.Saved(tmp_path, "cpu"))
+    text, ok = got.text, got.measured
     assert not ok and "gpu-profile run" in text
 
 
@@ -398,13 +460,16 @@ def edition_problems(text: str) -> dict[int, set[str]]:
         if heading:
             year = int(heading.group(1))
             found[year] = set()
+        elif line.startswith("## "):  # another section (the details, the contract): no edition's list
+            year = None
         elif year and (bold := re.match(r"\s*-\s*\*\*([^*]+)\*\*", line)):
             found[year] |= {name.strip() for name in bold.group(1).split("/")}
     return found
 
 
 def test_the_curricula_parser_reads_editions_and_split_names():
-    text = "## 2025 edition (adds)\n- **a_b**: x\n- plain\n## 2026 edition\n- **c / d_e**: y\n- **a_b**: z\n"
+    text = ("## 2025 edition (adds)\n- **a_b**: x\n- plain\n## 2026 edition\n- **c / d_e**: y\n- **a_b**: z\n"
+            "## Details\n- **2026 Table 1**: not a problem\n")
     assert edition_problems(text) == {2025: {"a_b"}, 2026: {"c", "d_e", "a_b"}}
 
 
@@ -430,8 +495,8 @@ def test_a_problem_both_editions_share_is_one_question():
 
 
 @pytest.mark.parametrize("medians, says, never", [
-    ({"fp32": 1.0, "autocast bfloat16": 0.6}, "measurably faster at every size here", "slower"),
-    ({"fp32": 1.0, "autocast bfloat16": 1.3}, "Does not carry over", "faster at every size here"),
+    ({"fp32": 1.0, "autocast bfloat16": 0.6}, "measurably faster at each of the 2 sizes timed here", "slower"),
+    ({"fp32": 1.0, "autocast bfloat16": 1.3}, "Does not carry over", "faster at"),
 ])
 def test_the_autocast_gpu_line_follows_what_was_measured(tmp_path, medians, says, never):
     precision = {s: Comparison({k: samples(m) for k, m in medians.items()}, "fp32", "cpu") for s in SIZES}
@@ -446,7 +511,9 @@ def test_the_leaderboards_give_the_share_of_the_published_mark(synthetic, tmp_pa
     assert "sdpa is measurably faster" not in got["2025 leaderboard"][0]
     text, ok = all_answers(tmp_path)["2025 leaderboard"]  # nothing saved: the command that can, and the arithmetic
     assert not ok and "python -m helpers bench attention" in text and "TFLOP per forward+backward" in text
-    assert "of the published best's speed" in got["2026 leaderboard"][0]
+    board = got["2026 leaderboard"][0]
+    assert "implies MFU 27%-35%" in board and "self-reported" in board and "10% of the card free" in board
+    assert "B200 ~180 GB: FSDP, every block checkpointing, chunked LM head" in board  # the tie goes to less memory
 
 
 def test_a_saved_reference_run_is_named_beside_the_answer(tmp_path, monkeypatch):
@@ -461,11 +528,144 @@ def test_a_saved_reference_run_is_named_beside_the_answer(tmp_path, monkeypatch)
     assert "reference runs beside this one" in page._reference_runs(q) and "profile gpu" in page._reference_runs(q)
 
 
+# ---- issue 32: the closed-form answers carry the derived figures, and directions follow the values -------------------
+
+def test_the_2025_and_2026_closed_forms_on_the_page(synthetic):
+    got = all_answers(synthetic)
+    c = got["communication_accounting(c)"][0]
+    assert "1,278 tokens per FSDP shard" in c and "319 tokens per device" in c and "20,444" in c and "10,222" in c
+    assert "17.5 MB per token" in got["communication_accounting(a)"][0]
+    assert "10,828 tokens per device" in got["communication_accounting(b)"][0]
+    assert "communication_accounting(d)" in A.BY_NUMBER  # tricks are their own part
+    assert "k* = √(L·I/A) = 0.86" in got["gradient_checkpointing(b)"][0]
+    a = got["gradient_checkpointing(a)"][0]
+    assert "O(1)" in a and "O(N²)" in a and "recursive prefix" in a
+    f = got["fsdp_accounting(a)"][0]
+    assert "27.3 GB against DDP" in f and "13.6 GB against ZeRO-1" in f
+    assert "N_TP ≤ 1 + 1.5·D_FF·W/C" in got["tp_calcs(b)"][0] and "12.2 against 23.4" in got["tp_calcs(b)"][0]
+    assert "N_DP ≤ 1 + B·W/C" in got["data_parallel_calcs"][0]
+    assert "1.5·B·D_FF·W²/C²" in got["fsdp_tp_calcs(c)"][0] and "3·B·D_FF·W²/(8·C²)" in got["fsdp_tp_calcs(d)"][0]
+
+
+@pytest.mark.parametrize("peak_fall, states_fall, says", [(8.7, 8.16, "by more than"), (7.0, 8.16, "by less than"),
+                                                          (8.16, 8.16, "by the states saved")])
+def test_the_peak_fall_direction_follows_the_values(peak_fall, states_fall, says):
+    from helpers.course.answers.nb07 import fall_text
+
+    assert says in fall_text(peak_fall, states_fall)
+
+
+def test_fsdp_accounting_direction_on_planted_rows(tmp_path):
+    zero = [{"kind": k, "stage": s, "rank": 0, "measured_MiB": v, "zero_MiB": v, "measured/zero": 1.0}
+            for k, s, v in (("ddp", 0, 16.0), ("fsdp", 3, 7.84))]
+    for fsdp_peak, says in ((23.3, "by more than the states saved"), (25.0, "by less than the states saved")):
+        mem = [{"kind": k, "rank": 0, "point": "after step 1", "live_MiB": v, "peak_MiB": p}
+               for k, v, p in (("ddp", 16.0, 32.0), ("fsdp", 7.84, fsdp_peak))]
+        write(tmp_path, {"07_zero_check": (zero, {}), "07_memory": (mem, {})})
+        got = A.answer(A.BY_NUMBER["fsdp_accounting(a)"], A.Saved(tmp_path, "cpu"))
+        assert got.measured and says in got.text, got.text
+
+
+def test_every_is_said_only_when_every_size_ran(tmp_path):
+    from helpers.model import CPU_SIZES
+
+    for sizes, says, never in ((SIZES, "at each of the 2 sizes timed here", "at every size here"),
+                               (CPU_SIZES, "at every size here", "sizes timed here")):
+        precision = {s: Comparison({"fp32": samples(1.0), "autocast bfloat16": samples(0.6)}, "fp32", "cpu")
+                     for s in sizes}
+        write(tmp_path, {"01_precision_ratios": (benchmarking.precision_ratios(precision), {})})
+        got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(tmp_path, "cpu"))
+        assert says in got.gpu and never not in got.gpu + got.text, got.gpu
+        assert ("the time budget ran 2 of the 5 sizes" in got.text) == (len(sizes) == 2)
+
+
+@pytest.mark.parametrize("first, says, never", [
+    ((1.0, 1.0, 1.0, 1.0, 1.0, 6.3), "1 of 6 first calls are not", "no measurable first-call cost"),
+    ((1.0, 1.0, 1.0, 1.0, 1.0, 1.01), "no measurable first-call cost", "are not ("),
+])
+def test_the_first_call_sentence_follows_the_largest_value(tmp_path, first, says, never):
+    timing = [{"size": s, "pass": p, "warm-up": w, "mean_s": 0.01, "std_s": 0.0002, "median_s": 0.01,
+               "first_s": 0.01 * (f if w == 0 else 1), "steps": 6, "status": "ok"}
+              for (s, p), f in zip([(s, p) for s in SIZES for p in ("forward", "backward", "both")], first)
+              for w in (0, 2)]
+    write(tmp_path, {"01_timing": (timing, dict(batch=4, context=32))})
+    got = A.answer(A.BY_NUMBER["2.1.1(c)"], A.Saved(tmp_path, "cpu"))
+    assert got.measured and says in got.text and never not in got.text, got.text
+
+
+@pytest.mark.parametrize("medium, says", [(0.6, "Partly: overlapping was measurably faster here for medium/cpu"),
+                                          (1.0, "Does not carry over"), ])
+def test_the_overlap_gpu_line_follows_each_models_ratio(tmp_path, medium, says):
+    raw = {m: [{"naive": speed_run(1.0, 0.1), "flat": speed_run(1.0, 0.1), "per_parameter": speed_run(k, 0.1)}
+                for _ in range(2)]
+           for m, k in zip(SIZES, (1.0, medium))}
+    write(tmp_path, {"04_ddp_ratios": (ddp.ratio_rows(raw), {})})
+    got = A.answer(A.BY_NUMBER["3.4.3(a)"], A.Saved(tmp_path, "cpu"))
+    assert got.measured and says in got.gpu, got.gpu
+
+
+def test_nsys_compares_softmax_with_the_attention_matmuls_within_the_forward(tmp_path):
+    rows = notebook_01_rows()
+    profile = [{"op": op, "ms/step": 6.0 * share, "share": share, "calls/step": 2, "class": kind, "run": run,
+                "matmul_share": 0.7}
+               for run in ("forward", "forward+backward", "full step")
+               for op, share, kind in (("aten::mm", 0.6, "matmul"), ("aten::bmm", 0.1, "matmul"),
+                                       ("aten::_softmax", 0.05, "other"), ("aten::add", 0.25, "other"))]
+    write(tmp_path, {**rows, "01_profile": (profile, dict(size="medium/cpu", steps=2))})
+    text = A.answer(A.BY_NUMBER["nsys_profile"], A.Saved(tmp_path, "cpu")).text
+    head_dim = A.BY_NUMBER and __import__("helpers.model", fromlist=["get_config"]).get_config("medium/cpu").head_dim
+    assert f"{5 / (4 * head_dim):.1%} of the FLOPs of the QKᵀ and PV matmuls" in text and "0.50x their time" in text
+
+
+def test_the_attention_growth_is_the_ratio_of_the_times_shown(synthetic):
+    got = A.answer(A.BY_NUMBER["pytorch_attention(a)"], A.Saved(synthetic, "cpu"))
+    # synthetic: fwd+bwd = 3e-5·T s for T <= 512: T 128 -> 512 is 4x
+    assert "4x for 4x the length" in got.text and len(got.table) == 6, got.text
+
+
+def test_the_alternate_ring_shows_both_rings_and_the_fits_error(tmp_path):
+    ring = [{"N": n, "S_bytes": s, "method": m, "exact": True, "median_us": t, "model_us": 1600.0}
+            for n in (2, 4) for s in (1024, 65536) for m, t in (("ring", 600.0 * n), ("alternate ring", 660.0 * n))]
+    write(tmp_path, {"07_ring": (ring, dict(alpha_s=1495e-6, W_Bps=2e9))})
+    got = A.answer(A.BY_NUMBER["alternate_ring_all_reduce"], A.Saved(tmp_path, "cpu"))
+    assert "α alone exceeds every measured N = 2 time" in got.text and "1.10x to 1.10x" in got.text
+    assert len(got.table) == 4 and "ring: measured / model" in got.table[0]
+
+
+def test_intervals_sit_in_a_table_under_the_sentence(synthetic):
+    got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(synthetic, "cpu"))
+    assert "(ratios in the table below)" in got.text and "[95% interval]" not in got.text
+    assert [r["size"] for r in got.intervals] == SIZES and all("x [" in r["median of paired ratios [95% interval]"]
+                                                              for r in got.intervals)
+    rows = A.Saved(synthetic, "cpu").frame("01_precision_ratios")
+    assert "[95% interval]" in A.series_text(rows[rows["b"] == "fp32"], "autocast bfloat16", "fp32", "size")  # inline
+
+
+def test_the_autocast_answer_quotes_the_calibration_and_a_capped_isa(tmp_path, monkeypatch):
+    precision = {s: Comparison({"fp32": samples(1.0), "autocast bfloat16": samples(20.0)}, "fp32", "cpu") for s in SIZES}
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    write(tmp_path, {"01_precision_ratios": (benchmarking.precision_ratios(precision), dict(bf16_slowdown=43.0))})
+    got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(tmp_path, "cpu"))
+    assert "a bf16 matmul takes 43.0x an fp32 one" in got.text and "ONEDNN_MAX_CPU_ISA=AVX2" in got.text, got.text
+
+
+@pytest.mark.parametrize("ratio, says", [(1.31, "consistent with the 1.33x"), (3.1, "above the 1.33x"),
+                                         (1.1, "below the 1.33x")])
+def test_the_checkpointing_price_is_compared_with_the_flops_from_the_same_interval(tmp_path, ratio, says):
+    sweep = [{"segment": k, "peak_MiB": pk, "median_ms": 100.0 * r, "time / none": r, "low": r - 0.05,
+              "high": r + 0.05} for k, pk, r in ((0, 40.0, 1.0), (1, 12.0, ratio), (2, 14.0, ratio))]
+    write(tmp_path, {"07_checkpoint": (sweep, dict(model="small/cpu", n_blocks=12, batch=4, context=64,
+                                                   k_continuous=0.8, k_best=1, steps=6))})
+    got = A.answer(A.BY_NUMBER["gradient_checkpointing(b)"], A.Saved(tmp_path, "cpu"))
+    assert says in got.text and ("measurably slower" in got.text) == (ratio - 0.05 > 1), got.text
+
+
 def test_the_nsys_answer_says_no_gpu_only_where_there_was_none(synthetic, tmp_path):
     """Issue 31: on the gpu profile the page said "no GPU here"; the profile's provenance says where it ran."""
     nsys = next(q for q in A.QUESTIONS if q.name == "nsys_profile")
     assert "no GPU here" in A.answer(nsys, A.Saved(synthetic, "cpu")).text
     rows = {name: notebook_01_rows()[name] for name in nsys.reads}
-    rows["01_flame"] = (rows["01_flame"][0], {**rows["01_flame"][1], "device_type": "cuda"})
+    for name in ("01_flame", "01_profile"):
+        rows[name] = (rows[name][0], {**rows[name][1], "device_type": "cuda"})
     text = A.answer(nsys, A.Saved(write(tmp_path, rows, profile="gpu"), "gpu")).text
     assert "no GPU here" not in text and "CUDA kernels" in text, text

@@ -234,3 +234,102 @@ def test_the_memory_calculator_reacts_to_every_input_in_chromium(tmp_path):
         assert browser.console_errors(driver) == [] and browser.remote_requests(driver) == []
     finally:
         driver.quit()
+
+
+# ---- the 2025/2026 closed forms in the handouts' terms (issue 32: each figure derived by hand, then checked here) ----
+
+from helpers import formulas as F  # noqa: E402
+
+
+def test_communication_accounting_2025_uses_the_mesh_links():
+    """C/(W·M_X) with C 4.6e14, W 1.8e11, M_X 2: 1,278 tokens per FSDP shard, 319 per device (Y 4), 20.4k overall."""
+    b = F.xxl_compute_bound()
+    assert round(b["per_fsdp_shard"]) == 1278 and round(b["per_device"]) == 319 and round(b["overall"]) == 20444
+    assert b["tp_ok"] and round(b["tp_min_d_ff"]) == 10222  # F = 53,248 >= Y·C/(W·M_Y)
+    assert F.xxl_compute_bound_tokens(n_tp=4) == pytest.approx(319.44, abs=0.01)  # notebook 07 prints this × 64
+    assert F.xxl_compute_bound_tokens(n_tp=4) * 64 == pytest.approx(20_444, abs=1)  # not 40,889
+
+
+def test_communication_accounting_2025_memory():
+    assert F.xxl_activation_bytes_per_token() == 126 * 2 * (16_384 + 53_248) == 17_547_264  # 17.5 MB per token
+    assert F.xxl_memory(0)["states"] == pytest.approx(3.5176e12, rel=1e-4)
+    cap = F.xxl_max_tokens()
+    assert round(cap) == 10_828  # 2 · 95e9 / 17,547,264: no N fits above
+    assert F.xxl_min_fsdp(int(cap)) is not None and F.xxl_min_fsdp(int(cap) + 1) is None
+
+
+def test_gradient_checkpointing_2026_xl_and_the_least_memory():
+    xl = F.get_config("xl-2026", context_length=2048)
+    assert (xl.d_model, xl.d_ff, xl.n_layers, xl.n_heads) == (2560, 10240, 32, 32)
+    assert F.get_config("xl").d_model == 1600  # the 2024/2025 xl keeps its meaning
+    I = F.residual_stream_bytes(4, 2048, xl.d_model)
+    A = F.activation_bytes(xl, 4, 2048)["blocks"] / xl.n_layers
+    k, best = F.best_segment(xl.n_layers, I, A)
+    assert round(k, 2) == 0.86 and best == 1
+    s = F.checkpoint_strategies(12)
+    assert (s["nested"]["memory_blocks"], s["sqrt"]["memory_blocks"], s["prefix"]["memory_blocks"]) == (8, 7, 2)
+    assert min(s, key=lambda name: s[name]["memory_blocks"]) == "prefix"
+    assert F.checkpoint_strategies(64)["prefix"]["forward_passes"] * 64 == 64 + 64 * 63 / 2  # O(N²) block forwards
+
+
+def test_fsdp_accounting_2026_xl_on_two_gpus():
+    psi = F.basics_params("xl-2026")
+    assert psi == 32 * (4 * 2560**2 + 3 * 2560 * 10240 + 2 * 2560) + 2 * 10_000 * 2560 + 2560
+    st = F.sharded_state_bytes(psi, 2)
+    assert round((st["DDP"] - st["FSDP"]) / 1e9, 1) == 27.3 and round((st["ZeRO-1"] - st["FSDP"]) / 1e9) == 14
+
+
+EX = F.CALC_EXAMPLE
+
+
+def test_tp_forward_bound_is_tighter_than_backward():
+    fwd, bwd = (F.tp_calc(p, **EX) for p in ("forward", "backward"))
+    assert round(fwd.example["max_devices"], 1) == 12.2 and round(bwd.example["max_devices"], 1) == 23.4
+    for c in (fwd, bwd):  # at the bound, compute equals communication; one device more and it is comm-bound
+        n = int(c.example["max_devices"])
+        assert not F.tp_calc(c.part, **{**EX, "N": n}).example["comm_bound"]
+        assert F.tp_calc(c.part, **{**EX, "N": n + 1}).example["comm_bound"]
+    assert "1.5·D_FF·W/C" in fwd.inequality and "3·D_FF·W/C" in bwd.inequality
+
+
+@pytest.mark.parametrize("calc", [F.dp_calc, F.fsdp_calc])
+def test_dp_and_fsdp_bounds_in_n(calc):
+    bwd = calc("backward", **EX)
+    bound = 1 + EX["B"] * EX["W"] / EX["C"]
+    assert bwd.example["max_devices"] == pytest.approx(bound)
+    assert not calc("backward", **{**EX, "N": int(bound)}).example["comm_bound"]
+    assert calc("backward", **{**EX, "N": int(bound) + 1}).example["comm_bound"]
+    assert bwd.example["flops"] == 12 * EX["B"] * EX["D"] * EX["D_FF"] / EX["N"]
+    assert F.dp_calc("forward", **EX).example["bytes_sent"] == 0
+
+
+def test_fsdp_tp_forward_parts():
+    kw = dict(B=EX["B"], D=EX["D"], D_FF=EX["D_FF"], C=EX["C"], W=EX["W"])
+    a = F.fsdp_tp_calc("(a)", N_FSDP=2, N_TP=4, **kw)
+    assert a.example["flops"] == 6 * EX["B"] * EX["D"] * EX["D_FF"] / 8
+    b = F.fsdp_tp_calc("(b)", N_FSDP=2, N_TP=4, **kw)
+    assert b.example["comm_s"] == max(b.example["fsdp_comm_s"], b.example["tp_comm_s"])
+    c, d = (F.fsdp_tp_calc(p, N_FSDP=2, N_TP=4, **kw) for p in ("(c)", "(d)"))
+    r = EX["W"] / EX["C"]
+    assert c.example["max_devices"] == pytest.approx(1.5 * EX["B"] * EX["D_FF"] * r**2)
+    assert d.example["max_devices"] == pytest.approx(3 * EX["B"] * EX["D_FF"] * r**2 / 8)
+    # (d) is the largest product under the summed constraint 6·F·n_f + 4·B·n_t <= 6·B·F·W/C (searched on a grid)
+    budget = 6 * EX["B"] * EX["D_FF"] * r
+    best = max(n_f * (budget - 6 * EX["D_FF"] * n_f) / (4 * EX["B"])
+               for n_f in (i * budget / (6 * EX["D_FF"]) / 1000 for i in range(1001)))
+    assert best == pytest.approx(d.example["max_devices"], rel=1e-5)
+    with pytest.raises(ValueError, match="parts"):
+        F.fsdp_tp_calc("(e)", N_FSDP=2, N_TP=4, **kw)
+
+
+def test_every_2026_calculator_part_has_an_expression_an_inequality_and_math():
+    parts = F.calc_parts(**EX)
+    assert [(c.problem, c.part) for c in parts] == [
+        (p, s) for p in ("data_parallel_calcs", "fsdp_calcs", "tp_calcs") for s in ("forward", "backward")] + [
+        ("fsdp_tp_calcs", s) for s in ("(a)", "(b)", "(c)", "(d)")]
+    for c in parts:
+        assert c.expressions and c.latex and c.example
+        md = c._repr_markdown_()
+        assert md.startswith(f"**{c.problem} · {c.part}**") and "$$" in md
+    bounds = [c for c in parts if c.inequality != "—"]
+    assert all("≤" in c.inequality or c.inequality == "always compute-bound" for c in bounds)

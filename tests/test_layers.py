@@ -11,7 +11,7 @@ import torch
 from helpers.__main__ import BENCHMARKS
 
 PKG = Path(__file__).resolve().parent.parent / "helpers"
-INFRASTRUCTURE = {"env", "launch", "timing", "results", "writeup", "calculator", "budget"}
+INFRASTRUCTURE = {"env", "launch", "timing", "results", "writeup", "kernel_watch", "calculator", "budget"}
 ENTRY_POINTS = {"__main__", "__init__"}
 
 

@@ -91,9 +91,10 @@ def loss_of(model, x, y):
     return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
 
-def plan_row(strategy="DDP", checkpointing="none"):
+def plan_row(strategy="DDP", checkpointing="none", head="plain", precision="fp32 master"):
     plan = formulas.leaderboard_plan(SHAPE, gpus={"any": dict(memory=1e12, flops=1e12, link=1e9)}, bytes_per_element=4)
-    return next(r for r in plan if r["strategy"] == strategy and r["checkpointing"] == checkpointing)
+    return next(r for r in plan if (r["strategy"], r["checkpointing"], r["head"], r["precision"]) ==
+                (strategy, checkpointing, head, precision))
 
 
 def test_the_preset_keeps_the_leaderboards_ratios():
@@ -168,14 +169,17 @@ def test_flops_match_flop_counter_mode(segment):
 
 def test_the_plan_for_the_leaderboard():
     plan = formulas.leaderboard_plan()
-    assert len(plan) == 12 and {r["strategy"] for r in plan} == set(formulas.PLAN_STRATEGIES)
+    assert len(plan) == 4 * 3 * 2 * 2 and {r["strategy"] for r in plan} == set(formulas.PLAN_STRATEGIES)
     assert 8.0e9 < plan[0]["params"] < 8.3e9  # "~8B"
-    by = {(r["strategy"], r["checkpointing"]): r for r in plan}
+    by = {(r["strategy"], r["checkpointing"], r["head"], r["precision"]): r for r in plan}
     # sharding only lowers memory; checkpointing every block only lowers it further here
     for ckpt in formulas.PLAN_CHECKPOINTING:
-        mem = [by[st, ckpt]["memory_GB"] for st in formulas.PLAN_STRATEGIES]
+        mem = [by[st, ckpt, "plain", "fp32 master"]["memory_GB"] for st in formulas.PLAN_STRATEGIES]
         assert mem == sorted(mem, reverse=True), (ckpt, mem)
-    assert not any(r["fits"]["H100 80 GB"] for r in plan)  # two H100s cannot hold this step at all
+    # with fp32 master weights two H100s cannot hold this step at all; without them, FSDP with a chunked head can
+    assert not any(r["fits"]["H100 80 GB"] for r in plan if r["precision"] == "fp32 master")
+    h100 = formulas.fastest_plan(plan, "H100 80 GB")
+    assert (h100["strategy"], h100["head"], h100["precision"]) == ("FSDP", "chunked", "bf16 weights")
     best = formulas.fastest_plan(plan, "B200 ~180 GB")
     assert best is not None and best["fits"]["B200 ~180 GB"]
     assert all(best["step_s"]["B200 ~180 GB"] <= r["step_s"]["B200 ~180 GB"] for r in plan if r["fits"]["B200 ~180 GB"])
@@ -183,3 +187,46 @@ def test_the_plan_for_the_leaderboard():
     assert best["step_s"]["B200 ~180 GB"] >= best["flops"] / 2 / g["flops"]  # no faster than the peak
     with pytest.raises(ValueError, match="multiple of world_size"):
         formulas.leaderboard_plan({"batch_size": 3})
+
+
+def test_the_plan_keeps_a_margin_breaks_ties_by_memory_and_offers_the_head_and_precision_variants():
+    plan = formulas.leaderboard_plan()
+    gpu = "B200 ~180 GB"
+    card = formulas.LEADERBOARD_GPUS[gpu]["memory"] / 1e9
+    for r in plan:  # fits only with the stated margin free
+        assert r["fits"][gpu] == (r["memory_GB"] <= (1 - formulas.PLAN_MARGIN) * card)
+    ddp = next(r for r in plan if (r["strategy"], r["checkpointing"], r["head"], r["precision"]) ==
+               ("DDP", "every block", "plain", "fp32 master"))
+    assert ddp["memory_GB"] > (1 - formulas.PLAN_MARGIN) * card and not ddp["fits"][gpu]  # 175 GB: 2.6% headroom
+    # DDP and FSDP are predicted equally fast here: the tie goes to the plan with less memory
+    pair = [r for r in plan if r["checkpointing"] == "every block" and r["head"] == "plain"
+            and r["precision"] == "fp32 master" and r["strategy"] in ("DDP", "FSDP")]
+    roomy = {gpu: dict(formulas.LEADERBOARD_GPUS[gpu], memory=1e15)}
+    pair = [r for r in formulas.leaderboard_plan(gpus=roomy) if any(
+        (r["strategy"], r["checkpointing"], r["head"], r["precision"]) ==
+        (p["strategy"], p["checkpointing"], p["head"], p["precision"]) for p in pair)]
+    assert abs(pair[0]["step_s"][gpu] / pair[1]["step_s"][gpu] - 1) < formulas.PLAN_TIE
+    assert formulas.fastest_plan(pair, gpu)["strategy"] == "FSDP"
+    assert formulas.fastest_plan(list(reversed(pair)), gpu)["strategy"] == "FSDP"  # not list order
+    # the chunked head never holds the (tokens, V) logits and gradients: 30.7 GB -> a few GB
+    head = {r["head"]: r["head + loss (GB)"] for r in plan}
+    assert round(head["plain"], 1) == 30.7 and head["chunked"] < 3
+    # bf16 weights without an fp32 master: 12 bytes of state per parameter instead of 16 (DDP, unsharded)
+    states = {r["precision"]: sum(v for k, v in r.items() if k.startswith(("bf16 ", "fp32 ", "AdamW")))
+              for r in plan if r["strategy"] == "DDP"}
+    assert states["bf16 weights"] / states["fp32 master"] == pytest.approx(12 / 16)
+    # the time band over MFU: slower at lower MFU
+    band = plan[0]["step_band_s"][gpu]
+    assert [band[u] for u in sorted(band)] == sorted(band.values(), reverse=True)
+    with pytest.raises(ValueError, match="margin"):
+        formulas.leaderboard_plan(margin=1.0)
+
+
+def test_the_mfu_the_published_best_implies():
+    from helpers.published import MARKS
+
+    best, lm, g = MARKS["leaderboard_2026_best"], formulas.LEADERBOARD_MODEL, formulas.LEADERBOARD_GPUS["B200 ~180 GB"]
+    lo, hi = (formulas.implied_mfu(best.value / 1e3, formulas.llama_train_flops(**lm, segments=s), peak_flops=g["flops"],
+                                   world_size=2) for s in (0, lm["n_layers"]))
+    assert round(lo, 2) == 0.27 and round(hi, 2) == 0.35
+    assert "self-reported" in best.status

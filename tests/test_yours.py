@@ -55,28 +55,29 @@ def test_a_bound_is_tight_enough_to_catch_one_wrong_ulp_pattern():
 
 
 @pytest.mark.parametrize("mutant, worker, prop, says", [
-    ("rmsnorm_eps_outside", K.rmsnorm_worker, "eps inside the square root", "eps added outside the square root"),
-    ("attention_causal_shift", K.attention_worker, "causal mask", "causal mask is shifted by one"),
-    ("attention_two_stats", K.attention_worker, "exactly one logsumexp", "expected exactly one"),
+    ("rmsnorm_eps_outside", K.rmsnorm_worker, "eps = 1e-5 inside the square root", "eps added outside the square root"),
+    ("attention_causal_shift", K.attention_worker, "is_causal=True runs", "causal mask is shifted by one"),
+    ("attention_two_stats", K.attention_worker, "exactly one (batch, N_q) logsumexp", "expected exactly one"),
 ])
 def test_each_mutant_is_caught_naming_the_property(mutant, worker, prop, says):
-    result = worker(str(MUTANTS / f"{mutant}.py"), CHECKS_ONLY)
+    result = worker(str(MUTANTS / f"{mutant}.py"), CHECKS_ONLY, ["pytorch"])  # the mutant replaced that adapter
     failing = [c for c in result.checks if c.status == FAIL and c.impl == "pytorch" and c.prop.startswith(prop)]
     assert failing and says in failing[0].detail, result.checks
-    assert all(c.status == PASS for c in result.checks if c.impl == "triton")  # the mutant replaced one adapter
+    assert not any(c.beyond for c in failing)
 
 
 def test_bad_input_is_reported_per_implementation_and_topic():
     results = {r.topic: r for r in run(MUTANTS / "broken_kernels.py", ["rmsnorm", "attention"], CHECKS_ONLY,
                                         progress=False)}
     norm = results["rmsnorm"]
-    nan = _by_impl(norm, "pytorch")["forward and both gradients vs float64, fp32"]
+    nan = _by_impl(norm, "pytorch")["forward and both gradients vs float64, fp32 (..., H)"]
     assert nan.status == FAIL and "not finite" in nan.detail
     wrong_kind = _by_impl(norm, "triton")["returns an autograd.Function"]
     assert wrong_kind.status == ERROR and "the class itself, not an instance" in wrong_kind.detail
     assert all(c.status == PASS for c in norm.checks if c.impl.startswith("backward"))  # the others still ran
-    [crash] = results["attention"].checks
+    crash = _by_impl(results["attention"], "pytorch")["runs to the end"]  # its own launch: the Triton one still ran
     assert crash.status == ERROR and "SIGSEGV" in crash.detail
+    assert _by_impl(results["attention"], "triton")["implemented"].status == NOT_IMPLEMENTED
 
 
 def test_a_file_that_cannot_be_used_gets_one_clear_error(tmp_path):
@@ -141,3 +142,20 @@ def test_the_notebooks_experiments_take_yours_as_one_more_implementation():
     attn = functions(ADAPTERS, "attention")
     cmp = XA.compare_impls(["flash_pytorch", *attn, "sdpa"], (1, 2, 32, 16), warmup=1, steps=6, fns=attn)
     assert set(cmp.samples) == {"flash_pytorch", "yours:pytorch", "sdpa"}
+
+
+def test_triton_checks_draw_their_inputs_on_the_device_triton_runs_on(monkeypatch):
+    """On a GPU the Triton checks' inputs are CUDA tensors (a kernel cannot read CPU memory); the PyTorch version
+    keeps the course's CPU inputs. Checked through the device argument, with a runtime that says "cuda"."""
+    from helpers.course.yours.adapters import Adapter
+    from helpers.rmsnorm import RMSNormPyTorchFunction
+
+    seen, real = [], K.norm_inputs
+    monkeypatch.setattr(K, "norm_inputs", lambda case, seed=0, device="cpu": seen.append(device) or real(case, seed))
+    suites = [K.Suite(K.NORM_CONTRACT, K.check_norm_function)]
+    for impl, runtime, want in (("triton", K.TritonRuntime("cuda", "", None, None), "cuda"), ("pytorch", None, "cpu")):
+        seen.clear()
+        name = f"get_rmsnorm_autograd_function_{impl}"
+        _, checks = K._function_checks(Adapter("rmsnorm", impl, "ok", {name: lambda: RMSNormPyTorchFunction}), suites,
+                                       runtime)
+        assert checks and all(c.status == PASS for c in checks) and seen and set(seen) == {want}

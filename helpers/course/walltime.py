@@ -24,7 +24,7 @@ from pathlib import Path
 
 from helpers import results, writeup
 
-SUITE = ["-m", "pytest", "--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=900", "tests", "notebooks"]
+SUITE = ["-m", "pytest", "--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=360", "tests", "notebooks"]  # make test
 SWITCHES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")
 
 

@@ -764,32 +764,37 @@ def bench_main(argv: list[str]) -> int:
 # ---- 8 · the 2026 leaderboard as a plan (formulas.leaderboard_plan), with the published marks ----
 
 def plan_table(plan: list[dict], marks=()) -> pd.DataFrame:
-    """One row per strategy × checkpointing: GB per GPU, fits per GPU, predicted step seconds per GPU, and for each
-    mark (helpers.published, a time) the share of its speed the plan would reach on the B200 (notebook 07 §8)."""
+    """One row per strategy × checkpointing × LM head × optimizer precision: GB per GPU, fits per GPU (with the plan's
+    margin), predicted step seconds per GPU, and for each mark (helpers.published, a time) the share of its speed the
+    plan would reach on the B200 (notebook 07 §8)."""
     rows = []
     for r in plan:
-        row = {"strategy": r["strategy"], "checkpointing": r["checkpointing"], "GB per GPU": r["memory_GB"],
-               "TFLOP per step": r["flops"] / 1e12}
+        row = {"strategy": r["strategy"], "checkpointing": r["checkpointing"], "head": r["head"],
+               "precision": r["precision"], "GB per GPU": r["memory_GB"], "TFLOP per step": r["flops"] / 1e12}
         row.update({f"fits {g}": ok for g, ok in r["fits"].items()})
         row.update({f"step s, {g}": s for g, s in r["step_s"].items()})
         b200 = next(g for g in r["step_s"] if g.startswith("B200"))
         row.update({f"% of {m.name}": round(100 * m.share(r["step_s"][b200] * 1e3), 1) for m in marks})
         rows.append(row)
-    return pd.DataFrame(rows).set_index(["strategy", "checkpointing"])
+    return pd.DataFrame(rows).set_index(["strategy", "checkpointing", "head", "precision"])
 
 
 def plot_plan(plan: list[dict], marks=(), gpu: str = "B200 ~180 GB", title: str = ""):
-    """Predicted step time of each plan on `gpu` (grey: does not fit), with the published marks as lines labelled
-    with their source and year."""
+    """Predicted step time of each plan on `gpu` at the stated MFU, whiskers over the MFU band (grey: does not fit with
+    the plan's margin), with the published marks as lines labelled with their source and year."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    labels = [f"{r['strategy']}\n{r['checkpointing']}" for r in plan]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    labels = [f"{r['strategy']} · {r['checkpointing']} · {r['head']} head · {r['precision']}" for r in plan]
     colors = ["#4a7" if r["fits"][gpu] else "#ccc" for r in plan]
-    ax.bar(range(len(plan)), [r["step_s"][gpu] for r in plan], color=colors, edgecolor="#555")
+    steps = [r["step_s"][gpu] for r in plan]
+    band = [sorted(r["step_band_s"][gpu].values()) for r in plan]  # fastest (highest MFU) to slowest
+    ax.bar(range(len(plan)), steps, color=colors, edgecolor="#555",
+           yerr=[[s - b[0] for s, b in zip(steps, band)], [b[-1] - s for s, b in zip(steps, band)]],
+           error_kw=dict(elinewidth=0.6, capsize=0))  # whiskers: the band over formulas.PLAN_MFUS
     for m, style in zip(marks, ("--", ":", "-.")):
         ax.axhline(m.value / 1e3, color="#c33", linestyle=style, label=m.label)
-    ax.set_xticks(range(len(plan)), labels, fontsize=7, rotation=90)
+    ax.set_xticks(range(len(plan)), labels, fontsize=5, rotation=90)
     ax.set(ylabel="predicted step (s)", title=title or f"2026 leaderboard plans on 2× {gpu} (grey: does not fit)")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -6,6 +6,7 @@ the notebook that timed both sides in one interleaved loop): inside the noise th
 """
 from __future__ import annotations
 
+import contextvars
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +30,14 @@ def compare_text(a: str, b: str, r: Ratio, what: str = "time") -> str:
     return f"{faster} is measurably faster than {slower}: {a} takes {r.median:.2f}x {b}'s {what} ({r})"
 
 
+INTERVALS: contextvars.ContextVar[list | None] = contextvars.ContextVar("INTERVALS", default=None)
+# while an answer is computed (answer() sets a list), series_text puts its per-value ratios there, for a table under
+# the sentence, instead of inside it
+
+
 def series_text(rows: pd.DataFrame, a: str, b: str, over: str, names: dict | None = None, what: str = "time") -> str:
-    """a's time over b's at each value of `over` (rows of pairwise_ratios), then how many are measurable each way."""
+    """a's time over b's at each value of `over` (rows of pairwise_ratios), then how many are measurable each way; the
+    ratios with their intervals go to the answer's table when one is collecting (INTERVALS), else inline."""
     names = names or {}
     na, nb = names.get(a, a), names.get(b, b)
     part = rows[(rows["a"] == a) & (rows["b"] == b)]
@@ -54,6 +61,13 @@ def series_text(rows: pd.DataFrame, a: str, b: str, over: str, names: dict | Non
             (faster, f"{na} is measurably faster than {nb} for {over} {', '.join(faster)}"),
             (slower, f"{nb} is measurably faster than {na} for {over} {', '.join(slower)}"),
             (same, f"no measurable difference between them for {over} {', '.join(same)}")) if keys)
+    collecting = INTERVALS.get()
+    if collecting is not None:
+        collecting += [{"comparison": f"{na}'s {what} over {nb}'s", over: key,
+                        "median of paired ratios [95% interval]": f"{r.median:.2f}x [{r.low:.2f}-{r.high:.2f}]",
+                        "measurable": "faster" if r.differs and r.median < 1 else "slower" if r.differs else "no"}
+                       for key, r in ratios]
+        return f"{head} (ratios in the table below)"
     return f"{head} ({na}'s {what} over {nb}'s, median of paired ratios [95% interval] per {over}: {items})"
 
 
@@ -61,6 +75,10 @@ def series_text(rows: pd.DataFrame, a: str, b: str, over: str, names: dict | Non
 
 class NotMeasured(Exception):
     """A saved result an answer reads is missing, empty, or was saved by the other profile."""
+
+
+class NeedsGPU(NotMeasured):
+    """What the question asks can only be measured on a GPU; the message says what a CPU gives and what to run."""
 
 
 class Saved:
@@ -131,6 +149,20 @@ def cap(text: str) -> str:
     return text if keep else text[0].upper() + text[1:]
 
 
+def coverage(ran, profile: str) -> str:
+    """"" when every size of the profile ran; else a clause naming how many of them the time budget ran."""
+    from helpers.model import sizes_for
+
+    planned = sizes_for(profile) if profile in ("cpu", "gpu") else []
+    ran = [s for s in dict.fromkeys(ran)]
+    missing = [s for s in planned if s not in ran]
+    if not missing:
+        return ""
+    return (f" (the time budget ran {len(ran)} of the {len(planned)} sizes: {', '.join(ran)}; "
+            f"{', '.join(missing)} {'was' if len(missing) == 1 else 'were'} not timed, so \"every\" means every size "
+            "timed)")
+
+
 def span(values, digits: int = 1) -> str:
     """"1.2x to 1.9x" over the values, or "1.5x" when they agree to `digits`."""
     lo, hi = f"{min(values):.{digits}f}x", f"{max(values):.{digits}f}x"
@@ -192,19 +224,38 @@ def ref(value: str, source: str = WRITEUP) -> tuple[Reference, ...]:
     return (Reference(value, source),)
 
 
+STATUSES = {  # an answer's status on the page -> what it means (the page's header counts each)
+    "measured": "measured here: computed from results this machine saved",
+    "closed form": "closed form: computed from the handout's values, the same anywhere",
+    "partial": "partial: answered in part, the rest says what is missing",
+    "needs a GPU": "needs a GPU: what a CPU can give is shown, the asked measurement needs a GPU",
+    "not run": "not run yet: the notebook that measures it has not saved its results here",
+}
+
+
 @dataclass(frozen=True)
 class Answer:
-    """What an answer function may return instead of a str: its text and the GPU line its measurement chose."""
+    """What an answer function may return instead of a str: its text, the GPU line its measurement chose, a small table
+    shown under the text (rows of {column: value}), and a status when it is not a plain measured/closed-form answer
+    ("partial" or "needs a GPU", with `missing` saying what is left)."""
     text: str
-    gpu: str
+    gpu: str = ""
+    table: tuple = ()
+    status: str = ""
+    missing: str = ""
 
 
 @dataclass(frozen=True)
 class Answered:
-    """An answer on the page: its text, whether it came from this run's results, and the GPU line shown."""
+    """An answer on the page: its text, whether it came from this run's results, the GPU line, its table, its status
+    (a key of STATUSES) and what is missing when partial."""
     text: str
     measured: bool
     gpu: str
+    table: tuple = ()
+    status: str = "measured"
+    missing: str = ""
+    intervals: tuple = ()  # the comparisons' paired ratios, one row per compared value
 
 
 QUESTIONS: list[Question] = []  # every edition's, in page order within each edition
@@ -237,12 +288,21 @@ READ_ERRORS = (KeyError, IndexError, ValueError, TypeError)  # a saved result wi
 
 def answer(q: Question, saved: Saved) -> Answered:
     """The answer's text, whether it was measured in this run, and its GPU line; a missing result never raises."""
+    collected = []
+    token = INTERVALS.set(collected)
     try:
         got = ANSWERS[q.number](q, saved)
+    except NeedsGPU as why:
+        return Answered(f"Needs a GPU: {why}.", False, q.gpu, status="needs a GPU")
     except NotMeasured as why:
-        return Answered(f"Not measured in this run (run notebook {q.notebook}; {why}).", False, q.gpu)
+        return Answered(f"Not measured in this run (run notebook {q.notebook}; {why}).", False, q.gpu, status="not run")
     except READ_ERRORS as err:
         return Answered(f"Not measured in this run (run notebook {q.notebook}: its saved results lack what this answer "
-                        f"reads, {type(err).__name__}: {err}).", False, q.gpu)
-    text, gpu = (got.text, got.gpu) if isinstance(got, Answer) else (got, q.gpu)
-    return Answered(cap(text), True, gpu)
+                        f"reads, {type(err).__name__}: {err}).", False, q.gpu, status="not run")
+    finally:
+        INTERVALS.reset(token)
+    got = got if isinstance(got, Answer) else Answer(got)
+    status = got.status or ("measured" if q.reads else "closed form")
+    if status not in STATUSES or status == "not run":
+        raise ValueError(f"answer {q.number}: status {status!r} is not one of {list(STATUSES)[:-1]}")
+    return Answered(cap(got.text), True, got.gpu or q.gpu, tuple(got.table), status, got.missing, tuple(collected))

@@ -2,10 +2,12 @@
 answers from what notebook 01 saved."""
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from helpers import formulas
-from helpers.course.answers.core import (Answer, answers, fmt_mib, fmt_s, NotMeasured, pct, Question, ref, register,
+from helpers.course.answers.core import (Answer, answers, coverage, fmt_mib, fmt_s, NotMeasured, pct, Question, ref, register,
                                          Saved, series_text, span)
 from helpers.model import get_config
 from helpers.timing import ratio_of
@@ -94,6 +96,11 @@ QUESTIONS = [
       notebook="01", section="§4 Mixed precision: accumulating in 16 bits", reads=(), editions=(2025,),
       name="mixed_precision_accumulation",
       gpu="Carries over exactly: scalar IEEE rounding is the same on every device (computed here, not timed)."),
+    Q("memory_profiling(f)", "What does one TransformerBlock save for backward, which 5 ops contribute most and with "
+      "what share, and how large are one block's gradients (the 2026 Table 1 sizes)?",
+      notebook="01", section="§5 Memory", reads=(), editions=(2026,), name="memory_profiling",
+      gpu="The bytes are the same on every device (fp32, the same ops); the handout reads them from NVTX-labelled CUDA "
+          "memory profiles."),
     Q("nsys_profile", "Forward, backward and optimizer per size: which kernels dominate, and how does softmax's time "
       "compare with the matmuls' against their FLOPs?",
       notebook="01", section="§2 Profiler tables and §3 Flame graph", reads=("01_profile", "01_flame", "01_timing"),
@@ -154,8 +161,13 @@ def cold_timings(q, saved):
             f"passes; up to {first.max():.1f}x for {worst[0]} {worst[1]}), and the cold runs' relative spread is "
             f"{spread:.1f}x the warm runs'. ")
     if first.median() <= 1 + 2 * noise:
-        return text + (f"That is within twice the warm steps' own spread ({pct(noise)} std/mean): no measurable "
-                       "first-call cost on this machine in this run.")
+        if first.max() > 1 + 2 * noise:
+            costly = [f"{s} {p_} {v:.1f}x" for (s, p_), v in first.items() if v > 1 + 2 * noise]
+            return text + (f"The median is within twice the warm steps' own spread ({pct(noise)} std/mean), but "
+                           f"{len(costly)} of {len(first)} first calls are not ({', '.join(costly)}): a first-call "
+                           "cost that shows only for some sizes and passes in this run.")
+        return text + (f"Every first call is within twice the warm steps' own spread ({pct(noise)} std/mean): no "
+                       "measurable first-call cost on this machine in this run.")
     return text + ("The first call pays one-time work (allocating every buffer, lazy initialisation; on a GPU also the "
                    "CUDA context and kernel selection), so a mean without warm-up mixes two different things.")
 
@@ -260,20 +272,32 @@ def autocast_speed(q, saved):
     ratios = [ratio_of(r) for r in rows.to_dict("records")]
     faster = [r.differs and r.median < 1 for r in ratios]
     slower = [r.differs and r.median > 1 for r in ratios]
+    ran = list(dict.fromkeys(rows["size"]))
+    run = saved.run("01_precision_ratios")
+    note = coverage(ran, saved.profile)
+    every = "at every size here" if not note else f"at each of the {len(ran)} sizes timed here"
     if all(faster):
-        gpu = ("Carries over in direction: autocast was measurably faster at every size here, because this CPU "
+        gpu = (f"Carries over in direction: autocast was measurably faster {every}, because this CPU "
                "multiplies 16-bit numbers natively; GPU tensor cores do so at several times their fp32 rate, so the "
                "gain there is typically larger for the big sizes, while the small ones stay bound by kernel launches.")
     elif all(slower):
-        gpu = ("Does not carry over: autocast was measurably slower at every size here, where the casts it inserts "
-               "cost more than this CPU gains from 16-bit arithmetic; GPU tensor cores run bf16/fp16 matmuls several "
-               "times faster than fp32, so there it pays for all but the smallest models.")
+        gpu = (f"Does not carry over: autocast was measurably slower {every}, where this CPU multiplies 16-bit "
+               "numbers slower than fp32; GPU tensor cores run bf16/fp16 matmuls several times faster than fp32, so "
+               "there it pays for all but the smallest models.")
     else:
         gpu = ("Mixed here (faster at some sizes, slower or inside the noise at others); on a GPU, tensor cores run "
                "bf16/fp16 matmuls several times faster than fp32, so the large sizes gain there.")
-    return Answer("Forward+backward: " + "; ".join(parts) + ". Autocast pays only where the hardware multiplies 16-bit "
-                  "numbers faster than 32-bit ones (GPU tensor cores, CPUs with bf16 instructions); elsewhere the "
-                  "casts it inserts are extra work.", gpu)
+    slow = run.provenance.get("bf16_slowdown")
+    factor = (f" This CPU's calibration: a bf16 matmul takes {float(slow):.1f}x an fp32 one." if slow and float(slow) >= 2
+              else f" This CPU's calibration: bf16 matmuls run at {1 / float(slow):.1f}x fp32's speed." if slow else "")
+    caps = run.provenance.get("cpu_caps") or {}
+    capped = (f" This run capped the CPU's instruction set ({', '.join(f'{k}={v}' for k, v in caps.items())}), which "
+              "sends bf16 matmuls to a slow path." if caps else "")
+    return Answer("Forward+backward: " + "; ".join(parts) + f"{note}. Autocast pays only where the hardware multiplies "
+                  "16-bit numbers faster than 32-bit ones (GPU tensor cores, CPUs with avx512_bf16 or AMX). Where it "
+                  "does not, a slowdown comes mostly from the matmuls themselves, not from the casts: without a fast "
+                  "bf16 path a bf16 matmul takes many times an fp32 one (notebook 01 prints this CPU's factor from its "
+                  "calibration), while the casts are a few elementwise passes." + factor + capped, gpu)
 
 
 @answers("2.1.4(b)")
@@ -331,7 +355,7 @@ def memory_autocast(q, saved):
         parts.append(f"{precision}: forward peak {span(r['forward'], 2)} fp32's, full step {span(r['full step'], 2)}")
     if not parts:
         raise NotMeasured("01_memory_peaks has no autocast rows")
-    return ("; ".join(parts) + ". Autocast keeps the fp32 parameters, gradients and AdamW state and adds 16-bit copies "
+    return ("; ".join(parts) + coverage(list(fp32.index), saved.profile) + ". Autocast keeps the fp32 parameters, gradients and AdamW state and adds 16-bit copies "
             "of the weights and 16-bit activations beside the fp32 ones it keeps (norms, softmax, loss), so the peak "
             "is not halved.")
 
@@ -359,6 +383,32 @@ def largest_tensors(q, saved):
             f"all) the {int(top['n'].sum())} largest live storages are: {listed}.")
 
 
+@answers("memory_profiling(f)")
+def block_memory(q, saved):
+    from helpers.model import SIZES_2026, parameter_shapes
+
+    B, T = 4, 512  # the 2026 Table 1 context; batch 4 as in the memory profiling runs
+    rows = []
+    for name, cfg in SIZES_2026.items():
+        parts = formulas.block_saved_parts(cfg, B, T)
+        total = sum(parts.values())
+        top = list(parts.items())[:5]
+        grads = sum(math.prod(shape) for k, shape in parameter_shapes(cfg).items() if k.startswith("blocks.0."))
+        rows.append({"size (2026)": name.removesuffix("-2026"), "saved per block": fmt_mib(total / 2**20),
+                     "top 5 ops' share": pct(sum(v for _, v in top) / total),
+                     "gradients per block": fmt_mib(4 * grads / 2**20)})
+    xl = SIZES_2026["xl-2026"]
+    parts = formulas.block_saved_parts(xl, B, T)
+    total = sum(parts.values())
+    top = "; ".join(f"{k} {fmt_mib(v / 2**20)} ({pct(v / total)})" for k, v in list(parts.items())[:5])
+    assert total * xl.n_layers == formulas.activation_bytes(xl, B, T)["blocks"]
+    return Answer(f"Closed form for this project's block (fp32, naive attention keeping its probabilities; `formulas."
+                  f"block_saved_parts`), batch {B} × {T}: the 2026 xl's block saves {fmt_mib(total / 2**20)} for "
+                  f"backward; the 5 largest contributions: {top}. One block's gradients are its parameters' bytes "
+                  "(fp32): the backward's per-block rise in a memory profile. Every 2026 size:", table=tuple(rows),
+                  status="partial", missing="the same read off NVTX-labelled CUDA memory profiles needs a GPU")
+
+
 # ---- 2025: mixed_precision_accumulation, nsys_profile ---------------------------------------------------------------
 
 @answers("mixed_precision_accumulation")
@@ -383,10 +433,27 @@ def kernels_and_softmax(q, saved):
     matmul_flops = sum(formulas.forward_flops(cfg, 1, T).values())
     soft = float(f.loc["softmax", "share"])
     mm = _profile(saved, "full step")["matmul_share"].iloc[0]
-    where = ("the torch profiler's CUDA kernels, as nsys would list them" if saved.run("01_flame").provenance.get(
-        "device_type") == "cuda" else "Torch profiler standing in for nsys (no GPU here)")
-    return (f"{where[0].upper()}{where[1:]}, {size}: the leading op per stage is {lead}. Softmax "
-            f"takes {pct(soft)} of the full step while doing about {softmax_flops / matmul_flops:.2%} of the "
-            f"forward's FLOPs (≈5 per score element against the matmuls' {matmul_flops / 1e9:.3g} GFLOP per "
-            f"sequence), and matmuls take {pct(mm)} of the step: time follows bytes moved, not FLOPs, for the "
-            "elementwise ops.")
+    # within self-attention's forward: softmax (~5 FLOPs per score) against QKᵀ and PV (2·T²·d_head each, per head)
+    attn_flop_ratio = 5 / (4 * cfg.head_dim)
+    fwd = _profile(saved, "forward").set_index("op")["share"]
+    soft_fwd = float(fwd[[o for o in fwd.index if "softmax" in o]].sum())
+    bmm_fwd = float(fwd.get("aten::bmm", 0.0))  # QKᵀ and PV: the model's only batched (4-D) matmuls
+    within = (f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
+              f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes {soft_fwd / bmm_fwd:.2f}x their "
+              f"time here ({pct(soft_fwd)} against {pct(bmm_fwd)} of the forward)" if soft_fwd and bmm_fwd else
+              f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
+              f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes more time: {pct(soft_fwd)} of the "
+              f"forward, while aten::bmm (QKᵀ and PV together) falls below the smallest op saved ({pct(fwd.min())})"
+              if soft_fwd and soft_fwd > fwd.min() else
+              f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
+              "matmuls (5 per score against 4·d_head); their times are not both among the forward's saved top ops "
+              "here, so the time ratio is not shown")
+    on_gpu = saved.run("01_profile").provenance.get("device_type") == "cuda"
+    where = ("The torch profiler's CUDA kernels, as nsys would list them" if on_gpu
+             else "Torch profiler standing in for nsys (no GPU here)")
+    text = (f"{where}, {size}: the leading op per stage is {lead}. "
+            f"{within}: time follows bytes moved, not FLOPs, for the elementwise softmax. Over the whole step, "
+            f"softmax takes {pct(soft)} while doing about {softmax_flops / matmul_flops:.2%} of the forward's FLOPs, "
+            f"and matmuls take {pct(mm)} of the step.")
+    return text if on_gpu else Answer(text, status="partial", missing="nsys with NVTX ranges on a GPU; the torch "
+                                                                      "profiler stands in")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from helpers import attention as A
-from helpers.course.answers.core import (ANSWERS, Answer, NotMeasured, Question, Reference, answers, compare_text,
+from helpers.course.answers.core import (ANSWERS, Answer, NeedsGPU, NotMeasured, Question, Reference, answers, compare_text,
                                          fmt_mib, fmt_s, register)
 from helpers.published import MARKS
 from helpers.timing import ratio_of
@@ -68,15 +68,17 @@ def naive_times(q, saved):
     t = run.frame()
     ran, oom = t[~t["oom"].astype(bool)], t[t["oom"].astype(bool)]
     per = ran.pivot_table(index=["d", "T"], columns="pass", values="median_s")
-    lines, flat = [], []
+    lines, flat, rows = [], [], []
     for d in sorted(set(per.index.get_level_values("d"))):
         part = per.loc[d]
         if not part["fwd+bwd"].is_monotonic_increasing:
             flat.append(str(d))
         lo, hi = part.index.min(), part.index.max()
-        lines.append(f"d {d}: T {lo} forward {fmt_s(part.loc[lo, 'fwd'])}, backward {fmt_s(part.loc[lo, 'bwd'])}; "
-                     f"T {hi} forward {fmt_s(part.loc[hi, 'fwd'])}, backward {fmt_s(part.loc[hi, 'bwd'])} "
-                     f"({part.loc[hi, 'fwd+bwd'] / part.loc[lo, 'fwd+bwd']:.0f}x for {hi // lo}x the length)")
+        lines.append(f"d {d}: forward+backward {fmt_s(part.loc[lo, 'fwd+bwd'])} at T {lo}, "
+                     f"{fmt_s(part.loc[hi, 'fwd+bwd'])} at T {hi}: {part.loc[hi, 'fwd+bwd'] / part.loc[lo, 'fwd+bwd']:.0f}x "
+                     f"for {hi // lo}x the length ({(hi // lo) ** 2}x the T² scores)")
+        rows += [{"d": int(d), "T": int(T), "forward": fmt_s(r["fwd"]), "backward": fmt_s(r["bwd"]),
+                  "forward+backward": fmt_s(r["fwd+bwd"])} for T, r in part.iterrows()]
     b = int(t["batch"].iloc[0])
     where = (f"It ran out of memory first at T {int(oom['T'].min())} (d {int(oom.sort_values('T')['d'].iloc[0])})."
              if len(oom) else "Nothing ran out of memory on this machine's grid.")
@@ -84,9 +86,10 @@ def naive_times(q, saved):
     kept = B * T * T * 4 + B * T * d * 4  # P + O, fp32 (experiments.attention.saved_bytes_formula)
     noise = (f" For d {', '.join(flat)} a longer sequence was not always slower: there the machine's load, not "
              "attention, set the times (rerun notebook 06 on a quiet machine)." if flat else "")
-    return (f"Median of the timed steps, batch {b}, one head, fp32: " + "; ".join(lines) + f".{noise} {where} For the "
-            f"handout's largest shape (batch {B}, T {T}, d {d}) the forward alone keeps P + O = "
-            f"{fmt_mib(kept / 2**20)} for backward, before backward's own T × T gradients.")
+    return Answer(f"Median of the timed steps, batch {b}, one head, fp32: " + "; ".join(lines) + f".{noise} {where} "
+                  f"For the handout's largest shape (batch {B}, T {T}, d {d}) the forward alone keeps P + O = "
+                  f"{fmt_mib(kept / 2**20)} for backward, before backward's own T × T gradients. Every timing:",
+                  table=tuple(rows))
 
 
 @answers("pytorch_attention(b)")
@@ -185,8 +188,9 @@ def flash_bench(q, saved):
     triton = ("" if "flash_triton" in timed else
               " The Triton kernel was not timed on this machine (it runs in the interpreter here); "
               + q.gpu.split("only on a GPU: ")[-1])
-    return ("Forward / backward / forward+backward medians, causal, from separate loops (a table, not a ranking; "
+    text = ("Forward / backward / forward+backward medians, causal, from separate loops (a table, not a ranking; "
             "the paired comparison is the leaderboard's): " + "; ".join(parts) + "." + triton)
+    return Answer(text, status="partial", missing="the Triton kernel timed on a GPU") if triton else text
 
 
 @answers("2025 leaderboard")
@@ -198,7 +202,7 @@ def leaderboard_2025(q, saved):
     facts = (f"The configuration is {flops / 1e12:.2f} TFLOP per forward+backward (causal half) and naive attention's "
              f"P alone is {fmt_mib(p_bytes / 2**20)} in bf16.")
     if not saved.has("06_leaderboard"):
-        raise NotMeasured(f"{facts} It needs a GPU: run {LEADERBOARD_CMD}, or notebook 06 with PROFILE=gpu")
+        raise NeedsGPU(f"{facts} It needs a GPU: run {LEADERBOARD_CMD}, or notebook 06 with PROFILE=gpu")
     lb = saved.frame("06_leaderboard").set_index("impl")
     best, naive = MARKS["leaderboard_2025_best"], MARKS["leaderboard_2025_naive"]
     ours = lb.loc["flash_triton"]

@@ -2,12 +2,14 @@
 details are, the published figures and the GPU line its measurement chose; then the saved results it read."""
 from __future__ import annotations
 
+import functools
 import html
+import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from helpers.course.answers.core import QUESTIONS, Answered, Question, Saved, answer, shown
+from helpers.course.answers.core import QUESTIONS, STATUSES, Answered, Question, Saved, answer, shown
 from helpers.env import machine_facts
 from helpers.results import DATA_DIR, device_slug
 
@@ -18,11 +20,12 @@ EDITIONS = {  # year -> (title, what it kept from the one before, as a note)
     2024: ("2024 edition: profiling, kernels, data-parallel training (numbered as the reference writeup numbers them)",
            ""),
     2025: ("2025 edition: FlashAttention-2, communication accounting",
-           "DDP (bucketed included) and optimizer-state sharding are as in 2024: 3.3.1 to 3.4.5 above answer them. "
-           "RMSNorm in Triton is replaced by FlashAttention-2."),
+           "DDP (bucketed included) and optimizer-state sharding are as in 2024: the map lists them and links their "
+           "answers in the 2024 section. RMSNorm in Triton is replaced by FlashAttention-2."),
     2026: ("2026 edition: activation checkpointing, FSDP, the parallelism calculators",
-           "Attention and FlashAttention-2 are as in 2025: the shared problems are listed again here with the same "
-           "answer. Bucketed DDP is removed; the hardware in the handout is a B200."),
+           "Attention and FlashAttention-2 are as in 2025: the map lists them and links their answers in the 2025 "
+           "section. Bucketed DDP is removed; the hardware in the handout is a B200; Table 1 redefines the sizes (xl "
+           "is 2560/10240/32 layers/32 heads, and a 10B is added), which these answers use."),
 }
 SECTIONS_2024 = {"2": "Single-device performance: timing, profiling, mixed precision, norms, kernels, compilation, "
                       "memory",
@@ -34,9 +37,77 @@ def default_folder() -> Path:
     return DATA_DIR / "local" / device_slug(machine_facts()["device"])
 
 
+def _math(expr: str) -> str:
+    """An expression as math: italic serif, X_Y as a subscript, ^2 as a superscript (no network, no script)."""
+    out = re.sub(r"([A-Za-z])_([A-Za-z0-9]+)", r"\1<sub>\2</sub>", expr)
+    out = re.sub(r"\^(\w+)", r"<sup>\1</sup>", out)
+    return f'<span class="math">{out}</span>'
+
+
 def _code(text: str) -> str:
-    """HTML-escaped text with `code` spans."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text, quote=False))
+    """HTML-escaped text with `code` spans and $math$ spans."""
+    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(str(text), quote=False))
+    return re.sub(r"\$([^$]+)\$", lambda m: _math(m.group(1)), escaped)
+
+
+def slug(number: str) -> str:
+    """A stable id part without spaces: "2.1.1(b)" -> "2.1.1-b", "2026 leaderboard" -> "2026-leaderboard"."""
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", number).strip("-")
+
+
+def answer_id(q: Question) -> str:
+    """The answer's anchor on the page: the first edition that shows it, and its number."""
+    return f"a{min(q.editions)}-{slug(q.number)}"
+
+
+def heading_id(text: str) -> str:
+    """The id nbconvert gives a markdown heading in the exported notebook (its text, spaces as "-", URL-quoted)."""
+    from urllib.parse import quote
+
+    plain = re.sub(r"[`*$]", "", text).strip()
+    return quote(plain.replace(" ", "-"), safe="?/:@!$&'()*+,;=")
+
+
+@functools.lru_cache(maxsize=None)
+def notebook_headings(notebook: str) -> tuple[str, ...]:
+    """The markdown headings of a notebook (text after the #s), in order; () when the file is not there."""
+    path = DATA_DIR.parent / "notebooks" / f"{NOTEBOOKS[notebook]}.ipynb"
+    if not path.is_file():
+        return ()
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return tuple(line.lstrip("#").strip() for c in cells if c["cell_type"] == "markdown"
+                 for line in "".join(c["source"]).splitlines() if line.startswith("#"))
+
+
+def section_anchor(q: Question) -> str:
+    """The heading id of the question's notebook section: "§5 ..." -> the heading "5 · ...", a sub-heading whose text
+    the section names first; else the first heading the section's text opens; "" when none matches (page top)."""
+    heads = notebook_headings(q.notebook)
+    m = re.match(r"§(\d+)\s*(.*)", q.section)
+    rest = (m.group(2) if m else q.section).split(" and ")[0].strip().lower()
+    if rest:
+        for h in heads:
+            if h.lower().lstrip("0123456789 ·").startswith(rest) or h.lower() == rest:
+                return heading_id(h)
+    if m:
+        for h in heads:
+            if re.match(rf"{m.group(1)}\s*·", h):
+                return heading_id(h)
+    first = rest.split()[0].rstrip(",:") if rest else ""
+    for h in heads:
+        if first and h.lower().startswith(first):
+            return heading_id(h)
+    return ""
+
+
+def _table(rows) -> str:
+    """Rows of {column: value} as a small table under an answer."""
+    if not rows:
+        return ""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{_code(r.get(c, ''))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f'<table class="ans-table"><tr>{head}</tr>{body}</table>'
 
 
 def _reference_runs(q: Question) -> str:
@@ -53,23 +124,30 @@ def _reference_runs(q: Question) -> str:
 
 
 def _entry(q: Question, got: Answered, year: int) -> str:
-    """One answer: number, question, answer, where the details are, the published figures, the GPU line."""
+    """One answer: number, question, answer (and its table), where the details are, the published figures, the GPU
+    line, its status."""
     page = f"{NOTEBOOKS[q.notebook]}.html"
+    anchor = section_anchor(q)
     refs = "".join(f"<li>published reference ({html.escape(r.source)}): {_code(r.value)}</li>" for r in q.references)
     reads = ", ".join(f"<code>{html.escape(n)}</code>" for n in q.reads) or "nothing saved: computed, the same anywhere"
     shared = (f"; also in the {' and '.join(str(y) for y in q.editions if y != year)} edition"
               if len(q.editions) > 1 else "")
-    return (f'<div class="q{"" if got.measured else " missing"}" id="q{year}-{html.escape(q.number)}">'
+    missing = f" ({html.escape(got.missing)})" if got.missing else ""
+    return (f'<div class="q {slug(got.status)}" id="{answer_id(q)}">'
             f'<p class="ask"><b>{html.escape(q.number)}</b> {_code(q.ask)}</p>'
-            f'<p class="ans">{_code(got.text)}</p><ul class="meta">'
-            f'<li>details: <a href="{page}">notebook {q.notebook}</a>, {html.escape(q.section)}; reads {reads}'
-            f"{shared}</li>{refs}{_reference_runs(q)}<li>on a GPU: {_code(got.gpu)}</li></ul></div>")
+            f'<p class="ans">{_code(got.text)}</p>{_table(got.table)}{_table(got.intervals)}<ul class="meta">'
+            f'<li>status: {html.escape(got.status)}{missing}</li>'
+            f'<li>details: <a href="{page}{"#" + anchor if anchor else ""}">notebook {q.notebook}, '
+            f'{html.escape(q.section)}</a>; reads {reads}{shared}</li>{refs}{_reference_runs(q)}'
+            f"<li>on a GPU: {_code(got.gpu)}</li></ul></div>")
 
 
 STYLE = """body{font:15px/1.5 system-ui,sans-serif;max-width:62rem;margin:2rem auto;padding:0 1rem;color:#222}
 h1{font-size:1.5rem}h2{font-size:1.25rem;border-bottom:2px solid #999;margin-top:2.4rem}
 h3{font-size:1.05rem;margin:1.4rem 0 .3rem}h4{font-size:1rem;margin:1.1rem 0 .3rem}
-.q{margin:.6rem 0 1rem;padding-left:.8rem;border-left:3px solid #4a7}.q.missing{border-color:#c94}
+.q{margin:.6rem 0 1rem;padding-left:.8rem;border-left:3px solid #4a7}.q.not-run{border-color:#c94}
+.q.partial,.q.needs-a-GPU{border-color:#d6b24a}.math{font-family:"Times New Roman",serif;font-style:italic}
+.ans-table{margin:.3rem 0}.map{margin:.5rem 0 1rem}
 .ask{margin:0}.ans{margin:.2rem 0}.meta{margin:.1rem 0;font-size:13px;color:#555}code{background:#f3f3f3;padding:0 .2em}
 .note{color:#555}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:.15rem .5rem;
 text-align:left}"""
@@ -84,40 +162,84 @@ def _sources(saved: Saved) -> str:
             if rows else "<p>No saved results were found for this profile.</p>")
 
 
+# What the later editions keep from 2024, under the 2024 numbers (their answers stay in the 2024 section), and the
+# letters a later handout gives a part when they differ: benchmarking_mixed_precision (a) dtypes, (b) the norm, (c) time.
+KEPT_FROM_2024 = {
+    2025: ("2.1.1", "2.1.4", "2.4.1", "3.1.1", "3.3.1", "3.3.2", "3.4.1", "3.4.2", "3.4.3", "3.4.4", "3.4.5"),
+    2026: ("2.1.1", "2.1.4", "2.4.1", "3.1.1", "3.3.1", "3.3.2", "3.4.1", "3.4.2", "3.4.3", "3.4.5"),
+}
+LATER_LETTERS = {"2.1.4(a)": "c", "2.1.4(b)": "a", "2.1.4(c)": "b"}  # 2024 part -> its letter in 2025/2026
+
+
+def _handout_id(q: Question, year: int) -> str:
+    """The problem id and letter as the edition's handout names them: "benchmarking_script (b)", "leaderboard"."""
+    m = re.search(r"\(([a-h])\)$", q.number)
+    letter = LATER_LETTERS.get(q.number, m.group(1) if m else "") if year != 2024 else (m.group(1) if m else "")
+    return f"{q.problem}" + (f" ({letter})" if letter else "")
+
+
+def _map(year: int, got: dict[str, Answered]) -> str:
+    """The edition's map: handout problem id and letter -> the answer's anchor -> the notebook section's anchor.
+    Answers shown in an earlier edition's section are listed here and linked there, not repeated."""
+    rows = [q for q in QUESTIONS if year in q.editions]
+    if year in KEPT_FROM_2024:
+        kept = [q for q in QUESTIONS if 2024 in q.editions and q.group in KEPT_FROM_2024[year]]
+        rows = kept + [q for q in rows if q not in kept]
+    cells = []
+    for q in rows:
+        where = "" if min(q.editions) == year else f" (in the {min(q.editions)} section)"
+        nb = f"{NOTEBOOKS[q.notebook]}.html" + (f"#{section_anchor(q)}" if section_anchor(q) else "")
+        cells.append(f"<tr><td><code>{html.escape(_handout_id(q, year))}</code></td>"
+                     f'<td><a href="#{answer_id(q)}">{html.escape(q.number)}</a>{where}</td>'
+                     f'<td><a href="{nb}">notebook {q.notebook}, {html.escape(q.section)}</a></td>'
+                     f"<td>{html.escape(got[q.number].status)}</td></tr>")
+    return (f'<table class="map" id="map{year}"><tr><th>{year} handout: problem (part)</th><th>answer</th>'
+            f"<th>notebook section</th><th>status</th></tr>{''.join(cells)}</table>")
+
+
 def _edition(year: int, got: dict[str, Answered]) -> list[str]:
-    """One edition's part of the page: its problems in order, each with its questions."""
+    """One edition's part of the page: its map, then the problems first shown here, each with its questions."""
     title, note = EDITIONS[year]
     body = [f'<h2 id="e{year}">{html.escape(title)}</h2>'] + ([f'<p class="note">{_code(note)}</p>'] if note else [])
+    body.append(_map(year, got))
     group, section = None, None
-    for q in (q for q in QUESTIONS if year in q.editions):
+    for q in (q for q in QUESTIONS if min(q.editions) == year):
         if year == 2024 and q.number[0] != section:
             section = q.number[0]
             body.append(f"<h3>{section} · {html.escape(SECTIONS_2024[section])}</h3>")
         if q.group != group:
             group = q.group
             label = f"{html.escape(q.group)} " if year == 2024 else ""
-            body.append(f"<h4>{label}<code>{html.escape(q.problem)}</code></h4>")
+            body.append(f'<h4 id="p{year}-{slug(q.group)}">{label}<code>{html.escape(q.problem)}</code></h4>')
         body.append(_entry(q, got[q.number], year))
     return body
 
 
+def status_counts(got: dict[str, Answered]) -> dict[str, int]:
+    """How many answers have each status (STATUSES' order)."""
+    return {k: sum(a.status == k for a in got.values()) for k in STATUSES}
+
+
 def render(profile: str, data_dir: Path | None = None) -> str:
-    """The whole page as HTML text; each question answered once, shown under every edition that asks it."""
+    """The whole page as HTML text; each question answered once, in the first edition that asks it, and listed in the
+    map of every edition that asks it."""
     folder = default_folder() if data_dir is None else Path(data_dir)
     saved = Saved(folder, profile)
     got = {q.number: answer(q, saved) for q in QUESTIONS}
-    measured = sum(a.measured for a in got.values())
+    counts = status_counts(got)
     body = [part for year in EDITIONS for part in _edition(year, got)]
     devices = sorted({str(r.provenance.get("device")) for r in saved.used.values()}) or [machine_facts()["device"]]
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    toc = " · ".join(f'<a href="#e{y}">{y}</a>' for y in EDITIONS)
+    toc = " · ".join(f'<a href="#e{y}">{y}</a> (<a href="#map{y}">map</a>)' for y in EDITIONS)
+    statuses = "".join(f"<li><b>{n}</b> {html.escape(STATUSES[k])}</li>" for k, n in counts.items())
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Answers on this machine</title>'
             f"<style>{STYLE}</style></head><body><h1>The course's questions, answered on this machine</h1>"
             f"<p>Device: <b>{html.escape(', '.join(devices))}</b>; profile: <b>{html.escape(profile)}</b>; results "
-            f"read from <code>{html.escape(shown(folder))}/</code>; page built {now}. {measured} of {len(QUESTIONS)} "
-            "answers come from results saved on this machine (or are computed, the same anywhere); the others say "
-            "what to run. Comparisons name a faster side only when the 95% interval of the paired ratio excludes 1. "
-            "Published references are measurements made elsewhere, cited by source; they are not ours.</p>"
+            f"read from <code>{html.escape(shown(folder))}/</code>; page built {now}. Of the {len(QUESTIONS)} answers:"
+            f"</p><ul class=\"statuses\">{statuses}</ul><p>Comparisons name a faster side only when the 95% interval "
+            "of the paired ratio excludes 1. Published references are measurements made elsewhere, cited by source; "
+            "they are not ours. Each edition opens with a map from its handout's problem ids to the answers and the "
+            "notebook sections.</p>"
             f'<p><a href="index.html">All writeups</a> · editions: {toc}</p>{"".join(body)}'
             f"<h2>Saved results read</h2>{_sources(saved)}</body></html>\n")
 

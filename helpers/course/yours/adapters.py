@@ -6,7 +6,10 @@ ADAPTERS lists every name by topic. An adapter that raises NotImplementedError i
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import sys
+import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,31 +54,109 @@ def assignment_root(path: Path) -> Path:
     return path.parent.parent if path.parent.name == "tests" else path.parent
 
 
+NOT_STUDENT = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}", f"{os.sep}.venv{os.sep}")
+
+
+def student_frames(frames: list, path: Path | None) -> list:
+    """The frames in the student's own files: under the assignment root (or the adapters file's folder), not in an
+    installed package or a virtual environment inside the repository."""
+    roots = [str(assignment_root(path)), str(Path(path).resolve().parent)] if path else []
+    return [f for f in frames if any(f.filename.startswith(r) for r in roots)
+            and not any(part in f.filename for part in NOT_STUDENT)]
+
+
 def where(exc: BaseException, path: Path | None = None) -> str:
-    """'file:line' of the deepest frame of a student's code (in `path`'s assignment, else the deepest frame)."""
+    """'file:line' of the deepest frame in the student's files (see student_frames), else the deepest frame."""
     frames = traceback.extract_tb(exc.__traceback__)
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}"
-    root = str(assignment_root(path)) if path else None
-    mine = [f for f in frames if root and f.filename.startswith(root)] or frames
+    mine = student_frames(frames, path or _LOADED_FROM) or frames
     return f"{mine[-1].filename}:{mine[-1].lineno}" if mine else "?"
 
 
+_LOADED_FROM: Path | None = None  # the adapters file this process loaded (where() looks for the student's frames)
+PIP_NAMES = {"einops": "einops", "jaxtyping": "jaxtyping", "einx": "einx"}  # module -> the package that provides it
+
+
+def _project(pyproject: Path) -> tuple[str, str] | None:
+    """(name, version) of a pyproject.toml's [project] table, read without a TOML library (Python 3.10 has none)."""
+    text = pyproject.read_text(encoding="utf-8", errors="replace")
+    table = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    name = table and re.search(r'^name\s*=\s*["\']([^"\']+)', table.group(1), re.M)
+    version = table and re.search(r'^version\s*=\s*["\']([^"\']+)', table.group(1), re.M)
+    return (name.group(1), version.group(1) if version else "0") if name else None
+
+
+def prepare(root: Path) -> list[str]:
+    """Make an assignment importable here without installing anything into it: the root and <root>/cs336-basics
+    (every edition ships it there) on sys.path, and the metadata of their projects (pyproject.toml's name and
+    version) visible to importlib.metadata where they are not installed (the 2025 template's package reads its own
+    version at import). The folders added, in order."""
+    import importlib.metadata as md
+
+    folders = [str(root)] + [str(root / sub) for sub in ("cs336-basics",) if (root / sub).is_dir()]
+    meta = None
+    for folder in folders:
+        pyproject = Path(folder) / "pyproject.toml"
+        project = _project(pyproject) if pyproject.is_file() else None
+        if project is None:
+            continue
+        try:
+            md.version(project[0])
+            continue  # installed (uv sync, pip install -e): its own metadata wins
+        except md.PackageNotFoundError:
+            pass
+        meta = meta or tempfile.mkdtemp(prefix="yours-metadata-")
+        info = Path(meta) / f"{re.sub(r'[-_.]+', '_', project[0])}-{project[1]}.dist-info"
+        info.mkdir(exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project[0]}\nVersion: {project[1]}\n")
+    for folder in reversed(folders):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    if meta:
+        sys.path.append(meta)
+    return folders
+
+
+def fix_for(exc: ModuleNotFoundError, root: Path) -> str:
+    """The one command that makes a missing import work, for the module `exc` names."""
+    top = (exc.name or "").split(".")[0]
+    venv = root / ".venv" / "bin" / "python"
+    if venv.exists():
+        return f"run with --python {venv} (your assignment's environment)"
+    if top.startswith("cs336"):
+        return (f"cd {root} && uv sync, then run with --python {venv} ({top} is not in {root} nor in "
+                f"{root / 'cs336-basics'})")
+    return f"{sys.executable} -m pip install {PIP_NAMES.get(top, top)}"
+
+
 def load(path) -> ModuleType:
-    """Import the adapters file as pytest would: its own folder and the assignment root first on sys.path.
-    AdaptersError if it cannot."""
+    """Import the adapters file as pytest would from the assignment's root: its own folder and the root (prepare())
+    first on sys.path, the root as the working directory while it imports (so a relative sys.path entry of the file
+    resolves as under pytest; such entries are then made absolute). AdaptersError, saying what to do, if it cannot."""
+    global _LOADED_FROM
     path = Path(path)
     if not path.is_file():
         raise AdaptersError(f"no adapters file at {path}: pass the path to your assignment's tests/adapters.py")
-    for folder in (str(path.resolve().parent), str(assignment_root(path))):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
+    root = assignment_root(path)
+    prepare(root)
+    if str(path.resolve().parent) not in sys.path:
+        sys.path.insert(0, str(path.resolve().parent))
     spec = importlib.util.spec_from_file_location("student_adapters", path)
     module = importlib.util.module_from_spec(spec)
+    before, cwd = set(sys.path), os.getcwd()
     try:
+        os.chdir(root)
         spec.loader.exec_module(module)
+    except ModuleNotFoundError as exc:
+        raise AdaptersError(f"{path} failed to import: No module named {exc.name!r} (at {where(exc, path)}). "
+                            f"To fix: {fix_for(exc, root)}") from None
     except BaseException as exc:  # noqa: BLE001 - SystemExit and friends from a student's file are errors too
         raise AdaptersError(f"{path} failed to import: {type(exc).__name__}: {exc} (at {where(exc, path)})") from None
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = [str(root / p) if p and p not in before and not os.path.isabs(p) else p for p in sys.path]
+    _LOADED_FROM = path
     return module
 
 

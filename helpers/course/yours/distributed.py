@@ -7,20 +7,24 @@ process, accounted (memory, bytes) against the formulas, and timed beside ours a
 The student's code runs only in ranks started by helpers.launch (2 ranks, gloo, CPU); each rank imports the adapters
 file itself. A crashed rank (signal named), a hung collective (after Options.timeout_s) or an exception in the
 student's code becomes an "error" check naming file:line, and the topic's other implementations are then run in
-launches of their own, so one broken flavour never hides the others. The checks are the experiments' own (helpers.
-experiments.ddp / sharding / fsdp), called with the student's implementation in place of ours.
+launches of their own, so one broken flavour never hides the others. Two kinds of check (report.Check.beyond):
+- within the handout's contract (they decide the exit status; helpers.course.yours.contract): the course's own test
+  models and procedures (course_models: ToyModel and ToyModelWithTiedWeights built with a seed per rank for DDP, one
+  seed for the sharded optimizer, the cs336_basics layers with one seed for FSDP), with the tolerances its tests assert;
+- beyond it (reported, never in the exit status): our toy with tied, frozen and unused parameters and a per-rank
+  buffer, torch.nn layers seeded per rank, memory and bytes against the formulas, the timings; these are the
+  experiments' own checks (helpers.experiments.ddp / sharding / fsdp) with the student's implementation in place of ours.
+Each phase (a check, the timing, the memory and bytes) runs apart: an exception in one is its own error row, located at
+the deepest frame in the student's files (helpers.course.yours.student_calls calls the adapters).
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from helpers import formulas as F
 from helpers import launch as L
@@ -28,7 +32,10 @@ from helpers import memory as M
 from helpers.comm import count_collectives
 from helpers.course.yours import Options
 from helpers.course.yours import adapters as A
-from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED, Check, TopicResult
+from helpers.course.yours import contract as C
+from helpers.course.yours import course_models as CM
+from helpers.course.yours import student_calls as S
+from helpers.course.yours.report import CHECK_COLUMNS, ERROR, FAIL, PASS, SKIPPED, Check, TopicResult
 from helpers.ddp import wrap
 from helpers.experiments import ddp as XD
 from helpers.experiments import fsdp as XF
@@ -38,68 +45,13 @@ from helpers.formulas import MiB
 from helpers.fsdp import bytes_sent, fsdp_bytes_per_step
 from helpers.timing import paired_ratio, ratio_columns, verdict
 
-WORLD = 2
+WORLD = S.WORLD
 TOY = dict(steps=3, batch_size=8, context_length=6)  # DDP and sharding equivalence: the toy model (tied, frozen, unused)
 SPEED = dict(model="small/cpu", batch_size=8, context_length=32)  # side-by-side timing, small CPU shapes
 FSDP_CHECK = dict(model="small/cpu", n_layers=None, steps=2, batch_size=4, context_length=16)
 FSDP_DTYPES = ("fp32", "bf16")  # without and with a compute dtype
 FSDP_BYTES_TOL = 0.02  # bytes per step vs the formula, relative: another padding or sharded norm gains move ~0.1 %
 FSDP_MEMORY_TOL = 0.10  # after init and the forward/backward peak vs the formulas (XF.PEAK_TOL: the tracker's drift)
-
-
-class Unusable(Exception):
-    """An implementation that cannot be checked: an adapter not implemented, missing, or returning the wrong kind.
-    Raised alike on every rank (no collective is left waiting), so the worker reports it and goes on."""
-
-    def __init__(self, status: str, detail: str):
-        super().__init__(detail)
-        self.status, self.detail = status, detail
-
-
-# ---- in a rank: the student's adapters, loaded once per process ----
-
-_LOADED: dict = {}
-
-
-def _adapter_fns(path: str, topic: str, impl: str) -> dict:
-    """The callables of one implementation; Unusable(SKIPPED) when the file names none of them (another edition)."""
-    if path not in _LOADED:
-        _LOADED[path] = A.load(path)
-    adapter = next(a for a in A.implementations(_LOADED[path], topic) if a.impl == impl)
-    if not adapter.ok:
-        raise Unusable(SKIPPED, f"no {', '.join(A.ADAPTERS[topic][impl])} in the file (another edition's names)")
-    return adapter.fns
-
-
-def _required(fns: dict, name: str) -> callable:
-    if name not in fns:
-        raise Unusable(ERROR, f"{name} is missing from the adapters file (its flavour's other adapters are there)")
-    return fns[name]
-
-
-def _called(fn, *args, expect=None, what: str = "", **kwargs):
-    """A student's adapter called: NotImplementedError -> Unusable(NOT_IMPLEMENTED), a wrong return kind -> Unusable."""
-    out = A.call(fn, *args, **kwargs)
-    if isinstance(out, str) and out == A.NOT_IMPLEMENTED:
-        raise Unusable(NOT_IMPLEMENTED, f"{fn.__name__} raises NotImplementedError")
-    if expect is not None and not isinstance(out, expect):
-        raise Unusable(ERROR, f"{fn.__name__} returned {type(out).__name__}, expected {what}")
-    return out
-
-
-def _outcome(fn) -> dict:
-    """fn()'s dict with status "ok", or the Unusable's status and detail (other exceptions propagate: a rank error)."""
-    try:
-        return {"status": "ok", **fn()}
-    except Unusable as exc:
-        return {"status": exc.status, "detail": exc.detail}
-    except A.AdaptersError as exc:  # the file failed to import: the same on every rank, its file:line in the message
-        return {"status": ERROR, "detail": str(exc)}
-
-
-def _digest(state: dict) -> dict:
-    """name -> sha1 of the tensor's bytes: equality across ranks without sending the tensors back."""
-    return {k: hashlib.sha1(v.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest() for k, v in state.items()}
 
 
 def _sent(log, world: int) -> float:
@@ -116,11 +68,8 @@ def _one_step_bytes_and_peak(model, grad_sync, opt, x, y, track=M.track) -> tupl
 # ---- in the parent: launches that never crash the driver ----
 
 def _where_in(text: str, path: str) -> str:
-    """file:line of the deepest frame of the student's assignment in a traceback's text (else the deepest frame)."""
-    frames = re.findall(r'File "([^"]+)", line (\d+)', text or "")
-    root = str(A.assignment_root(Path(path)))
-    mine = [f for f in frames if f[0].startswith(root)] or frames
-    return f"{mine[-1][0]}:{mine[-1][1]}" if mine else "?"
+    """file:line of the deepest frame of the student's files in a traceback's text (S.student_frame)."""
+    return S.student_frame(re.findall(r'File "([^"]+)", line (\d+)', text or ""), path)
 
 
 def _failure_detail(exc: BaseException, path: str) -> str:
@@ -136,25 +85,49 @@ def _failure_detail(exc: BaseException, path: str) -> str:
     return f"{first} (at {_where_in(tb, path)})" if tb else first
 
 
+PARTS = ("course", "beyond")  # a worker's two parts: the checks within the handout's contract, and the probes beyond it
+
+
 def _launch_each(worker, path: str, impls: list[str], opts: Options) -> dict:
     """impl -> the worker's per-rank results, or the exception that stopped its launch. All implementations in one
-    launch; if it fails, each in a launch of its own, so a crash or hang is pinned on the implementation that caused it."""
-    def launch(names):
-        return L.launch(functools.partial(worker, path, names, opts), WORLD, backend="gloo", device="cpu",
+    launch; if it fails, each in a launch of its own, so a crash or hang is pinned on the implementation that caused
+    it; if that fails too, the course's checks alone, then the probes beyond them alone: a crash or hang beyond the
+    handout keeps the contract's results (each rank's dict then has "beyond_failed", what stopped the probes)."""
+    def launch(names, parts=PARTS):
+        return L.launch(functools.partial(worker, path, names, opts, parts), WORLD, backend="gloo", device="cpu",
                         timeout_s=opts.timeout_s)
     try:
         per_rank = launch(impls)
         return {impl: [r[impl] for r in per_rank] for impl in impls}
     except (L.RankError, TimeoutError) as exc:
-        if len(impls) == 1:
-            return {impls[0]: exc}
+        first = exc
     out = {}
     for impl in impls:
         try:
-            out[impl] = [r[impl] for r in launch([impl])]
+            if len(impls) > 1:
+                out[impl] = [r[impl] for r in launch([impl])]
+                continue
         except (L.RankError, TimeoutError) as exc:
-            out[impl] = exc
+            first = exc
+        try:
+            course = [r[impl] for r in launch([impl], ("course",))]
+        except (L.RankError, TimeoutError):
+            out[impl] = first  # the contract's part fails alone too: the implementation's error
+            continue
+        try:
+            beyond = [r[impl] for r in launch([impl], ("beyond",))]
+            out[impl] = [{**b, **{k: v for k, v in c.items() if v is not None}} for c, b in zip(course, beyond)]
+        except (L.RankError, TimeoutError) as exc:
+            out[impl] = [{**c, "beyond_failed": _failure_detail(exc, path)} for c in course]
     return out
+
+
+def _beyond_failed(topic: str, impl: str, per_rank: list[dict]) -> list[Check]:
+    """The ERROR row for probes beyond the handout whose launch crashed or hung (the contract's checks stand)."""
+    if not isinstance(per_rank[0], dict) or "beyond_failed" not in per_rank[0]:
+        return []
+    return [Check(topic, impl, "beyond the handout: the probes run on 2 ranks", ERROR, per_rank[0]["beyond_failed"],
+                  beyond=True)]
 
 
 def _status_checks(topic: str, impl: str, got, path: str) -> list[Check] | None:
@@ -194,50 +167,15 @@ def ddp_bucket_sizes() -> list[float]:
     return [1e-5, XD.bucket_mb_for(2), 100.0]
 
 
-class StudentDDP:
-    """A student's DDP flavour behind the gradient-sync protocol of train_step and gradient_checks (.module, call,
-    on_train_batch_start, finish_gradient_synchronization), its hooks called with (ddp_model, optimizer) as the
-    course's tests call them; the synced gradients of every step are kept for the cross-rank check."""
-
-    def __init__(self, fns: dict, impl: str, module: nn.Module, bucket_mb: float | None = None):
-        names = A.ADAPTERS["ddp"][impl]
-        ctor = _required(fns, names[0])
-        self.after = _required(fns, names[1])
-        self.start = _required(fns, names[2]) if len(names) > 2 else None
-        args = (module, bucket_mb) if impl == "bucketed" else (module,)
-        self.ddp = _called(ctor, *args, expect=nn.Module, what="a torch.nn.Module wrapping the model")
-        self.module, self.optimizer, self.synced = module, None, []
-        self.keep = True  # keep each step's synced gradients (not while timing or measuring memory)
-
-    def parameters(self):
-        return self.ddp.parameters()
-
-    def bind_optimizer(self, optimizer) -> None:
-        """The optimizer the hooks are called with (bench_worker makes it after the wrapper)."""
-        self.optimizer = optimizer
-
-    def __call__(self, *args, **kwargs):
-        return self.ddp(*args, **kwargs)
-
-    def on_train_batch_start(self) -> None:
-        if self.start is not None:
-            _called(self.start, self.ddp, self.optimizer)
-
-    def finish_gradient_synchronization(self) -> None:
-        _called(self.after, self.ddp, self.optimizer)
-        if self.keep:
-            self.synced.append({n: None if p.grad is None else p.grad.detach().clone()
-                                for n, p in self.module.named_parameters() if p.requires_grad})
-
-    def close(self) -> None:
-        """Nothing to remove: the student's wrapper owns its hooks."""
-
+# ---- DDP beyond the handout: our toy (tied, frozen, unused parameters, a per-rank buffer), gradients vs float64 ----
+# Beyond: the course's toy models have no unused parameter that requires a gradient and no buffer, and the handout
+# asks for the parameters to be broadcast (2024-2026 DDP problems); a float64-derived bound is ours, not the tests'.
 
 def _ddp_config(fns, impl: str, bucket_mb) -> dict:
     """One equivalence run of the student's flavour on the toy model (rank-seeded: the broadcast must fix it)."""
     rank = dist.get_rank()
     net = make_model("toy", rank)
-    shim = StudentDDP(fns, impl, net, bucket_mb)
+    shim = S.StudentDDP(fns, impl, net, bucket_mb)
     start = make_model("toy", 0).state_dict()
     start_diff = [k for k, v in net.state_dict().items() if not torch.equal(v, start[k])]
     shim.optimizer = opt = XD.make_optimizer(shim.parameters(), "sgd")
@@ -250,7 +188,7 @@ def _ddp_speed(fns, impl: str, opts: Options) -> dict:
     """Yours, ours (the same flavour) and torch DDP from the same weights, timed interleaved; then one more step each
     for bytes sent and the step's peak."""
     kind, mb = DDP_OURS[impl]
-    wrappers = {"yours": lambda m: _untracked(StudentDDP(fns, impl, m, SPEED_BUCKET_MB)),
+    wrappers = {"yours": lambda m: _untracked(S.StudentDDP(fns, impl, m, SPEED_BUCKET_MB)),
                 "ours": lambda m: wrap(kind, m, mb), "pytorch": lambda m: wrap("torch_ddp", m, SPEED_BUCKET_MB)}
     built = {}
 
@@ -265,7 +203,7 @@ def _ddp_speed(fns, impl: str, opts: Options) -> dict:
     x, y = rank_share(make_batches(SPEED["model"], 1, SPEED["batch_size"], SPEED["context_length"], 1)[0])
     sent, peak = {}, {}
     for label, w in built.items():
-        opt = w.optimizer if isinstance(w, StudentDDP) else XD.make_optimizer(w.parameters(), "sgd")
+        opt = w.optimizer if isinstance(w, S.StudentDDP) else XD.make_optimizer(w.parameters(), "sgd")
         sent[label], peak[label] = _one_step_bytes_and_peak(w.module, w, opt, x, y)
     for w in built.values():
         w.close()
@@ -273,22 +211,29 @@ def _ddp_speed(fns, impl: str, opts: Options) -> dict:
             "grad_bytes": 4 * sum(p.numel() for p in make_model(SPEED["model"], 0).parameters() if p.requires_grad)}
 
 
-def _untracked(shim: StudentDDP) -> StudentDDP:
+def _untracked(shim: S.StudentDDP) -> S.StudentDDP:
     shim.keep = False
     return shim
 
 
-def ddp_worker(path: str, impls: list[str], opts: Options) -> dict:
-    """In each rank: per DDP flavour, equivalence runs on the toy model (each bucket size for the bucketed one) and
-    the side-by-side timing; {impl: outcome}."""
+def ddp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
+    """In each rank, per DDP flavour: the course's test on its models (each bucket size for the bucketed one), then
+    beyond the handout our toy model at several bucket sizes, then the side-by-side timing; each in a phase of its
+    own (an exception in one is its error, the others still run). {impl: outcome}."""
     out = {}
     for impl in impls:
         def run(impl=impl):
-            fns = _adapter_fns(path, "ddp", impl)
-            sizes = ddp_bucket_sizes() if impl == "bucketed" else [None]
-            configs = [_ddp_config(fns, impl, mb) for mb in sizes]
-            return {"configs": configs, "speed": _ddp_speed(fns, impl, opts) if opts.timed and opts.steps else None}
-        out[impl] = _outcome(run)
+            fns = S.adapter_fns(path, "ddp", impl)
+            course = beyond = speed = None
+            if "course" in parts:
+                course = [S.phase(path, functools.partial(C.course_ddp_run, fns, impl, m, mb))
+                          for m, mb in C.course_ddp_configs(impl)]
+            if "beyond" in parts:
+                sizes = ddp_bucket_sizes() if impl == "bucketed" else [None]
+                beyond = [S.phase(path, functools.partial(_ddp_config, fns, impl, mb)) for mb in sizes]
+                speed = S.phase(path, lambda: _ddp_speed(fns, impl, opts)) if opts.timed and opts.steps else None
+            return {"course": course, "configs": beyond, "speed": speed}
+        out[impl] = S.outcome(run)
     return out
 
 
@@ -296,10 +241,13 @@ def _ddp_config_checks(impl: str, label: str, per_rank: list[dict]) -> list[Chec
     """Broadcast at construction, gradients vs one process (with the likely mistake), same weights on every rank."""
     checks = []
     diff = sorted({k for r in per_rank for k in r["start_diff"]})
+    buffers = {n for n, _ in make_model("toy", 0).named_buffers()}
     checks.append(Check("ddp", impl, f"rank 0's weights at construction, {label}", FAIL if diff else PASS,
                         f"after construction, rank(s) {[i for i, r in enumerate(per_rank) if r['start_diff']]} still "
-                        f"hold their own {', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''} (parameters differ at "
-                        "step 0: not broadcast from rank 0)" if diff else "every rank starts from rank 0's weights"))
+                        f"hold their own {', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''} ("
+                        + ("buffers only: the parameters were broadcast, the buffers not; the handout asks for the "
+                           "parameters, and the course's models have no buffer)" if set(diff) <= buffers else
+                           "not broadcast from rank 0)") if diff else "every rank starts from rank 0's weights"))
     steps = [(rank, s) for rank, r in enumerate(per_rank) for s in r["steps"]]
     bad = [(rank, s) for rank, s in steps if not s.finite or not s.max_ratio <= 1]
     if not bad:
@@ -313,7 +261,7 @@ def _ddp_config_checks(impl: str, label: str, per_rank: list[dict]) -> list[Chec
         if not s.finite:
             why = "non-finite (NaN/inf) gradient"
         elif diff:
-            why = "likely because the ranks did not start from rank 0's weights"
+            why = "the ranks did not start from rank 0's weights (the check above)"
         elif s.summed_ratio <= 1:
             why = f"gradients exactly {WORLD}x one process's: summed over ranks, not averaged (divide by the world size)"
         elif unsynced:
@@ -357,8 +305,9 @@ def _ddp_rows(impl: str, speed_per_rank: list[dict]) -> list[dict]:
 
 
 def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
-    """Every DDP flavour the file has (individual, bucketed, 2026's get_ddp): equivalence with one process on the toy
-    model (tied, frozen, unused parameters; the bucketed one at several bucket sizes), then yours vs ours vs torch DDP."""
+    """Every DDP flavour the file has (individual, bucketed, 2026's get_ddp): the course's test on its two toy models
+    (at the 2024 test's bucket sizes), then beyond the handout our toy (tied, frozen and unused parameters, a buffer)
+    at several bucket sizes, then yours vs ours vs torch DDP."""
     result = TopicResult("ddp")
     got = _launch_each(ddp_worker, str(adapters_path), list(A.ADAPTERS["ddp"]), opts)
     for impl, per_rank in got.items():
@@ -366,13 +315,34 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
         if early:
             result.checks += early
             continue
-        for k, configs in enumerate(zip(*[r["configs"] for r in per_rank])):
+        for k, (model, mb) in enumerate(C.course_ddp_configs(impl)):
+            label = model + (f", bucket {mb:g} MB" if mb is not None else "")
+            runs = [r["course"][k] for r in per_rank]
+            error = S.phase_error("ddp", impl, f"{label}: the course's DDP test runs", runs, beyond=False)
+            result.checks += [error] if error else C.course_ddp_checks(impl, label, runs)
+        if _beyond_failed("ddp", impl, per_rank):
+            result.checks += _beyond_failed("ddp", impl, per_rank)
+            continue
+        for configs in zip(*[r["configs"] for r in per_rank]):
+            configs = list(configs)
+            error = S.phase_error("ddp", impl, "beyond the handout: our toy model (tied, frozen, unused, buffer) runs",
+                                 configs, beyond=True)
+            if error:
+                result.checks.append(error)
+                continue
             mb = configs[0]["bucket_mb"]
-            label = "toy model" + (f", bucket {mb:.3g} MB" if mb is not None else "")
-            result.checks += _ddp_config_checks(impl, label, list(configs))
-        if per_rank[0]["speed"]:
-            result.rows += _ddp_rows(impl, [r["speed"] for r in per_rank])
-            same = all(r["speed"]["same_weights"] for r in per_rank)
+            label = "our toy model (tied, frozen, unused, buffer)" + (f", bucket {mb:.3g} MB" if mb is not None else "")
+            for c in _ddp_config_checks(impl, label, configs):
+                c.beyond, c.prop = True, f"beyond the handout: {c.prop}"
+                result.checks.append(c)
+        speed = [r["speed"] for r in per_rank]
+        if speed[0] is not None:
+            error = S.phase_error("ddp", impl, "beyond the handout: timing, bytes and peak on small/cpu", speed, True)
+            if error:
+                result.checks.append(error)
+                continue
+            result.rows += _ddp_rows(impl, speed)
+            same = all(r["same_weights"] for r in speed)
             result.rows.append({"topic": "ddp", "impl": impl, "measure": "same weights as ours and torch DDP after "
                                 "the timed steps", "who": "yours", "value": same, "unit": ""})
     return result
@@ -383,39 +353,43 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
 SHARDING_MEMORY = dict(model="small/cpu", batch_size=2, context_length=16)  # state bytes: a model with a formula
 
 
-def _student_optimizer(fns: dict):
-    """The student's get_sharded_optimizer as build()'s `impl` (params, optimizer_cls, **kwargs) -> Optimizer."""
-    ctor = _required(fns, "get_sharded_optimizer")
-
-    def make(params, optimizer_cls, **kwargs):
-        return _called(ctor, params, optimizer_cls, expect=torch.optim.Optimizer, what="a torch.optim.Optimizer",
-                       **kwargs)
-    return make
-
-
-def sharding_worker(path: str, impls: list[str], opts: Options) -> dict:
-    """In each rank: unsharded AdamW, ours and yours trained on the toy model (bitwise comparison), the state each
-    holds after one step of small/cpu (helpers.memory.track), and the three timed interleaved with torch's ZeRO."""
+def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
+    """In each rank, per implementation, each phase apart: the course's test on its two models and the state each
+    rank keeps (within the handout); beyond it, unsharded AdamW, ours and yours on our toy model (bitwise), the state
+    after one step of small/cpu vs the formula, and the three timed interleaved with torch's ZeRO."""
     out = {}
     for impl in impls:
         def run():
-            make = _student_optimizer(_adapter_fns(path, "sharding", impl))
-            runs = XS.equivalence_worker(model="toy", kinds=["unsharded", "sharded", "yours"], optimizer="adamw",
-                                         impls={"yours": make}, **TOY)
-            mem = XS.memory_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], impls={"yours": make},
-                                   steps=1, **SHARDING_MEMORY)
-            growth = {k: _after(r, "after step") - _after(r, "before step") for k, r in mem.items()}
-            speed = None
-            if opts.timed and opts.steps:
+            make = S.student_optimizer(S.adapter_fns(path, "sharding", impl))
+            course = partition = None
+            if "course" in parts:
+                course = [S.phase(path, functools.partial(C.course_sharding_run, make, m)) for m in CM.MODELS]
+                partition = S.phase(path, lambda: C.course_state_growth(make))
+
+            def beyond():  # bitwise (ours), on our toy (buffer, unused parameter): past the test's allclose
+                runs = XS.equivalence_worker(model="toy", kinds=["unsharded", "sharded", "yours"], optimizer="adamw",
+                                             impls={"yours": make}, **TOY)
+                return {"runs": {k: {"weights": S.digest(r.weights) if dist.get_rank() else r.weights,
+                                     "same_grads": r.same_grads, "collectives": r.collectives[-1]}
+                                 for k, r in runs.items()}}
+
+            def memory():  # a balanced partition (1/N + a tensor) on small/cpu: the handout asks for a partition
+                mem = XS.memory_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], impls={"yours": make},
+                                       steps=1, **SHARDING_MEMORY)
+                return {"growth": {k: _after(r, "after step") - _after(r, "before step") for k, r in mem.items()},
+                        "peak": {k: max(p.peak for p in r.points) for k, r in mem.items()}}
+
+            def timed():
                 speed = XS.speed_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], steps=opts.steps,
                                         warmup=opts.warmup, impls={"yours": make}, **SPEED)
-            return {"runs": {k: {"weights": _digest(r.weights) if dist.get_rank() else r.weights,
-                                 "same_grads": r.same_grads, "collectives": r.collectives[-1]} for k, r in runs.items()},
-                    "growth": growth, "peak": {k: max(p.peak for p in r.points) for k, r in mem.items()},
-                    "speed": None if speed is None else {"samples": {k: [s["fwd_bwd"] + s["step"] for s in v]
-                                                                     for k, v in speed.samples.items()},
-                                                         "same_weights": speed.same_weights}}
-        out[impl] = _outcome(run)
+                return {"samples": {k: [s["fwd_bwd"] + s["step"] for s in v] for k, v in speed.samples.items()},
+                        "same_weights": speed.same_weights}
+            if "beyond" not in parts:
+                return {"course": course, "partition": partition, "beyond": None, "memory": None, "speed": None}
+            return {"course": course, "partition": partition, "beyond": S.phase(path, beyond),
+                    "memory": S.phase(path, memory),
+                    "speed": S.phase(path, timed) if opts.timed and opts.steps else None}
+        out[impl] = S.outcome(run)
     return out
 
 
@@ -424,16 +398,37 @@ def _after(run, point: str) -> int:
 
 
 def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
-    """The sharded optimizer: bitwise equal to unsharded AdamW after several steps, each rank's state at most 1/N of
-    the total plus its largest tensor; yours vs ours vs torch's ZeroRedundancyOptimizer."""
+    """The sharded optimizer: within the handout, the course's test (allclose to unsharded AdamW on ToyModel and
+    ToyModelWithTiedWeights) and each rank keeping only part of the state; beyond it, bitwise equality on our toy,
+    each rank's state at most 1/N of the total plus its largest tensor on small/cpu, and yours vs ours vs torch's
+    ZeroRedundancyOptimizer."""
     result = TopicResult("sharding")
     for impl, per_rank in _launch_each(sharding_worker, str(adapters_path), list(A.ADAPTERS["sharding"]), opts).items():
         early = _status_checks("sharding", impl, per_rank, str(adapters_path))
         if early:
             result.checks += early
             continue
-        result.checks += _sharding_checks(impl, per_rank)
-        result.rows += _sharding_rows(impl, per_rank)
+        for k, model in enumerate(CM.MODELS):
+            runs = [r["course"][k] for r in per_rank]
+            error = S.phase_error("sharding", impl, f"{model}: the course's sharded-optimizer test runs", runs, False)
+            result.checks += [error] if error else C.course_sharding_checks(impl, model, runs)
+        parts = [r["partition"] for r in per_rank]
+        error = S.phase_error("sharding", impl, "ToyModel: optimizer state partitioned over ranks", parts, False)
+        result.checks += [error] if error else [C.partition_check(impl, parts)]
+        if _beyond_failed("sharding", impl, per_rank):
+            result.checks += _beyond_failed("sharding", impl, per_rank)
+            continue
+        beyond = [r["beyond"] for r in per_rank]
+        error = S.phase_error("sharding", impl, "beyond the handout: our toy model runs", beyond, True)
+        result.checks += [error] if error else _sharding_checks(impl, beyond)
+        memory = [r["memory"] for r in per_rank]
+        error = S.phase_error("sharding", impl, "beyond the handout: state per rank on small/cpu runs", memory, True)
+        result.checks += [error] if error else [_state_check(impl, memory)]
+        speed = [r["speed"] for r in per_rank] if per_rank[0]["speed"] is not None else None
+        error = speed and S.phase_error("sharding", impl, "beyond the handout: timing on small/cpu", speed, True)
+        if error:
+            result.checks.append(error)
+        result.rows += _sharding_rows(impl, beyond, memory, None if error else speed)
     return result
 
 
@@ -454,11 +449,17 @@ def _sharding_checks(impl: str, per_rank: list[dict]) -> list[Check]:
     else:
         checks.append(Check("sharding", impl, f"bitwise equal to unsharded AdamW after {steps} steps (toy model)", PASS,
                             f"all {len(ref)} tensors bitwise equal on rank 0"))
-    digests = [_digest(mine)] + [r["runs"]["yours"]["weights"] for r in per_rank[1:]]
+    digests = [S.digest(mine)] + [r["runs"]["yours"]["weights"] for r in per_rank[1:]]
     split = [k for k in digests[0] if any(d[k] != digests[0][k] for d in digests[1:])]
     checks.append(Check("sharding", impl, "same weights on every rank", FAIL if split else PASS,
                         f"ranks hold different {', '.join(split[:4])}: an owner's update not broadcast" if split
                         else "bitwise equal on every rank"))
+    return [Check(c.topic, c.impl, "beyond the handout: " + c.prop, c.status, c.detail, beyond=True) for c in checks]
+
+
+def _state_check(impl: str, per_rank: list[dict]) -> Check:
+    """Beyond the handout: each rank's state after one step of small/cpu at most 1/N of the whole + its largest
+    tensor (a balanced partition by whole tensors)."""
     full = max(r["growth"]["unsharded"] for r in per_rank)
     slack = XS.whole_tensor_slack(SHARDING_MEMORY["model"])
     limit = full / WORLD + slack
@@ -469,15 +470,15 @@ def _sharding_checks(impl: str, per_rank: list[dict]) -> list[Check]:
     if held > limit:
         detail += (" - each rank holds all the state: sharded state not partitioned (step only the parameters this "
                    "rank owns)" if held >= 0.9 * full else " - the partition is unbalanced")
-    checks.append(Check("sharding", impl, f"state per rank <= 1/{WORLD} + largest tensor (small/cpu)",
-                        FAIL if held > limit else PASS, detail))
-    return checks
+    return Check("sharding", impl, f"beyond the handout: state per rank <= 1/{WORLD} + largest tensor (small/cpu)",
+                 FAIL if held > limit else PASS, detail, beyond=True)
 
 
-def _sharding_rows(impl: str, per_rank: list[dict]) -> list[dict]:
+def _sharding_rows(impl: str, beyond: list[dict], memory: list[dict], speed: list[dict] | None) -> list[dict]:
     labels = {"yours": "yours", "sharded": "ours", "torch_zero": "pytorch", "unsharded": "unsharded AdamW"}
     rows = []
-    for kind in ("yours", "sharded", "torch_zero", "unsharded"):
+    per_rank = memory
+    for kind in ("yours", "sharded", "torch_zero", "unsharded") if memory[0]["status"] == "ok" else ():
         rows.append({"topic": "sharding", "impl": impl, "measure": "optimizer state per rank, worst rank",
                      "who": labels[kind], "value": max(r["growth"][kind] for r in per_rank) / MiB, "unit": "MiB"})
         rows.append({"topic": "sharding", "impl": impl, "measure": "peak over a step, worst rank", "who": labels[kind],
@@ -485,32 +486,19 @@ def _sharding_rows(impl: str, per_rank: list[dict]) -> list[dict]:
     rows.append({"topic": "sharding", "impl": impl, "measure": "optimizer state per rank, worst rank", "who": "formula",
                  "value": max(F.state_bytes("sharded", SHARDING_MEMORY["model"], WORLD, r) for r in range(WORLD)) / MiB,
                  "unit": "MiB"})
-    for kind in ("yours", "sharded"):  # the optimizer's own collectives: the all-reduce is the shared DDPBucketed's
-        log = [(op, b) for op, b in per_rank[0]["runs"][kind]["collectives"] if op != "all_reduce"]
+    # the optimizer's own collectives: the all-reduce is the shared DDPBucketed's
+    for kind in ("yours", "sharded") if beyond[0]["status"] == "ok" else ():
+        log = [(op, b) for op, b in beyond[0]["runs"][kind]["collectives"] if op != "all_reduce"]
         rows.append({"topic": "sharding", "impl": impl, "measure": "bytes sent by step() (rank 0, toy model)",
                      "who": labels[kind], "value": _sent(log, WORLD) / MiB, "unit": "MiB"})
-    if per_rank[0]["speed"]:
-        samples = [r["speed"]["samples"] for r in per_rank]
-        rows += _timing_rows("sharding", impl, samples, labels)
+    if speed:
+        rows += _timing_rows("sharding", impl, [r["samples"] for r in speed], labels)
         rows.append({"topic": "sharding", "impl": impl, "measure": "same weights as unsharded after the timed steps",
-                     "who": "yours", "value": all(r["speed"]["same_weights"]["yours"] for r in per_rank), "unit": ""})
+                     "who": "yours", "value": all(r["same_weights"]["yours"] for r in speed), "unit": ""})
     return rows
 
 
 # ======================================= FSDP =======================================
-
-def _student_fsdp(fns: dict) -> XF.FsdpImpl:
-    """The student's get_fsdp / fsdp_on_after_backward / fsdp_gather_full_params as an FsdpImpl, return kinds checked."""
-    ctor, after, gather = (_required(fns, n) for n in A.ADAPTERS["fsdp"]["fsdp"])
-
-    def gathered(model):
-        out = _called(gather, model, expect=dict, what="a dict {parameter name: full tensor}")
-        return {k: v.detach().float().cpu().clone() for k, v in out.items()}
-    return XF.FsdpImpl(wrap=lambda module, dtype: _called(ctor, module, dtype, expect=nn.Module,
-                                                          what="a torch.nn.Module wrapping the model"),
-                       on_after_backward=lambda model, opt: _called(after, model, opt),
-                       gather_full_params=gathered)
-
 
 def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
     """One fp32 AdamW step of a fresh model (yours or ours): the collectives it called and its peak above its start."""
@@ -523,43 +511,59 @@ def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
     return list(log)
 
 
-def fsdp_worker(path: str, impls: list[str], opts: Options) -> dict:
-    """In each rank: the student's FSDP trained with SGD without and with bf16 compute (opts.repeat times), its
-    memory after init and over a step, one step's bytes, and yours vs ours vs torch's fully_shard timed."""
+def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
+    """In each rank, each phase apart: the 2026 test on the cs336_basics model (fp32 and fp16; when the student's
+    cs336_basics imports) and the memory after get_fsdp; beyond the handout, our TransformerLM seeded per rank with SGD
+    without and with bf16 compute (opts.repeat times), memory and bytes vs the formulas, and the timing."""
     out, cfg, rank = {}, FSDP_CHECK, dist.get_rank()
     for impl_name in impls:
         def run():
-            impl = _student_fsdp(_adapter_fns(path, "fsdp", impl_name))
-            repeats = []
-            for r in range(max(1, opts.repeat)):
-                runs = XF.equivalence_worker(model=cfg["model"], n_layers=cfg["n_layers"], dtypes=list(FSDP_DTYPES),
-                                             steps=cfg["steps"], batch_size=cfg["batch_size"],
-                                             context_length=cfg["context_length"], impl=impl)
-                full = rank == 0 and r == 0
-                repeats.append({d: [w if full else _digest(w) for w in run.weights] for d, run in runs.items()})
-            memory = {k: XF.fsdp_memory(model=cfg["model"], batch_size=cfg["batch_size"],
-                                        context_length=cfg["context_length"], steps=1, impl=i)
-                      for k, i in (("yours", impl), ("ours", None))}
-            logs = {"yours": _fsdp_step_bytes("yours", impl), "ours": _fsdp_step_bytes("fsdp", None)}
-            speed = None
-            if opts.timed and opts.steps:
-                speed = XF.measure_worker(kinds=("yours", "fsdp", "torch_fsdp"), steps=opts.steps, warmup=opts.warmup,
-                                          memory=False, trace=False, impls={"yours": impl}, **SPEED).samples
-            return {"repeats": repeats, "memory": memory, "logs": logs, "speed": speed}
-        out[impl_name] = _outcome(run)
+            impl = S.student_fsdp(S.adapter_fns(path, "fsdp", impl_name))
+            course = None
+            try:
+                if "course" not in parts:
+                    raise C.NotAsked
+                C.course_layers()
+                course = {}
+                for dtype in C.COURSE_FSDP_DTYPES:
+                    course[f"run {dtype}"] = S.phase(path, functools.partial(C.course_fsdp_run, impl, dtype))
+                    course[f"grads {dtype}"] = S.phase(path, functools.partial(C.course_fsdp_grads, impl, dtype))
+                course["memory"] = S.phase(path, functools.partial(C.course_fsdp_memory, impl))
+            except C.NotAsked:
+                pass
+            except Exception as exc:  # noqa: BLE001 - no cs336_basics: the course's test cannot run either
+                course = {"missing": f"{type(exc).__name__}: {exc}"}
+
+            # Beyond the 2026 handout: torch.nn layers seeded per rank (the test uses cs336_basics with one seed),
+            # bf16, exact peaks and bytes against the formulas (it promises shards, not a peak), races over repeats.
+            def equivalence():
+                repeats = []
+                for r in range(max(1, opts.repeat)):
+                    runs = XF.equivalence_worker(model=cfg["model"], n_layers=cfg["n_layers"], dtypes=list(FSDP_DTYPES),
+                                                 steps=cfg["steps"], batch_size=cfg["batch_size"],
+                                                 context_length=cfg["context_length"], impl=impl)
+                    full = rank == 0 and r == 0
+                    repeats.append({d: [w if full else S.digest(w) for w in run.weights] for d, run in runs.items()})
+                return {"repeats": repeats}
+
+            def memory():
+                return {"memory": {k: XF.fsdp_memory(model=cfg["model"], batch_size=cfg["batch_size"],
+                                                      context_length=cfg["context_length"], steps=1, impl=i)
+                                   for k, i in (("yours", impl), ("ours", None))}}
+
+            def logs():
+                return {"logs": {"yours": _fsdp_step_bytes("yours", impl), "ours": _fsdp_step_bytes("fsdp", None)}}
+
+            def timed():
+                return {"samples": XF.measure_worker(kinds=("yours", "fsdp", "torch_fsdp"), steps=opts.steps,
+                                                     warmup=opts.warmup, memory=False, trace=False,
+                                                     impls={"yours": impl}, **SPEED).samples}
+            if "beyond" not in parts:
+                return {"course": course, "equivalence": None, "memory": None, "logs": None, "speed": None}
+            return {"course": course, "equivalence": S.phase(path, equivalence), "memory": S.phase(path, memory),
+                    "logs": S.phase(path, logs), "speed": S.phase(path, timed) if opts.timed and opts.steps else None}
+        out[impl_name] = S.outcome(run)
     return out
-
-
-def _aligned(weights: dict, names: list[str]) -> dict:
-    """The gathered weights keyed as the model names its parameters (a "module." prefix dropped); ValueError naming
-    the missing and extra keys otherwise."""
-    for strip in ("", "module.", "_fsdp_wrapped_module."):
-        got = {k[len(strip):] if k.startswith(strip) else k: v for k, v in weights.items()}
-        if set(names) <= set(got):
-            return {n: got[n] for n in names}
-    missing, extra = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
-    raise ValueError(f"fsdp_gather_full_params' keys are not the model's parameter names: missing "
-                     f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; extra {', '.join(extra[:3])}")
 
 
 def _update_check(before: dict, after: dict, x, y, dtype: str) -> tuple[float, float, str]:
@@ -597,7 +601,7 @@ def _fsdp_equivalence_checks(impl: str, per_rank: list[dict], repeat: int) -> li
     names = [n for n, _ in XF.build(cfg["model"], cfg["n_layers"], seed=0).named_parameters()]
     first = per_rank[0]["repeats"][0]
     try:
-        full = {d: [_aligned(w, names) for w in ws] for d, ws in first.items()}
+        full = {d: [S.aligned(w, names) for w in ws] for d, ws in first.items()}
     except ValueError as exc:
         return [Check("fsdp", impl, "fsdp_gather_full_params returns the full weights", FAIL, str(exc))]
     start = {n: p.detach().cpu() for n, p in XF.build(cfg["model"], cfg["n_layers"], seed=0).named_parameters()}
@@ -622,7 +626,7 @@ def _fsdp_equivalence_checks(impl: str, per_rank: list[dict], repeat: int) -> li
         else:
             checks.append(Check("fsdp", impl, f"SGD steps vs one process ({label})", PASS,
                                 f"{cfg['steps']} steps, worst |diff| / bound {max(r[1] for r in results):.3g}"))
-    digests = {d: [_digest(w) for w in ws] for d, ws in first.items()}
+    digests = {d: [S.digest(w) for w in ws] for d, ws in first.items()}
     split = [(d, s, k) for r in per_rank[1:] for d, ws in r["repeats"][0].items() for s, w in enumerate(ws)
              for k in w if w[k] != digests[d][s].get(k)]
     checks.append(Check("fsdp", impl, "every rank gathers the same weights", FAIL if split else PASS,
@@ -718,24 +722,51 @@ def _fsdp_bytes_checks(impl: str, per_rank: list[dict]) -> tuple[list[Check], li
 
 
 def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
-    """FSDP: SGD steps within the derived bound of one process's, without and with bf16 compute, opts.repeat times;
-    memory after init and the forward/backward peak vs the formulas; bytes per step vs the formula;
-    fsdp_gather_full_params; yours vs ours vs torch's fully_shard."""
+    """FSDP: within the handout, the 2026 test on the cs336_basics model (fp32 and fp16 steps vs one process,
+    gradients' shapes and dtypes, replicated gradients equal) and a shard per rank after get_fsdp; beyond it, our
+    TransformerLM seeded per rank (rank 0's weights, fp32 and bf16 steps within the derived bound, opts.repeat
+    times), memory and bytes vs the formulas, and yours vs ours vs torch's fully_shard."""
     result = TopicResult("fsdp")
     for impl, per_rank in _launch_each(fsdp_worker, str(adapters_path), list(A.ADAPTERS["fsdp"]), opts).items():
         early = _status_checks("fsdp", impl, per_rank, str(adapters_path))
         if early:
             result.checks += early
             continue
-        result.checks += _fsdp_equivalence_checks(impl, per_rank, max(1, opts.repeat))
-        for part in (_fsdp_memory_checks, _fsdp_bytes_checks):
-            checks, rows = part(impl, per_rank)
-            result.checks += checks
-            result.rows += rows
-        if per_rank[0]["speed"]:
+        if "missing" in per_rank[0]["course"]:  # the course's test cannot run without it either
+            result.checks.append(Check("fsdp", impl, "the 2026 test's model (cs336_basics.model)", SKIPPED,
+                                       f"cs336_basics.model does not import ({per_rank[0]['course']['missing']}): the "
+                                       "course's FSDP test builds its model from it; put your cs336-basics on the path"))
+        else:
+            result.checks += C.course_fsdp_checks(impl, {k: [r["course"][k] for r in per_rank]
+                                                        for k in per_rank[0]["course"]})
+        if _beyond_failed("fsdp", impl, per_rank):
+            result.checks += _beyond_failed("fsdp", impl, per_rank)
+            continue
+        beyond = []
+        phases = (("equivalence", lambda ph: _fsdp_equivalence_checks(impl, ph, max(1, opts.repeat)), "runs"),
+                  ("memory", lambda ph: _rows_into(result, _fsdp_memory_checks(impl, ph)), "memory"),
+                  ("logs", lambda ph: _rows_into(result, _fsdp_bytes_checks(impl, ph)), "bytes per step"))
+        for key, checks_of, what in phases:
+            ph = [r[key] for r in per_rank]
+            error = S.phase_error("fsdp", impl, f"our TransformerLM ({what})", ph, beyond=True)
+            beyond += [error] if error else checks_of(ph)
+        speed = [r["speed"] for r in per_rank] if per_rank[0]["speed"] is not None else None
+        error = speed and S.phase_error("fsdp", impl, "timing on small/cpu", speed, beyond=True)
+        if error:
+            beyond.append(error)
+        elif speed:
             labels = {"yours": "yours", "fsdp": "ours", "torch_fsdp": "pytorch"}
-            result.rows += _timing_rows("fsdp", impl, [r["speed"] for r in per_rank], labels)
+            result.rows += _timing_rows("fsdp", impl, [r["samples"] for r in speed], labels)
+        for c in beyond:
+            c.beyond, c.prop = True, c.prop if c.prop.startswith("beyond") else f"beyond the handout: {c.prop}"
+        result.checks += beyond
     return result
+
+
+def _rows_into(result: TopicResult, checks_rows: tuple[list[Check], list[dict]]) -> list[Check]:
+    checks, rows = checks_rows
+    result.rows += rows
+    return checks
 
 
 # ======================================= notebooks 04, 05, 07 =======================================
@@ -744,13 +775,14 @@ RUNS = {"ddp": run_ddp, "sharding": run_sharding, "fsdp": run_fsdp}
 
 
 def notebook_tables(topic: str, adapters_path: str, opts: Options | None = None):
-    """A notebook's "yours" section (when its ADAPTERS parameter is set): (checks, side_by_side, ratios) DataFrames;
+    """A notebook's "yours" section (when its ADAPTERS parameter is set): (checks, side_by_side, ratios) DataFrames
+    (checks with a "beyond" column: True for the probes past the handout, which never count);
     side_by_side has one column per who (yours, ours, pytorch, formula) for each measure, ratios the paired step-time
     ratios of yours to the others with their intervals and verdicts."""
     import pandas as pd
 
     result = RUNS[topic](str(adapters_path), opts or Options())
-    checks = pd.DataFrame(result.as_rows(), columns=["topic", "impl", "prop", "status", "detail"])
+    checks = pd.DataFrame(result.as_rows(), columns=CHECK_COLUMNS)  # "beyond": a probe past the handout
     rows = pd.DataFrame(result.rows, columns=sorted({k for r in result.rows for k in r} | {"measure", "who", "value"}))
     is_ratio = rows["measure"].astype(str).str.contains(" / ")
     side = (rows[~is_ratio].assign(value=lambda d: d["value"].astype(object))

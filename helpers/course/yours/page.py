@@ -4,11 +4,11 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from helpers.course.yours.report import readable_rows
+from helpers.course.yours.report import FAILED, readable_rows, summary
 from helpers.results import load_results
 
 STATUS_COLOUR = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#cf222e", "not implemented": "#6e7781",
-                 "skipped": "#6e7781"}
+                 "skipped": "#6e7781", "needs a GPU": "#9a6700", "needs another Triton": "#9a6700"}
 STYLE = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem}
 td,th{padding:.25rem .6rem;text-align:left;vertical-align:top;border-bottom:1px solid #ddd}
 td.num{text-align:right;font-variant-numeric:tabular-nums}.bar{background:#8ab4f8;height:.8rem;display:inline-block}
@@ -24,26 +24,36 @@ def _ratio_bar(ratio: float, low: float, high: float) -> str:
             f"<small>[{low:.2f}, {high:.2f}]</small>")
 
 
-def render(checks, rows, provenance: dict) -> str:
+def _checks_table(rows: list[dict], colour: bool = True) -> str:
+    e = html.escape
+    out = ["<table><tr><th>implementation</th><th>property</th><th>status</th><th>what differed</th></tr>"]
+    for r in rows:
+        # beyond the handout, a failure is information, not a red line
+        shade = STATUS_COLOUR.get(r["status"], "#000") if colour or r["status"] not in FAILED else "#9a6700"
+        out.append(f"<tr><td>{e(r['impl'])}</td><td>{e(r['prop'])}</td><td style='color:{shade}'><b>"
+                   f"{e(r['status'])}</b></td><td class='detail'>{e(r.get('detail') or '')}</td></tr>")
+    return "".join(out) + "</table>"
+
+
+def render(checks, rows, provenance: dict, data_dir: Path | None = None) -> str:
     """The page's HTML from the checks' rows and the side-by-side rows."""
     e = html.escape
+    python = provenance.get("student_python")
     head = (f"Device <b>{e(str(provenance.get('device', '?')))}</b>, profile <b>{e(str(provenance.get('profile')))}"
             f"</b>, {e(str(provenance.get('date', ''))[:16])}, commit {e(str(provenance.get('commit')))[:10]}; "
-            f"adapters: <code>{e(str(provenance.get('adapters', '?')))}</code>")
-    failed = sum(r["status"] in ("fail", "error") for r in checks)
+            f"adapters: <code>{e(str(provenance.get('adapters', '?')))}</code>"
+            + (f"; your code ran with <code>{e(str(python))}</code>" if python else ""))
+    text, ok = summary(checks)
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>Yours beside ours</title><style>{STYLE}</style>"
            f"</head><body><h1>Yours beside ours</h1><p>{head}</p>",
-           f"<p><b>{len(checks) - failed} of {len(checks)}</b> checks without failure. Every bound is derived from the "
-           "dtype and the number of terms summed (helpers/course/yours/kernels.py says how); a failure names where, "
-           "by how much, against which bound, and the likely mistake when its signature is known.</p>"]
+           f"<p><b style='color:{'#1a7f37' if ok else '#cf222e'}'>{e(text)}.</b> What counts is what your edition's "
+           "handout and tests promise (shapes, dtypes, models); every bound is derived from the dtype and the number of "
+           "terms summed (helpers/course/yours/kernels.py says how). A failure names where, by how much, against which "
+           "bound, and the likely mistake when every output matches its signature. The probes beyond the handout are "
+           "further down: they never change the verdict.</p>"]
     for topic in dict.fromkeys(r["topic"] for r in checks):
-        out.append(f"<h2>{e(topic)}</h2><table><tr><th>implementation</th><th>property</th><th>status</th>"
-                   "<th>what differed</th></tr>")
-        for r in (r for r in checks if r["topic"] == topic):
-            colour = STATUS_COLOUR.get(r["status"], "#000")
-            out.append(f"<tr><td>{e(r['impl'])}</td><td>{e(r['prop'])}</td><td style='color:{colour}'><b>"
-                       f"{e(r['status'])}</b></td><td class='detail'>{e(r.get('detail') or '')}</td></tr>")
-        out.append("</table>")
+        within = [r for r in checks if r["topic"] == topic and not r.get("beyond")]
+        out.append(f"<h2>{e(topic)}</h2>{_checks_table(within)}")
         shown = [r for r in rows if r.get("topic") == topic]
         if shown:
             out.append("<h3>Side by side</h3><table><tr><th>who</th><th>implementation</th><th>measure</th>"
@@ -54,7 +64,15 @@ def render(checks, rows, provenance: dict) -> str:
                            f"</td><td class='num'>{e(t['value'])}</td><td>{bar}</td>"
                            f"<td class='detail'>{e(t['note'])}</td></tr>")
             out.append("</table>")
-    out.append("<p>Made by <code>python -m helpers yours</code>; the rows are in data/local/&lt;device&gt;/"
+    beyond = [r for r in checks if r.get("beyond")]
+    if beyond:
+        out.append("<h2 id='beyond'>Beyond the handout</h2><p>Deeper probes than the course promises (other lengths, "
+                   "4-D inputs, 16-bit dtypes, unused parameters, buffers, memory formulas): worth reading, never part "
+                   "of the verdict.</p>")
+        for topic in dict.fromkeys(r["topic"] for r in beyond):
+            out.append(f"<h3>{e(topic)}</h3>{_checks_table([r for r in beyond if r['topic'] == topic], False)}")
+    folder = str(data_dir) if data_dir else "data/local/&lt;device&gt;"
+    out.append(f"<p>Made by <code>python -m helpers yours</code>; the rows are in {e(folder) if data_dir else folder}/"
                "yours_checks.jsonl and yours_rows.jsonl.</p></body></html>")
     return "\n".join(out)
 
@@ -80,4 +98,4 @@ def write_page(out_path: Path, profile: str = "cpu", data_dir: Path | None = Non
     checks, rows, prov = saved(data_dir)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(render(checks, rows, prov), encoding="utf-8")
+    out_path.write_text(render(checks, rows, prov, data_dir), encoding="utf-8")

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 PASS, FAIL, ERROR, NOT_IMPLEMENTED, SKIPPED = "pass", "fail", "error", "not implemented", "skipped"
+NEEDS_GPU, NEEDS_TRITON = "needs a GPU", "needs another Triton"  # the check cannot run in this environment: not a failure
+FAILED = (FAIL, ERROR)
+CANNOT_RUN = (NEEDS_GPU, NEEDS_TRITON)
 
 
 @dataclass
@@ -14,8 +17,10 @@ class Check:
     topic: str
     impl: str  # which of the file's implementations ("triton", "bucketed", ...)
     prop: str  # the property checked, named so a failure reads on its own ("forward vs float64, bf16, H=1000")
-    status: str  # PASS | FAIL | ERROR | NOT_IMPLEMENTED | SKIPPED
+    status: str  # PASS | FAIL | ERROR | NOT_IMPLEMENTED | SKIPPED | NEEDS_GPU | NEEDS_TRITON
     detail: str = ""
+    beyond: bool = False  # a probe beyond the handout's promises (other shapes, dtypes, models): reported, never
+    #                       part of the exit status
 
 
 @dataclass
@@ -28,7 +33,8 @@ class TopicResult:
 
     @property
     def failed(self) -> bool:
-        return any(c.status in (FAIL, ERROR) for c in self.checks)
+        """A check within the handout's contract failed (the probes beyond it never count)."""
+        return any(c.status in FAILED and not c.beyond for c in self.checks)
 
     def as_rows(self) -> list[dict]:
         return [asdict(c) for c in self.checks]
@@ -46,12 +52,30 @@ def failure_summary(exc: BaseException) -> str:
     return head
 
 
+CHECK_COLUMNS = ["topic", "impl", "prop", "status", "detail", "beyond"]
+
+
 def checks_table(results: list[TopicResult]):
-    """One row per check: topic, implementation, property, status, what differed."""
+    """One row per check: topic, implementation, property, status, what differed, beyond the handout or not."""
     import pandas as pd
 
-    return pd.DataFrame([r for res in results for r in res.as_rows()],
-                        columns=["topic", "impl", "prop", "status", "detail"])
+    return pd.DataFrame([r for res in results for r in res.as_rows()], columns=CHECK_COLUMNS)
+
+
+def summary(checks: list[dict]) -> tuple[str, bool]:
+    """("N implemented: P pass, F fail, G need a GPU or another Triton; M not implemented", ok) over the checks within
+    the handout's contract (rows of checks_table); ok only when something was checked and nothing failed."""
+    within = [c for c in checks if not c.get("beyond")]
+    count = {s: sum(c["status"] == s for c in within) for s in (PASS, FAIL, ERROR, NEEDS_GPU, NEEDS_TRITON,
+                                                                  NOT_IMPLEMENTED)}
+    failed, cannot = count[FAIL] + count[ERROR], count[NEEDS_GPU] + count[NEEDS_TRITON]
+    implemented = count[PASS] + failed + cannot
+    if not implemented:
+        return (f"nothing implemented yet: {count[NOT_IMPLEMENTED]} adapters raise NotImplementedError and the "
+                "others are absent, so there was nothing to check", False)
+    text = (f"{implemented} checks of what you implemented: {count[PASS]} pass, {failed} fail, {cannot} need a GPU "
+            f"or another Triton; {count[NOT_IMPLEMENTED]} not implemented")
+    return text, failed == 0
 
 
 def side_by_side(results: list[TopicResult]):

@@ -3,6 +3,7 @@ root's cs336_systems) to the companion's implementations. The mutants in tests/s
 from __future__ import annotations
 
 import torch
+from cs336_basics.model import Embedding, Linear
 
 from cs336_systems import (DDPBucketed, DDPIndividualParameters, FSDP, FlashAttentionPyTorch, FlashAttentionTriton,
                            RMSNormPyTorchFunction, RMSNormTritonFunction, ShardedOptimizer, rmsnorm_backward_g,
@@ -65,8 +66,11 @@ def get_sharded_optimizer(params, optimizer_cls, **kwargs) -> torch.optim.Optimi
     return ShardedOptimizer(params, optimizer_cls, **kwargs)
 
 
+SHARD_TYPES = (torch.nn.Linear, torch.nn.Embedding, Linear, Embedding)  # torch's layers and cs336_basics'
+
+
 def get_fsdp(module: torch.nn.Module, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
-    return FSDP(module, compute_dtype=compute_dtype)
+    return FSDP(module, compute_dtype=compute_dtype, shard_types=SHARD_TYPES)
 
 
 def fsdp_on_after_backward(fsdp_model, optimizer) -> None:

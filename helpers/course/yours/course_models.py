@@ -1,0 +1,106 @@
+"""The course's test models and procedures, written here from the tests' description (each edition's tests/common.py,
+test_ddp*.py, test_sharded_optimizer.py, test_fsdp.py): what `yours` checks a student's DDP, sharded optimizer and
+FSDP on within the handout's contract (helpers.course.yours.distributed). Our own code, the same architectures.
+
+    torch.manual_seed(rank); model = ToyModel()            # or ToyModelWithTiedWeights(); fsdp_model(layers)
+    x, y = ddp_data()                                      # 20 rows: 10 per rank
+    loss = reference_loss(net, ids, labels, torch.float16, shard_types)   # one process, FSDP's mixed precision
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ToyModel(nn.Module):
+    """(B, 10) -> (B, 5): fc1 (no bias), fc2 (its bias frozen), fc3 (no bias), ReLUs between, and a frozen parameter
+    the forward never reads. The course's DDP and sharded-optimizer tests (2024-2026) train it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(10, 10, bias=False)
+        self.fc2 = nn.Linear(10, 50)
+        self.fc2.bias.requires_grad_(False)
+        self.fc3 = nn.Linear(50, 5, bias=False)
+        self.no_grad_fixed_param = nn.Parameter(torch.tensor([2.0, 2.0]), requires_grad=False)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))  # (B, 5)
+
+
+class ToyModelWithTiedWeights(nn.Module):
+    """(B, 10) -> (B, 5): five bias-free Linears 10-10-50-10-50-5 with ReLUs between; fc4's weight is fc2's (one
+    Parameter used twice). The 2025/2026 DDP and sharded-optimizer tests train it beside ToyModel."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(10, 10, bias=False), nn.Linear(10, 50, bias=False)
+        self.fc3, self.fc4 = nn.Linear(50, 10, bias=False), nn.Linear(10, 50, bias=False)
+        self.fc5 = nn.Linear(50, 5, bias=False)
+        self.fc4.weight = self.fc2.weight
+
+    def forward(self, x):
+        for fc in (self.fc1, self.fc2, self.fc3, self.fc4):
+            x = torch.relu(fc(x))
+        return self.fc5(x)  # (B, 5)
+
+
+MODELS = {"ToyModel": ToyModel, "ToyModelWithTiedWeights": ToyModelWithTiedWeights}
+DDP_STEPS, DDP_LR, DDP_ROWS = 5, 0.1, 20  # the DDP tests: 5 SGD steps, lr 0.1, 20 rows (10 per rank), MSE
+SHARDING_STEPS, SHARDING_ROWS = 10, 32  # the sharded-optimizer test: 10 AdamW steps on 32 rows, the same on every rank
+SHARDING_ADAMW = dict(lr=0.1, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8)
+FSDP_STEPS, FSDP_LR, FSDP_ROWS, FSDP_SEQ, FSDP_VOCAB = 3, 0.01, 20, 8, 100  # the 2026 FSDP test
+
+
+def ddp_data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The DDP tests' pool of data: inputs (20, 10) and targets (20, 5), the same on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(DDP_ROWS, 10, generator=gen), torch.randn(DDP_ROWS, 5, generator=gen)
+
+
+def shuffled(step: int, *tensors) -> tuple[torch.Tensor, ...]:
+    """The tensors' rows permuted by a seed of the step, the same on every rank (the tests shuffle after each step)."""
+    perm = torch.randperm(tensors[0].shape[0], generator=torch.Generator().manual_seed(42 + step))
+    return tuple(t[perm] for t in tensors)
+
+
+class FSDPToyModel(nn.Module):
+    """ids (B, T) -> logits (B, T, vocab) from a cs336_basics-style `layers` module's Embedding, RMSNorm and Linear:
+    embedding, norm, Linear d->d_ff, ReLU, norm, Linear d_ff->d, LM head. The 2026 FSDP test's model."""
+
+    def __init__(self, layers, vocab: int = FSDP_VOCAB, d_model: int = 64, d_ff: int = 128):
+        super().__init__()
+        self.embedding = layers.Embedding(vocab, d_model)
+        self.norm1 = layers.RMSNorm(d_model)
+        self.linear1 = layers.Linear(d_model, d_ff)
+        self.norm2 = layers.RMSNorm(d_ff)
+        self.linear2 = layers.Linear(d_ff, d_model)
+        self.lm_head = layers.Linear(d_model, vocab)
+
+    def forward(self, ids):
+        h = self.linear1(self.norm1(self.embedding(ids)))  # (B, T, d_ff)
+        return self.lm_head(self.linear2(self.norm2(torch.relu(h))))  # (B, T, vocab)
+
+
+def fsdp_data(seed: int = 123) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FSDP test's data: token ids (20, 8) and one label per row (its last position's target)."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, FSDP_VOCAB, (FSDP_ROWS, FSDP_SEQ), generator=gen),
+            torch.randint(0, FSDP_VOCAB, (FSDP_ROWS,), generator=gen))
+
+
+def last_position_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the last position's logits (in fp32) against one label per row, as the FSDP test trains."""
+    return F.cross_entropy(logits[:, -1, :].float(), labels)
+
+
+def reference_loss(net: nn.Module, ids, labels, compute_dtype, shard_types) -> torch.Tensor:
+    """One process's loss with FSDP's mixed precision: the weights of `shard_types` modules cast to compute_dtype for
+    forward and backward (their gradients come back fp32 through the cast), the others and the master weights fp32."""
+    if compute_dtype is None:
+        return last_position_loss(net(ids), labels)
+    owners = {f"{m_name}.{p_name}" if m_name else p_name: m for m_name, m in net.named_modules()
+              for p_name, _ in m.named_parameters(recurse=False)}
+    params = {n: p.to(compute_dtype) if isinstance(owners[n], shard_types) else p for n, p in net.named_parameters()}
+    return last_position_loss(torch.func.functional_call(net, params, (ids,)), labels)

@@ -1,0 +1,133 @@
+"""`yours` judged by the course's contract, on tests/corpus: an assignment repository written in the styles students
+use (3-D einsum, einops tiles of 16, a torch.compile'd tile update, Triton with block pointers, a Triton wrapper that
+asserts CUDA, a relative sys.path entry, the 2025 template's package that reads its own metadata). Each correct
+implementation must pass every check within the handout (or be one this environment cannot run); each mutant in
+tests/corpus/mutants must fail within the handout, with the right diagnosis or none."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.course.yours import Options, kernels as K, run
+from helpers.course.yours.report import CANNOT_RUN, FAILED, NEEDS_GPU, NEEDS_TRITON, PASS, checks_table, summary
+
+CORPUS = Path(__file__).parent / "corpus"
+CHECKS_ONLY = Options(timed=False, timeout_s=300)
+
+
+def within(results) -> list:
+    return [c for r in results for c in r.checks if not c.beyond]
+
+
+@pytest.mark.parametrize("adapters", ["adapters.py", "adapters_styles.py", "adapters_compiled.py"])
+def test_course_style_implementations_are_never_flagged(adapters):
+    results = run(CORPUS / "tests" / adapters, ["rmsnorm", "attention"], CHECKS_ONLY, progress=False)
+    bad = [c for c in within(results) if c.status in FAILED]
+    assert not bad, "\n".join(f"{c.topic} {c.impl} | {c.prop} | {c.status} | {c.detail}" for c in bad)
+    text, ok = summary(checks_table(results).to_dict(orient="records"))
+    assert ok and " 0 fail" in text, text
+    if adapters != "adapters.py":
+        return
+    triton = {(c.topic, c.prop): c for c in within(results) if c.impl == "triton"}
+    assert {c.status for (topic, _), c in triton.items() if topic == "rmsnorm"} == {NEEDS_GPU} or K.torch.cuda.is_available()
+    attention = {c.status for (topic, _), c in triton.items() if topic == "attention"}
+    if K.block_pointer_probe("cuda" if K.torch.cuda.is_available() else "cpu"):  # this Triton has no block pointers
+        assert attention == {NEEDS_TRITON}, triton
+    else:
+        assert attention <= {PASS, *CANNOT_RUN}
+    beyond = [c for r in results for c in r.checks if c.beyond and c.status in FAILED]
+    assert beyond  # the einsum style breaks on 4-D inputs and lengths that are not tile multiples: reported, not failed
+
+
+@pytest.mark.parametrize("mutant, impl, says", [
+    ("rmsnorm_half_grad", "pytorch", "dx is 0.5x"),
+    ("rmsnorm_half_grad", "backward_x", "dx is 0.5x"),
+    ("rmsnorm_no_eps", "pytorch", "eps"),
+    ("rmsnorm_eps_1e8", "pytorch", "eps"),
+    ("rmsnorm_stride_row", "triton", None),
+    ("attention_keys_ignored", "pytorch", "keys beyond the first N_q"),
+    ("attention_causal_short", "pytorch", None),
+])
+def test_each_mutant_fails_within_the_handout_with_a_right_or_no_diagnosis(mutant, impl, says):
+    topic = mutant.split("_")[0]
+    results = run(CORPUS / "mutants" / f"{mutant}.py", [topic], CHECKS_ONLY, progress=False)
+    failed = [c for c in within(results) if c.impl == impl and c.status in FAILED]
+    assert failed, [(c.impl, c.prop, c.status, c.detail) for c in within(results)]
+    for c in failed:
+        if "likely mistake" in c.detail:
+            assert says and says in c.detail.split("likely mistake")[1], c.detail
+    assert says is None or any(says in c.detail for c in failed), failed
+
+
+def test_the_eps_mutants_are_told_apart_where_the_rows_can_tell():
+    """Rows with mean(x^2) below eps separate eps = 1e-8 from no eps at all."""
+    results = run(CORPUS / "mutants" / "rmsnorm_eps_1e8.py", ["rmsnorm"], CHECKS_ONLY, progress=False)
+    [small] = [c for c in within(results) if c.prop.startswith("eps = 1e-5")]
+    assert small.status in FAILED and "eps = 1e-08" in small.detail
+
+
+def fake_student_env(tmp_path: Path, leave_out=("cloudpickle",)) -> Path:
+    """A virtual environment like a student's `uv sync` makes: its own Python, the course's packages (linked from
+    this one's), but not what only the companion needs (cloudpickle)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    import torch
+
+    site = Path(torch.__file__).parents[1]
+    linked = tmp_path / "packages"
+    linked.mkdir()
+    for entry in site.iterdir():
+        if not entry.name.endswith(".pth") and not any(entry.name.startswith(n) for n in leave_out) \
+                and not entry.name.startswith(("__editable__", "helpers", "llmsys")):
+            (linked / entry.name).symlink_to(entry)
+    [venv_site] = (venv / "lib").glob("python*/site-packages")
+    (venv_site / "course.pth").write_text(f"{linked}\n")
+    return venv / "bin" / "python"
+
+
+def test_the_students_own_python_runs_their_code(tmp_path):
+    python = fake_student_env(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    assert subprocess.run([str(python), "-c", "import cloudpickle"], env=env, capture_output=True).returncode != 0
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "helpers", "yours", str(CORPUS / "tests" / "adapters.py"), "--topics", "rmsnorm",
+           "--python", str(python), "--no-timing", "--out", str(out), "--results", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    from helpers.results import load_results
+
+    saved = load_results(out / "yours_checks.jsonl")
+    assert saved.provenance["student_python"] == str(python)
+    assert {c["status"] for c in saved.rows if not c["beyond"]} <= {PASS, *CANNOT_RUN}
+    assert "your code ran with" in (out / "yours.html").read_text()
+
+
+def test_an_import_that_fails_names_the_one_command_that_fixes_it(tmp_path, monkeypatch):
+    from helpers.course.yours.adapters import AdaptersError, load
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading puts the assignment's folders on this process's path
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "cs336-systems"\nversion = "1.0.4"\n')
+    (tmp_path / "tests").mkdir()
+    adapters = tmp_path / "tests" / "adapters.py"
+    adapters.write_text("import some_missing_package_xyz\n")
+    with pytest.raises(AdaptersError, match=r"No module named 'some_missing_package_xyz'.*To fix: .* -m pip install "
+                                            r"some_missing_package_xyz"):
+        load(adapters)
+    adapters.write_text("import cs336_basics\n")
+    with pytest.raises(AdaptersError, match=r"To fix: cd .* && uv sync, then run with --python .*\.venv/bin/python"):
+        load(adapters)
+    adapters.write_text("import importlib.metadata\nVERSION = importlib.metadata.version('cs336-systems')\n")
+    assert load(adapters).VERSION == "1.0.4"  # the metadata of a package that is not installed, made visible
+
+
+def test_an_empty_template_says_so_and_does_not_pass():
+    from helpers.course.yours.report import NOT_IMPLEMENTED, SKIPPED
+
+    text, ok = summary([{"status": NOT_IMPLEMENTED}, {"status": NOT_IMPLEMENTED}, {"status": SKIPPED}])
+    assert not ok and text.startswith("nothing implemented yet")
+    text, ok = summary([{"status": PASS}, {"status": "fail", "beyond": True}, {"status": NEEDS_GPU}])
+    assert ok and text.startswith("2 checks of what you implemented: 1 pass, 0 fail, 1 need a GPU")
