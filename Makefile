@@ -44,11 +44,19 @@ WHEELS_PYTHON ?= 3.12
 
 .PHONY: setup test writeup lab strip bench stress yours reference wheels clean
 
-$(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV_ARGS) $(VENV)
+# A PYTHON that is itself a venv (GPU images: torch in /opt/.../.venv): --system-site-packages would show .venv only
+# the *base* interpreter's packages (CPython #95469), so a .pth file in .venv lists the outer venv's site-packages.
+OUTER_SITE = $(shell $(PYTHON) -c "import site, sys; print(*site.getsitepackages() if sys.prefix != sys.base_prefix else ())")
+
+$(PY):
+	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
+	$(if $(and $(findstring --system-site-packages,$(VENV_ARGS)),$(strip $(OUTER_SITE))),\
+	    printf '%s\n' $(OUTER_SITE) > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/outer-venv.pth")
+
+$(VENV)/.installed: pyproject.toml | $(PY)
 	$(if $(strip $(TORCH)),$(PY) -m pip install --quiet "$(TORCH)")
 	$(PY) -m pip install --quiet -e ".[dev]"
-	touch $@
+	mkdir -p $(@D) && touch $@
 
 setup: $(VENV)/.installed
 

@@ -169,6 +169,21 @@ def flash_forward_torch(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, cfg: L
     return o, lse
 
 
+TILE_OPS = {"forward": 14, "backward": 16}  # eager tensor ops per tile pair of the loops above and below (casts aside)
+
+
+def tiled_launches(T: int, d: int, dtype: torch.dtype, is_causal: bool = True, device="cuda") -> int:
+    """Eager kernel launches of one FlashAttentionPyTorch forward+backward on (N, T, d): per tile pair of each loop
+    TILE_OPS (its matmuls, exps, rescales and adds), at launch_config's tiles; N rides along in every launch. What
+    its time is made of on a GPU: launches, not FLOPs (the reference runner's cost model)."""
+    cfg = _launch_config(d, dtype, device)
+    fwd = sum(len(range(0, min(i0 + cfg.block_q, T) if is_causal else T, cfg.block_k))
+              for i0 in range(0, T, cfg.block_q))
+    bwd = sum(len(range(j0 // cfg.block_loop * cfg.block_loop if is_causal else 0, T, cfg.block_loop))
+              for j0 in range(0, T, cfg.block_own))
+    return TILE_OPS["forward"] * fwd + TILE_OPS["backward"] * bwd
+
+
 def _above_diagonal(i0: int, i1: int, j0: int, j1: int, device) -> Tensor:
     """(Bq, Bk) bool, True where key j > query i: the causal mask of one tile."""
     return torch.arange(j0, j1, device=device)[None, :] > torch.arange(i0, i1, device=device)[:, None]
@@ -208,7 +223,8 @@ class FlashAttentionPyTorch(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
         _check(q, k, v, is_causal, triton_kernels=False)
         cfg = _launch_config(q.shape[-1], q.dtype, q.device)
-        o, lse = flash_forward_torch(*(x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)), is_causal, cfg)
+        with torch.autocast(q.device.type, enabled=False):  # its fp32 tiles stay fp32 under an enclosing autocast
+            o, lse = flash_forward_torch(*(x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)), is_causal, cfg)
         o, lse = o.view(q.shape), lse.view(q.shape[:-1])  # (..., Tq, d), (..., Tq)
         ctx.save_for_backward(lse, q, k, v, o)
         ctx.is_causal, ctx.cfg = is_causal, cfg
@@ -218,7 +234,9 @@ class FlashAttentionPyTorch(torch.autograd.Function):
     def backward(ctx, do: Tensor):
         lse, q, k, v, o = ctx.saved_tensors
         q3, k3, v3, o3, do3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, o, do))  # (N, T, d)
-        dq, dk, dv = flash_backward_torch(q3, k3, v3, o3, lse.reshape(-1, q.shape[-2]), do3, ctx.is_causal, ctx.cfg)
+        with torch.autocast(q.device.type, enabled=False):
+            dq, dk, dv = flash_backward_torch(q3, k3, v3, o3, lse.reshape(-1, q.shape[-2]), do3, ctx.is_causal,
+                                              ctx.cfg)
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None
 
 

@@ -18,7 +18,8 @@ Every wrapper broadcasts rank 0's parameters and buffers at construction, averag
 parameters that require them (a tied Parameter once: named_parameters() dedupes by identity), in
 named_parameters() order, and gives a parameter that got no gradient this step a zero gradient on every rank
 (not None: under weight decay or momentum the optimizer then still moves it, unlike in one process; with plain SGD
-the two agree). `comm_s` adds up the time spent waiting in finish_gradient_synchronization.
+the two agree). `comm_s` adds up the time spent waiting in finish_gradient_synchronization (on a GPU, the time the
+stream waited: helpers.timing.WaitClock).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch.nn as nn
 
 from helpers.comm import no_python_refs
 from helpers.formulas import MiB
+from helpers.timing import WaitClock
 
 MB = MiB  # bucket sizes are in binary MB, as torch's bucket_cap_mb
 _HOOKED = weakref.WeakValueDictionary()  # id(parameter) -> the live wrapper whose gradient hook it carries
@@ -47,8 +49,16 @@ class _DataParallel(nn.Module):
             for t in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(t, src=0)
         self.params = [p for _, p in module.named_parameters() if p.requires_grad]  # deduped, registration order
-        self.comm_s = 0.0  # seconds spent in finish_gradient_synchronization
-        self.timeline: list | None = None  # set to [] to record [launch, done] perf_counter pairs per all-reduce
+        self.clock = WaitClock()  # waits in finish_gradient_synchronization (CUDA events on a GPU)
+        self.timeline: list | None = None  # set to [] to record [launch, done] pairs per all-reduce (see _span)
+
+    @property
+    def comm_s(self) -> float:
+        """Seconds spent waiting in finish_gradient_synchronization (on a GPU: the stream's wait, not the host's)."""
+        return self.clock.seconds
+
+    def _device(self) -> torch.device:
+        return self.params[0].device if self.params else torch.device("cpu")
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -68,13 +78,14 @@ class _DataParallel(nn.Module):
     def _all_reduce(self, flat: torch.Tensor):
         """Start an async all-reduce of flat / world (the mean over ranks); return its handle."""
         flat.div_(self.world)
-        launched = time.perf_counter()
+        nccl = flat.is_cuda and dist.get_backend() == "nccl"
+        launched = torch.cuda.Event(enable_timing=True) if nccl else time.perf_counter()
+        if nccl:
+            launched.record()  # when the stream reaches the launch: the gradient is ready
         with no_python_refs():  # called from autograd hooks: see helpers.comm.no_python_refs
             handle = dist.all_reduce(flat, async_op=True)
         if self.timeline is not None:
-            span = [launched, None]
-            self.timeline.append(span)
-            handle.get_future().then(lambda _: span.__setitem__(1, time.perf_counter()))
+            self.timeline.append(_span(handle, launched, flat.device) if nccl else _host_span(handle, launched))
         return handle
 
     def _grads(self) -> list[torch.Tensor]:
@@ -89,23 +100,63 @@ class NaiveDDP(_DataParallel):
     """The baseline: after backward, one blocking all-reduce per parameter, in order (no overlap, many calls)."""
 
     def finish_gradient_synchronization(self) -> None:
-        start = time.perf_counter()
-        for g in self._grads():
-            self._all_reduce(g).wait()
-        self.comm_s += time.perf_counter() - start
+        with self.clock.waiting(self._device()):
+            for g in self._grads():
+                self._all_reduce(g).wait()
 
 
 class FlatDDP(_DataParallel):
     """After backward, all gradients copied into one flat buffer and all-reduced once (one α, two copies)."""
 
     def finish_gradient_synchronization(self) -> None:
-        start = time.perf_counter()
-        grads = self._grads()
-        flat = torch.cat([g.reshape(-1) for g in grads])  # (total numel,)
-        self._all_reduce(flat).wait()
-        for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-            g.copy_(part.view_as(g))
-        self.comm_s += time.perf_counter() - start
+        with self.clock.waiting(self._device()):
+            grads = self._grads()
+            flat = torch.cat([g.reshape(-1) for g in grads])  # (total numel,)
+            self._all_reduce(flat).wait()
+            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))
+
+
+def _weak_hook(wrapper: "DDPBucketed"):
+    """wrapper._hook behind a weak reference: a hook holding the wrapper would close a cycle (parameter -> hook ->
+    wrapper -> module -> parameter), so a wrapper dropped without close() would keep its bucket buffers (a model's
+    worth of gradients) until the next full garbage collection. Once the wrapper is gone the hook does nothing."""
+    ref = weakref.ref(wrapper)
+
+    def hook(p: torch.Tensor) -> None:
+        alive = ref()
+        if alive is not None:
+            alive._hook(p)
+    return hook
+
+
+def _host_span(handle, launched: float) -> list:
+    """[launch, done] in perf_counter seconds; done set by the work's future (gloo completes it when the data is in)."""
+    span = [launched, None]
+    handle.get_future().then(lambda _: span.__setitem__(1, time.perf_counter()))
+    return span
+
+
+_SIDE_STREAMS = {}  # device -> a stream that only waits for collectives (for their done events)
+
+
+def _span(handle, launched, device) -> list:
+    """[launch, done] as CUDA events: NCCL completes a work's future as soon as it is enqueued, so its callback says
+    nothing of when the data arrived; a side stream made to wait for the work records when it did, without making
+    the compute stream wait (which would serialize backward behind the all-reduce)."""
+    side = _SIDE_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    done = torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(side):
+        handle.wait()  # the side stream waits for NCCL's stream
+        done.record(side)
+    return [launched, done]
+
+
+def _remove_hooks(handles: list) -> None:
+    """Remove gradient hooks by their handles, emptying the list in place."""
+    for h in handles:
+        h.remove()
+    handles.clear()
 
 
 def plan_buckets(sizes_bytes: list[int], bucket_size_bytes: float) -> list[list[int]]:
@@ -137,6 +188,7 @@ class DDPBucketed(_DataParallel):
             if id(p) in _HOOKED:
                 _HOOKED[id(p)].close()
         self._handles_hooks = []
+        weakref.finalize(self, _remove_hooks, self._handles_hooks)  # dropped without close(): its hooks go too
         for k, bucket in enumerate(self.buckets):
             if len({p.dtype for p in bucket}) > 1:
                 raise ValueError("DDPBucketed needs one dtype per bucket; cast the model or use smaller buckets")
@@ -144,7 +196,7 @@ class DDPBucketed(_DataParallel):
             self.bucket_buffers.append(flat)
             for p, view in zip(bucket, flat.split([p.numel() for p in bucket])):
                 self._where[id(p)] = (k, view.view_as(p))
-                self._handles_hooks.append(p.register_post_accumulate_grad_hook(self._hook))
+                self._handles_hooks.append(p.register_post_accumulate_grad_hook(_weak_hook(self)))
                 _HOOKED[id(p)] = self
         self._reset()
 
@@ -155,9 +207,7 @@ class DDPBucketed(_DataParallel):
         for h in self._handles:
             h.wait()
         self._reset()
-        for h in self._handles_hooks:
-            h.remove()
-        self._handles_hooks = []
+        _remove_hooks(self._handles_hooks)
         for p in self.params:
             if _HOOKED.get(id(p)) is self:
                 del _HOOKED[id(p)]
@@ -194,18 +244,17 @@ class DDPBucketed(_DataParallel):
             self._next += 1
 
     def finish_gradient_synchronization(self) -> None:
-        start = time.perf_counter()
-        for p in self.params:  # no gradient this step: a zero one, so its bucket can go
-            if id(p) not in self._fired:
-                k, view = self._where[id(p)]
-                view.zero_()
-                p.grad = view
-                self._ready[k] += 1
-        self._launch_ready()
-        for h in self._handles:
-            h.wait()
-        self._reset()
-        self.comm_s += time.perf_counter() - start
+        with self.clock.waiting(self._device()):
+            for p in self.params:  # no gradient this step: a zero one, so its bucket can go
+                if id(p) not in self._fired:
+                    k, view = self._where[id(p)]
+                    view.zero_()
+                    p.grad = view
+                    self._ready[k] += 1
+            self._launch_ready()
+            for h in self._handles:
+                h.wait()
+            self._reset()
 
 
 class DDPIndividualParameters(DDPBucketed):

@@ -39,13 +39,14 @@ as helpers.comm counts them), and `comm_s` the seconds spent waiting for collect
 """
 from __future__ import annotations
 
-import time
+import contextlib
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from helpers.comm import all_gather, no_python_refs, reduce_scatter
+from helpers.timing import WaitClock
 
 COMPUTE_DTYPES = (None, torch.float16, torch.bfloat16)
 
@@ -186,7 +187,7 @@ class FSDP(nn.Module):
         self.replicated = [p for p in module.parameters() if p.requires_grad]  # what is left in the module
         self._by_name = {s.name: s for s in self._shards.values()}
         self.comm_log: list[tuple[str, int]] = []  # (op, bytes) per collective of the training steps
-        self.comm_s = 0.0  # seconds spent waiting for collectives
+        self.clock = WaitClock()  # waits for collectives (CUDA events on a GPU: NCCL's wait() only orders streams)
         self.gathered_bytes = self.peak_gathered_bytes = 0  # bytes of gathered weights alive now, and the most so far
         self.prefetched = 0  # gathers started ahead of their module (overlapping the one before it)
         self._order: list[nn.Module] | None = None  # sharded modules in forward call order, from the first forward
@@ -261,17 +262,24 @@ class FSDP(nn.Module):
             use.flats[k].untyped_storage().resize_(0)
             self.gathered_bytes -= use.flats[k].numel() * use.flats[k].element_size()
 
-    def _wait(self, use: _Use) -> None:
-        start = time.perf_counter()
-        for handle, _ in use.handles:
-            handle.wait()
-        use.handles = []
-        self.comm_s += time.perf_counter() - start
+    @property
+    def comm_s(self) -> float:
+        """Seconds spent waiting for collectives (on a GPU: the time the stream waited, not the host)."""
+        return self.clock.seconds
 
-    def _drop(self, use: _Use | None) -> None:
+    def _device(self) -> torch.device:
+        return self.local_shards[0].device if len(self.local_shards) else torch.device("cpu")
+
+    def _wait(self, use: _Use, timed: bool = True) -> None:
+        with self.clock.waiting(self._device()) if timed else contextlib.nullcontext():
+            for handle, _ in use.handles:
+                handle.wait()
+        use.handles = []
+
+    def _drop(self, use: _Use | None, timed: bool = True) -> None:
         """A prefetch nobody used (the call order changed): wait for it, free it."""
         if use is not None:
-            self._wait(use)
+            self._wait(use, timed)
             for k in range(len(use.flats)):
                 self._free(use, k)
 
@@ -369,9 +377,12 @@ class FSDP(nn.Module):
 
     def finish_gradient_synchronization(self) -> None:
         """Wait for every reduce-scatter; all-reduce (mean) the replicated gradients; a missing gradient is zeros."""
-        start, waited = time.perf_counter(), self.comm_s
+        with self.clock.waiting(self._device()):
+            self._finish()
+
+    def _finish(self) -> None:
         for use in self._live:  # backward prefetches never used; frozen weights that no input gradient freed
-            self._drop(use)
+            self._drop(use, timed=False)
         self._live, self._prefetch = [], {}
         for shard in self._shards.values():
             for handle, out, _ in shard.pending:
@@ -388,7 +399,6 @@ class FSDP(nn.Module):
                 dist.all_reduce(flat)
             for p, part in zip(self.replicated, flat.split([p.numel() for p in self.replicated])):
                 p.grad = part.view_as(p).clone()
-        self.comm_s = waited + time.perf_counter() - start
 
     def gather_full_params(self) -> dict[str, torch.Tensor]:
         """{name: full fp32 tensor} for every parameter of .module (names as module.named_parameters() gave them

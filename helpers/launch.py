@@ -20,6 +20,7 @@ return values, and the parent prints and plots.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -44,6 +45,7 @@ from helpers.env import usable_cores
 
 _DEVICE: torch.device | None = None  # this rank's device, set inside a launched worker
 _SPAWNED = False  # True inside a worker process that launch() started
+STARTUP_S = 120  # how long ranks may take to start (spawn, import torch, the CUDA context, the rendezvous)
 
 
 class RankError(RuntimeError):
@@ -62,6 +64,17 @@ def device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def using_device(dev: torch.device):
+    """device() returns `dev` inside (as in a launched worker): e.g. the meta device for a dry run of a gpu profile."""
+    global _DEVICE
+    saved, _DEVICE = _DEVICE, torch.device(dev)
+    try:
+        yield
+    finally:
+        _DEVICE = saved
 
 
 def choose_backend(world_size: int, backend: str = "auto", device_type: str = "auto") -> tuple[str, str]:
@@ -132,6 +145,7 @@ def _worker(rank, world_size, backend, device_type, port, payload, workdir, thre
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # all ranks are on this machine: stay on loopback
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=60))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+        (workdir / f"rank{rank}.started").touch()  # launch's timeout_s counts from every rank's start
         result = fn(*args)
         torch.save(result, workdir / f"rank{rank}.tmp")
         os.replace(workdir / f"rank{rank}.tmp", workdir / f"rank{rank}.pt")  # whole or absent: the parent reads it
@@ -310,19 +324,27 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
         try:
             for p in procs:
                 p.start()
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + STARTUP_S + timeout_s  # until every rank has started: then timeout_s
+            started = False
             while any(p.exitcode is None for p in procs):
                 first_dead = _failed(procs, Path(workdir))
                 if first_dead:
                     time.sleep(0.2)  # let ranks that failed at the same moment write their errors too
                     raise _failure(procs, first_dead, Path(workdir), world_size)
+                if not started and all((Path(workdir) / f"rank{r}.started").exists() for r in range(world_size)):
+                    started, deadline = True, time.monotonic() + timeout_s  # a spawned GPU rank takes ~10-20 s
                 left = deadline - time.monotonic()
                 if left <= 0:
                     running = [r for r, p in enumerate(procs) if p.exitcode is None]
+                    if not started:
+                        raise TimeoutError(f"launch: the {world_size} ranks did not all start within "
+                                           f"{STARTUP_S + timeout_s:g} s and were stopped (importing torch, the "
+                                           "rendezvous); a rank may be stuck before init_process_group")
                     raise TimeoutError(
                         f"launch: {getattr(fn, '__name__', 'fn')} on {world_size} ranks did not finish within "
-                        f"timeout_s={timeout_s:g} s (ranks {running} still running) and was stopped. A rank may be "
-                        "waiting in a collective that another rank never entered; if the work is just slow, raise timeout_s."
+                        f"timeout_s={timeout_s:g} s of starting (ranks {running} still running) and was stopped. A "
+                        "rank may be waiting in a collective that another rank never entered; if the work is just "
+                        "slow, raise timeout_s."
                     )
                 wait([p.sentinel for p in procs if p.exitcode is None], timeout=min(left, 0.5))
             first_dead = _failed(procs, Path(workdir))

@@ -25,6 +25,20 @@ from torch.utils._pytree import tree_leaves
 from helpers.formulas import MiB
 
 
+_COUNT_META = False  # meta tensors are counted only inside counting_meta() (a dry run); elsewhere they hold no bytes
+
+
+@contextlib.contextmanager
+def counting_meta():
+    """Count meta tensors' bytes as if they were allocated: a dry run on the meta device measures its peaks."""
+    global _COUNT_META
+    saved, _COUNT_META = _COUNT_META, True
+    try:
+        yield
+    finally:
+        _COUNT_META = saved
+
+
 @dataclass
 class Allocation:
     """One live storage: bytes, the op that made it, the module it was made in, and an allocation id."""
@@ -63,7 +77,7 @@ class _Tracker(TorchDispatchMode):
 
     def add(self, t, op: str) -> None:
         """Count `t`'s storage if it is new (views and in-place results share one)."""
-        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.device.type == "meta":
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or (t.device.type == "meta" and not _COUNT_META):
             return
         storage = t.untyped_storage()
         key = storage_key(t)

@@ -32,17 +32,25 @@ MATMUL_KERNEL_HINTS = ("gemm", "xmma", "cutlass", "cublas", "matmul", "wgmma")
 # --- running the profiler ------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def label_modules(model: nn.Module):
-    """Wrap every submodule's forward in record_function("name (Class)") so the profiler sees modules."""
+def label_modules(model: nn.Module, nvtx: bool | None = None):
+    """Wrap every submodule's forward in record_function("name (Class)") so the profiler sees modules; with nvtx
+    (default: where CUDA is available) also in an NVTX range of that name, which `nsys profile --trace=cuda,nvtx`
+    shows above the kernels."""
     handles, open_ranges = [], {}
+    nvtx = torch.cuda.is_available() if nvtx is None else nvtx
 
     def enter(mod, _inputs, name):
-        rf = record_function(f"{name or 'model'} ({type(mod).__name__})")
+        label = f"{name or 'model'} ({type(mod).__name__})"
+        rf = record_function(label)
         rf.__enter__()
         open_ranges.setdefault(id(mod), []).append(rf)
+        if nvtx:
+            torch.cuda.nvtx.range_push(label)
 
     def leave(mod, _inputs, _output):
         open_ranges[id(mod)].pop().__exit__(None, None, None)
+        if nvtx:
+            torch.cuda.nvtx.range_pop()
 
     for name, mod in model.named_modules():
         handles.append(mod.register_forward_pre_hook(lambda m, i, n=name: enter(m, i, n)))
@@ -119,12 +127,30 @@ def _leaf_times(prof) -> list[tuple[str, float, int]]:
     return rows
 
 
+def _launched_by(prof) -> tuple[list[tuple[str, float]], dict[str, str]]:
+    """On CUDA: (aten op, device µs of the kernels it launched) per op event, and kernel name -> the class of the op
+    that launched it. The profiler ties each kernel to its launching op by correlation id, so a GEMM counts as a
+    matmul whatever cuBLAS calls its kernel (sm_90's nvjet_*, cutlass_*, ...)."""
+    ops, kernels = [], {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CPU or _is_label(e.name):
+            continue
+        t = getattr(e, "self_device_time_total", 0)
+        if t > 0:
+            ops.append((e.name, t))
+        for k in getattr(e, "kernels", []):
+            kernels.setdefault(k.name, op_class(e.name))
+    return ops, kernels
+
+
 def op_table(prof, steps: int, top: int = 10) -> pd.DataFrame:
-    """Top ops (kernels on CUDA) by self time: ms per step, share of the total, calls per step, class."""
+    """Top ops (kernels on CUDA) by self time: ms per step, share of the total, calls per step, class (on CUDA the
+    class of the aten op that launched the kernel)."""
     rows = _leaf_times(prof)
     total = sum(t for _, t, _ in rows)
+    launched = _launched_by(prof)[1] if getattr(prof, "device_type", "cpu") == "cuda" else {}
     df = pd.DataFrame([{"op": n, "ms/step": t / 1e3 / steps, "share": t / total, "calls/step": c / steps,
-                        "class": op_class(n)} for n, t, c in rows])
+                        "class": launched.get(n) or op_class(n)} for n, t, c in rows])
     return df.sort_values("ms/step", ascending=False).head(top).reset_index(drop=True)
 
 
@@ -137,8 +163,11 @@ def op_class(name: str) -> str:
 
 
 def class_shares(prof) -> dict[str, float]:
-    """Share of self time per op class; sums to 1."""
-    rows = _leaf_times(prof)
+    """Share of self time per op class; sums to 1. On CUDA: each aten op's kernels' device time, by that op."""
+    if getattr(prof, "device_type", "cpu") == "cuda":
+        rows = [(n, t, 1) for n, t in _launched_by(prof)[0]]
+    else:
+        rows = _leaf_times(prof)
     total = sum(t for _, t, _ in rows)
     shares = {"matmul": 0.0, "elementwise/other": 0.0}
     for n, t, _ in rows:

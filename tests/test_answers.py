@@ -658,3 +658,14 @@ def test_the_checkpointing_price_is_compared_with_the_flops_from_the_same_interv
                                                    k_continuous=0.8, k_best=1, steps=6))})
     got = A.answer(A.BY_NUMBER["gradient_checkpointing(b)"], A.Saved(tmp_path, "cpu"))
     assert says in got.text and ("measurably slower" in got.text) == (ratio - 0.05 > 1), got.text
+
+
+def test_the_nsys_answer_says_no_gpu_only_where_there_was_none(synthetic, tmp_path):
+    """Issue 31: on the gpu profile the page said "no GPU here"; the profile's provenance says where it ran."""
+    nsys = next(q for q in A.QUESTIONS if q.name == "nsys_profile")
+    assert "no GPU here" in A.answer(nsys, A.Saved(synthetic, "cpu")).text
+    rows = {name: notebook_01_rows()[name] for name in nsys.reads}
+    for name in ("01_flame", "01_profile"):
+        rows[name] = (rows[name][0], {**rows[name][1], "device_type": "cuda"})
+    text = A.answer(nsys, A.Saved(write(tmp_path, rows, profile="gpu"), "gpu")).text
+    assert "no GPU here" not in text and "CUDA kernels" in text, text

@@ -212,3 +212,17 @@ def test_launch_config_tiles_fit_the_kernels(device, dtype):
             assert block >= 16 and block & (block - 1) == 0  # tl.dot: powers of two >= 16
         assert cfg.block_q % cfg.block_k == 0 and cfg.block_own % cfg.block_loop == 0  # causal bounds on tile borders
         assert cfg.dot_precision == ("ieee" if dtype == torch.float32 else "tf32")
+
+
+def test_the_pytorch_tiles_keep_fp32_under_autocast():
+    """Issue 31: inside an autocast region (the model's bf16 path) the Function's fp32 tile matmuls were recast to
+    bf16; its accumulation is its own, so autocast is off inside it. Inputs fp32: fp32 agreement with the spec."""
+    q, k, v = (torch.randn(1, 2, 64, 16, generator=torch.Generator().manual_seed(i), requires_grad=True)
+               for i in range(3))
+    ref = A.naive_attention(q, k, v, is_causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = A.FlashAttentionPyTorch.apply(q, k, v, True)
+        out.sum().backward()
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert q.grad.dtype == torch.float32

@@ -100,3 +100,11 @@ def test_bad_input_says_what_to_do():
     with pytest.raises(SystemExit):
         X.bench_main(["--seq", "0"])
     assert isinstance(pd.DataFrame(X.sweep(["sdpa"], [(1, 1, 16, 16)], [torch.float32], warmup=0, steps=1)), pd.DataFrame)
+
+
+def test_the_pytorch_tiles_are_timed_for_at_most_tiled_steps():
+    """Issue 31: notebook 06 timed the eager tiles 100 steps at T = 4096 on a GPU (5-8 minutes)."""
+    rows = pd.DataFrame(X.sweep(["flash_pytorch", "sdpa"], [(1, 1, 32, 16)], [torch.float32], warmup=0,
+                                steps=X.TILED_STEPS + 2))
+    steps = rows.groupby("impl")["steps"].max()
+    assert steps["flash_pytorch"] == X.TILED_STEPS and steps["sdpa"] == X.TILED_STEPS + 2

@@ -50,3 +50,17 @@ def test_seed_everything_repeats():
 def test_cpu_flags_is_a_set_of_names():
     flags = env.cpu_flags()
     assert isinstance(flags, set) and all(isinstance(f, str) and " " not in f for f in flags)
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs a Python that is itself a venv (make test's .venv is)")
+def test_make_setup_from_a_python_that_is_a_venv_sees_its_torch(tmp_path):
+    """Issue 31 item 1: on GPU images torch lives in a venv; `make setup VENV_ARGS=--system-site-packages` from it must
+    give .venv that venv's packages, not only the base interpreter's (CPython #95469)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    venv = tmp_path / ".venv"
+    subprocess.run(["make", "-s", "-C", root, f"VENV={venv}", f"PYTHON={sys.executable}",
+                    "VENV_ARGS=--system-site-packages --without-pip", f"{venv}/bin/python"], check=True, timeout=120)
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch, sys; print(torch.__file__, sys.prefix)"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.split()[1] == str(venv)

@@ -102,3 +102,65 @@ def test_bad_inputs_are_clear_errors():
     with pytest.raises(ValueError, match="paired_ratio needs"):
         X.speed_table([X.MeasureRun([], [], None, {"fsdp": []}, {"fsdp": 0})])
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_reference_is_built_on_the_device_the_run_computed_on():
+    """Issue 31 item 2: a GPU run's one-rank bitwise check needs its reference computed by the same BLAS (cuBLAS)."""
+    per_rank = launch(functools.partial(X.equivalence_worker, dtypes=["fp32"], **{**CHECK, "steps": 1}), 1,
+                      backend="gloo", device="cpu", timeout_s=300)
+    run = per_rank[0]["fp32"]
+    assert run.device == "cpu"
+    net = X.loaded(CHECK["model"], CHECK["n_layers"], run.weights[0], device="meta")
+    assert {p.device.type for p in net.parameters()} == {"meta"}
+
+
+def test_checkpoint_sweep_builds_the_model_at_the_context_it_feeds():
+    """Issue 31 item 3: xl at context 1024 on the gpu profile; a model built at its default 128 positions fails."""
+    sweep = X.checkpoint_sweep("small/cpu", n_layers=2, batch_size=1, context_length=192, segments=[0, 1], steps=1,
+                               warmup=0)
+    assert list(sweep.index) == [0, 1]
+
+
+@pytest.mark.parametrize("gpus,expected", [(0, ("gloo", "cpu")), (1, ("gloo", "cpu")), (2, ("gloo", "cpu")),
+                                           (4, ("nccl", "cuda")), (8, ("nccl", "cuda"))])
+def test_ring_runs_nccl_on_a_gpu_per_rank_else_gloo_on_host_memory(monkeypatch, gpus, expected):
+    """Issue 31 item 6: worlds 2 and 4 on 1-3 GPUs run gloo with host data (gloo's send/recv read a raw pointer as
+    host memory), labelled so; a GPU per rank: NCCL with the data on each rank's GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert X.ring_backend([2, 4]) == expected
+
+
+def test_ring_table_says_where_the_data_moved():
+    per_rank = launch(functools.partial(X.ring_worker, sizes=[8], steps=1, warmup=0), 2, backend="gloo", device="cpu",
+                      timeout_s=120)
+    assert set(X.ring_table([per_rank])["on"]) == {"gloo on cpu"}
+
+
+def test_nccl_all_gathers_are_found_and_timed_on_the_device():
+    """Issue 31 item 9: under NCCL the gathers are kernels (no gloo: event) and the host runs ahead of the GPU, so
+    each call's span is the kernels its ops launched. A fake trace: module a's ops launched kernels 10-20 µs (host
+    range 0-5), b's 25-40 (host 5-8); b's prefetched all-gather kernel ends at 18, in time; a second run ends it at 23."""
+    from types import SimpleNamespace as NS
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    span = lambda a, b: NS(start=a, end=b)  # noqa: E731
+    ra = NS(name="a (Linear)", device_type=cpu, thread=1, time_range=span(0, 5), id=1, linked_correlation_id=0)
+    rb = NS(name="b (Linear)", device_type=cpu, thread=1, time_range=span(5, 8), id=2, linked_correlation_id=0)
+    ops = [NS(name="aten::mm", device_type=cpu, thread=1, time_range=span(1, 2), id=11, linked_correlation_id=0),
+           NS(name="aten::mm", device_type=cpu, thread=1, time_range=span(6, 7), id=12, linked_correlation_id=0)]
+    kernels = [NS(name="nvjet_tst_gemm", device_type=cuda, thread=9, time_range=span(10, 20), id=0,
+                  linked_correlation_id=11),
+               NS(name="nvjet_tst_gemm", device_type=cuda, thread=9, time_range=span(25, 40), id=0,
+                  linked_correlation_id=12)]
+    for end, in_time in ((18, True), (23, False)):
+        gathers = [NS(name=f"ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgs{i})", device_type=cuda, thread=9,
+                      time_range=span(e - 3, e), id=0, linked_correlation_id=0) for i, e in enumerate((8, end))]
+        events = [ra, rb, *ops, *kernels, *gathers]
+        assert [X.is_gather(e) for e in events] == [False] * 6 + [True] * 2
+        spans = [X.kernel_span(events, r) for r in (ra, rb)]
+        assert spans == [(10, 20), (25, 40)]
+        traced = X.gather_rows(["a", "b"], [1, 1], spans, [e.time_range.end for e in gathers])
+        run = X.MeasureRun([], [], traced, {}, {})
+        assert X.gather_timeliness([run])["in_time"].tolist() == [False, in_time]

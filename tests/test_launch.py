@@ -205,3 +205,23 @@ def test_a_rank_sees_the_launchers_environment_now(monkeypatch):
     launch(all_reduce_rank_ids, 1, backend="gloo", device="cpu")  # the server is running
     monkeypatch.setenv("LAUNCH_TEST_VALUE", "42")
     assert launch(env_value, 1, "LAUNCH_TEST_VALUE", backend="gloo", device="cpu") == ["42"]
+
+
+class _SlowToStart:
+    """Unpickled in each rank before its rendezvous as time.sleep(seconds): a rank slow to start, as a spawned GPU
+    rank is (torch, the CUDA context: 10-20 s)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __reduce__(self):
+        return time.sleep, (self.seconds,)
+
+
+def _returns_rank(_ignored) -> int:
+    return dist.get_rank()
+
+
+def test_timeout_counts_from_every_ranks_start_not_from_the_spawn():
+    """Issue 31: notebook 00's hang demo (timeout_s=5) timed out while GPU ranks were still starting."""
+    assert launch(_returns_rank, 2, _SlowToStart(3.0), backend="gloo", device="cpu", timeout_s=2) == [0, 1]

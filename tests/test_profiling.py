@@ -41,6 +41,23 @@ def test_op_class():
     assert profiling.op_class("aten::_softmax") == "elementwise/other"
 
 
+def test_on_cuda_a_kernel_is_classed_by_the_aten_op_that_launched_it():
+    """Issue 31 item 10: cuBLAS on sm_90 runs nvjet_* GEMMs, which no name hint knows; the profiler ties each kernel to
+    its launching op. A fake CUDA profile: aten::mm launched an nvjet kernel (80 µs), aten::add an elementwise one."""
+    from types import SimpleNamespace as NS
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    gemm, add = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", "vectorized_elementwise_kernel<4, add>"
+    ops = [NS(name="aten::mm", device_type=cpu, self_device_time_total=80.0, kernels=[NS(name=gemm)]),
+           NS(name="aten::add", device_type=cpu, self_device_time_total=20.0, kernels=[NS(name=add)])]
+    averages = [NS(key=gemm, device_type=cuda, self_device_time_total=80.0, count=1),
+                NS(key=add, device_type=cuda, self_device_time_total=20.0, count=1)]
+    prof = NS(device_type="cuda", events=lambda: ops, key_averages=lambda: averages)
+    assert profiling.class_shares(prof) == {"matmul": pytest.approx(0.8), "elementwise/other": pytest.approx(0.2)}
+    table = profiling.op_table(prof, steps=1).set_index("op")
+    assert table.loc[gemm, "class"] == "matmul" and table.loc[add, "class"] == "elementwise/other"
+
+
 def test_module_stacks_cover_the_profile_and_find_rmsnorm_and_softmax(step_profile):
     stacks = profiling.module_stacks(step_profile)
     total_ops = sum(t for _, t, _ in profiling._leaf_times(step_profile))
@@ -233,3 +250,14 @@ def test_forward_le_both_is_checked_on_paired_samples():
     with pytest.raises(AssertionError, match="measurably slower"):
         benchmarking.check_forward_le_both(frame(1.1), 2)  # the interval above 1: the bound is broken
     benchmarking.check_forward_le_both(frame(0.9), 2)  # a median above 1 inside the noise is not a violation
+
+
+def test_module_labels_are_nvtx_ranges_for_nsys(monkeypatch):
+    """Issue 31: nsys was suggested but nothing emitted NVTX ranges; each labelled module opens and closes one."""
+    ranges = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: ranges.append(("push", name)))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: ranges.append(("pop", None)))
+    lm = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with profiling.label_modules(lm, nvtx=True):
+        lm(torch.zeros(1, 2))
+    assert ranges == [("push", "model (Sequential)"), ("push", "0 (Linear)"), ("pop", None), ("pop", None)]

@@ -14,8 +14,10 @@ batch's status and wall time); the run ends with headline figures beside the pub
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tarfile
 import signal
 import subprocess
 import sys
@@ -28,7 +30,7 @@ import pandas as pd
 
 from helpers import formulas as F
 from helpers.course.reference_batches import SCALES, scale
-from helpers.experiments.attention import LEADERBOARD, PUBLISHED_MS
+from helpers.experiments.attention import LEADERBOARD, PUBLISHED_MS, TILED_STEPS
 from helpers.env import machine_facts
 from helpers.model import get_config
 from helpers.results import DATA_DIR, ROOT, device_slug, git_commit, load_results
@@ -62,10 +64,11 @@ PLAN = (  # in order of value: what a short lease must produce first
           env={"TRITON_INTERPRET": "0"}),  # the compiler, never the interpreter
     Batch("01", "notebook 01: time per size and pass, memory peaks, FLOPs and MFU"),
     Batch("02", "notebook 02: norm implementations per width and dtype"),
-    Batch("06", "notebook 06: attention implementations per shape and dtype"),
+    *(Batch(name, f"notebook 06: attention implementations per shape, {name[3:]}")
+      for name in SCALES if name.startswith("06-")),
     Batch("03", "notebook 03: collectives, 2 ranks, per backend and device"),
     Batch("04", "notebook 04: DDP variants' step time per size"),
-    Batch("05", "notebook 05: sharded optimizer speed"),
+    *(Batch(name, f"notebook 05: optimizer speed, {name[3:]}") for name in SCALES if name.startswith("05-")),
     Batch("07", "notebook 07: FSDP vs DDP, ZeRO-1, fully_shard: speed and memory"),
     Batch("04-sweep", "notebook 04: bucket-size sweep"),
 )
@@ -88,18 +91,26 @@ class Rates:
     interpreted_call_s: float  # one Triton launch in the interpreter, tiny shapes
     ptxas_s: float  # one kernel configuration compiled for one arch by `python -m helpers kernels`
     gpus: int
+    low_flops_s: float | None = None  # sustained bf16/fp16 FLOP/s (None: flops_s)
+    eager_call_s: float = 10e-6  # one eager PyTorch op: Python, dispatch and the kernel launch
+
+    def flops_for(self, dtype: str) -> float:
+        """FLOP/s at `dtype`: fp32 runs disable TF32 (helpers.env), so they get the fp32 rate."""
+        return self.flops_s if dtype in ("float32", "fp32") else (self.low_flops_s or self.flops_s)
 
 
-GPU_EFFICIENCY = 0.3  # sustained share of the datasheet's dense tf32/bf16 peak for these models (notebook 01's MFU)
-GPU_FALLBACK_FLOPS = 100e12  # an unknown GPU's dense tf32 peak, before GPU_EFFICIENCY
+GPU_EFFICIENCY = 0.3  # sustained share of the datasheet's dense fp32/bf16 peak for these models (notebook 01's MFU)
+GPU_FALLBACK_FLOPS = {"fp32": 20e12, "bf16": 300e12}  # an unknown GPU's dense peaks, before GPU_EFFICIENCY
 
 
 def gpu_rates(device_name: str, gpus: int) -> Rates:
-    """Rates of a GPU: its datasheet peak (formulas.peak_flops) at GPU_EFFICIENCY; HBM-class memory; gloo through
-    host copies (2 x 1 GB moved per rank in 1.4 s: seed 004 §3.1.1, 2 H100s); NCCL over NVLink."""
-    peak = F.peak_flops(device_name, "tf32") or GPU_FALLBACK_FLOPS
-    return Rates(flops_s=peak * GPU_EFFICIENCY, bytes_s=1.5e12, gloo_Bps=1.5e9, nccl_Bps=100e9, startup_s=15,
-                 launch_s=25, compile_s=15, jit_s=1.5, interpreted_call_s=0, ptxas_s=0.3, gpus=gpus)
+    """Rates of a GPU: its datasheet fp32 (not tf32: fp32 runs disable it) and bf16 peaks (formulas.peak_flops) at
+    GPU_EFFICIENCY; HBM-class memory; gloo through host copies (2 x 1 GB moved per rank in 1.4 s: seed 004 §3.1.1,
+    2 H100s); NCCL over NVLink."""
+    peak = {p: F.peak_flops(device_name, p) or GPU_FALLBACK_FLOPS[p] for p in ("fp32", "bf16")}
+    return Rates(flops_s=peak["fp32"] * GPU_EFFICIENCY, bytes_s=1.5e12, gloo_Bps=1.5e9, nccl_Bps=100e9, startup_s=15,
+                 launch_s=25, compile_s=15, jit_s=1.5, interpreted_call_s=0, ptxas_s=0.3, gpus=gpus,
+                 low_flops_s=peak["bf16"] * GPU_EFFICIENCY, eager_call_s=12e-6)
 
 
 def cpu_rates() -> Rates:
@@ -125,13 +136,19 @@ def _step_s(size, batch: int, context: int, r: Rates) -> float:
     return F.train_flops(get_config(size), batch, context) / r.flops_s
 
 
-def _attn_s(shape, impl: str, r: Rates) -> float:
-    """A causal fwd+bwd of `impl` on (B, H, T, d); naive and the PyTorch tiles cost more than their FLOPs."""
-    from helpers.attention import attention_flops
+def _attn_s(shape, impl: str, r: Rates, dtype: str = "float32") -> float:
+    """A causal fwd+bwd of `impl` on (B, H, T, d) at `dtype`; naive costs more than its FLOPs, and the PyTorch tiles
+    cost their eager launches on top (attention.tiled_launches: about 1.5 M at T = 16,384)."""
+    import torch
+
+    from helpers.attention import attention_flops, tiled_launches
 
     B, H, T, d = shape
     flops = attention_flops(B * H, T, T, d, True) + attention_flops(B * H, T, T, d, True, backward=True)
-    return flops / r.flops_s * {"naive": 4, "compiled": 3, "flash_pytorch": 10}.get(impl, 1.5)
+    compute = flops / r.flops_for(dtype) * {"naive": 4, "compiled": 3, "flash_pytorch": 2}.get(impl, 1.5)
+    if impl != "flash_pytorch":
+        return compute
+    return compute + tiled_launches(T, d, getattr(torch, dtype), True) * r.eager_call_s
 
 
 def _norm_calls_s(calls: int, rows: int, H: int, r: Rates) -> float:
@@ -144,7 +161,8 @@ def _norm_calls_s(calls: int, rows: int, H: int, r: Rates) -> float:
 def _est_kernels(s, r: Rates) -> float:
     calls = 2 * (s["norm_warmup"] + s["norm_steps"])  # per impl: fwd, then fwd+bwd
     triton = calls * r.interpreted_call_s + 3 * r.jit_s
-    attn = (s["attn_warmup"] + s["attn_steps"]) * sum(_attn_s(s["attn_shape"], i, r) for i in s["attn_impls"])
+    attn = (s["attn_warmup"] + s["attn_steps"]) * sum(_attn_s(s["attn_shape"], i, r, s["attn_dtype"])
+                                                      for i in s["attn_impls"])
     return 2 * _norm_calls_s(calls, *s["norm_shape"], r) + triton + attn + 3 * r.jit_s
 
 
@@ -185,8 +203,9 @@ def _est_06(s, r: Rates) -> float:
         for impl in s["bench_impls"]:
             if impl == "flash_pytorch" and shape[2] > s["flash_pytorch_max_T"]:
                 continue
-            total += len(s["dtypes"]) * (2 * steps * _attn_s(shape, impl, r)  # fwd, bwd, fwd+bwd
-                                         + (r.compile_s if impl == "compiled" else 0) + 3 * r.jit_s)
+            n = s["warmup"] + min(s["steps"], TILED_STEPS) if impl.endswith("pytorch") else steps  # sweep's cap
+            total += sum(2 * n * _attn_s(shape, impl, r, dtype)  # fwd, bwd, fwd+bwd
+                         + (r.compile_s if impl == "compiled" else 0) + 3 * r.jit_s for dtype in s["dtypes"])
     return total
 
 
@@ -236,8 +255,9 @@ def _est_07(s, r: Rates) -> float:
                                     3 * F.param_bytes(m))
 
 
-ESTIMATORS = {"kernels": _est_kernels, "registers": _est_registers, "01": _est_01, "02": _est_02, "06": _est_06,
-              "03": _est_03, "04": _est_04, "04-sweep": _est_04, "05": _est_05, "07": _est_07}
+ESTIMATORS = {"kernels": _est_kernels, "registers": _est_registers, "01": _est_01, "02": _est_02, "03": _est_03,
+              "04": _est_04, "04-sweep": _est_04, "07": _est_07,
+              **{b.name: {"05": _est_05, "06": _est_06}[b.name[:2]] for b in PLAN if b.name[:3] in ("05-", "06-")}}
 assert set(ESTIMATORS) == set(SCALES) == set(BATCHES)
 
 
@@ -269,18 +289,31 @@ def driver_facts() -> dict:
     return {"driver": lines[0][0].strip(), "gpus": len(lines), "gpu_memory_bytes": float(lines[0][1]) * 2**20}
 
 
-def code_commit(root: Path = ROOT) -> str | None:
+def sources_stamp(root: Path = ROOT) -> str:
+    """"src-" and a short SHA-256 of helpers/'s Python sources (paths and contents): the code's stamp where there is
+    no git (a copied tree), so a saved batch is rerun once the code changes."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(root, "helpers").rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return "src-" + digest.hexdigest()[:12]
+
+
+def code_commit(root: Path = ROOT) -> str:
     """Short hash of the last commit that changed anything outside data/, "-dirty" when such a tracked file has
-    changed since: what a saved batch depends on (committing its results does not make it stale). None without git."""
+    changed since: what a saved batch depends on (committing its results does not make it stale). Without git,
+    sources_stamp."""
     def git(*args):
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        try:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        except OSError:  # no git on the machine
+            return None
         return out.stdout.strip() if out.returncode == 0 else None
     if git_commit(root) is None:  # no git, or root is not the top of a repo
-        return None
+        return sources_stamp(root)
     outside = ["--", ".", ":(exclude)data"]
     commit = git("log", "-1", "--format=%h", *outside)
     dirty = git("status", "--porcelain", "--untracked-files=no", *outside)
-    return None if not commit else commit + ("-dirty" if dirty else "")
+    return sources_stamp(root) if not commit else commit + ("-dirty" if dirty else "")
 
 
 def read_manifest(folder: Path) -> dict:
@@ -335,18 +368,21 @@ def _only(only, plan) -> list[Batch]:
     if not only:
         return list(plan)
     names = {n for item in only for n in str(item).split(",") if n}
-    unknown = names - {b.name for b in plan}
+    exact = {b.name for b in plan}
+    family = {n: {b.name for b in plan if b.name.startswith(n + "-")} for n in names - exact}  # "05": 05-<kind>...
+    unknown = {n for n, members in family.items() if not members}
     if unknown:
         raise ValueError(f"unknown batch(es) {', '.join(sorted(unknown))}; batches: {', '.join(b.name for b in plan)}")
+    names |= {m for members in family.values() for m in members}
     return [b for b in plan if b.name in names]
 
 
 def run_reference(budget_s: float = DEFAULT_BUDGET_S, only=None, out=None, profile: str = "gpu", plan=PLAN,
                   rates: Rates | None = None, max_batch_s: float = MAX_BATCH_S, commit: str | None = None,
-                  echo=print) -> pd.DataFrame:
+                  echo=print, archive_dir=None) -> pd.DataFrame:
     """Run the plan's batches in order within budget_s; write <out>/<device>/ (results + manifest.json); return
-    one row per batch: status, estimate and where it came from, wall time. `commit` names the code where the tree
-    has no git (a copied tree); by default code_commit()."""
+    one row per batch: status, estimate and where it came from, wall time. `commit` names the code; by default
+    code_commit() (git, else a hash of the sources). With archive_dir, the folder is archived there at the end."""
     if profile not in ("cpu", "gpu"):
         raise ValueError(f"--profile must be cpu or gpu, got {profile!r}")
     if not budget_s > 0:
@@ -406,7 +442,23 @@ def run_reference(budget_s: float = DEFAULT_BUDGET_S, only=None, out=None, profi
     _write_manifest(folder, manifest)
     table = pd.DataFrame(rows)
     table.attrs["folder"] = folder
+    if archive_dir is not None:
+        table.attrs["archive"] = archive(folder, archive_dir)
+        echo(f"== this chunk's results: {_shown(table.attrs['archive'])}")
     return table
+
+
+def archive(folder: Path, archive_dir) -> Path:
+    """The device folder as it is now (results and manifest) in one archive, <archive_dir>/<device>-NN.tar.gz, NN
+    counting this device's chunks: on a machine whose commands are cut at 10 minutes each chunk's results can be
+    carried off as soon as it ends, and the newest archive holds everything saved so far."""
+    archive_dir = Path(archive_dir)
+    archive_dir.mkdir(parents=True, exist_ok=True)
+    n = len(list(archive_dir.glob(f"{folder.name}-*.tar.gz"))) + 1
+    path = archive_dir / f"{folder.name}-{n:02d}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    return path
 
 
 def _shown(path: Path) -> str:
@@ -545,13 +597,20 @@ def main(argv: list[str]) -> int:
                    "the run goes into OUT/<device>/")
     p.add_argument("--profile", default="gpu", choices=["cpu", "gpu"],
                    help="gpu: the reference sizes; cpu: a tiny plan")
-    p.add_argument("--commit", help="the code's commit, where this tree has no git (e.g. a copy of a checkout)")
+    p.add_argument("--commit", help="name the code's version yourself (default: git's commit, else a hash of "
+                   "helpers/'s sources)")
+    p.add_argument("--archive-dir", default=str(ROOT / "build" / "reference"),
+                   help="where each run (chunk) leaves one archive of the device's results (default build/reference)")
     args = p.parse_args(argv)
-    table = run_reference(args.budget_s, args.only, args.out, args.profile, commit=args.commit)
+    table = run_reference(args.budget_s, args.only, args.out, args.profile, commit=args.commit,
+                          archive_dir=args.archive_dir)
     folder = table.attrs["folder"]
     print(f"\nbatches ({folder}):")
     print(format_table(table.drop(columns=["title"])))
     print("\nheadline figures beside the published ones:")
     print(format_table(headlines(folder)))
+    saved = read_manifest(folder).get("batches", {})
+    left = [b.name for b in _only(args.only, PLAN) if saved.get(b.name, {}).get("status") != "ok"]
+    print("\nevery batch is saved" if not left else f"\nnot saved yet: {' '.join(left)} (run the command again)")
     failed = table["status"].isin(["failed", "timeout"]).sum() if len(table) else 0
     return 1 if failed else 0

@@ -140,7 +140,12 @@ def sweep(impls, shapes, dtypes, device="cpu", is_causal=False, warmup=3, steps=
 
     jobs = [(i, s, dt) for dt in dtypes for s in shapes for i in impls if s[2] <= (max_T or {}).get(i, s[2])]
     return [r for i, s, dt in tqdm(jobs, desc="attention", leave=False)
-            for r in bench_attention(i, s, dt, device, is_causal, warmup, steps, fns=fns)]
+            for r in bench_attention(i, s, dt, device, is_causal, warmup,
+                                     min(steps, TILED_STEPS) if i.endswith("pytorch") else steps, fns=fns)]
+
+
+TILED_STEPS = 10  # the PyTorch tiles' timed steps at most: ~10^4-10^5 eager launches each (attention.tiled_launches),
+# so 100 steps at T = 4096 took 5-8 minutes of notebook 06 on a GPU; their medians need no more
 
 
 def check_physical_bounds(rows, device_name: str) -> int:

@@ -33,7 +33,7 @@ from helpers.experiments.common import (BACKWARD_RANGE, TiedToyModel, bench_pars
 from helpers.model import count_parameters, lm_loss
 from helpers.profiling import quiet_profiler
 from helpers.results import save_results
-from helpers.timing import interleaved, paired_ratio, pairwise_ratios, sync, time_call, verdict
+from helpers.timing import WaitClock, interleaved, paired_ratio, pairwise_ratios, sync, time_call, verdict
 
 EPS32 = torch.finfo(torch.float32).eps  # 2**-23; unit roundoff u = EPS32 / 2
 EQUIVALENCE = {  # what §1 and tests/test_ddp.py train: global batches of batch_size x context_length tokens
@@ -338,12 +338,23 @@ def traced_steps(ddp, optimizer, batches, trace_path=None) -> list[StepIntervals
     return [StepIntervals((b0, b1), [[a, b] for a, b in comm if b0 <= a < end]) for (b0, b1), end in zip(backward, ends)]
 
 
+def step_intervals(times: dict, spans: list) -> StepIntervals:
+    """One step's backward interval and all-reduce spans in seconds on one clock: perf_counter where the spans are
+    host times (gloo); CUDA events where they are events (NCCL: train_step's backward events, seconds from its
+    start), since the host returns from backward() long before the GPU ends it."""
+    if not any(hasattr(x, "elapsed_time") for span in spans for x in span):
+        return StepIntervals(times["backward"], [list(s) for s in spans])
+    b0, b1 = times["backward_events"]
+    return StepIntervals((0.0, b0.elapsed_time(b1) / 1e3), [[b0.elapsed_time(a) / 1e3, b0.elapsed_time(b) / 1e3]
+                                                            for a, b in spans])
+
+
 class _Local(_DataParallel):
     """No data parallelism: this rank's compute alone (the speed baseline); no broadcast, no all-reduce."""
 
     def __init__(self, module):
         nn.Module.__init__(self)
-        self.module, self.params, self.comm_s, self.timeline = module, [], 0.0, None
+        self.module, self.params, self.clock, self.timeline = module, [], WaitClock(), None
 
     def finish_gradient_synchronization(self) -> None:
         pass
@@ -367,7 +378,7 @@ def speed_worker(*, model: str, variants, steps: int, warmup: int, batch_size: i
         _, seconds = time_call(lambda: train_step(ddp.module, opts[label], *batches[i % len(batches)], grad_sync=ddp,
                                                   times=times), dev)
         if record:
-            timelines[label].append(StepIntervals(times["backward"], [list(s) for s in ddp.timeline]))
+            timelines[label].append(step_intervals(times, ddp.timeline))
         return seconds, ddp.comm_s - comm0, times["backward"][1] - times["backward"][0]
 
     samples = interleaved({label: functools.partial(step, label) for label in ddps}, steps, warmup)

@@ -80,6 +80,7 @@ class EquivalenceRun:
     grads: list  # per step: {name: tensor} (all ranks' mean, gathered)
     replicated: list  # per step: [this rank's replicated gradients]
     logs: list  # per step: [(op, bytes)]
+    device: str = "cpu"  # where the run computed: its one-process reference is computed there too
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def equivalence_worker(*, model, n_layers, dtypes, steps, batch_size, context_le
     for dtype in dtypes:
         fsdp = impl.wrap(build(model, n_layers, seed=rank), DTYPES[dtype])
         opt = torch.optim.SGD(fsdp.parameters(), lr=LR)
-        run = EquivalenceRun(dtype, dist.get_world_size(), [], [], [], [])
+        run = EquivalenceRun(dtype, dist.get_world_size(), [], [], [], [], device=L.device().type)
         for batch in make_batches(model, steps, batch_size, context_length, 0):
             x, y = rank_share(batch)
             run.weights.append(impl.gather_full_params(fsdp))
@@ -137,9 +138,9 @@ def equivalence_worker(*, model, n_layers, dtypes, steps, batch_size, context_le
     return out
 
 
-def loaded(model, n_layers, weights: dict) -> nn.Module:
-    """A fresh CPU model `model` holding `weights` ({name: tensor}, as gather_full_params returns them)."""
-    net = build(model, n_layers).cpu()
+def loaded(model, n_layers, weights: dict, device: str = "cpu") -> nn.Module:
+    """A fresh model `model` on `device` holding `weights` ({name: tensor}, as gather_full_params returns them)."""
+    net = build(model, n_layers).to(device)
     with torch.no_grad():
         for name, p in net.named_parameters():
             p.copy_(weights[name])
@@ -222,11 +223,13 @@ def equivalence_table(per_rank: list[dict], *, model, n_layers, steps, batch_siz
     batches = make_batches(model, steps, batch_size, context_length, 0)
     for dtype, run in per_rank[0].items():
         for s, (x, y) in enumerate(batches):
-            load = functools.partial(loaded, model, n_layers, run.weights[s])
-            whole = reference_grads(load(), x, y, dtype)
+            # on the run's device: cuBLAS and a CPU BLAS sum in different orders, so only there can 1 rank be bitwise
+            x, y = x.to(run.device), y.to(run.device)
+            load = functools.partial(loaded, model, n_layers, run.weights[s], device=run.device)
+            whole = _on_cpu(reference_grads(load(), x, y, dtype))
             shares = [(x[rows], y[rows]) for rows in (rank_rows(x.shape[0], r, run.world) for r in range(run.world))]
-            ref = whole if dtype == "fp32" else ranks_reference(load, shares, dtype)
-            lim = bound(load(), x, y, dtype)
+            ref = whole if dtype == "fp32" else _on_cpu(ranks_reference(load, shares, dtype))
+            lim = _on_cpu(bound(load(), x, y, dtype))
             diff = {n: (run.grads[s][n] - ref[n]).abs().detach() for n in ref}
             rows.append({"ranks": run.world, "dtype": dtype, "step": s,
                          "reference": "whole batch" if dtype == "fp32" else "each rank's rows, averaged",
@@ -237,6 +240,11 @@ def equivalence_table(per_rank: list[dict], *, model, n_layers, steps, batch_siz
                          "replicated_equal": all(torch.equal(a, b) for r in per_rank
                                                  for a, b in zip(r[dtype].replicated[s], run.replicated[s]))})
     return pd.DataFrame(rows)
+
+
+def _on_cpu(tensors: dict) -> dict:
+    """{name: tensor} moved to the CPU, where launch returns the ranks' tensors."""
+    return {n: t.detach().cpu() for n, t in tensors.items()}
 
 
 # ---- 2-4 · memory, bytes and trace, speed: one launch ----
@@ -345,26 +353,53 @@ class Traced:
 
 
 def traced_forward(fsdp: FSDP, opt, x, y) -> Traced:
-    """Profile one step (after a first one recorded the call order); match each forward all-gather (gloo's own
-    event, in issue order) to its module's labelled forward range."""
+    """Profile one step (after a first one recorded the call order); match each forward all-gather, in issue order,
+    to its module's labelled forward range: gloo's own host event against the range (host time); under NCCL the
+    all-gather kernel against the kernels the range's ops launched (device time: the host runs ahead of the GPU)."""
     with label_modules(fsdp.module), quiet_profiler(L.device()) as prof:
         step(fsdp.module, fsdp, opt, x, y)
         sync(L.device())
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
-    gathers = [e for e in events if e.name.startswith("gloo:") and "gather" in e.name]
     names = {m: n for n, m in fsdp.module.named_modules()}
     ranges = [e for e in events if " (" in e.name and e.name.split(" (")[0] in
               {names[m] for m in fsdp._order}]
     ranges = ranges[:len(fsdp._order)]  # the forward calls, in call order
+    spans = ([(r.time_range.start, r.time_range.end) for r in ranges] if dist.get_backend() != "nccl"
+             else [kernel_span(events, r) for r in ranges])
+    return gather_rows([names[m] for m in fsdp._order][:len(ranges)], [len(fsdp._units[m]) for m in fsdp._order],
+                       spans, [e.time_range.end for e in events if is_gather(e)])
+
+
+def is_gather(e) -> bool:
+    """An all-gather's own event: gloo's host event, or NCCL's kernel on the GPU (ncclDevKernel_AllGather_...)."""
+    device = e.device_type == torch.autograd.DeviceType.CUDA
+    return (e.name.startswith("gloo:") and "gather" in e.name) or (device and "allgather" in e.name.lower()
+                                                                    and "nccl" in e.name.lower())
+
+
+def kernel_span(events, r) -> tuple[float, float]:
+    """(first start, last end) on the GPU of the kernels launched by the ops inside the host range `r`, NCCL's
+    aside (the profiler links each kernel to its op: linked_correlation_id); r's own times when it launched none."""
+    cpu = torch.autograd.DeviceType.CPU
+    ops = {e.id for e in events if e.device_type == cpu and e.thread == r.thread
+           and r.time_range.start <= e.time_range.start and e.time_range.end <= r.time_range.end}
+    kernels = [e.time_range for e in events if e.device_type != cpu and e.linked_correlation_id in ops
+               and "nccl" not in e.name.lower()]
+    if not kernels:
+        return r.time_range.start, r.time_range.end
+    return min(k.start for k in kernels), max(k.end for k in kernels)
+
+
+def gather_rows(modules: list, gathers_per_call: list, spans: list, gather_ends: list) -> Traced:
+    """Traced rows from each call's (start, end) on one clock and the all-gathers' ends in issue order: a call's
+    gathers should end by the time the previous call ends (when its prefetch is needed)."""
     rows, g = [], 0
-    for i, (m, r) in enumerate(zip(fsdp._order, ranges)):
-        k = len(fsdp._units[m])
-        ends = [e.time_range.end for e in gathers[g:g + k]]
+    for i, (name, k, (start, _)) in enumerate(zip(modules, gathers_per_call, spans)):
+        ends = gather_ends[g:g + k]
         g += k
-        rows.append({"module": names[m], "gather_end": max(ends) if ends else float("nan"),
-                     "needed_at": ranges[i - 1].time_range.end if i else r.time_range.start,
-                     "start": r.time_range.start})
-    return Traced(rows, ranges[-1].time_range.end - ranges[0].time_range.start if ranges else 0.0)
+        rows.append({"module": name, "gather_end": max(ends) if ends else float("nan"),
+                     "needed_at": spans[i - 1][1] if i else start, "start": start})
+    return Traced(rows, spans[-1][1] - spans[0][0] if spans else 0.0)
 
 
 def step_peak(kind: str, fn) -> float:
@@ -556,7 +591,7 @@ class CheckpointedLM(nn.Module):
 def checkpoint_sweep(model, *, n_layers, batch_size, context_length, segments, steps=3, warmup=1) -> pd.DataFrame:
     """Per segment size: the peak bytes of forward+backward above the parameters (helpers.memory.track) and the
     step's time, interleaved over segment sizes, with the paired ratio to no checkpointing."""
-    lm = build(model, n_layers, context_length=None)
+    lm = build(model, n_layers, context_length=context_length)
     x, y = make_batches(model, 1, batch_size, context_length, 0)[0]
     x, y = x.to(L.device()), y.to(L.device())
     nets = {k: CheckpointedLM(lm, k) for k in segments}
@@ -607,6 +642,16 @@ class RingRun:
     exact: dict  # size -> bool
     sent: dict  # size -> {method: bytes this rank sent}
     samples: dict  # size -> {method: [seconds]}
+    on: str = "gloo on cpu"  # backend and device the data moved by
+
+
+def ring_backend(worlds) -> tuple[str, str]:
+    """(backend, device) for ring_worker at every world size in `worlds`, one choice for all so that one α–β fit
+    covers them: NCCL on CUDA where every world has a GPU per rank, else gloo on the CPU. Not gloo on CUDA: gloo's
+    send/recv hand the tensor's data pointer to its transport as host memory (ProcessGroupGloo::send/recv stage no
+    copy), so the data stays in host memory and the table says so."""
+    choices = {L.choose_backend(n) for n in worlds}
+    return ("nccl", "cuda") if choices == {("nccl", "cuda")} else ("gloo", "cpu")
 
 
 METHODS = {"dist.all_reduce": lambda t: dist.all_reduce(t), "ring": R.ring_all_reduce,
@@ -616,10 +661,10 @@ METHODS = {"dist.all_reduce": lambda t: dist.all_reduce(t), "ring": R.ring_all_r
 def ring_worker(*, sizes, steps, warmup) -> RingRun:
     """Per size (elements, fp32): all three all-reduces on integer-valued data (sums exact in any order) must equal
     bitwise; then timed, interleaved, each call between barriers."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, dev = dist.get_rank(), dist.get_world_size(), L.device()
     exact, sent, samples = {}, {}, {}
     for n in sizes:
-        data = torch.randint(-1000, 1000, (n,), generator=torch.Generator().manual_seed(rank)).float()
+        data = torch.randint(-1000, 1000, (n,), generator=torch.Generator().manual_seed(rank)).float().to(dev)  # (n,)
         outs = {}
         for name, fn in METHODS.items():
             t = data.clone()
@@ -633,10 +678,11 @@ def ring_worker(*, sizes, steps, warmup) -> RingRun:
                 dist.barrier()
                 t0 = time.perf_counter()
                 METHODS[name](t)
+                sync(dev)  # NCCL's wait() only orders the stream
                 return time.perf_counter() - t0
             return one
         samples[n] = interleaved({k: timed(k) for k in METHODS}, steps, warmup)
-    return RingRun(world, exact, sent, samples)
+    return RingRun(world, exact, sent, samples, on=f"{dist.get_backend()} on {dev.type}")
 
 
 def ring_table(per_launch: list[list[RingRun]]) -> pd.DataFrame:
@@ -651,7 +697,8 @@ def ring_table(per_launch: list[list[RingRun]]) -> pd.DataFrame:
                 sent = [r.sent[n].get(method) for r in per_rank]
                 formula = {"ring": R.ring_bytes_sent(S_, world), "alternate ring": R.alternate_ring_bytes_sent(S_, world)
                            }.get(method)
-                rows.append({"N": world, "S_bytes": S_, "method": method, "exact": all(r.exact[n] for r in per_rank),
+                rows.append({"N": world, "on": per_rank[0].on, "S_bytes": S_, "method": method,
+                             "exact": all(r.exact[n] for r in per_rank),
                              "sent/S": np.mean(sent) / S_ if formula else np.nan,
                              "formula/S": formula / S_ if formula else np.nan, "median_us": t * 1e6})
     return pd.DataFrame(rows)

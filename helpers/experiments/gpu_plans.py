@@ -32,14 +32,14 @@ COLLECTIVE_BUFFERS = 8  # message-sized tensors per rank: up to 6 while the inpu
 DDP_SPEED_RUNS = len(ddp.SPEED_VARIANTS)  # variants every speed launch holds (the sweep model adds the sweep's)
 
 
-def _peak_per_gpu(tensor_bytes: float, ranks_per_gpu: int) -> float:
+def peak_per_gpu(tensor_bytes: float, ranks_per_gpu: int) -> float:
     """Bytes one GPU must hold: every rank's tensors plus the allocator margin, and a CUDA context per rank."""
     return ranks_per_gpu * (tensor_bytes * (1 + ALLOCATOR_MARGIN) + CUDA_CONTEXT_BYTES)
 
 
 def _row(notebook: str, run: str, tensor_bytes: float, ranks_per_gpu: int = 1) -> dict:
     return {"notebook": notebook, "run": run, "ranks_per_gpu": ranks_per_gpu,
-            "peak_per_gpu_GB": _peak_per_gpu(tensor_bytes, ranks_per_gpu) / GB}
+            "peak_per_gpu_GB": peak_per_gpu(tensor_bytes, ranks_per_gpu) / GB}
 
 
 # ---- notebook 01: one model per pass; the profiled one stays ----

@@ -283,6 +283,8 @@ def memory_worker(*, model, kinds, batch_size, context_length, steps=1, optimize
         parts = {k: _storage_bytes(v, exclude) for k, v, exclude in
                  (("parameters", params, []), ("gradients", grads, params), ("optimizer state", state, params + grads))}
         out[kind] = MemoryRun(model, kind, rank, world, x.shape[0], context_length, points, parts)
+        if grad_sync is not None:
+            grad_sync.close()  # hooks off the parameters: this kind's states are freed before the next kind's build
         del net, grad_sync, opt
     return out
 

@@ -448,10 +448,12 @@ def kernels_and_softmax(q, saved):
               f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
               "matmuls (5 per score against 4·d_head); their times are not both among the forward's saved top ops "
               "here, so the time ratio is not shown")
-    text = (f"Torch profiler standing in for nsys (no GPU here), {size}: the leading op per stage is {lead}. "
+    on_gpu = saved.run("01_profile").provenance.get("device_type") == "cuda"
+    where = ("The torch profiler's CUDA kernels, as nsys would list them" if on_gpu
+             else "Torch profiler standing in for nsys (no GPU here)")
+    text = (f"{where}, {size}: the leading op per stage is {lead}. "
             f"{within}: time follows bytes moved, not FLOPs, for the elementwise softmax. Over the whole step, "
             f"softmax takes {pct(soft)} while doing about {softmax_flops / matmul_flops:.2%} of the forward's FLOPs, "
             f"and matmuls take {pct(mm)} of the step.")
-    on_gpu = saved.run("01_profile").provenance.get("device_type") == "cuda"
     return text if on_gpu else Answer(text, status="partial", missing="nsys with NVTX ranges on a GPU; the torch "
                                                                       "profiler stands in")
