@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +41,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers.env import usable_cores
+from helpers.kernel_watch import describe_exit
 
 _DEVICE: torch.device | None = None  # this rank's device, set inside a launched worker
 _SPAWNED = False  # True inside a worker process that launch() started
@@ -181,16 +181,6 @@ def finish(code: int = 0) -> None:
     os._exit(code)
 
 
-def _describe_exit(code: int) -> str:
-    """Say how a process ended, from its exit code."""
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def _failed(procs, workdir: Path) -> list[int]:
     """Ranks that ended badly without returning: a rank whose result is saved has done its work, whatever its exit."""
     return [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and not (workdir / f"rank{r}.pt").exists()]
@@ -198,7 +188,7 @@ def _failed(procs, workdir: Path) -> list[int]:
 
 def _warn_late_deaths(procs, workdir: Path) -> None:
     """Say so (without failing) when a rank died after returning its result, e.g. in native teardown code."""
-    late = [f"rank {r} {_describe_exit(p.exitcode)}" for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+    late = [f"rank {r} {describe_exit(p.exitcode)}" for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
     if late:
         warnings.warn(f"launch: {'; '.join(late)} after returning its result; the results are complete", stacklevel=3)
 
@@ -224,7 +214,7 @@ def _failure(procs, first_dead: list[int], workdir: Path, world_size: int) -> Ra
         e, tb = errors[first], errors[first]["traceback"]
         msg = f"rank {first} of {world_size} raised {e['type']}: {e['message']}\n\n--- traceback from rank {first} ---\n{tb}"
     else:
-        msg = (f"rank {first} of {world_size} {_describe_exit(procs[first].exitcode)} before or outside the worker's "
+        msg = (f"rank {first} of {world_size} {describe_exit(procs[first].exitcode)} before or outside the worker's "
                "Python code (out of memory, a crash in native code, os._exit; its stderr may say more). "
                "In a script, call launch() under `if __name__ == \"__main__\":` since spawned ranks re-import it.")
     if others:
