@@ -291,6 +291,8 @@ def _status(entry: dict) -> str:
 
 HEADLINE_TAG = "headline"  # the cell whose plot stands for its notebook on the front page
 LEFT_OUT = "not timed here (budget)"  # how helpers.budget's notes begin (Plan.note)
+LEFT_OUT_LINES = (LEFT_OUT, "left out of the seed's grid here:", "rmsnorm_triton is left out",
+                  "Triton is not timed here", "not timed on ")  # how the notebooks' printed notes of a cut begin
 Front = Callable[[str, str], str]  # front(notebook file name, profile) -> one HTML sentence from its saved results
 
 
@@ -306,14 +308,16 @@ def headline_figure(nb) -> str | None:
 
 
 def left_out_notes(nb) -> list[str]:
-    """Each distinct line of the notebook's printed output that says what the time budget left out, in order."""
+    """Each distinct line of the notebook's printed output that says what this run left out (the time budget's
+    notes, the profile's cuts), in order."""
     notes = []
     for cell in nb.cells:
         for out in cell.get("outputs", []):
-            text = out.get("text", "") if out.get("output_type") == "stream" else out.get("data", {}).get("text/plain", "")
+            stream = out.get("output_type") == "stream"
+            text = out.get("text", "") if stream else out.get("data", {}).get("text/plain", "")
             for line in ANSI_COLOUR.sub("", "".join(text)).splitlines():
                 line = line.lstrip("- ").strip()
-                if line.startswith(LEFT_OUT) and line not in notes:
+                if line.startswith(LEFT_OUT_LINES) and not line.endswith(": nothing") and line not in notes:
                     notes.append(line)
     return notes
 
@@ -333,12 +337,12 @@ def _front_section(entry: dict, out_dir: Path, sentence: str) -> str:
               "<div class='nofig'>no headline plot in this run</div>")
     notes = entry.get("left_out") or []
     left = ("<ul class='left-out'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else
-            "<p class='left-out'>nothing left out by the time budget</p>")
-    status = _status(entry)
+            "<p class='left-out'>nothing left out</p>")
+    status = f"<span class='status{'' if entry['error'] is None else ' failed'}'>{_status(entry)}</span>"
     return (f"<section class='nb' data-notebook='{html.escape(entry['notebook'])}'><figure>{figure}</figure><div>"
             f"<h2>{_link(entry, out_dir)}</h2><p class='claim'>{sentence}</p>"
-            f"<p class='meta'>{html.escape(entry['notebook'])} · ran in {entry['seconds']:.0f} s · "
-            f"<span class='status{'' if entry['error'] is None else ' failed'}'>{status}</span></p>{left}</div></section>")
+            f"<p class='meta'>{html.escape(entry['notebook'])} · ran in {entry['seconds']:.0f} s · {status}</p>"
+            f"{left}</div></section>")
 
 
 def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequence[dict] = (),
@@ -370,7 +374,8 @@ made {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.</p>
 
 
 def _sentence(front: Front | None, notebook: str, profile: str) -> str:
-    """front's sentence for one notebook; its failure is shown in its place, not raised (the index still gets written)."""
+    """front's sentence for one notebook; its failure is shown in its place, not raised (the index is still
+    written)."""
     if front is None:
         return ""
     try:

@@ -122,7 +122,8 @@ NOTEBOOK_07, LIVE_07 = "07_fsdp.ipynb", "live_07.ipynb"
 SMALL_CHECKPOINT = '''from helpers.experiments import fsdp as X
 
 profile = "cpu"  # notebook 07's live cell below, verbatim, on small shapes: the control, not the numbers, is checked
-X.PROFILES["cpu"] = {**X.PROFILES["cpu"], "ckpt_layers": 4, "ckpt_batch": 1, "ckpt_context": 16, "segments": [0, 1, 2, 4]}'''
+X.PROFILES["cpu"] = {**X.PROFILES["cpu"], "ckpt_layers": 4, "ckpt_batch": 1, "ckpt_context": 16,
+                     "segments": [0, 1, 2, 4]}'''
 
 
 def live_notebook(nb07):

@@ -194,6 +194,9 @@ def test_headline_figure_and_left_out_notes_come_from_the_executed_notebook():
     note = f"{writeup.LEFT_OUT}: mixed precision at medium (about 30 s more); run them with make writeup BUDGET=90"
     nb.cells[1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=f"timed\n- {note}\n{note}\n"))
     assert writeup.left_out_notes(nb) == [note]  # once, without the list dash
+    nb.cells[1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=(
+        "left out of the seed's grid here: nothing\nleft out of the seed's grid here: {'process counts': [6]}\n")))
+    assert writeup.left_out_notes(nb) == [note, "left out of the seed's grid here: {'process counts': [6]}"]
 
 
 def test_a_live_panel_keeps_its_one_line_in_the_exported_page(tmp_path):

@@ -1,6 +1,7 @@
 """The writeups' front page: one measured sentence per notebook, read from this machine's saved results.
 
-    sentence("04_ddp.ipynb", "cpu")   # 'bucketed DDP (25 MB), small/cpu: <b ...>0.86×</b> torch DDP's step ... [0.80–0.93]'
+    sentence("04_ddp.ipynb", "cpu")   # "bucketed DDP (25 MB), small/cpu: <b ...>0.86</b>× torch DDP's step time
+                                      #  on this CPU [0.80–0.93]" (HTML; the numbers in marked elements)
 
 `python -m helpers writeup` hands `sentence` to helpers.writeup.main as `front`; the writeup puts it beside the
 notebook's headline figure (its cell tagged `headline`). Each number is a column of one saved row, and the HTML says
@@ -88,9 +89,9 @@ def rmsnorm(saved: Saved) -> Claim:
 
 
 def collectives(saved: Saved) -> Claim:
-    """03: all-reduce's bus bandwidth at the largest size and rank count, with the calls' quartiles."""
+    """03: all-reduce's bus bandwidth at the largest size on the fewest ranks, with the calls' quartiles."""
     rows = [(i, r) for i, r in _rows(saved, "03_collectives", op="all_reduce") if not r.get("wrong")]
-    i, r = max(rows, key=lambda ir: (ir[1]["size_bytes"], ir[1]["world_size"]))
+    i, r = max(rows, key=lambda ir: (ir[1]["size_bytes"], -ir[1]["world_size"]))  # fewest ranks: not oversubscribed
     bw, t = r["busbw_GBps"], r["time_s"]
     return Claim("03_collectives", i, "busbw_GBps", bw, bw * t / r.get("p75_s", t), bw * t / r.get("p25_s", t),
                  f"all-reduce of {r['size']} on {r['world_size']} {r['backend']} ranks: ", f"bus bandwidth on "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import pandas as pd
 
@@ -163,9 +163,9 @@ def bucket_measure(model: str, bucket_mb: float, config: dict, backend: str, dev
                                 device=device)
     ratios = pd.DataFrame(XD.ratio_rows(raw))
     ratios = ratios[(ratios["field"] == "step") & (ratios["b"] == "torch_ddp 25 MB")].set_index("a")
-    table = speed.set_index("variant")[["step_s", "buckets", "steps"]].join(
-        ratios[["ratio", "ratio_low", "ratio_high", "pairs"]].rename(columns={"ratio_low": "low", "ratio_high": "high"}),
-        how="inner")
+    ratios = ratios[["ratio", "ratio_low", "ratio_high", "pairs"]].rename(columns={"ratio_low": "low",
+                                                                                  "ratio_high": "high"})
+    table = speed.set_index("variant")[["step_s", "buckets", "steps"]].join(ratios, how="inner")
     table["step_ms"] = table.pop("step_s") * 1e3
     table["measurable"] = ~((table["low"] <= 1.0) & (table["high"] >= 1.0))
     fig = _ratio_plot(table, "step time / torch DDP 25 MB (95% interval)", f"{model}, bucketed {bucket_mb:g} MB")
