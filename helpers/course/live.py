@@ -53,26 +53,26 @@ class Panel:
         self.button.disabled, self.progress.bar_style, self.progress.value = True, "info", 1
         self.status.value = f"measuring {', '.join(f'{k} = {v}' for k, v in values.items())} ..."
         start = time.perf_counter()
-        try:
-            table, fig = self.measure(**values)
-            self.progress.value = 2
-            with self.output:
+        with self.output:  # the experiment's own progress bars (tqdm) show here, then its table and plot
+            clear_output()
+            try:
+                table, fig = self.measure(**values)
+                self.progress.value = 2
                 clear_output(wait=True)
                 display(table)
                 if fig is not None:
                     display(fig)
                     plt.close(fig)
-            self.table = table
-            self.progress.value, self.progress.bar_style = 3, "success"
-            self.status.value = f"done in {time.perf_counter() - start:.1f} s"
-        except Exception as exc:  # a failed measurement is shown in the panel; the kernel stays usable
-            self.progress.bar_style = "danger"
-            self.status.value = f"failed: {type(exc).__name__}: {exc}"
-            with self.output:
+                self.table = table
+                self.progress.value, self.progress.bar_style = 3, "success"
+                self.status.value = f"done in {time.perf_counter() - start:.1f} s"
+            except Exception as exc:  # a failed measurement is shown in the panel; the kernel stays usable
+                self.progress.bar_style = "danger"
+                self.status.value = f"failed: {type(exc).__name__}: {exc}"
                 clear_output(wait=True)
                 print("".join(traceback.format_exception_only(type(exc), exc)).strip())
-        finally:
-            self.button.disabled = False
+            finally:
+                self.button.disabled = False
         return self.table
 
     def show(self, run: bool = False) -> None:
