@@ -22,7 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from browser import assert_calc_reacts, needs_chromium, start_chrome, without_colours
+from browser import assert_calc_reacts, full_page_screenshot, needs_chromium, start_chrome, without_colours
 
 from helpers.launch import free_port
 
@@ -241,6 +241,8 @@ def test_notebook_07_live_control_in_lab(lab):
                                      pytrace=False), f"{LIVE_07}: no .live-panel after Run All")
     first = run_live_panel(driver, panel, "1", before="")
     second = run_live_panel(driver, panel, "4", before=first)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", panel)
+    full_page_screenshot(driver, ROOT / "writeups" / "screenshots" / "lab.07_live.png")
     assert segments(first) == ["0", "1"] and segments(second) == ["0", "4"], (first, second)
 
 

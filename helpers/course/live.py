@@ -59,7 +59,7 @@ class Panel:
                 table, fig = self.measure(**values)
                 self.progress.value = 2
                 clear_output(wait=True)
-                display(table)
+                display(table.round(3))  # every table here is in ms, MiB, GB/s or ratios
                 if fig is not None:
                     display(fig)
                     plt.close(fig)
@@ -196,12 +196,14 @@ def collectives_measure(op: str, size: str, ranks: int, grid: dict):
                                                         for r in todo.itertuples() if not r.run))
     table = df[["backend", "device", "world_size", "op", "size", "time_s", "p25_s", "p75_s", "algbw_GBps",
                 "busbw_GBps", "iters", "wrong"]].set_index(["backend", "device"])
+    for q in ("time", "p25", "p75"):
+        table.insert(table.columns.get_loc(f"{q}_s"), f"{q}_ms", table.pop(f"{q}_s") * 1e3)
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 0.45 * len(table) + 1.2))
-    bw, t = table["busbw_GBps"], table["time_s"]
-    ax.barh([f"{b}+{d}" for b, d in table.index], bw, xerr=[bw - bw * t / table["p75_s"], bw * t / table["p25_s"] - bw],
-            color="#4c78a8", capsize=3)
+    bw, t = table["busbw_GBps"], table["time_ms"]
+    ax.barh([f"{b}+{d}" for b, d in table.index], bw,
+            xerr=[bw - bw * t / table["p75_ms"], bw * t / table["p25_ms"] - bw], color="#4c78a8", capsize=3)
     ax.set_xlabel("busbw, GB/s (bars: quartiles of the calls)")
     ax.set_title(f"{op}, {size}, {ranks} ranks", fontsize=9)
     fig.tight_layout()
