@@ -58,15 +58,17 @@ def cmd_kernels(argv: list[str]) -> int:
 
 
 def cmd_writeup(argv: list[str]) -> int:
-    """Execute the notebooks and export HTML writeups, then the answers page from what they saved."""
+    """Execute the notebooks and export HTML writeups, then the answers page and the front page's sentences from what
+    they saved."""
     from helpers.course.yours.page import has_saved_run, write_page as yours_page
     from helpers.course.answers import write_page
+    from helpers.course.front import sentence
     from helpers.writeup import main
 
     pages = [("Answers, question by question", "answers.html", write_page)]
     if has_saved_run():  # the last `python -m helpers yours` run on this machine
         pages.append(("Yours beside ours: your adapters checked and timed", "yours.html", yours_page))
-    return main(argv, extra_pages=pages)
+    return main(argv, extra_pages=pages, front=sentence)
 
 
 def cmd_yours(argv: list[str]) -> int:

@@ -233,7 +233,8 @@ class OfflineHTMLExporter(HTMLExporter):
 
 
 def offline_copy(nb):
-    """A copy of an executed notebook without widget outputs, widget state and tqdm's stderr progress lines."""
+    """A copy of an executed notebook without widget outputs (a live panel keeps its text/html line), widget state and
+    tqdm's stderr progress lines."""
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
@@ -241,8 +242,11 @@ def offline_copy(nb):
             continue
         outputs = []
         for out in cell.get("outputs", []):
-            if WIDGET_VIEW in out.get("data", {}):
-                continue
+            if WIDGET_VIEW in out.get("data", {}):  # a live panel's text/html fallback stays (the parameter to edit)
+                fallback = {k: v for k, v in out.data.items() if k in ("text/html", "text/markdown")}
+                if not fallback:
+                    continue
+                out["data"] = nbformat.from_dict(fallback)
             if out.output_type == "stream" and out.name == "stderr":
                 out.text = _without_progress_bars(out.text)
                 if not out.text.strip():
@@ -312,10 +316,67 @@ def _status(entry: dict) -> str:
     return "ok" if entry["error"] is None else "FAILED: " + html.escape(entry["error"])
 
 
+HEADLINE_TAG = "headline"  # the cell whose plot stands for its notebook on the front page
+LEFT_OUT = "not timed here (budget)"  # how helpers.budget's notes begin (Plan.note)
+LEFT_OUT_LINES = (LEFT_OUT, "left out of the seed's grid here:", "rmsnorm_triton is left out",
+                  "Triton is not timed here", "not timed on ")  # how the notebooks' printed notes of a cut begin
+Front = Callable[[str, str], str]  # front(notebook file name, profile) -> one HTML sentence from its saved results
+
+
+def headline_figure(nb) -> str | None:
+    """The base64 PNG of the first image in the outputs of the cell tagged `headline`, or None."""
+    for cell in nb.cells:
+        if cell.cell_type == "code" and HEADLINE_TAG in cell.get("metadata", {}).get("tags", []):
+            for out in cell.get("outputs", []):
+                png = out.get("data", {}).get("image/png")
+                if png:
+                    return "".join(png.split())
+    return None
+
+
+def left_out_notes(nb) -> list[str]:
+    """Each distinct line of the notebook's printed output that says what this run left out (the time budget's
+    notes, the profile's cuts), in order."""
+    notes = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            stream = out.get("output_type") == "stream"
+            text = out.get("text", "") if stream else out.get("data", {}).get("text/plain", "")
+            for line in ANSI_COLOUR.sub("", "".join(text)).splitlines():
+                line = line.lstrip("- ").strip()
+                if line.startswith(LEFT_OUT_LINES) and not line.endswith(": nothing") and line not in notes:
+                    notes.append(line)
+    return notes
+
+
+INDEX_CSS = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}
+ul.pages{font-size:1.15rem} section.nb{display:flex;gap:1.2rem;border-top:1px solid #ddd;padding:1rem 0}
+section.nb figure{margin:0;flex:0 0 18rem} section.nb img{width:18rem;border:1px solid #eee}
+section.nb .nofig{width:18rem;height:6rem;display:flex;align-items:center;justify-content:center;color:#888;
+background:#f6f6f6} section.nb h2{font-size:1.1rem;margin:0 0 .4rem} .claim{font-size:1.05rem}
+.meta{color:#555;font-size:.9rem} .left-out{color:#7a4b00;font-size:.85rem} .failed{color:#b00}"""
+
+
+def _front_section(entry: dict, out_dir: Path, sentence: str) -> str:
+    """One notebook on the front page: headline figure, measured sentence, run time and status, what was left out."""
+    figure = (f"<img class='headline' alt='headline plot of {html.escape(entry['notebook'])}' "
+              f"src='data:image/png;base64,{entry['figure']}'>" if entry.get("figure") else
+              "<div class='nofig'>no headline plot in this run</div>")
+    notes = entry.get("left_out") or []
+    left = ("<ul class='left-out'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else
+            "<p class='left-out'>nothing left out</p>")
+    status = f"<span class='status{'' if entry['error'] is None else ' failed'}'>{_status(entry)}</span>"
+    return (f"<section class='nb' data-notebook='{html.escape(entry['notebook'])}'><figure>{figure}</figure><div>"
+            f"<h2>{_link(entry, out_dir)}</h2><p class='claim'>{sentence}</p>"
+            f"<p class='meta'>{html.escape(entry['notebook'])} · ran in {entry['seconds']:.0f} s · {status}</p>"
+            f"{left}</div></section>")
+
+
 def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequence[dict] = (),
-                budget: str = "auto") -> Path:
-    """writeups/index.html: title, device, profile and time budget, date, the extra pages first, then one link per
-    notebook."""
+                budget: str = "auto", front: Front | None = None) -> Path:
+    """writeups/index.html: title, device, profile and time budget, date, the extra pages first, then per notebook
+    its headline figure, front(notebook, profile)'s measured sentence, run time, status and what the budget left
+    out."""
     from helpers.env import machine_facts
 
     facts = machine_facts()
@@ -323,26 +384,32 @@ def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequenc
                    f" (time budget {html.escape(str(budget))}: each notebook names what it left out and the command "
                    "that runs it)")
     extra = "\n".join(f"<li>{_link(p, out_dir)}{'' if p['error'] is None else ' · ' + _status(p)}</li>" for p in pages)
-    rows = "\n".join(
-        f"<tr><td>{_link(e, out_dir)}</td>"
-        f"<td>{html.escape(e['notebook'])}</td><td>{e['seconds']:.0f} s</td><td>{_status(e)}</td></tr>"
-        for e in entries
-    )
+    sections = "\n".join(_front_section(e, out_dir, _sentence(front, e["notebook"], profile)) for e in entries)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>LLM systems companion: writeups</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto}}td,th{{padding:.3rem .8rem;text-align:left}}
-ul.pages{{font-size:1.15rem}}</style>
+<style>{INDEX_CSS}</style>
 </head><body><h1>LLM systems companion: writeups</h1>
 <p>Device: <b>{html.escape(facts['device'])}</b> ({facts['cpu_count']} CPU cores, {facts['gpu_count']} GPU(s));
 profile: <b>{html.escape(profile)}</b>{budget_note}; torch {facts['torch']}, triton {facts['triton']};
 made {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.</p>
 {f'<ul class="pages">{chr(10)}{extra}{chr(10)}</ul>' if pages else ''}
-<table><tr><th>notebook writeup</th><th>notebook</th><th>run time</th><th>status</th></tr>
-{rows}
-</table></body></html>
+{sections}
+</body></html>
 """
     index = out_dir / "index.html"
     index.write_text(page, encoding="utf-8")
     return index
+
+
+def _sentence(front: Front | None, notebook: str, profile: str) -> str:
+    """front's sentence for one notebook; its failure is shown in its place, not raised (the index is still
+    written)."""
+    if front is None:
+        return ""
+    try:
+        return front(notebook, profile)
+    except Exception as exc:  # a sentence builder's bug must not cost the whole index
+        traceback.print_exc()
+        return f"<span class='failed'>no sentence: {html.escape(type(exc).__name__)}: {html.escape(str(exc))}</span>"
 
 
 def run_notebook(path: Path, out_dir: Path, params: dict, *, hide_code: bool, timeout_s: int) -> dict:
@@ -357,7 +424,8 @@ def run_notebook(path: Path, out_dir: Path, params: dict, *, hide_code: bool, ti
     except ExportError as exc:
         out.unlink(missing_ok=True)  # no stale page from an earlier run
         error = str(exc) if error is None else f"{error}; {exc}"
-    return {"notebook": path.name, "title": title, "html": out.name, "seconds": seconds, "error": error}
+    return {"notebook": path.name, "title": title, "html": out.name, "seconds": seconds, "error": error,
+            "figure": headline_figure(nb), "left_out": left_out_notes(nb)}
 
 
 def build_page(title: str, filename: str, build: Callable[[Path, str], None], out_dir: Path, profile: str) -> dict:
@@ -375,11 +443,12 @@ def build_page(title: str, filename: str, build: Callable[[Path, str], None], ou
     return {"title": title, "html": filename, "seconds": time.perf_counter() - start, "error": error}
 
 
-def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -> int:
+def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = (), front: Front | None = None) -> int:
     """Execute notebooks in order, export one HTML page each, build `extra_pages`, write index.html; 1 if any failed.
 
     Each extra page is (title, filename, build) with build(out_path, profile) writing the page; they are built
-    after the notebooks ran and linked first from the index.
+    after the notebooks ran and linked first from the index. `front(notebook, profile)` gives each notebook's measured
+    sentence on the index (the course floor reads the saved results; this module does not).
     """
     from helpers.budget import parse_budget
     from helpers.env import resolve_profile
@@ -421,7 +490,7 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = ()) -
     for title, filename, build in extra_pages:
         pages.append(build_page(title, filename, build, args.out, profile))
         print(f"page {filename}: {'ok' if pages[-1]['error'] is None else 'FAILED: ' + pages[-1]['error']}", flush=True)
-    index = write_index(entries, args.out, profile, pages, budget=args.budget)
+    index = write_index(entries, args.out, profile, pages, budget=args.budget, front=front)
     failed = [e["notebook"] for e in entries if e["error"]] + [p["html"] for p in pages if p["error"]]
     print(f"wrote {index}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

@@ -120,3 +120,106 @@ def test_checks_catch_planted_faults(chrome, tmp_path):
     assert remote_requests(chrome) == ["https://cdn.example/mathjax.js"]
     errors = console_errors(chrome)
     assert any("planted error" in e for e in errors) and any("mathjax" in e for e in errors), errors
+
+
+# --- the front page (index.html) from fake executed-notebook entries and saved results: no notebook runs --------
+
+def _ratio(a, b, ratio, low, high, **keys):
+    return {**keys, "a": a, "b": b, "ratio": ratio, "ratio_low": low, "ratio_high": high, "pairs": 8}
+
+
+FAKE_RESULTS = {  # name -> rows, as the notebooks save them (the columns helpers.course.front reads)
+    "00_warmup": [{"label": "cold", "warmup_kind": "none", "median_s": 0.0612, "min_s": 0.041, "max_s": 0.31,
+                   "steps": 10},
+                  {"label": "warm", "warmup_kind": "3 steps", "median_s": 0.03127, "min_s": 0.0301, "max_s": 0.0355,
+                   "steps": 10}],
+    "01_precision_ratios": [_ratio("bf16", "fp32", 3.4567, 3.2, 3.71, size="tiny/cpu", **{"pass": "both"}),
+                            _ratio("fp32", "bf16", 0.2893, 0.27, 0.31, size="tiny/cpu", **{"pass": "both"}),
+                            _ratio("bf16", "fp32", 2.9061, 2.81, 3.05, size="small/cpu", **{"pass": "both"})],
+    "rmsnorm_ratios": [_ratio("torch", "layernorm", 1.1234, 1.05, 1.21, dtype="float32", H=1024, **{"pass": "fwd"}),
+                       _ratio("torch", "layernorm", 0.9412, 0.9, 0.99, dtype="float32", H=4096, **{"pass": "fwd"}),
+                       _ratio("torch", "layernorm", 0.5, 0.4, 0.6, dtype="float32", H=4096, **{"pass": "fwd+bwd"})],
+    "03_collectives": [{"backend": "gloo", "device": "cpu", "world_size": n, "op": "all_reduce", "size_bytes": s,
+                        "size": f"{s >> 10} KiB", "time_s": t, "p25_s": t * 0.9, "p75_s": t * 1.2,
+                        "busbw_GBps": s / t / 1e9, "wrong": 0}
+                       for n, s, t in [(2, 65536, 1e-4), (2, 4194304, 2.3e-3), (4, 4194304, 4.1e-3)]],
+    "04_ddp_ratios": [_ratio("bucketed 25 MB", "torch_ddp 25 MB", 0.8612, 0.8011, 0.9322, model="small/cpu",
+                             field="step"),
+                      _ratio("torch_ddp 25 MB", "bucketed 25 MB", 1.1612, 1.0727, 1.2483, model="small/cpu",
+                             field="step")],
+    "05_sharding_ratios": [_ratio("sharded", "unsharded", 1.0432, 0.98, 1.11, launch=0)],
+    "06_compile_ratios": [{"pass": p, "label": label, "median_s": 0.01, "ratio": r, "ratio_low": r - 0.05,
+                           "ratio_high": r + 0.07, "pairs": 8}
+                          for p in ("fwd", "fwd+bwd") for label, r in [("naive", 1.0), ("compiled", 0.6789)]],
+    "07_checkpoint": [{"segment": k, "peak_MiB": peak, "median_ms": 12.0, "time / none": r, "low": r - 0.04,
+                       "high": r + 0.05} for k, peak, r in [(0, 40.5, 1.0), (2, 18.25, 1.2876), (4, 22.0, 1.21)]],
+}
+
+
+def _figure_png() -> str:
+    """A small real matplotlib plot as base64 PNG, as an executed notebook's output carries it."""
+    import base64
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([1, 2, 3], [3, 1, 2], marker="o")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_front_page_figures_and_measured_sentences(chrome, tmp_path):
+    """Every notebook on the index shows a decoded headline figure and a sentence whose number equals the saved
+    result it names (data-source/row/column), inside its interval; the answers and yours pages are linked."""
+    from functools import partial
+
+    from selenium.webdriver.common.by import By
+
+    from helpers import writeup
+    from helpers.course.front import sentence
+    from helpers.results import load_results, save_results
+
+    data, out = tmp_path / "data", tmp_path / "writeups"
+    out.mkdir()
+    for name, rows in FAKE_RESULTS.items():
+        save_results(rows, name, profile="cpu", directory=data, model="small/cpu")
+    png = _figure_png()
+    stems = ["00_setup", "01_benchmarking_and_profiling", "02_rmsnorm_triton", "03_collectives", "04_ddp",
+             "05_optimizer_state_sharding", "06_flash_attention", "07_fsdp"]
+    entries = [{"notebook": f"{s}.ipynb", "title": s, "html": f"{s}.html", "seconds": 12.0 + i, "error": None,
+                "figure": png, "left_out": [f"{writeup.LEFT_OUT}: sizes medium (about 40 s more)"] if i == 4 else []}
+               for i, s in enumerate(stems)]
+    pages = [{"title": "Answers", "html": "answers.html", "error": None},
+             {"title": "Yours", "html": "yours.html", "error": None}]
+    for page in pages:
+        (out / page["html"]).write_text("<html><body>page</body></html>")
+    index = writeup.write_index(entries, out, "cpu", pages, budget="auto", front=partial(sentence, folder=data))
+    check_page(chrome, index, SHOTS / "index.front.png")
+
+    sections = chrome.find_elements(By.CSS_SELECTOR, "section.nb")
+    assert [s.get_attribute("data-notebook") for s in sections] == [e["notebook"] for e in entries]
+    for section in sections:
+        img = section.find_elements(By.CSS_SELECTOR, "img.headline")
+        assert img and chrome.execute_script("return arguments[0].naturalWidth", img[0]) > 0, section.text
+        assert "ok" in section.find_element(By.CSS_SELECTOR, ".status").text
+    values = chrome.find_elements(By.CSS_SELECTOR, ".claim-value")
+    assert len(values) == len(stems), [s.find_element(By.CSS_SELECTOR, ".claim").text for s in sections]
+    for v in values:
+        row = load_results(data / f"{v.get_attribute('data-source')}.jsonl").rows[int(v.get_attribute("data-row"))]
+        expected = row[v.get_attribute("data-column")] * float(v.get_attribute("data-scale"))
+        digits = int(v.get_attribute("data-digits"))
+        assert v.text == f"{expected:.{digits}f}", (v.get_attribute("data-source"), v.text, expected)
+        claim = v.find_element(By.XPATH, "./..")
+        low = float(claim.find_element(By.CSS_SELECTOR, ".claim-low").text)
+        high = float(claim.find_element(By.CSS_SELECTOR, ".claim-high").text)
+        assert low <= float(v.text) <= high, claim.text
+    ddp = sections[4].find_element(By.CSS_SELECTOR, ".claim").text
+    assert ddp == "bucketed DDP (25 MB), small/cpu: 0.86× torch DDP's step time on this CPU [0.80–0.93]", ddp
+    assert "sizes medium" in sections[4].find_element(By.CSS_SELECTOR, ".left-out").text
+    links = [a.get_attribute("href").rsplit("/", 1)[-1] for a in chrome.find_elements(By.CSS_SELECTOR, "ul.pages a")]
+    assert links == ["answers.html", "yours.html"]

@@ -1,10 +1,12 @@
 """JupyterLab as `make lab` gives it to a student, driven by headless Chromium.
 
 One JupyterLab server (this venv's Python as kernel, a temp copy of notebooks/, a random token, a free
-loopback port) serves two checks: a tiny notebook written here whose cell displays a calculator by the
+loopback port) serves three checks: a tiny notebook written here whose cell displays a calculator by the
 writeups' contract (`.calc`, `[data-input]`, `.calc-output`, inline JS), which proves inline scripts run in
 Lab outputs and the kernel is this venv; and notebook 05's calculator (its parameter, import and calculator cells,
-profile cpu), which must change its output when an input changes. Skips without Chromium and chromedriver.
+profile cpu), which must change its output when an input changes; and notebook 07's live control (its cell tagged
+`live`, on small shapes), whose Run must show a table that changes with the segment size chosen. Skips without
+Chromium and chromedriver.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from browser import assert_calc_reacts, needs_chromium, start_chrome, without_colours
+from browser import assert_calc_reacts, full_page_screenshot, needs_chromium, start_chrome, without_colours
 
 from helpers.launch import free_port
 
@@ -116,6 +118,23 @@ def calculator_cells(nb) -> list:
     return keep
 
 
+NOTEBOOK_07, LIVE_07 = "07_fsdp.ipynb", "live_07.ipynb"
+SMALL_CHECKPOINT = '''from helpers.experiments import fsdp as X
+
+profile = "cpu"  # notebook 07's live cell below, verbatim, on small shapes: the control, not the numbers, is checked
+X.PROFILES["cpu"] = {**X.PROFILES["cpu"], "ckpt_layers": 4, "ckpt_batch": 1, "ckpt_context": 16,
+                     "segments": [0, 1, 2, 4]}'''
+
+
+def live_notebook(nb07):
+    """Notebook 07's cell tagged `live` (its checkpoint-segment panel) after a cell that shrinks the shapes."""
+    live = [c for c in nb07.cells if "live" in c.metadata.get("tags", [])]
+    assert len(live) == 1, "notebook 07 has no (or several) cells tagged live"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SMALL_CHECKPOINT), live[0]])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """(Chromium driver, server URL, token) for a Lab serving a copy of notebooks/ plus the calculator self-test."""
@@ -132,6 +151,7 @@ def lab(tmp_path_factory):
     selftest = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CALC_CELL)])
     selftest.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(selftest, root / "calc_selftest.ipynb")
+    nbformat.write(live_notebook(nbformat.read(ROOT / "notebooks" / NOTEBOOK_07, as_version=4)), root / LIVE_07)
     token = secrets.token_hex(16)
     proc, url = start_lab(root, token)
     driver = None
@@ -181,3 +201,51 @@ def test_notebook_05_calculator_in_lab(lab):
     driver, url, token = lab
     notebook = NOTEBOOK_05
     assert_calc_reacts(driver, run_to_calc(driver, url, token, notebook, timeout_s=240), notebook)
+
+
+def run_live_panel(driver, panel, segment: str, before: str, timeout_s: int = 90) -> str:
+    """Pick `segment` in the panel's menu, press Run, and return the text of the table it shows once it differs
+    from `before`; fail with the panel's status when the run failed."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    Select(panel.find_element(By.CSS_SELECTOR, "select")).select_by_visible_text(segment)
+    panel.find_element(By.XPATH, ".//button[normalize-space()='Run']").click()
+
+    def new_table(_):
+        status = " ".join(e.text for e in panel.find_elements(By.CSS_SELECTOR, ".widget-label"))
+        if "failed" in status:
+            pytest.fail(f"the live panel's run failed: {status}", pytrace=False)
+        tables = panel.find_elements(By.CSS_SELECTOR, ".widget-output table")
+        return tables[0].text if tables and "done in" in status and tables[0].text != before else False
+
+    return WebDriverWait(driver, timeout_s, poll_frequency=0.5).until(
+        new_table, f"no new table in the live panel {timeout_s} s after Run (segment {segment})")
+
+
+@pytest.mark.timeout(240)
+def test_notebook_07_live_control_in_lab(lab):
+    """Notebook 07's checkpoint-segment panel in JupyterLab: Run measures the chosen segment size in place, and
+    another choice gives another table (its rows: no checkpointing and the segment chosen)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver, url, token = lab
+    driver.get(f"{url}/lab/tree/{LIVE_07}?reset&token={token}")
+    WebDriverWait(driver, 120, poll_frequency=1).until(lambda d: d.execute_script(KERNEL_IDLE),
+                                                       f"{LIVE_07}: no idle kernel in JupyterLab after 120 s")
+    driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    panel = WebDriverWait(driver, 120, poll_frequency=1).until(
+        lambda d: (d.find_elements(By.CSS_SELECTOR, ".live-panel") or [False])[0] or d.execute_script(RUN_STATE)[
+            "error"] and pytest.fail(f"{LIVE_07}: {without_colours(d.execute_script(RUN_STATE)['error'])}",
+                                     pytrace=False), f"{LIVE_07}: no .live-panel after Run All")
+    first = run_live_panel(driver, panel, "1", before="")
+    second = run_live_panel(driver, panel, "4", before=first)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", panel)
+    full_page_screenshot(driver, ROOT / "writeups" / "screenshots" / "lab.07_live.png")
+    assert segments(first) == ["0", "1"] and segments(second) == ["0", "4"], (first, second)
+
+
+def segments(table_text: str) -> list[str]:
+    """The segment sizes (row labels) of a checkpoint table's text: header, index-name line, then one row each."""
+    return [line.split()[0] for line in table_text.splitlines()[2:] if line.split()]

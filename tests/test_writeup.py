@@ -184,3 +184,26 @@ def test_log_ticks_only_at_the_measured_sizes():
     with pytest.raises(ValueError, match="axis must be"):
         log_ticks(ax, sizes, axis="z")
     plt.close(fig)
+
+
+def test_headline_figure_and_left_out_notes_come_from_the_executed_notebook():
+    nb = _executed()
+    assert writeup.headline_figure(nb) is None  # no cell tagged headline
+    nb.cells[1].metadata["tags"] = [writeup.HEADLINE_TAG]
+    assert writeup.headline_figure(nb) == PNG
+    note = f"{writeup.LEFT_OUT}: mixed precision at medium (about 30 s more); run them with make writeup BUDGET=90"
+    nb.cells[1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=f"timed\n- {note}\n{note}\n"))
+    assert writeup.left_out_notes(nb) == [note]  # once, without the list dash
+    nb.cells[1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=(
+        "left out of the seed's grid here: nothing\nleft out of the seed's grid here: {'process counts': [6]}\n")))
+    assert writeup.left_out_notes(nb) == [note, "left out of the seed's grid here: {'process counts': [6]}"]
+
+
+def test_a_live_panel_keeps_its_one_line_in_the_exported_page(tmp_path):
+    nb = _executed()
+    nb.cells[1].outputs.append(nbformat.v4.new_output("display_data", data={
+        writeup.WIDGET_VIEW: {"model_id": "p", "version_major": 2}, "text/plain": "VBox(...)",
+        "text/html": "<p class='live-offline'>Live control: edit BUCKET_MB</p>"}))
+    writeup.export_html(nb, tmp_path / "a.html", "Offline page")
+    page = (tmp_path / "a.html").read_text()
+    assert "Live control: edit BUCKET_MB" in page and "VBox" not in page and "HBox" not in page
