@@ -168,9 +168,9 @@ def test_another_editions_names_are_skipped(tmp_path, monkeypatch):
 
 
 def test_a_hung_collective_is_an_error_after_the_timeout():
-    result = D.run_sharding(str(MUTANTS / "sharding_hang.py"), Options(timed=False, warmup=0, timeout_s=10))
+    result = D.run_sharding(str(MUTANTS / "sharding_hang.py"), Options(timed=False, warmup=0, timeout_s=5))
     (check,) = result.checks
-    assert check.status == ERROR and check.detail.startswith("hung:") and "timeout_s=10" in check.detail
+    assert check.status == ERROR and check.detail.startswith("hung:") and "timeout_s=5" in check.detail
 
 
 def test_an_exception_in_student_code_names_its_file_and_line(tmp_path):

@@ -34,7 +34,7 @@ from helpers.experiments import gpu_plans as G
 from helpers.experiments import rmsnorm as XR
 from helpers.experiments import sharding as XS
 from helpers.experiments.common import make_batches, train_step
-from helpers.model import build_model, lm_loss, sizes_for
+from helpers.model import build_model, lm_loss, random_batch, sizes_for
 from helpers.rmsnorm import RMSNormPyTorchFunction
 
 META = torch.device("meta")
@@ -98,6 +98,16 @@ def _fwd_bwd_peak(fn, *inputs) -> int:
     """Tracked peak bytes of fn(*inputs).sum().backward() above the inputs."""
     trace = M.track(lambda: fn(*inputs).sum().backward(), existing=inputs)
     return trace.peak_bytes - trace.baseline_bytes
+
+
+def run_00(batch_size: int = 4) -> list[dict]:
+    """Notebook 00: the warm-up demo, the gpu profile's first size's forward on a batch of 4 at its own context."""
+    size = sizes_for("gpu")[0]
+    lm = build_model(size, device=META)
+    inputs, _ = random_batch(lm.cfg, batch_size=batch_size, device=META)
+    with torch.no_grad():
+        trace = M.track(lambda: lm(inputs), existing=[inputs])
+    return [_row("00", f"warm-up demo {size} forward, batch {batch_size}", trace.peak_bytes - trace.baseline_bytes)]
 
 
 def run_01(c=None, sizes=None) -> list[dict]:
@@ -199,7 +209,7 @@ def run_07(c=None) -> list[dict]:
     return [_row("07", f"checkpoint sweep {c['ckpt_model']}, context {c['ckpt_context']}, no checkpointing", peak)]
 
 
-RUNS = {"01": run_01, "02": run_02, "03": run_03, "04": run_04, "05": run_05, "06": run_06, "07": run_07}
+RUNS = {"00": run_00, "01": run_01, "02": run_02, "03": run_03, "04": run_04, "05": run_05, "06": run_06, "07": run_07}
 
 
 def dry_run(notebooks=None) -> pd.DataFrame:
