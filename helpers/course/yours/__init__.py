@@ -96,12 +96,16 @@ def _in_rank(fn, path: str, opts: Options, *args):
 
 
 def run_kernel_topic(adapters_path: str, topic: str, opts: Options, impls: list[str]):
-    """A kernel topic: each implementation checked in a launch of its own, then the timing in another (those that
-    passed), so a crash or a hang is pinned on one implementation and hides nothing else."""
+    """A kernel topic: every implementation checked and (those that passed) timed in one launch; if that launch
+    crashes or hangs, each implementation again in a launch of its own, then the timing in another, so the failure is
+    pinned on one implementation and hides nothing else."""
     from helpers.course.yours.report import ERROR, PASS, Check, TopicResult, failure_summary
 
     module, name = RUNNERS[topic]
     fn = getattr(importlib.import_module(module), name)
+    got = _in_rank(fn, adapters_path, opts, impls)
+    if not isinstance(got, BaseException):
+        return got
     result, passed = TopicResult(topic), []
     for impl in impls:
         got = _in_rank(fn, adapters_path, replace(opts, timed=False), [impl])
