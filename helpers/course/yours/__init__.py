@@ -99,25 +99,24 @@ def run_kernel_topic(adapters_path: str, topic: str, opts: Options, impls: list[
     """A kernel topic: every implementation checked and (those that passed) timed in one launch; if that launch
     crashes or hangs, each implementation again in a launch of its own, then the timing in another, so the failure is
     pinned on one implementation and hides nothing else."""
-    from helpers.course.yours.report import ERROR, PASS, Check, TopicResult, failure_summary
+    from helpers.course.yours.report import ERROR, Check, TopicResult, failure_summary, passed
 
     module, name = RUNNERS[topic]
     fn = getattr(importlib.import_module(module), name)
     got = _in_rank(fn, adapters_path, opts, impls)
     if not isinstance(got, BaseException):
         return got
-    result, passed = TopicResult(topic), []
+    result, timed = TopicResult(topic), []
     for impl in impls:
         got = _in_rank(fn, adapters_path, replace(opts, timed=False), [impl])
         if isinstance(got, BaseException):
             result.checks.append(Check(topic, impl, "runs to the end", ERROR, failure_summary(got)))
             continue
         result.checks += got.checks
-        mine = [c for c in got.checks if c.impl == impl and not c.beyond]
-        if mine and all(c.status == PASS for c in mine):
-            passed.append(impl)
+        if passed(got.checks, impl):
+            timed.append(impl)
     if opts.timed:
-        got = _in_rank(fn, adapters_path, opts, [], passed)
+        got = _in_rank(fn, adapters_path, opts, [], timed)
         if isinstance(got, BaseException):
             result.checks.append(Check(topic, "-", "timing runs", ERROR, failure_summary(got), beyond=True))
         else:

@@ -28,7 +28,8 @@ from helpers.course.yours.attn_checks import (ATTN_BEYOND, ATTN_CAUSAL_RUNS, ATT
 from helpers.course.yours.norm_checks import (NORM_BEYOND, NORM_CONTRACT, NORM_PROPERTIES, NormCase,  # noqa: F401
                                               check_norm_backward, check_norm_function, norm_inputs)
 from helpers.course.yours.numerics import EPS, BackwardMissing, ShapeError, saved_tensors, short  # noqa: F401
-from helpers.course.yours.report import ERROR, FAIL, NEEDS_GPU, NOT_IMPLEMENTED, PASS, SKIPPED, Check, TopicResult
+from helpers.course.yours.report import (ERROR, FAIL, NEEDS_GPU, NOT_IMPLEMENTED, PASS, SKIPPED, Check, TopicResult,
+                                         passed)
 from helpers.course.yours.triton_runtime import TritonRuntime, block_pointer_probe, triton_runtime, unrunnable  # noqa: F401
 from helpers.timing import MIN_PAIRS, compare, ratio_columns, verdict
 
@@ -173,12 +174,6 @@ def memory_rows(topic: str, fns: dict, inputs, *, shape: str, formula: int | Non
     return rows
 
 
-def _passed(checks: list[Check], impl: str) -> bool:
-    """Every check of `impl` within the handout passed: it is timed."""
-    mine = [c for c in checks if c.impl == impl and not c.beyond]
-    return bool(mine) and all(c.status == PASS for c in mine)
-
-
 def _timed(res: TopicResult, timing) -> None:
     """Add timing()'s rows to res; an exception while timing is its own row, beside the checks already made (the
     timing shapes go past the handout's: it never changes the exit status)."""
@@ -215,7 +210,7 @@ def rmsnorm_worker(adapters_path: str, opts: Options, impls=None, timed_impls=No
         runtime = triton_runtime("rmsnorm") if adapter.impl == "triton" else None
         apply, checks = _function_checks(adapter, suites, runtime)
         res.checks += checks
-        if apply is not None and _passed(checks, adapter.impl):
+        if apply is not None and passed(checks, adapter.impl):
             yours[adapter.impl] = apply
     if timed_impls is not None:
         yours = _applies(module, "rmsnorm", timed_impls)
@@ -293,7 +288,7 @@ def attention_worker(adapters_path: str, opts: Options, impls=None, timed_impls=
         runtime = triton_runtime("attention") if adapter.impl == "triton" else None
         apply, checks = _function_checks(adapter, suites, runtime)
         res.checks += checks
-        if apply is not None and _passed(checks, adapter.impl):
+        if apply is not None and passed(checks, adapter.impl):
             yours[adapter.impl] = apply
     if timed_impls is not None:
         yours = _applies(module, "attention", timed_impls)

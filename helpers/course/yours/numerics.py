@@ -23,7 +23,6 @@ from torch import Tensor
 U32 = torch.finfo(torch.float32).eps / 2
 EPS = 1e-5  # the course's RMSNorm epsilon
 ROUNDINGS = {"y": 8, "dx": 16, "dg": 16, "o": 8, "lse": 8, "dq": 16, "dk": 16, "dv": 16}
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def unit(dtype: torch.dtype) -> float:

@@ -52,6 +52,12 @@ def failure_summary(exc: BaseException) -> str:
     return head
 
 
+def passed(checks: list[Check], impl: str) -> bool:
+    """Every check of `impl` within the handout passed (then it is timed)."""
+    mine = [c for c in checks if c.impl == impl and not c.beyond]
+    return bool(mine) and all(c.status == PASS for c in mine)
+
+
 CHECK_COLUMNS = ["topic", "impl", "prop", "status", "detail", "beyond"]
 
 
