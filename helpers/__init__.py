@@ -6,6 +6,7 @@ subprocesses it starts inherit it):
   TRITON_INTERPRET yourself to override.
 - torch.compile's on-disk cache is kept apart per CPU capability (compile_cache_dir).
 """
+
 import os
 import re
 import sys
@@ -27,8 +28,11 @@ def compile_cache_dir(environ=os.environ) -> str | None:
     base = environ.get("TORCHINDUCTOR_CACHE_DIR") or None
     if base and os.path.basename(os.path.normpath(base)).startswith(CACHE_PREFIX):
         base = os.path.dirname(os.path.normpath(base))  # inherited from a process that imported helpers
-    setting = "-".join(f"{name.split('_')[0].lower()}_{re.sub(r'[^A-Za-z0-9_.]', '_', environ[name]).lower()}"
-                       for name in CPU_SWITCHES if environ.get(name))
+    setting = "-".join(
+        f"{name.split('_')[0].lower()}_{re.sub(r'[^A-Za-z0-9_.]', '_', environ[name]).lower()}"
+        for name in CPU_SWITCHES
+        if environ.get(name)
+    )
     if not setting:
         return base
     if base is None:

@@ -12,6 +12,7 @@
 Commands are the entries of COMMANDS, benchmarks those of BENCHMARKS (topic -> the experiment module whose
 bench_main(argv) runs it): a function taking the remaining argv and returning an exit code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,8 +107,15 @@ def cmd_bench(argv: list[str]) -> int:
     return importlib.import_module(BENCHMARKS[argv[0]]).bench_main(argv[1:])
 
 
-COMMANDS = {"env": cmd_env, "demo": cmd_demo, "writeup": cmd_writeup, "bench": cmd_bench, "kernels": cmd_kernels,
-            "yours": cmd_yours, "reference": cmd_reference}
+COMMANDS = {
+    "env": cmd_env,
+    "demo": cmd_demo,
+    "writeup": cmd_writeup,
+    "bench": cmd_bench,
+    "kernels": cmd_kernels,
+    "yours": cmd_yours,
+    "reference": cmd_reference,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,5 +147,6 @@ if __name__ == "__main__":
     code = main()
     if "RANK" in os.environ:  # a torchrun rank: no interpreter teardown to race gloo's threads (launch.finish)
         from helpers.launch import finish
+
         finish(code)
     sys.exit(code)

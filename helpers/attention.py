@@ -8,6 +8,7 @@ Both Functions save one tensor beside q, k, v, O: L = row-wise logsumexp of the 
 Backward recomputes P = exp(S - L) tile by tile, so no Tq x Tk matrix lives between forward and backward.
 Without CUDA the kernels run in Triton's interpreter (`import helpers` sets TRITON_INTERPRET=1): correct, but slow.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,7 @@ TORCH_DTYPES = TRITON_DTYPES + (torch.float64,)  # the PyTorch spec also runs in
 
 # ---- Naive attention (the reference) and closed forms for its cost -------------------------------------------
 
+
 def _scores(q: Tensor, k: Tensor, is_causal: bool) -> Tensor:
     """Scaled scores S = q k^T / sqrt(d), -inf where key j > query i when causal: (..., Tq, Tk)."""
     s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (..., Tq, Tk)
@@ -49,8 +51,7 @@ def attention_lse(q: Tensor, k: Tensor, is_causal: bool = False) -> Tensor:
     return torch.logsumexp(_scores(q.to(up), k.to(up), is_causal), dim=-1)  # (..., Tq)
 
 
-def attention_flops(batch_heads: int, Tq: int, Tk: int, d: int, is_causal: bool = False,
-                    backward: bool = False) -> int:
+def attention_flops(batch_heads: int, Tq: int, Tk: int, d: int, is_causal: bool = False, backward: bool = False) -> int:
     """Matmul FLOPs of attention (FA-2 accounting; softmax not counted), forward or backward alone.
 
     Forward: 2 matmuls (S = Q K^T, O = P V), 2*d FLOPs each per (query, key) pair -> 4*d per pair.
@@ -75,41 +76,53 @@ def _check(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, triton_kernels: boo
     if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(f"q, k, v must be (..., T, d) with the same number of dims; got {shapes}")
     if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        raise ValueError(f"q, k, v must have the same leading dims (no broadcasting); got {shapes}: "
-                         "expand or repeat k and v first (e.g. for grouped-query attention)")
+        raise ValueError(
+            f"q, k, v must have the same leading dims (no broadcasting); got {shapes}: "
+            "expand or repeat k and v first (e.g. for grouped-query attention)"
+        )
     if k.shape != v.shape or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"k and v must both be (..., Tk, d) with q's d; got {shapes}")
     if q.numel() == 0 or k.numel() == 0:
         raise ValueError(f"q, k, v must be non-empty; got {shapes}")
     if is_causal and q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"causal attention (query i sees keys j <= i) needs Tq == Tk; got {shapes}: "
-                         "pass is_causal=False or give q and k the same length")
+        raise ValueError(
+            f"causal attention (query i sees keys j <= i) needs Tq == Tk; got {shapes}: "
+            "pass is_causal=False or give q and k the same length"
+        )
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}: cast them first")
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v are on {q.device}, {k.device}, {v.device}; move them to one device")
     dtypes = TRITON_DTYPES if triton_kernels else TORCH_DTYPES
     if q.dtype not in dtypes:
-        raise ValueError(f"{'Triton' if triton_kernels else 'PyTorch'} FlashAttention supports {dtypes}; "
-                         f"got {q.dtype}: cast q, k, v first")
+        raise ValueError(
+            f"{'Triton' if triton_kernels else 'PyTorch'} FlashAttention supports {dtypes}; "
+            f"got {q.dtype}: cast q, k, v first"
+        )
     if not triton_kernels:
         return
     if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"the Triton kernels support head dims d in {HEAD_DIMS}; got d = {q.shape[-1]}: "
-                         "use FlashAttentionPyTorch (any d) or a model whose head dim is one of these")
+        raise ValueError(
+            f"the Triton kernels support head dims d in {HEAD_DIMS}; got d = {q.shape[-1]}: "
+            "use FlashAttentionPyTorch (any d) or a model whose head dim is one of these"
+        )
     if triton is None:
         raise ValueError("Triton is not installed; use FlashAttentionPyTorch, or install triton (Linux)")
     if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("CPU tensors need Triton's interpreter: move q, k, v to CUDA, or set TRITON_INTERPRET=1 "
-                         "before triton is imported (import helpers first)")
+        raise ValueError(
+            "CPU tensors need Triton's interpreter: move q, k, v to CUDA, or set TRITON_INTERPRET=1 "
+            "before triton is imported (import helpers first)"
+        )
 
 
 # ---- One helper picks the tiles for both implementations ------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
     """Tiles and warps for one (d, dtype, device). Forward: block_q query rows x block_k key rows. Backward: a
     program owns block_own rows (keys for dK/dV, queries for dQ) and loops over block_loop rows of the other side."""
+
     block_q: int
     block_k: int
     block_own: int
@@ -141,10 +154,11 @@ def _launch_config(d: int, dtype: torch.dtype, device) -> LaunchConfig:
 
 # ---- PyTorch: tiled online softmax, forward and backward (the spec) -------------------------------------------
 
+
 def flash_forward_torch(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, cfg: LaunchConfig) -> tuple[Tensor, Tensor]:
     """FA-2 forward on (N, T, d) tiles: O (N, Tq, d) in q.dtype and L (N, Tq) in fp32 (fp64 for fp64 inputs)."""
     N, Tq, d = q.shape
-    Tk, acc_t, scale = k.shape[1], torch.promote_types(q.dtype, torch.float32), d ** -0.5
+    Tk, acc_t, scale = k.shape[1], torch.promote_types(q.dtype, torch.float32), d**-0.5
     o = torch.empty_like(q)  # (N, Tq, d)
     lse = torch.empty(N, Tq, dtype=acc_t, device=q.device)  # (N, Tq)
     for i0 in range(0, Tq, cfg.block_q):
@@ -177,10 +191,13 @@ def tiled_launches(T: int, d: int, dtype: torch.dtype, is_causal: bool = True, d
     TILE_OPS (its matmuls, exps, rescales and adds), at launch_config's tiles; N rides along in every launch. What
     its time is made of on a GPU: launches, not FLOPs (the reference runner's cost model)."""
     cfg = _launch_config(d, dtype, device)
-    fwd = sum(len(range(0, min(i0 + cfg.block_q, T) if is_causal else T, cfg.block_k))
-              for i0 in range(0, T, cfg.block_q))
-    bwd = sum(len(range(j0 // cfg.block_loop * cfg.block_loop if is_causal else 0, T, cfg.block_loop))
-              for j0 in range(0, T, cfg.block_own))
+    fwd = sum(
+        len(range(0, min(i0 + cfg.block_q, T) if is_causal else T, cfg.block_k)) for i0 in range(0, T, cfg.block_q)
+    )
+    bwd = sum(
+        len(range(j0 // cfg.block_loop * cfg.block_loop if is_causal else 0, T, cfg.block_loop))
+        for j0 in range(0, T, cfg.block_own)
+    )
     return TILE_OPS["forward"] * fwd + TILE_OPS["backward"] * bwd
 
 
@@ -189,12 +206,13 @@ def _above_diagonal(i0: int, i1: int, j0: int, j1: int, device) -> Tensor:
     return torch.arange(j0, j1, device=device)[None, :] > torch.arange(i0, i1, device=device)[:, None]
 
 
-def flash_backward_torch(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool,
-                         cfg: LaunchConfig) -> tuple[Tensor, Tensor, Tensor]:
+def flash_backward_torch(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, is_causal: bool, cfg: LaunchConfig
+) -> tuple[Tensor, Tensor, Tensor]:
     """FA-2 backward on (N, T, d) tiles from L: outer loop over key tiles (the dK/dV kernel's), inner over query
     tiles; dQ is summed on the side here (in Triton a kernel of its own). Returns dq, dk, dv in the inputs' dtype."""
     N, Tq, d = q.shape
-    Tk, acc_t, scale = k.shape[1], lse.dtype, d ** -0.5
+    Tk, acc_t, scale = k.shape[1], lse.dtype, d**-0.5
     delta = (do.to(acc_t) * o.to(acc_t)).sum(-1)  # (N, Tq) D = rowsum(dO * O)
     dq = torch.zeros(N, Tq, d, dtype=acc_t, device=q.device)  # (N, Tq, d)
     dk, dv = torch.empty_like(k), torch.empty_like(v)  # (N, Tk, d)
@@ -235,8 +253,7 @@ class FlashAttentionPyTorch(torch.autograd.Function):
         lse, q, k, v, o = ctx.saved_tensors
         q3, k3, v3, o3, do3 = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, o, do))  # (N, T, d)
         with torch.autocast(q.device.type, enabled=False):
-            dq, dk, dv = flash_backward_torch(q3, k3, v3, o3, lse.reshape(-1, q.shape[-2]), do3, ctx.is_causal,
-                                              ctx.cfg)
+            dq, dk, dv = flash_backward_torch(q3, k3, v3, o3, lse.reshape(-1, q.shape[-2]), do3, ctx.is_causal, ctx.cfg)
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None
 
 
@@ -255,8 +272,27 @@ if triton is not None:
 
     # spec: one key tile of flash_forward_torch's inner loop (online softmax update of acc, l, m)
     @triton.jit
-    def _fwd_tile(acc, l, m, q, K, V, offs_q, j0, Tk, sk_t, sk_d, sv_t, sv_d, scale, D: tl.constexpr,
-                  BK: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    def _fwd_tile(
+        acc,
+        l,
+        m,
+        q,
+        K,
+        V,
+        offs_q,
+        j0,
+        Tk,
+        sk_t,
+        sk_d,
+        sv_t,
+        sv_d,
+        scale,
+        D: tl.constexpr,
+        BK: tl.constexpr,
+        MASKED: tl.constexpr,
+        IS_CAUSAL: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
         """Keys j0 .. j0+BK-1 update acc (BQ, D), l and m (BQ,); MASKED tiles hide keys >= Tk (and j > i if causal)."""
         offs_k = j0 + tl.arange(0, BK)  # (BK,)
         offs_d = tl.arange(0, D)
@@ -278,9 +314,38 @@ if triton is not None:
 
     # spec: flash_forward_torch; grid (query tiles, batch * heads)
     @triton.jit
-    def attn_fwd_kernel(Q, K, V, O, L, sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sv_b, sv_h, sv_t, sv_d,
-                        so_b, so_h, so_t, so_d, H, Tq, Tk, scale, D: tl.constexpr, BQ: tl.constexpr,
-                        BK: tl.constexpr, IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    def attn_fwd_kernel(
+        Q,
+        K,
+        V,
+        O,
+        L,
+        sq_b,
+        sq_h,
+        sq_t,
+        sq_d,
+        sk_b,
+        sk_h,
+        sk_t,
+        sk_d,
+        sv_b,
+        sv_h,
+        sv_t,
+        sv_d,
+        so_b,
+        so_h,
+        so_t,
+        so_d,
+        H,
+        Tq,
+        Tk,
+        scale,
+        D: tl.constexpr,
+        BQ: tl.constexpr,
+        BK: tl.constexpr,
+        IS_CAUSAL: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
         """One program per (query tile, batch*head): O and L for BQ query rows, loading K and V tile by tile."""
         i = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)  # int64 offsets: B * H * T * d may exceed 2**31
@@ -299,20 +364,54 @@ if triton is not None:
         else:  # full key tiles unmasked, the ragged last one masked
             lo, hi = Tk - Tk % BK, Tk
         for j0 in range(0, lo, BK):
-            acc, l, m = _fwd_tile(acc, l, m, q, K, V, offs_q, j0, Tk, sk_t, sk_d, sv_t, sv_d, scale,
-                                  D, BK, False, IS_CAUSAL, PRECISION)
+            acc, l, m = _fwd_tile(
+                acc, l, m, q, K, V, offs_q, j0, Tk, sk_t, sk_d, sv_t, sv_d, scale, D, BK, False, IS_CAUSAL, PRECISION
+            )
         for j0 in range(lo, hi, BK):
-            acc, l, m = _fwd_tile(acc, l, m, q, K, V, offs_q, j0, Tk, sk_t, sk_d, sv_t, sv_d, scale,
-                                  D, BK, True, IS_CAUSAL, PRECISION)
+            acc, l, m = _fwd_tile(
+                acc, l, m, q, K, V, offs_q, j0, Tk, sk_t, sk_d, sv_t, sv_d, scale, D, BK, True, IS_CAUSAL, PRECISION
+            )
         o_ptrs = O + b * so_b + h * so_h + offs_q[:, None] * so_t + offs_d[None, :] * so_d
         tl.store(o_ptrs, (acc / l[:, None]).to(O.dtype.element_ty), mask=in_q)
         tl.store(L + bh * Tq + offs_q, m + tl.log(l), mask=offs_q < Tq)
 
     # spec: flash_backward_torch's outer loop (dK, dV of one key tile); grid (key tiles, batch * heads)
     @triton.jit
-    def attn_bwd_dkdv_kernel(Q, K, V, dO, L, Delta, dK, dV, sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
-                             sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d, H, Tq, Tk, scale, D: tl.constexpr,
-                             BN: tl.constexpr, BM: tl.constexpr, IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    def attn_bwd_dkdv_kernel(
+        Q,
+        K,
+        V,
+        dO,
+        L,
+        Delta,
+        dK,
+        dV,
+        sq_b,
+        sq_h,
+        sq_t,
+        sq_d,
+        sk_b,
+        sk_h,
+        sk_t,
+        sk_d,
+        sv_b,
+        sv_h,
+        sv_t,
+        sv_d,
+        sdo_b,
+        sdo_h,
+        sdo_t,
+        sdo_d,
+        H,
+        Tq,
+        Tk,
+        scale,
+        D: tl.constexpr,
+        BN: tl.constexpr,
+        BM: tl.constexpr,
+        IS_CAUSAL: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
         """dK, dV for BN key rows, looping over query tiles; works on transposes (S^T = K Q^T), so P^T needs no
         transpose. dK and dV are written contiguous (B, H, Tk, D)."""
         j = tl.program_id(0)
@@ -332,8 +431,9 @@ if triton is not None:
             offs_q = i0 + tl.arange(0, BM)  # (BM,)
             in_q = offs_q[None, :] < Tq  # (1, BM)
             qT = tl.load(Q + offs_q[None, :] * sq_t + offs_d[:, None] * sq_d, mask=in_q, other=0.0)  # (D, BM)
-            do = tl.load(dO + offs_q[:, None] * sdo_t + offs_d[None, :] * sdo_d, mask=offs_q[:, None] < Tq,
-                         other=0.0)  # (BM, D)
+            do = tl.load(
+                dO + offs_q[:, None] * sdo_t + offs_d[None, :] * sdo_d, mask=offs_q[:, None] < Tq, other=0.0
+            )  # (BM, D)
             lse = tl.load(L + bh * Tq + offs_q, mask=offs_q < Tq, other=0.0)  # (BM,)
             delta = tl.load(Delta + bh * Tq + offs_q, mask=offs_q < Tq, other=0.0)  # (BM,)
             sT = _dot(k, qT, None, PRECISION) * scale  # (BN, BM) S^T
@@ -351,9 +451,40 @@ if triton is not None:
 
     # spec: the dq line of flash_backward_torch, for one query tile; grid (query tiles, batch * heads)
     @triton.jit
-    def attn_bwd_dq_kernel(Q, K, V, dO, L, Delta, dQ, sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d,
-                           sv_b, sv_h, sv_t, sv_d, sdo_b, sdo_h, sdo_t, sdo_d, H, Tq, Tk, scale, D: tl.constexpr,
-                           BM: tl.constexpr, BN: tl.constexpr, IS_CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    def attn_bwd_dq_kernel(
+        Q,
+        K,
+        V,
+        dO,
+        L,
+        Delta,
+        dQ,
+        sq_b,
+        sq_h,
+        sq_t,
+        sq_d,
+        sk_b,
+        sk_h,
+        sk_t,
+        sk_d,
+        sv_b,
+        sv_h,
+        sv_t,
+        sv_d,
+        sdo_b,
+        sdo_h,
+        sdo_t,
+        sdo_d,
+        H,
+        Tq,
+        Tk,
+        scale,
+        D: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        IS_CAUSAL: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
         """dQ for BM query rows, looping over key tiles (S and dP recomputed: 3 dots per tile)."""
         i = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
@@ -364,8 +495,9 @@ if triton is not None:
         offs_d = tl.arange(0, D)
         in_q = offs_q[:, None] < Tq
         q = tl.load(Q + b * sq_b + h * sq_h + offs_q[:, None] * sq_t + offs_d[None, :] * sq_d, mask=in_q, other=0.0)
-        do = tl.load(dO + b * sdo_b + h * sdo_h + offs_q[:, None] * sdo_t + offs_d[None, :] * sdo_d, mask=in_q,
-                     other=0.0)  # (BM, D)
+        do = tl.load(
+            dO + b * sdo_b + h * sdo_h + offs_q[:, None] * sdo_t + offs_d[None, :] * sdo_d, mask=in_q, other=0.0
+        )  # (BM, D)
         lse = tl.load(L + bh * Tq + offs_q, mask=offs_q < Tq, other=0.0)  # (BM,)
         delta = tl.load(Delta + bh * Tq + offs_q, mask=offs_q < Tq, other=0.0)  # (BM,)
         dq = tl.zeros([BM, D], tl.float32)
@@ -411,9 +543,27 @@ class FlashAttentionTriton(torch.autograd.Function):
         o4 = torch.empty(B, H, Tq, d, dtype=q.dtype, device=q.device)  # (B, H, Tq, d)
         lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)  # (B, H, Tq)
         attn_fwd_kernel[(triton.cdiv(Tq, cfg.block_q), B * H)](
-            q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(), H, Tq, k4.shape[2],
-            d ** -0.5, D=d, BQ=cfg.block_q, BK=cfg.block_k, IS_CAUSAL=is_causal, PRECISION=cfg.dot_precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            q4,
+            k4,
+            v4,
+            o4,
+            lse,
+            *q4.stride(),
+            *k4.stride(),
+            *v4.stride(),
+            *o4.stride(),
+            H,
+            Tq,
+            k4.shape[2],
+            d**-0.5,
+            D=d,
+            BQ=cfg.block_q,
+            BK=cfg.block_k,
+            IS_CAUSAL=is_causal,
+            PRECISION=cfg.dot_precision,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
         o = o4.view(q.shape)
         ctx.save_for_backward(lse.view(q.shape[:-1]), q, k, v, o)
         ctx.is_causal, ctx.cfg = is_causal, cfg
@@ -426,11 +576,18 @@ class FlashAttentionTriton(torch.autograd.Function):
         (B, H, Tq, d), Tk, cfg = q4.shape, k4.shape[2], ctx.cfg
         delta = (do4.float() * o4.float()).sum(-1)  # (B, H, Tq) fp32: D = rowsum(dO * O)
         dq, dk, dv = (torch.empty(B, H, x.shape[2], d, dtype=x.dtype, device=x.device) for x in (q4, k4, v4))
-        args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, Tq, Tk, d ** -0.5)
-        opts = dict(D=d, IS_CAUSAL=ctx.is_causal, PRECISION=cfg.dot_precision, num_warps=cfg.num_warps,
-                    num_stages=cfg.num_stages)
+        args = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), H, Tq, Tk, d**-0.5)
+        opts = dict(
+            D=d,
+            IS_CAUSAL=ctx.is_causal,
+            PRECISION=cfg.dot_precision,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
         attn_bwd_dkdv_kernel[(triton.cdiv(Tk, cfg.block_own), B * H)](
-            q4, k4, v4, do4, lse, delta, dk, dv, *args, BN=cfg.block_own, BM=cfg.block_loop, **opts)
+            q4, k4, v4, do4, lse, delta, dk, dv, *args, BN=cfg.block_own, BM=cfg.block_loop, **opts
+        )
         attn_bwd_dq_kernel[(triton.cdiv(Tq, cfg.block_own), B * H)](
-            q4, k4, v4, do4, lse, delta, dq, *args, BM=cfg.block_own, BN=cfg.block_loop, **opts)
+            q4, k4, v4, do4, lse, delta, dq, *args, BM=cfg.block_own, BN=cfg.block_loop, **opts
+        )
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None

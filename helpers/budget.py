@@ -16,6 +16,7 @@ fit (a busy machine). The estimates are the experiments' own cost models (FLOPs 
 all-reduce per step, rounds); the budget only cuts, never changes a statistic: a comparison that cannot get
 timing.MIN_PAIRS pairs is left out ("not timed here (budget)"), not reported from fewer.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,7 +31,9 @@ import torch.distributed as dist
 
 DEFAULT_SECONDS = {"01": 45.0, "02": 15.0, "04": 25.0, "05": 15.0}  # the notebooks that plan their cpu runs so far
 NOTEBOOKS = {  # notebook number -> file, for the command a note prints
-    "01": "01_benchmarking_and_profiling.ipynb", "02": "02_rmsnorm_triton.ipynb", "04": "04_ddp.ipynb",
+    "01": "01_benchmarking_and_profiling.ipynb",
+    "02": "02_rmsnorm_triton.ipynb",
+    "04": "04_ddp.ipynb",
     "05": "05_optimizer_state_sharding.ipynb",
 }
 MATMUL_N = 256  # calibration matmuls are n x n: big enough for the BLAS kernels, 20 ms where bf16 is slow, so the
@@ -45,6 +48,7 @@ FAST_BF16 = 0.5  # bf16 counts as fast when it multiplies at least half as fast 
 @dataclass(frozen=True)
 class Calibration:
     """This machine's matmul throughput per dtype and one all-reduce's time: what the budget's estimates divide by."""
+
     fp32_flops: float  # FLOP/s of n x n fp32 matmuls on all of torch's threads (one thread's rate x threads)
     bf16_flops: float  # the same in bf16
     allreduce_s: float  # one all-reduce of allreduce_bytes between two gloo ranks
@@ -68,8 +72,9 @@ class Calibration:
 
     def per_thread(self) -> "Calibration":
         """The rates of one thread: what each of several ranks sharing the cores gets (one thread each)."""
-        return dataclasses.replace(self, fp32_flops=self.fp32_flops / self.threads,
-                                   bf16_flops=self.bf16_flops / self.threads, threads=1)
+        return dataclasses.replace(
+            self, fp32_flops=self.fp32_flops / self.threads, bf16_flops=self.bf16_flops / self.threads, threads=1
+        )
 
     def step_s(self, flops: float, bf16: bool = False, fp32_s: float | None = None) -> float:
         """Seconds of a training step (or any model pass) whose matmuls do `flops`: fp32_s when it was measured, else
@@ -84,22 +89,34 @@ class Calibration:
 
     def bf16_sentence(self) -> str:
         """What the calibration says about bf16 here, in words (the notebooks print it beside mixed precision)."""
-        rates = (f"fp32 {self.fp32_flops / self.threads / 1e9:.0f} GFLOP/s, bf16 "
-                 f"{self.bf16_flops / self.threads / 1e9:.1f} GFLOP/s per thread, {self.matmul_n}x{self.matmul_n} "
-                 "matmuls, calibrated here")
+        rates = (
+            f"fp32 {self.fp32_flops / self.threads / 1e9:.0f} GFLOP/s, bf16 "
+            f"{self.bf16_flops / self.threads / 1e9:.1f} GFLOP/s per thread, {self.matmul_n}x{self.matmul_n} "
+            "matmuls, calibrated here"
+        )
         if self.bf16_slowdown >= 1:
-            return f"this CPU multiplies bf16 {self.bf16_slowdown:.0f}x slower than fp32 ({rates})" \
-                if self.bf16_slowdown >= 2 else f"this CPU multiplies bf16 about as fast as fp32 ({rates})"
+            return (
+                f"this CPU multiplies bf16 {self.bf16_slowdown:.0f}x slower than fp32 ({rates})"
+                if self.bf16_slowdown >= 2
+                else f"this CPU multiplies bf16 about as fast as fp32 ({rates})"
+            )
         return f"this CPU multiplies bf16 {1 / self.bf16_slowdown:.1f}x faster than fp32 ({rates})"
 
     def as_row(self) -> dict:
-        return {"fp32_GFLOPs": self.fp32_flops / 1e9, "bf16_GFLOPs": self.bf16_flops / 1e9,
-                "bf16_slowdown": self.bf16_slowdown, "allreduce_s": self.allreduce_s,
-                "allreduce_bytes": self.allreduce_bytes, "calibration_s": self.seconds}
+        return {
+            "fp32_GFLOPs": self.fp32_flops / 1e9,
+            "bf16_GFLOPs": self.bf16_flops / 1e9,
+            "bf16_slowdown": self.bf16_slowdown,
+            "allreduce_s": self.allreduce_s,
+            "allreduce_bytes": self.allreduce_bytes,
+            "calibration_s": self.seconds,
+        }
 
     def __str__(self) -> str:
-        return (f"calibration ({self.seconds:.1f} s): {self.bf16_sentence()}; all-reduce of "
-                f"{self.allreduce_bytes / 2**20:g} MiB between 2 gloo ranks {self.allreduce_s * 1e3:.2f} ms")
+        return (
+            f"calibration ({self.seconds:.1f} s): {self.bf16_sentence()}; all-reduce of "
+            f"{self.allreduce_bytes / 2**20:g} MiB between 2 gloo ranks {self.allreduce_s * 1e3:.2f} ms"
+        )
 
 
 def matmul_flops(dtype=torch.float32, n: int = MATMUL_N, min_s: float = 0.25) -> float:
@@ -160,8 +177,9 @@ def calibrate(refresh: bool = False) -> Calibration:
             fp32, bf16 = matmul_flops(torch.float32), matmul_flops(torch.bfloat16)
         finally:
             torch.set_num_threads(threads)
-        _CACHE["cpu"] = Calibration(fp32 * threads, bf16 * threads, allreduce_seconds(), threads=threads,
-                                    seconds=time.perf_counter() - start)
+        _CACHE["cpu"] = Calibration(
+            fp32 * threads, bf16 * threads, allreduce_seconds(), threads=threads, seconds=time.perf_counter() - start
+        )
     return _CACHE["cpu"]
 
 
@@ -182,6 +200,7 @@ def parse_budget(value) -> float | None:
 @dataclass
 class Plan:
     """What one fit keeps and leaves out, with the estimates and the note that says so."""
+
     what: str
     kept: list
     dropped: list
@@ -193,18 +212,24 @@ class Plan:
 
     @property
     def note(self) -> str:
-        """"" when nothing was left out; else which items, their estimate and the command that runs them."""
+        """ "" when nothing was left out; else which items, their estimate and the command that runs them."""
         if not self.dropped:
             return ""
-        busy = (f"; the runs took {self.pace:.1f}x their estimate, so this machine is slower now than calibrated "
-                f"(busy?)" if self.pace > 1.5 else "")
-        return (f"not timed here (budget): {self.what} {', '.join(map(str, self.dropped))} (about "
-                f"{self.needed - self.seconds:.0f} s more on this machine{busy}); run them with {self.command}")
+        busy = (
+            f"; the runs took {self.pace:.1f}x their estimate, so this machine is slower now than calibrated (busy?)"
+            if self.pace > 1.5
+            else ""
+        )
+        return (
+            f"not timed here (budget): {self.what} {', '.join(map(str, self.dropped))} (about "
+            f"{self.needed - self.seconds:.0f} s more on this machine{busy}); run them with {self.command}"
+        )
 
 
 @dataclass
 class Budget:
     """Seconds a notebook's budgeted runs may take (None: no budget) and what its plans have taken so far."""
+
     seconds: float | None
     notebook: str = ""
     calibration: Calibration | None = None
@@ -235,11 +260,19 @@ class Budget:
         """The two ways to run with at least `needed` seconds: make for every notebook, the parameter for this one."""
         n = int(math.ceil(needed / 10) * 10)
         nb = NOTEBOOKS.get(self.notebook, "")
-        return (f"`make writeup BUDGET={n}` (or `python -m helpers writeup notebooks/{nb} --budget {n}`, or "
-                f"BUDGET = {n} in the parameters cell)")
+        return (
+            f"`make writeup BUDGET={n}` (or `python -m helpers writeup notebooks/{nb} --budget {n}`, or "
+            f"BUDGET = {n} in the parameters cell)"
+        )
 
-    def fit(self, items: Sequence, cost: Callable[[object], float], what: str, keep_first: bool = False,
-            run: Callable | None = None) -> Plan:
+    def fit(
+        self,
+        items: Sequence,
+        cost: Callable[[object], float],
+        what: str,
+        keep_first: bool = False,
+        run: Callable | None = None,
+    ) -> Plan:
         """The longest prefix of `items` whose estimated seconds (cost(item) each) fit what is left, taken from the
         budget. keep_first: the first item runs whatever its cost (the one a notebook's checks need). Without a
         budget everything is kept and nothing estimated.
@@ -270,11 +303,19 @@ class Budget:
                 taken += time.perf_counter() - start
                 estimated += costs[i]
                 pace = taken / estimated if estimated > 0 else 1.0
-            kept, total = kept[:len(results)], taken
-        needed = total + pace * sum(costs[len(kept):])
+            kept, total = kept[: len(results)], taken
+        needed = total + pace * sum(costs[len(kept) :])
         everything = sum(p.needed for p in self.plans) + needed  # this plan and the earlier ones, all items each
-        plan = Plan(what, kept, items[len(kept):], total, needed,
-                    self.command(everything) if len(kept) < len(items) else "", results, pace)
+        plan = Plan(
+            what,
+            kept,
+            items[len(kept) :],
+            total,
+            needed,
+            self.command(everything) if len(kept) < len(items) else "",
+            results,
+            pace,
+        )
         self.used += total
         self.plans.append(plan)
         return plan
@@ -285,6 +326,8 @@ class Budget:
             return "no time budget: every planned run is made"
         dropped = sum(len(p.dropped) for p in self.plans)
         everything = sum(p.needed for p in self.plans)
-        return (f"time budget {self.seconds:.0f} s (BUDGET={self.label}) for this notebook's timed runs; they took "
-                f"{self.used:.0f} s (the first size of a section runs whatever it costs); {dropped} item(s) left out"
-                + (f" (named below); all of them: {self.command(everything)}" if dropped else ""))
+        return (
+            f"time budget {self.seconds:.0f} s (BUDGET={self.label}) for this notebook's timed runs; they took "
+            f"{self.used:.0f} s (the first size of a section runs whatever it costs); {dropped} item(s) left out"
+            + (f" (named below); all of them: {self.command(everything)}" if dropped else "")
+        )

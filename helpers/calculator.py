@@ -16,6 +16,7 @@ current value; anything else a drop-down. Choices given as {label: value} show t
 The HTML: root `<div class="calc">`, one control per input with `data-input="<keyword>"`, the table in
 `<div class="calc-output">`; the table follows every `input` and `change` event of the controls.
 """
+
 from __future__ import annotations
 
 import html
@@ -59,6 +60,7 @@ SCRIPT = """(function () {
 @dataclass(frozen=True)
 class Choices:
     """One input of a calculator: the keyword it fills, the labels shown and the values passed."""
+
     name: str
     labels: tuple
     values: tuple
@@ -92,8 +94,10 @@ def _check_signature(fn: Callable, inputs: list[Choices]) -> None:
     try:
         inspect.signature(fn).bind(**{c.name: c.values[0] for c in inputs})
     except TypeError as e:
-        raise ValueError(f"the inputs {[c.name for c in inputs]} do not fit {getattr(fn, '__name__', fn)}"
-                         f"{inspect.signature(fn)}: {e}") from None
+        raise ValueError(
+            f"the inputs {[c.name for c in inputs]} do not fit {getattr(fn, '__name__', fn)}"
+            f"{inspect.signature(fn)}: {e}"
+        ) from None
 
 
 def _evaluate(fn: Callable, kwargs: dict):
@@ -106,16 +110,26 @@ def _evaluate(fn: Callable, kwargs: dict):
     if isinstance(result, dict) and all(isinstance(row, dict) for row in result.values()):
         result = pd.DataFrame.from_dict(result, orient="index").round(3)
     if not isinstance(result, pd.DataFrame) and not isinstance(getattr(result, "data", None), pd.DataFrame):
-        raise TypeError(f"{getattr(fn, '__name__', fn)}(**{kwargs}) returned a {type(result).__name__}; a calculator "
-                        "shows pandas DataFrames, Stylers or {row: {column: value}} dicts")
+        raise TypeError(
+            f"{getattr(fn, '__name__', fn)}(**{kwargs}) returned a {type(result).__name__}; a calculator "
+            "shows pandas DataFrames, Stylers or {row: {column: value}} dicts"
+        )
     return result
 
 
 class Calculator:
     """fn's table for every combination of the inputs' choices, picked in the page by a control per input."""
 
-    def __init__(self, fn: Callable, inputs: dict, *, title: str = "", note: str = "", default: dict | None = None,
-                 names: dict | None = None):
+    def __init__(
+        self,
+        fn: Callable,
+        inputs: dict,
+        *,
+        title: str = "",
+        note: str = "",
+        default: dict | None = None,
+        names: dict | None = None,
+    ):
         if not inputs:
             raise ValueError("a calculator needs at least one input: {keyword: [choices]}")
         self.fn, self.title, self.note = fn, title, note
@@ -123,14 +137,18 @@ class Calculator:
         _check_signature(fn, self.inputs)
         self.names = {c.name: c.name.replace("_", " ") for c in self.inputs}  # each control's label on the page
         if set(names or {}) - set(self.names):
-            raise ValueError(f"names given for {sorted(set(names) - set(self.names))}, which are not inputs; "
-                             f"the inputs are {list(self.names)}")
+            raise ValueError(
+                f"names given for {sorted(set(names) - set(self.names))}, which are not inputs; "
+                f"the inputs are {list(self.names)}"
+            )
         self.names.update(names or {})
         count = math.prod(len(c.values) for c in self.inputs)
         if count > MAX_COMBINATIONS:
-            raise ValueError(f"{' × '.join(str(len(c.values)) for c in self.inputs)} = {count} combinations of "
-                             f"{[c.name for c in self.inputs]} is more than the {MAX_COMBINATIONS} a page holds; "
-                             "offer fewer choices")
+            raise ValueError(
+                f"{' × '.join(str(len(c.values)) for c in self.inputs)} = {count} combinations of "
+                f"{[c.name for c in self.inputs]} is more than the {MAX_COMBINATIONS} a page holds; "
+                "offer fewer choices"
+            )
         self.start = self._positions(default or {}, (0,) * len(self.inputs))
         self.results, self.index, distinct = {}, [], {}  # positions -> result; per combination its table's number
         for positions in itertools.product(*(range(len(c.values)) for c in self.inputs)):  # row-major, last fastest
@@ -167,29 +185,40 @@ class Calculator:
         label = f'<label for="{control_id}">{html.escape(self.names[c.name])}</label> '
         attrs = f'id="{control_id}" data-input="{html.escape(c.name)}" autocomplete="off"'
         if c.numeric:
-            return (f'<span class="calc-field">{label}<input type="range" {attrs} min="0" max="{len(c.values) - 1}" '
-                    f'step="1" value="{position}"> <output for="{control_id}">{html.escape(c.labels[position])}'
-                    "</output></span>")
-        options = "".join(f'<option value="{i}"{" selected" if i == position else ""}>{html.escape(text)}</option>'
-                          for i, text in enumerate(c.labels))
+            return (
+                f'<span class="calc-field">{label}<input type="range" {attrs} min="0" max="{len(c.values) - 1}" '
+                f'step="1" value="{position}"> <output for="{control_id}">{html.escape(c.labels[position])}'
+                "</output></span>"
+            )
+        options = "".join(
+            f'<option value="{i}"{" selected" if i == position else ""}>{html.escape(text)}</option>'
+            for i, text in enumerate(c.labels)
+        )
         return f'<span class="calc-field">{label}<select {attrs}>{options}</select></span>'
 
     def _repr_html_(self) -> str:
         """The block: title, controls, the default choice's table, the note, and the script that swaps tables."""
         uid = f"calc-{uuid.uuid4().hex[:12]}"  # fresh per rendering: no two blocks on a page share an id
         controls = "".join(self._control(c, p, f"{uid}-{i}") for i, (c, p) in enumerate(zip(self.inputs, self.start)))
-        data = {"sizes": [len(c.values) for c in self.inputs], "labels": [list(c.labels) for c in self.inputs],
-                "index": self.index}
+        data = {
+            "sizes": [len(c.values) for c in self.inputs],
+            "labels": [list(c.labels) for c in self.inputs],
+            "index": self.index,
+        }
         tables = "".join(f'<template data-table="{i}">{t}</template>' for i, t in enumerate(self.tables))
         script = SCRIPT % {"id": json.dumps(uid), "data": json.dumps(data).replace("<", "\\u003c")}
         title = f'<div class="calc-title"><strong>{html.escape(self.title)}</strong></div>' if self.title else ""
         note = f'<div class="calc-note" style="font-size: 0.9em">{html.escape(self.note)}</div>' if self.note else ""
         shown = self.tables[self.index[self._flat(self.start)]]  # the default's table, before any script runs
-        return (f'<div class="calc" id="{uid}">{title}'
-                f'<div class="calc-inputs" style="display: flex; flex-wrap: wrap; gap: 0.4em 2em; margin: 0.4em 0">'
-                f'{controls}</div><div class="calc-output">{shown}</div>{note}{tables}<script>{script}</script></div>')
+        return (
+            f'<div class="calc" id="{uid}">{title}'
+            f'<div class="calc-inputs" style="display: flex; flex-wrap: wrap; gap: 0.4em 2em; margin: 0.4em 0">'
+            f'{controls}</div><div class="calc-output">{shown}</div>{note}{tables}<script>{script}</script></div>'
+        )
 
     def __repr__(self) -> str:
         """What it computed, for a plain-text display."""
-        return (f"Calculator({getattr(self.fn, '__name__', self.fn)}, {len(self.index)} combinations, "
-                f"{len(self.tables)} distinct tables)")
+        return (
+            f"Calculator({getattr(self.fn, '__name__', self.fn)}, {len(self.index)} combinations, "
+            f"{len(self.tables)} distinct tables)"
+        )

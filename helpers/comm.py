@@ -8,6 +8,7 @@
 Counting patches torch.distributed's functions while active, so it sees every call made through them
 (our wrappers and optimizers look the functions up at call time for this reason).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -89,13 +90,16 @@ def python_objects_in_tls() -> list[str]:
     return found + (["saved-tensor hooks"] if top(True) is not None else [])
 
 
-_COUNTED = {"all_reduce": ("all_reduce", 0, "tensor"), "broadcast": ("broadcast", 0, "tensor"),
-            "all_gather_into_tensor": ("all_gather", 0, "output_tensor"),
-            "all_gather_single": ("all_gather", 0, "output"),
-            "reduce_scatter_tensor": ("reduce_scatter", 1, "input"),
-            "reduce_scatter_single": ("reduce_scatter", 1, "input"),
-            "all_gather": ("all_gather", 0, "tensor_list"),  # the list forms, as many students write them
-            "reduce_scatter": ("reduce_scatter", 1, "input_list")}
+_COUNTED = {
+    "all_reduce": ("all_reduce", 0, "tensor"),
+    "broadcast": ("broadcast", 0, "tensor"),
+    "all_gather_into_tensor": ("all_gather", 0, "output_tensor"),
+    "all_gather_single": ("all_gather", 0, "output"),
+    "reduce_scatter_tensor": ("reduce_scatter", 1, "input"),
+    "reduce_scatter_single": ("reduce_scatter", 1, "input"),
+    "all_gather": ("all_gather", 0, "tensor_list"),  # the list forms, as many students write them
+    "reduce_scatter": ("reduce_scatter", 1, "input_list"),
+}
 
 
 @contextlib.contextmanager
@@ -113,6 +117,7 @@ def count_collectives():
             parts = t if isinstance(t, (list, tuple)) else [t]
             log.append((_op, sum(x.numel() * x.element_size() for x in parts)))
             return _fn(*args, **kwargs)
+
         setattr(dist, name, counting)
     try:
         yield log

@@ -21,6 +21,7 @@ named_parameters() order, and gives a parameter that got no gradient this step a
 the two agree). `comm_s` adds up the time spent waiting in finish_gradient_synchronization (on a GPU, the time the
 stream waited: helpers.timing.WaitClock).
 """
+
 from __future__ import annotations
 
 import time
@@ -127,6 +128,7 @@ def _weak_hook(wrapper: "DDPBucketed"):
         alive = ref()
         if alive is not None:
             alive._hook(p)
+
     return hook
 
 
@@ -228,8 +230,10 @@ class DDPBucketed(_DataParallel):
 
     def _hook(self, p: torch.Tensor) -> None:
         if id(p) in self._fired:  # its bucket may already be on the wire
-            raise RuntimeError("a gradient arrived twice in one step: call finish_gradient_synchronization() "
-                               "after each backward (accumulating over several backward passes is not supported)")
+            raise RuntimeError(
+                "a gradient arrived twice in one step: call finish_gradient_synchronization() "
+                "after each backward (accumulating over several backward passes is not supported)"
+            )
         k, view = self._where[id(p)]
         if p.grad.data_ptr() != view.data_ptr():  # a fresh gradient (the usual case): one copy into the bucket
             view.copy_(p.grad)
@@ -275,9 +279,12 @@ class TorchDDP(_DataParallel):
 
     def __init__(self, module: nn.Module, bucket_size_mb: float = 25, find_unused_parameters: bool = False):
         super().__init__(module)
-        self.ddp = nn.parallel.DistributedDataParallel(module, bucket_cap_mb=bucket_size_mb,
-                                                       gradient_as_bucket_view=True,
-                                                       find_unused_parameters=find_unused_parameters)
+        self.ddp = nn.parallel.DistributedDataParallel(
+            module,
+            bucket_cap_mb=bucket_size_mb,
+            gradient_as_bucket_view=True,
+            find_unused_parameters=find_unused_parameters,
+        )
 
     def forward(self, *args, **kwargs):
         return self.ddp(*args, **kwargs)
@@ -286,8 +293,13 @@ class TorchDDP(_DataParallel):
         """Already done by the time backward returns."""
 
 
-VARIANTS = {"naive": NaiveDDP, "flat": FlatDDP, "per_parameter": DDPIndividualParameters,
-            "bucketed": DDPBucketed, "torch_ddp": TorchDDP}
+VARIANTS = {
+    "naive": NaiveDDP,
+    "flat": FlatDDP,
+    "per_parameter": DDPIndividualParameters,
+    "bucketed": DDPBucketed,
+    "torch_ddp": TorchDDP,
+}
 
 
 def wrap(kind: str, module: nn.Module, bucket_size_mb: float | None = None, **kwargs) -> _DataParallel:

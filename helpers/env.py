@@ -3,6 +3,7 @@
 Every notebook starts with ``profile = resolve_profile(PROFILE)`` and shows
 ``environment_table()`` so its numbers say which machine made them.
 """
+
 from __future__ import annotations
 
 import importlib.metadata

@@ -12,6 +12,7 @@ Every function here is checked against a measurement (a test or a notebook asser
 forms, against figures derived by hand (tests/test_calculator.py). Counts come from the model's
 own parameter table (`helpers.model.parameter_shapes`) and, for sharding, from the optimizers' own partition plan.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,6 +35,7 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 # ---- parameters and FLOPs (notebook 01) ----
 
+
 def matmul_params(cfg) -> int:
     """Parameters that take part in a matmul: attention, feed-forward and the LM head (not embeddings, norms)."""
     parts = parameter_breakdown(cfg)
@@ -44,8 +46,10 @@ def forward_flops(cfg, batch_size: int, context_length: int | None = None) -> di
     """Forward matmul FLOPs: 2·N_matmul·B·T for weights, 2·2·B·T²·d per layer for QKᵀ and AV (full T², as computed)."""
     c = get_config(cfg)
     T = context_length or c.context_length
-    return {"weights": 2 * matmul_params(c) * batch_size * T,
-            "attention": c.n_layers * 2 * 2 * batch_size * T * T * c.d_model}
+    return {
+        "weights": 2 * matmul_params(c) * batch_size * T,
+        "attention": c.n_layers * 2 * 2 * batch_size * T * T * c.d_model,
+    }
 
 
 def train_flops(cfg, batch_size: int, context_length: int | None = None) -> int:
@@ -61,11 +65,14 @@ def shape_ratios(cfg, context_length: int | None = None) -> dict[str, float]:
     T = context_length or c.context_length
     f = forward_flops(c, 1, T)
     total = sum(f.values())
-    return {"head_dim": c.head_dim, "d_ff / d_model": c.d_ff / c.d_model,
-            "layers per 1000 of width": 1000 * c.n_layers / c.d_model,
-            "LM head share of FLOPs": 2 * parameter_breakdown(c)["lm_head"] * T / total,
-            "attention share of FLOPs": f["attention"] / total,
-            "softmax elements per kFLOP": 1000 * c.n_layers * c.n_heads * T * T / total}
+    return {
+        "head_dim": c.head_dim,
+        "d_ff / d_model": c.d_ff / c.d_model,
+        "layers per 1000 of width": 1000 * c.n_layers / c.d_model,
+        "LM head share of FLOPs": 2 * parameter_breakdown(c)["lm_head"] * T / total,
+        "attention share of FLOPs": f["attention"] / total,
+        "softmax elements per kFLOP": 1000 * c.n_layers * c.n_heads * T * T / total,
+    }
 
 
 # Dense peak FLOP/s (no sparsity) from NVIDIA's datasheets: H100 SXM5 / H200 (H100 and H200 datasheets,
@@ -95,6 +102,7 @@ def mfu(flops: float, seconds: float, device_name: str, precision: str = "fp32")
 
 # ---- bytes of a training step (notebook 01) ----
 
+
 def param_bytes(cfg: ModelConfig | str, dtype=torch.float32) -> int:
     """Bytes of the parameters (also of their gradients, which have the parameters' dtype)."""
     return sum(parameter_breakdown(cfg).values()) * dtype_bytes(dtype)
@@ -121,8 +129,9 @@ def buffer_bytes(cfg: ModelConfig | str) -> int:
     return c.n_layers * c.context_length**2
 
 
-def activation_bytes(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
-                     dtype=torch.float32) -> dict[str, int]:
+def activation_bytes(
+    cfg: ModelConfig | str, batch_size: int, context_length: int | None = None, dtype=torch.float32
+) -> dict[str, int]:
     """Bytes autograd saves for backward in one forward pass of TransformerLM (fp32), per part.
 
     Per block, with R = B·T·d: the block input, norm1's y and output, q, k and v made contiguous
@@ -137,26 +146,35 @@ def activation_bytes(cfg: ModelConfig | str, batch_size: int, context_length: in
     e = dtype_bytes(dtype)
     R = B * T * c.d_model
     per_block = (10 * R + 2 * B * T + 2 * B * T * c.d_ff + B * c.n_heads * T * T) * e + T * T
-    return {"blocks": c.n_layers * per_block,
-            "final norm + head + loss": (3 * R + B * T + B * T * c.vocab_size + 2) * e,
-            "position ids": T * 8}
+    return {
+        "blocks": c.n_layers * per_block,
+        "final norm + head + loss": (3 * R + B * T + B * T * c.vocab_size + 2) * e,
+        "position ids": T * 8,
+    }
 
 
-def block_saved_parts(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
-                      dtype=torch.float32) -> dict[str, int]:
+def block_saved_parts(
+    cfg: ModelConfig | str, batch_size: int, context_length: int | None = None, dtype=torch.float32
+) -> dict[str, int]:
     """The bytes one block saves for backward, per op that produced them (activation_bytes' "blocks" / L, itemised),
     largest first."""
     c = get_config(cfg)
     B, T = batch_size, context_length or c.context_length
     e = dtype_bytes(dtype)
     R = B * T * c.d_model * e
-    parts = {"softmax output (attention probabilities, B·H·T²)": B * c.n_heads * T * T * e,
-             "ffn w1 output (B·T·d_ff)": B * T * c.d_ff * e, "GELU output (B·T·d_ff)": B * T * c.d_ff * e,
-             "q, k, v made contiguous for the matmuls (3 B·T·d)": 3 * R,
-             "norm1: normalised x and output (2 B·T·d)": 2 * R, "norm2: normalised x and output (2 B·T·d)": 2 * R,
-             "block input (B·T·d)": R, "heads re-assembled for the output projection (B·T·d)": R,
-             "mid-block residual (B·T·d)": R, "norms' rsqrt columns (2 B·T)": 2 * B * T * e,
-             "causal mask, negated (T², bool)": T * T}
+    parts = {
+        "softmax output (attention probabilities, B·H·T²)": B * c.n_heads * T * T * e,
+        "ffn w1 output (B·T·d_ff)": B * T * c.d_ff * e,
+        "GELU output (B·T·d_ff)": B * T * c.d_ff * e,
+        "q, k, v made contiguous for the matmuls (3 B·T·d)": 3 * R,
+        "norm1: normalised x and output (2 B·T·d)": 2 * R,
+        "norm2: normalised x and output (2 B·T·d)": 2 * R,
+        "block input (B·T·d)": R,
+        "heads re-assembled for the output projection (B·T·d)": R,
+        "mid-block residual (B·T·d)": R,
+        "norms' rsqrt columns (2 B·T)": 2 * B * T * e,
+        "causal mask, negated (T², bool)": T * T,
+    }
     return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
 
 
@@ -165,24 +183,31 @@ def token_bytes(batch_size: int, context_length: int) -> int:
     return 2 * batch_size * context_length * 8
 
 
-def step_breakdown(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
-                   dtype=torch.float32) -> dict[str, int]:
+def step_breakdown(
+    cfg: ModelConfig | str, batch_size: int, context_length: int | None = None, dtype=torch.float32
+) -> dict[str, int]:
     """Analytic bytes of one training step's state: parameters, gradients, AdamW state, saved activations."""
-    return {"parameters": param_bytes(cfg, dtype), "buffers": buffer_bytes(cfg), "gradients": param_bytes(cfg, dtype),
-            "optimizer state": adamw_state_bytes(cfg, dtype),
-            "activations": sum(activation_bytes(cfg, batch_size, context_length, dtype).values()),
-            "token ids": token_bytes(batch_size, context_length or get_config(cfg).context_length)}
+    return {
+        "parameters": param_bytes(cfg, dtype),
+        "buffers": buffer_bytes(cfg),
+        "gradients": param_bytes(cfg, dtype),
+        "optimizer state": adamw_state_bytes(cfg, dtype),
+        "activations": sum(activation_bytes(cfg, batch_size, context_length, dtype).values()),
+        "token ids": token_bytes(batch_size, context_length or get_config(cfg).context_length),
+    }
 
 
-def loss_grad_bytes(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
-                    dtype=torch.float32) -> int:
+def loss_grad_bytes(
+    cfg: ModelConfig | str, batch_size: int, context_length: int | None = None, dtype=torch.float32
+) -> int:
     """The two (B, T, V) buffers live as backward starts: d loss/d log-probs and d loss/d logits."""
     c = get_config(cfg)
     return 2 * batch_size * (context_length or c.context_length) * c.vocab_size * dtype_bytes(dtype)
 
 
-def peak_breakdown(cfg: ModelConfig | str, batch_size: int, context_length: int | None = None,
-                   dtype=torch.float32) -> dict[str, int]:
+def peak_breakdown(
+    cfg: ModelConfig | str, batch_size: int, context_length: int | None = None, dtype=torch.float32
+) -> dict[str, int]:
     """What is live as backward starts in a steady-state step (AdamW state exists, grads were set to None).
 
     That moment holds every saved activation plus the two (B, T, V) loss-gradient buffers and is
@@ -190,13 +215,19 @@ def peak_breakdown(cfg: ModelConfig | str, batch_size: int, context_length: int 
     the peak falls later in backward, as gradients pile up, and this sum is a lower bound.
     """
     full = step_breakdown(cfg, batch_size, context_length, dtype)
-    return {"parameters": full["parameters"], "buffers": full["buffers"], "optimizer state": full["optimizer state"],
-            "gradients": 0, "activations": full["activations"],
-            "loss gradients (B·T·V ×2)": loss_grad_bytes(cfg, batch_size, context_length, dtype),
-            "token ids": full["token ids"]}
+    return {
+        "parameters": full["parameters"],
+        "buffers": full["buffers"],
+        "optimizer state": full["optimizer state"],
+        "gradients": 0,
+        "activations": full["activations"],
+        "loss gradients (B·T·V ×2)": loss_grad_bytes(cfg, batch_size, context_length, dtype),
+        "token ids": full["token ids"],
+    }
 
 
 # ---- an RMSNorm's minimum traffic (notebook 02) ----
+
 
 def norm_bytes(n_rows: int, H: int, dtype: torch.dtype, backward: bool) -> int:
     """Bytes a norm must move at least: fwd reads x, g, writes y; bwd also reads x, dy, g and writes dx, dg."""
@@ -207,10 +238,16 @@ def norm_bytes(n_rows: int, H: int, dtype: torch.dtype, backward: bool) -> int:
 
 # ---- collectives (notebooks 03-05; nccl-tests, doc/PERFORMANCE.md) ----
 
+
 def busbw_factor(op: str, world_size: int) -> float:
     """nccl-tests factor from algbw to busbw: all_reduce 2(n-1)/n, all_gather/reduce_scatter (n-1)/n, broadcast 1."""
     n = world_size
-    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n, "broadcast": 1.0}
+    factors = {
+        "all_reduce": 2 * (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "broadcast": 1.0,
+    }
     if op not in factors:
         raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(factors)}")
     return factors[op]
@@ -232,6 +269,7 @@ def wire_factor(op: str, world_size: int) -> float:
 
 
 # ---- the DDP bucket-size model (notebook 04 derives it) ----
+
 
 def bucket_overhead(n_buckets, grad_bytes: float, backward_s: float, alpha_s: float, beta_Bps: float):
     """Modelled time from backward's end to the last all-reduce's end, with n equal buckets ready evenly in backward."""
@@ -255,9 +293,12 @@ def expected_collectives(kind: str, grad_bytes: int, world_size: int) -> dict[st
     """Analytic bytes passed to each collective per step (Ψ = grad_bytes; zero1: Ψ padded to a multiple of N).
     sharded and naive_sharded broadcast the same bytes (one buffer per owner, or one call per tensor)."""
     padded = -(-grad_bytes // (4 * world_size)) * 4 * world_size  # fp32 elements, padded to N equal slices
-    table = {"unsharded": {"all_reduce": grad_bytes}, "sharded": {"all_reduce": grad_bytes, "broadcast": grad_bytes},
-             "naive_sharded": {"all_reduce": grad_bytes, "broadcast": grad_bytes},
-             "zero1": {"reduce_scatter": padded, "all_gather": padded}}
+    table = {
+        "unsharded": {"all_reduce": grad_bytes},
+        "sharded": {"all_reduce": grad_bytes, "broadcast": grad_bytes},
+        "naive_sharded": {"all_reduce": grad_bytes, "broadcast": grad_bytes},
+        "zero1": {"reduce_scatter": padded, "all_gather": padded},
+    }
     if kind not in table:
         raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(table)}")
     return table[kind]
@@ -285,8 +326,11 @@ def zero_memory(model, world_size: int, stage: int, precision: str = "mixed") ->
     2 also the gradients, 3 also the weights. Communication: per-rank bytes received per step (2Ψ_g, stage 3 3Ψ_g)."""
     psi, N = meta_numel(model), world_size
     w, g, k = PRECISIONS[precision]
-    out = {"parameters": w * psi / (N if stage >= 3 else 1), "gradients": g * psi / (N if stage >= 2 else 1),
-           "optimizer state": k * psi / (N if stage >= 1 else 1)}
+    out = {
+        "parameters": w * psi / (N if stage >= 3 else 1),
+        "gradients": g * psi / (N if stage >= 2 else 1),
+        "optimizer state": k * psi / (N if stage >= 1 else 1),
+    }
     out["total"] = sum(out.values())
     out["communication"] = (3 if stage == 3 else 2) * g * psi * (N - 1) / N
     return out
@@ -307,22 +351,34 @@ def state_bytes(kind: str, model_name, world_size: int, rank: int) -> int:
     return sum(8 * s + 4 for s in owned)
 
 
-def live_bytes(kind: str, model_name, world_size: int, rank: int, batch_per_rank: int, context_length: int,
-               point: str, step: int = 1) -> dict[str, int]:
+def live_bytes(
+    kind: str,
+    model_name,
+    world_size: int,
+    rank: int,
+    batch_per_rank: int,
+    context_length: int,
+    point: str,
+    step: int = 1,
+) -> dict[str, int]:
     """What is live at 'after init' / 'before step' / 'after step' of step `step`: parameters and buffers,
     gradients (DDP buckets or Zero1's flat buffer, allocated when wrapping), optimizer state, token ids."""
     has_state = point == "after step" or step > 1
     psi = 4 * meta_numel(model_name)
     if kind == "zero1":
         psi = 4 * -(-meta_numel(model_name) // world_size) * world_size  # padded flat buffer
-    return {"parameters": psi + buffer_bytes(model_name), "gradients": psi,
-            "optimizer state": state_bytes(kind, model_name, world_size, rank) if has_state else 0,
-            "other": 0 if point == "after init" else token_bytes(batch_per_rank, context_length)}
+    return {
+        "parameters": psi + buffer_bytes(model_name),
+        "gradients": psi,
+        "optimizer state": state_bytes(kind, model_name, world_size, rank) if has_state else 0,
+        "other": 0 if point == "after init" else token_bytes(batch_per_rank, context_length),
+    }
 
 
 # ---- FSDP, tensor parallelism, activation checkpointing and the 2025/2026 calculators (notebook 07) ----
 # Ring bytes and times live beside their code (helpers.fsdp.fsdp_bytes_per_step / ddp_bytes_per_step,
 # helpers.ring.ring_time / alternate_ring_time); these are the closed forms notebook 07 adds.
+
 
 def fsdp_shard_elements(model, world_size: int) -> dict[str, int]:
     """Elements one rank holds under helpers.fsdp.FSDP: each Linear/Embedding weight padded to a multiple of N and
@@ -331,21 +387,30 @@ def fsdp_shard_elements(model, world_size: int) -> dict[str, int]:
     sizes = {n: math.prod(s) for n, s in shapes.items()}
     shard = {n: -(-k // world_size) for n, k in sizes.items() if "norm" not in n}  # padded/N
     rep = {n: k for n, k in sizes.items() if "norm" in n}
-    return {"sharded": sum(shard.values()), "replicated": sum(rep.values()), "sharded_tensors": len(shard),
-            "replicated_tensors": len(rep), "psi_sharded": sum(sizes[n] for n in shard)}
+    return {
+        "sharded": sum(shard.values()),
+        "replicated": sum(rep.values()),
+        "sharded_tensors": len(shard),
+        "replicated_tensors": len(rep),
+        "psi_sharded": sum(sizes[n] for n in shard),
+    }
 
 
-def fsdp_live_bytes(model, world_size: int, batch_per_rank: int, context_length: int, point: str,
-                    step: int = 1) -> dict[str, int]:
+def fsdp_live_bytes(
+    model, world_size: int, batch_per_rank: int, context_length: int, point: str, step: int = 1
+) -> dict[str, int]:
     """What FSDP (fp32, AdamW) keeps live per rank at 'after init' / 'before step' / 'after step': fp32 shards +
     replicated gains + mask buffers; their gradients once a backward ran; AdamW's two moments + a 4-byte step per
     tensor after the first step; the token ids. ZeRO-3 with whole gains and padding."""
     e = fsdp_shard_elements(model, world_size)
     own = e["sharded"] + e["replicated"]
     has_state = point == "after step" or step > 1
-    return {"parameters": 4 * own + buffer_bytes(model), "gradients": 0 if point == "after init" else 4 * own,
-            "optimizer state": (8 * own + 4 * (e["sharded_tensors"] + e["replicated_tensors"])) if has_state else 0,
-            "other": 0 if point == "after init" else token_bytes(batch_per_rank, context_length)}
+    return {
+        "parameters": 4 * own + buffer_bytes(model),
+        "gradients": 0 if point == "after init" else 4 * own,
+        "optimizer state": (8 * own + 4 * (e["sharded_tensors"] + e["replicated_tensors"])) if has_state else 0,
+        "other": 0 if point == "after init" else token_bytes(batch_per_rank, context_length),
+    }
 
 
 def fsdp_gathered_peak_bytes(model, world_size: int, bytes_per_element: int = 4, modules: int = 2) -> int:
@@ -359,6 +424,7 @@ def fsdp_gathered_peak_bytes(model, world_size: int, bytes_per_element: int = 4,
 
 
 # activation checkpointing: L blocks in segments of k; only segment inputs are kept, one segment is recomputed at a time
+
 
 def checkpoint_memory(n_blocks: int, segment: int, input_bytes: float, block_bytes: float) -> float:
     """Activation bytes at the backward peak with one level of checkpointing: ceil(L/k) segment inputs + the k blocks
@@ -381,17 +447,21 @@ def checkpoint_strategies(n_blocks: int) -> dict[str, dict[str, float]]:
     re-run the prefix up to it, holding one running tensor: O(1) memory for N(N+1)/2 block forwards, O(N²))."""
     n, levels = n_blocks, max(1, math.ceil(math.log2(n_blocks)))
     s = max(1, round(math.sqrt(n)))
-    return {"none": {"memory_blocks": n, "forward_passes": 1},
-            "sqrt": {"memory_blocks": math.ceil(n / s) + s, "forward_passes": 2},
-            "nested": {"memory_blocks": 2 * levels, "forward_passes": 1 + levels},
-            "prefix": {"memory_blocks": 2, "forward_passes": (n + n * (n - 1) / 2) / n}}
+    return {
+        "none": {"memory_blocks": n, "forward_passes": 1},
+        "sqrt": {"memory_blocks": math.ceil(n / s) + s, "forward_passes": 2},
+        "nested": {"memory_blocks": 2 * levels, "forward_passes": 1 + levels},
+        "prefix": {"memory_blocks": 2, "forward_passes": (n + n * (n - 1) / 2) / n},
+    }
 
 
 # the 2026 gated FFN (x W1, x W2, f(x1) * x2, z W3; d -> f -> d), 16-bit weights and activations, b tokens per
 # data-parallel replica, N devices; C FLOP/s per device, W bytes/s of egress per device
 
-def gated_ffn(strategy: str, *, tokens: int, d: int, f: int, n: int, C: float, W: float, n_tp: int = 1,
-              bytes_per_element: int = 2) -> dict[str, float]:
+
+def gated_ffn(
+    strategy: str, *, tokens: int, d: int, f: int, n: int, C: float, W: float, n_tp: int = 1, bytes_per_element: int = 2
+) -> dict[str, float]:
     """Per device: backward FLOPs and seconds, backward bytes sent and seconds, and whether it is communication-bound.
     dp: all-reduce 3df grads; fsdp: all-gather 3df weights + reduce-scatter 3df grads; tp (n-way): all-reduce of dx
     (b x d); fsdp_tp: n = n_fsdp x n_tp, both of these on 1/n_tp of the weights."""
@@ -415,8 +485,11 @@ def gated_ffn(strategy: str, *, tokens: int, d: int, f: int, n: int, C: float, W
 def gated_ffn_thresholds(*, d: int, f: int, n: int, C: float, W: float) -> dict[str, float]:
     """Where each strategy turns communication-bound: dp/fsdp below tokens (N-1)/N C/W per device; tp above
     N = 1 + 3 f W / C devices (any batch)."""
-    return {"dp_min_tokens": (n - 1) / n * C / W, "fsdp_min_tokens": (n - 1) / n * C / W,
-            "tp_max_devices": 1 + 3 * f * W / C}
+    return {
+        "dp_min_tokens": (n - 1) / n * C / W,
+        "fsdp_min_tokens": (n - 1) / n * C / W,
+        "tp_max_devices": 1 + 3 * f * W / C,
+    }
 
 
 # The 2026 calculators in the handout's variables: B tokens in the global batch, D, D_FF, N devices (N_DP, N_FSDP,
@@ -430,9 +503,12 @@ CALC_EXAMPLE = dict(B=32_768, D=4096, D_FF=16_384, N=8, C=989e12, W=450e9)  # H1
 @dataclass(frozen=True)
 class CalcPart:
     """One part of a 2026 calculator: what it computes, as expressions and an inequality, and one worked example."""
+
     problem: str  # "tp_calcs"
     part: str  # "forward", "backward", "(a)" ...
-    expressions: tuple[tuple[str, str], ...]  # (quantity, plain-text expression), e.g. ("FLOPs per device", "6·B·D·D_FF/N")
+    expressions: tuple[
+        tuple[str, str], ...
+    ]  # (quantity, plain-text expression), e.g. ("FLOPs per device", "6·B·D·D_FF/N")
     inequality: str  # plain text: when it stays compute-bound
     latex: tuple[str, ...]  # the same, as LaTeX for a notebook
     example: dict  # inputs and the values they give
@@ -442,8 +518,10 @@ class CalcPart:
         lines = [f"**{self.problem} · {self.part}**"] + [f"- {q}: `{e}`" for q, e in self.expressions]
         if self.inequality != "—":
             bound = self.example.get("max_devices")
-            lines.append(f"- compute-bound while: `{self.inequality}`"
-                         + (f" (worked example: N ≤ {bound:.1f})" if bound not in (None, math.inf) else ""))
+            lines.append(
+                f"- compute-bound while: `{self.inequality}`"
+                + (f" (worked example: N ≤ {bound:.1f})" if bound not in (None, math.inf) else "")
+            )
         return "\n".join(lines + [f"$${t}$$" for t in self.latex])
 
 
@@ -457,19 +535,48 @@ def dp_calc(pass_: str, *, B: int, D: int, D_FF: int, N: int, C: float, W: float
     k = 6 if pass_ == "forward" else 12
     flops = k * B * D * D_FF / N
     sent = 0.0 if pass_ == "forward" else _ring(N, "all_reduce") * 3 * D * D_FF * 2
-    exprs = (("FLOPs per device", f"{k}·B·D·D_FF/N_DP"),
-             ("bytes sent per device", "0 (no communication in forward)" if pass_ == "forward"
-              else "2·(N_DP−1)/N_DP · 3·D·D_FF · 2 = 12·D·D_FF·(N_DP−1)/N_DP"),
-             ("time", f"max({k}·B·D·D_FF/(N_DP·C), comm/W)" if pass_ == "backward" else f"{k}·B·D·D_FF/(N_DP·C)"))
-    ineq = ("always compute-bound" if pass_ == "forward" else
-            "12·B·D·D_FF/(N_DP·C) ≥ 12·D·D_FF·(N_DP−1)/(N_DP·W)  ⇔  N_DP ≤ 1 + B·W/C")
-    latex = ((r"\frac{6BDD_{FF}}{N_{DP}}", r"\text{no communication}") if pass_ == "forward" else
-             (r"\frac{12BDD_{FF}}{N_{DP}}", r"\frac{12DD_{FF}(N_{DP}-1)}{N_{DP}}",
-              r"N_{DP} \le 1 + \frac{BW}{C}"))
+    exprs = (
+        ("FLOPs per device", f"{k}·B·D·D_FF/N_DP"),
+        (
+            "bytes sent per device",
+            "0 (no communication in forward)"
+            if pass_ == "forward"
+            else "2·(N_DP−1)/N_DP · 3·D·D_FF · 2 = 12·D·D_FF·(N_DP−1)/N_DP",
+        ),
+        ("time", f"max({k}·B·D·D_FF/(N_DP·C), comm/W)" if pass_ == "backward" else f"{k}·B·D·D_FF/(N_DP·C)"),
+    )
+    ineq = (
+        "always compute-bound"
+        if pass_ == "forward"
+        else "12·B·D·D_FF/(N_DP·C) ≥ 12·D·D_FF·(N_DP−1)/(N_DP·W)  ⇔  N_DP ≤ 1 + B·W/C"
+    )
+    latex = (
+        (r"\frac{6BDD_{FF}}{N_{DP}}", r"\text{no communication}")
+        if pass_ == "forward"
+        else (r"\frac{12BDD_{FF}}{N_{DP}}", r"\frac{12DD_{FF}(N_{DP}-1)}{N_{DP}}", r"N_{DP} \le 1 + \frac{BW}{C}")
+    )
     bound = math.inf if pass_ == "forward" else 1 + B * W / C
-    return CalcPart("data_parallel_calcs", pass_, exprs, ineq, latex, dict(
-        B=B, D=D, D_FF=D_FF, N_DP=N, C=C, W=W, flops=flops, bytes_sent=sent, compute_s=flops / C, comm_s=sent / W,
-        max_devices=bound, comm_bound=sent / W > flops / C))
+    return CalcPart(
+        "data_parallel_calcs",
+        pass_,
+        exprs,
+        ineq,
+        latex,
+        dict(
+            B=B,
+            D=D,
+            D_FF=D_FF,
+            N_DP=N,
+            C=C,
+            W=W,
+            flops=flops,
+            bytes_sent=sent,
+            compute_s=flops / C,
+            comm_s=sent / W,
+            max_devices=bound,
+            comm_bound=sent / W > flops / C,
+        ),
+    )
 
 
 def fsdp_calc(pass_: str, *, B: int, D: int, D_FF: int, N: int, C: float, W: float) -> CalcPart:
@@ -479,15 +586,40 @@ def fsdp_calc(pass_: str, *, B: int, D: int, D_FF: int, N: int, C: float, W: flo
     flops = k * B * D * D_FF / N
     sent = gathers * _ring(N, "all_gather") * 3 * D * D_FF * 2
     what = "all-gather of the weights" if pass_ == "forward" else "all-gather + reduce-scatter"
-    exprs = (("FLOPs per device", f"{k}·B·D·D_FF/N_FSDP"),
-             ("bytes sent per device", f"{what}: {k}·D·D_FF·(N_FSDP−1)/N_FSDP"))
-    ineq = (f"{k}·B·D·D_FF/(N_FSDP·C) ≥ {k}·D·D_FF·(N_FSDP−1)/(N_FSDP·W)  ⇔  N_FSDP ≤ 1 + B·W/C"
-            "  (per device: B/N_FSDP ≥ (N_FSDP−1)/N_FSDP · C/W)")
-    latex = (rf"\frac{{{k}BDD_{{FF}}}}{{N_{{FSDP}}}}", rf"\frac{{{k}DD_{{FF}}(N_{{FSDP}}-1)}}{{N_{{FSDP}}}}",
-             r"N_{FSDP} \le 1 + \frac{BW}{C}")
-    return CalcPart("fsdp_calcs", pass_, exprs, ineq, latex, dict(
-        B=B, D=D, D_FF=D_FF, N_FSDP=N, C=C, W=W, flops=flops, bytes_sent=sent, compute_s=flops / C, comm_s=sent / W,
-        max_devices=1 + B * W / C, comm_bound=sent / W > flops / C))
+    exprs = (
+        ("FLOPs per device", f"{k}·B·D·D_FF/N_FSDP"),
+        ("bytes sent per device", f"{what}: {k}·D·D_FF·(N_FSDP−1)/N_FSDP"),
+    )
+    ineq = (
+        f"{k}·B·D·D_FF/(N_FSDP·C) ≥ {k}·D·D_FF·(N_FSDP−1)/(N_FSDP·W)  ⇔  N_FSDP ≤ 1 + B·W/C"
+        "  (per device: B/N_FSDP ≥ (N_FSDP−1)/N_FSDP · C/W)"
+    )
+    latex = (
+        rf"\frac{{{k}BDD_{{FF}}}}{{N_{{FSDP}}}}",
+        rf"\frac{{{k}DD_{{FF}}(N_{{FSDP}}-1)}}{{N_{{FSDP}}}}",
+        r"N_{FSDP} \le 1 + \frac{BW}{C}",
+    )
+    return CalcPart(
+        "fsdp_calcs",
+        pass_,
+        exprs,
+        ineq,
+        latex,
+        dict(
+            B=B,
+            D=D,
+            D_FF=D_FF,
+            N_FSDP=N,
+            C=C,
+            W=W,
+            flops=flops,
+            bytes_sent=sent,
+            compute_s=flops / C,
+            comm_s=sent / W,
+            max_devices=1 + B * W / C,
+            comm_bound=sent / W > flops / C,
+        ),
+    )
 
 
 TP_BACKWARD_EQUATIONS = (  # device i holds W1, W2 by columns (D × D_FF/N), W3 by rows (D_FF/N × D); x, dy replicated
@@ -505,15 +637,38 @@ def tp_calc(pass_: str, *, B: int, D: int, D_FF: int, N: int, C: float, W: float
     k, ratio = (6, "1.5") if pass_ == "forward" else (12, "3")
     flops = k * B * D * D_FF / N
     sent = _ring(N, "all_reduce") * B * D * 2
-    exprs = (("FLOPs per device", f"{k}·B·D·D_FF/N_TP"),
-             ("bytes sent per device", f"all-reduce of {'y' if pass_ == 'forward' else 'dx'}: 4·B·D·(N_TP−1)/N_TP"))
-    ineq = (f"{k}·B·D·D_FF/(N_TP·C) ≥ 4·B·D·(N_TP−1)/(N_TP·W)  ⇔  N_TP ≤ 1 + {ratio}·D_FF·W/C (any batch)")
-    latex = (rf"\frac{{{k}BDD_{{FF}}}}{{N_{{TP}}}}", r"\frac{4BD(N_{TP}-1)}{N_{TP}}",
-             rf"N_{{TP}} \le 1 + {ratio}\,\frac{{D_{{FF}}W}}{{C}}")
+    exprs = (
+        ("FLOPs per device", f"{k}·B·D·D_FF/N_TP"),
+        ("bytes sent per device", f"all-reduce of {'y' if pass_ == 'forward' else 'dx'}: 4·B·D·(N_TP−1)/N_TP"),
+    )
+    ineq = f"{k}·B·D·D_FF/(N_TP·C) ≥ 4·B·D·(N_TP−1)/(N_TP·W)  ⇔  N_TP ≤ 1 + {ratio}·D_FF·W/C (any batch)"
+    latex = (
+        rf"\frac{{{k}BDD_{{FF}}}}{{N_{{TP}}}}",
+        r"\frac{4BD(N_{TP}-1)}{N_{TP}}",
+        rf"N_{{TP}} \le 1 + {ratio}\,\frac{{D_{{FF}}W}}{{C}}",
+    )
     bound = 1 + float(ratio) * D_FF * W / C
-    return CalcPart("tp_calcs", pass_, exprs, ineq, latex, dict(
-        B=B, D=D, D_FF=D_FF, N_TP=N, C=C, W=W, flops=flops, bytes_sent=sent, compute_s=flops / C, comm_s=sent / W,
-        max_devices=bound, comm_bound=sent / W > flops / C))
+    return CalcPart(
+        "tp_calcs",
+        pass_,
+        exprs,
+        ineq,
+        latex,
+        dict(
+            B=B,
+            D=D,
+            D_FF=D_FF,
+            N_TP=N,
+            C=C,
+            W=W,
+            flops=flops,
+            bytes_sent=sent,
+            compute_s=flops / C,
+            comm_s=sent / W,
+            max_devices=bound,
+            comm_bound=sent / W > flops / C,
+        ),
+    )
 
 
 def fsdp_tp_calc(part: str, *, B: int, D: int, D_FF: int, N_FSDP: int, N_TP: int, C: float, W: float) -> CalcPart:
@@ -526,34 +681,73 @@ def fsdp_tp_calc(part: str, *, B: int, D: int, D_FF: int, N_FSDP: int, N_TP: int
     flops = 6 * B * D * D_FF / N
     t_fsdp = _ring(N_FSDP, "all_gather") * 6 * D * D_FF / N_TP / W
     t_tp = _ring(N_TP, "all_reduce") * 2 * B / N_FSDP * D / W
-    ex = dict(B=B, D=D, D_FF=D_FF, N_FSDP=N_FSDP, N_TP=N_TP, C=C, W=W, flops=flops, compute_s=flops / C,
-              fsdp_comm_s=t_fsdp, tp_comm_s=t_tp)
+    ex = dict(
+        B=B,
+        D=D,
+        D_FF=D_FF,
+        N_FSDP=N_FSDP,
+        N_TP=N_TP,
+        C=C,
+        W=W,
+        flops=flops,
+        compute_s=flops / C,
+        fsdp_comm_s=t_fsdp,
+        tp_comm_s=t_tp,
+    )
     if part == "(a)":
-        return CalcPart("fsdp_tp_calcs", part, (("forward FLOPs per device", "6·B·D·D_FF/(N_FSDP·N_TP)"),), "—",
-                        (r"\frac{6BDD_{FF}}{N_{FSDP}N_{TP}}",), ex)
+        return CalcPart(
+            "fsdp_tp_calcs",
+            part,
+            (("forward FLOPs per device", "6·B·D·D_FF/(N_FSDP·N_TP)"),),
+            "—",
+            (r"\frac{6BDD_{FF}}{N_{FSDP}N_{TP}}",),
+            ex,
+        )
     if part == "(b)":
-        return CalcPart("fsdp_tp_calcs", part, (
-            ("FSDP all-gather time", "6·D·D_FF·(N_FSDP−1)/(N_FSDP·N_TP·W)"),
-            ("TP all-reduce time", "4·B·D·(N_TP−1)/(N_FSDP·N_TP·W)"),
-            ("communication time", "max(FSDP term, TP term)")), "—",
+        return CalcPart(
+            "fsdp_tp_calcs",
+            part,
+            (
+                ("FSDP all-gather time", "6·D·D_FF·(N_FSDP−1)/(N_FSDP·N_TP·W)"),
+                ("TP all-reduce time", "4·B·D·(N_TP−1)/(N_FSDP·N_TP·W)"),
+                ("communication time", "max(FSDP term, TP term)"),
+            ),
+            "—",
             (r"\max\left(\frac{6DD_{FF}(N_{FSDP}-1)}{N_{FSDP}N_{TP}W}, \frac{4BD(N_{TP}-1)}{N_{FSDP}N_{TP}W}\right)",),
-            {**ex, "comm_s": max(t_fsdp, t_tp)})
+            {**ex, "comm_s": max(t_fsdp, t_tp)},
+        )
     if part == "(c)":
         n_f, n_t = B * W / C, 1.5 * D_FF * W / C
-        return CalcPart("fsdp_tp_calcs", part, (
-            ("FSDP side", "6·B·D·D_FF/(N·C) ≥ 6·D·D_FF/(N_TP·W) ⇔ N_FSDP ≤ B·W/C"),
-            ("TP side", "6·B·D·D_FF/(N·C) ≥ 4·B·D/(N_FSDP·W) ⇔ N_TP ≤ 1.5·D_FF·W/C")),
-            "N = N_FSDP·N_TP ≤ 1.5·B·D_FF·W²/C²", (r"N \le \frac{1.5\,B D_{FF} W^2}{C^2}",),
-            {**ex, "N_FSDP_max": n_f, "N_TP_max": n_t, "max_devices": 1.5 * B * D_FF * W**2 / C**2})
+        return CalcPart(
+            "fsdp_tp_calcs",
+            part,
+            (
+                ("FSDP side", "6·B·D·D_FF/(N·C) ≥ 6·D·D_FF/(N_TP·W) ⇔ N_FSDP ≤ B·W/C"),
+                ("TP side", "6·B·D·D_FF/(N·C) ≥ 4·B·D/(N_FSDP·W) ⇔ N_TP ≤ 1.5·D_FF·W/C"),
+            ),
+            "N = N_FSDP·N_TP ≤ 1.5·B·D_FF·W²/C²",
+            (r"N \le \frac{1.5\,B D_{FF} W^2}{C^2}",),
+            {**ex, "N_FSDP_max": n_f, "N_TP_max": n_t, "max_devices": 1.5 * B * D_FF * W**2 / C**2},
+        )
     if part == "(d)":
         n_f, n_t = B * W / (2 * C), 3 * D_FF * W / (4 * C)
-        return CalcPart("fsdp_tp_calcs", part, (
-            ("no overlap", "6·B·D·D_FF/(N·C) ≥ 6·D·D_FF/(N_TP·W) + 4·B·D/(N_FSDP·W) ⇔ 6·D_FF·N_FSDP + 4·B·N_TP ≤ "
-                           "6·B·D_FF·W/C"),
-            ("largest N", "the product is largest with each term half the budget: N_FSDP = B·W/(2C), "
-                          "N_TP = 3·D_FF·W/(4C)")),
-            "N = N_FSDP·N_TP ≤ 3·B·D_FF·W²/(8·C²)", (r"N \le \frac{3\,B D_{FF} W^2}{8\,C^2}",),
-            {**ex, "N_FSDP_max": n_f, "N_TP_max": n_t, "max_devices": 3 * B * D_FF * W**2 / (8 * C**2)})
+        return CalcPart(
+            "fsdp_tp_calcs",
+            part,
+            (
+                (
+                    "no overlap",
+                    "6·B·D·D_FF/(N·C) ≥ 6·D·D_FF/(N_TP·W) + 4·B·D/(N_FSDP·W) ⇔ 6·D_FF·N_FSDP + 4·B·N_TP ≤ 6·B·D_FF·W/C",
+                ),
+                (
+                    "largest N",
+                    "the product is largest with each term half the budget: N_FSDP = B·W/(2C), N_TP = 3·D_FF·W/(4C)",
+                ),
+            ),
+            "N = N_FSDP·N_TP ≤ 3·B·D_FF·W²/(8·C²)",
+            (r"N \le \frac{3\,B D_{FF} W^2}{8\,C^2}",),
+            {**ex, "N_FSDP_max": n_f, "N_TP_max": n_t, "max_devices": 3 * B * D_FF * W**2 / (8 * C**2)},
+        )
     raise ValueError(f"fsdp_tp_calcs has parts (a) to (d); got {part!r}")
 
 
@@ -561,9 +755,10 @@ def calc_parts(*, B: int, D: int, D_FF: int, N: int, C: float, W: float, N_TP: i
     """Every part of the four 2026 calculators at one example: DP, FSDP and TP forward and backward, FSDP × TP (a)-(d)
     forward with N_FSDP = N / N_TP."""
     ex = dict(B=B, D=D, D_FF=D_FF, N=N, C=C, W=W)
-    return ([fn(p, **ex) for fn in (dp_calc, fsdp_calc, tp_calc) for p in ("forward", "backward")]
-            + [fsdp_tp_calc(part, B=B, D=D, D_FF=D_FF, N_FSDP=N // N_TP, N_TP=N_TP, C=C, W=W)
-               for part in ("(a)", "(b)", "(c)", "(d)")])
+    return [fn(p, **ex) for fn in (dp_calc, fsdp_calc, tp_calc) for p in ("forward", "backward")] + [
+        fsdp_tp_calc(part, B=B, D=D, D_FF=D_FF, N_FSDP=N // N_TP, N_TP=N_TP, C=C, W=W)
+        for part in ("(a)", "(b)", "(c)", "(d)")
+    ]
 
 
 def basics_params(cfg) -> int:
@@ -592,8 +787,9 @@ def xxl_activation_bytes_per_token(d_model=XXL["d_model"], d_ff=XXL["d_ff"], n_b
     return n_blocks * 2 * (d_model + d_ff)
 
 
-def xxl_memory(tokens: int, n_fsdp: int = 1, d_model=XXL["d_model"], d_ff=XXL["d_ff"], n_blocks=XXL["n_blocks"]
-               ) -> dict[str, float]:
+def xxl_memory(
+    tokens: int, n_fsdp: int = 1, d_model=XXL["d_model"], d_ff=XXL["d_ff"], n_blocks=XXL["n_blocks"]
+) -> dict[str, float]:
     """Bytes per device: 16 Ψ of fp32 states / N, and the bf16 activations saved for backward (each block's two
     matmul inputs, 2 (d + f) bytes per token) with half of them sharded: A (1 + 1/N) / 2."""
     psi = n_blocks * 2 * d_model * d_ff
@@ -622,20 +818,33 @@ def xxl_min_fsdp(tokens: int, hbm: float = TPU_V5P_LIKE["hbm"], **model) -> int 
     return n
 
 
-def xxl_compute_bound(*, X: int = MESH_2025["X"], Y: int = MESH_2025["Y"], M_X: int = MESH_2025["M_X"],
-                      M_Y: int = MESH_2025["M_Y"], C: float = TPU_V5P_LIKE["C"], W: float = TPU_V5P_LIKE["W"],
-                      d_ff: int = XXL["d_ff"]) -> dict[str, float]:
+def xxl_compute_bound(
+    *,
+    X: int = MESH_2025["X"],
+    Y: int = MESH_2025["Y"],
+    M_X: int = MESH_2025["M_X"],
+    M_Y: int = MESH_2025["M_Y"],
+    C: float = TPU_V5P_LIKE["C"],
+    W: float = TPU_V5P_LIKE["W"],
+    d_ff: int = XXL["d_ff"],
+) -> dict[str, float]:
     """Forward, FSDP over X × TP over Y (the Scaling Book's mixed FSDP/TP): per layer T_math = 4BDF/(XYC), the FSDP
     all-gather 4DF/(Y·W·M_X), TP's activation collective 4BD/(X·W·M_Y). Compute-bound on the FSDP side once the
     tokens per FSDP shard B/X >= C/(W·M_X); per device that is B/(XY), overall B. The TP side holds whatever the
     batch when F >= Y·C/(W·M_Y)."""
     shard = C / (W * M_X)
-    return {"per_fsdp_shard": shard, "per_device": shard / Y, "overall": shard * X, "tp_min_d_ff": Y * C / (W * M_Y),
-            "tp_ok": d_ff >= Y * C / (W * M_Y)}
+    return {
+        "per_fsdp_shard": shard,
+        "per_device": shard / Y,
+        "overall": shard * X,
+        "tp_min_d_ff": Y * C / (W * M_Y),
+        "tp_ok": d_ff >= Y * C / (W * M_Y),
+    }
 
 
-def xxl_compute_bound_tokens(n_tp: int, C: float = TPU_V5P_LIKE["C"], W: float = TPU_V5P_LIKE["W"],
-                             M_X: int = MESH_2025["M_X"]) -> float:
+def xxl_compute_bound_tokens(
+    n_tp: int, C: float = TPU_V5P_LIKE["C"], W: float = TPU_V5P_LIKE["W"], M_X: int = MESH_2025["M_X"]
+) -> float:
     """Per-device tokens above which the FSDP × TP forward is compute-bound: C / (W · M_X · n_tp) (xxl_compute_bound)."""
     return xxl_compute_bound(Y=n_tp, C=C, W=W, M_X=M_X)["per_device"]
 
@@ -645,8 +854,16 @@ def xxl_compute_bound_tokens(n_tp: int, C: float = TPU_V5P_LIKE["C"], W: float =
 # logsumexp per row and head, never the T × T scores), RMSNorm, SwiGLU (3·d·d_ff); untied embedding and LM head.
 # bf16 compute (weights, activations and gradients in bf16) with fp32 master weights and AdamW moments (12 B/param).
 
-LEADERBOARD_MODEL = dict(d_model=4096, d_ff=11_008, n_layers=34, n_heads=32, vocab_size=151_936,
-                         context_length=32_768, batch_size=2, world_size=2)
+LEADERBOARD_MODEL = dict(
+    d_model=4096,
+    d_ff=11_008,
+    n_layers=34,
+    n_heads=32,
+    vocab_size=151_936,
+    context_length=32_768,
+    batch_size=2,
+    world_size=2,
+)
 LEADERBOARD_GPUS = {  # usable memory (bytes), dense bf16 FLOP/s, GPU-to-GPU link bytes/s each way (NVIDIA datasheets)
     "H100 80 GB": dict(memory=80e9, flops=989e12, link=450e9),  # NVLink 4: 900 GB/s both ways
     "H200 141 GB": dict(memory=141e9, flops=989e12, link=450e9),
@@ -667,8 +884,12 @@ HEAD_CHUNK_TOKENS = 1024  # tokens per chunk of the fused head: its fp32 logits 
 
 def llama_params(*, d_model: int, d_ff: int, n_layers: int, vocab_size: int, **_) -> dict[str, int]:
     """Parameters of the Llama-like model per part: blocks (4d² + 3·d·d_ff + 2d each), embedding, head, final norm."""
-    return {"blocks": n_layers * (4 * d_model**2 + 3 * d_model * d_ff + 2 * d_model),
-            "embedding": vocab_size * d_model, "lm_head": vocab_size * d_model, "final norm": d_model}
+    return {
+        "blocks": n_layers * (4 * d_model**2 + 3 * d_model * d_ff + 2 * d_model),
+        "embedding": vocab_size * d_model,
+        "lm_head": vocab_size * d_model,
+        "final norm": d_model,
+    }
 
 
 def llama_block_saved_bytes(*, d_model: int, d_ff: int, n_heads: int, tokens: int, bytes_per_element: int = 2) -> int:
@@ -686,14 +907,17 @@ def llama_head_bytes(*, d_model: int, vocab_size: int, tokens: int, bytes_per_el
     return {"saved": tokens * ((3 * d_model + 1 + vocab_size) * e), "loss gradients": 2 * tokens * vocab_size * e}
 
 
-def chunked_head_bytes(*, d_model: int, vocab_size: int, tokens: int, bytes_per_element: int = 2,
-                       chunk_tokens: int = HEAD_CHUNK_TOKENS) -> dict[str, int]:
+def chunked_head_bytes(
+    *, d_model: int, vocab_size: int, tokens: int, bytes_per_element: int = 2, chunk_tokens: int = HEAD_CHUNK_TOKENS
+) -> dict[str, int]:
     """A fused, chunked LM head + cross-entropy (as Liger's fused linear cross-entropy): the final norm's saved tensors,
     the input gradient it computes during forward (tokens × d), and one chunk's fp32 logits and their gradient; the
     (tokens, V) log-probabilities and loss gradients are never all live."""
     e = bytes_per_element
-    return {"saved": tokens * ((3 * d_model + 1) * e + d_model * e),
-            "loss gradients": 2 * min(chunk_tokens, tokens) * vocab_size * 4}
+    return {
+        "saved": tokens * ((3 * d_model + 1) * e + d_model * e),
+        "loss gradients": 2 * min(chunk_tokens, tokens) * vocab_size * 4,
+    }
 
 
 def implied_mfu(step_s: float, flops: float, *, peak_flops: float, world_size: int) -> float:
@@ -701,22 +925,40 @@ def implied_mfu(step_s: float, flops: float, *, peak_flops: float, world_size: i
     return flops / (world_size * peak_flops * step_s)
 
 
-def llama_train_flops(*, d_model: int, d_ff: int, n_layers: int, vocab_size: int, context_length: int,
-                      batch_size: int, segments: int = 0, causal_fraction: float = 0.5, **_) -> int:
+def llama_train_flops(
+    *,
+    d_model: int,
+    d_ff: int,
+    n_layers: int,
+    vocab_size: int,
+    context_length: int,
+    batch_size: int,
+    segments: int = 0,
+    causal_fraction: float = 0.5,
+    **_,
+) -> int:
     """Matmul FLOPs of one forward + backward (backward = 2x forward) and, with the blocks checkpointed in `segments`
     segments, their forward once more, less each segment's last down-projection (torch's non-reentrant checkpoint stops
     once the last saved tensor is rebuilt). Attention: 2·2·B·T²·d per layer, times causal_fraction (0.5: a causal
     kernel skips the masked half; 1.0: the full square, as computed by plain matmuls)."""
     tokens = batch_size * context_length
-    blocks = n_layers * (2 * tokens * (4 * d_model**2 + 3 * d_model * d_ff)
-                         + causal_fraction * 4 * batch_size * context_length**2 * d_model)
+    blocks = n_layers * (
+        2 * tokens * (4 * d_model**2 + 3 * d_model * d_ff)
+        + causal_fraction * 4 * batch_size * context_length**2 * d_model
+    )
     head = 2 * tokens * vocab_size * d_model
     recompute = blocks - segments * 2 * tokens * d_model * d_ff if segments else 0
     return int(3 * (blocks + head) + recompute)
 
 
-def leaderboard_plan(model: dict | None = None, gpus: dict | None = None, mfu: float = LEADERBOARD_MFU,
-                     bytes_per_element: int = 2, margin: float = PLAN_MARGIN, mfus=PLAN_MFUS) -> list[dict]:
+def leaderboard_plan(
+    model: dict | None = None,
+    gpus: dict | None = None,
+    mfu: float = LEADERBOARD_MFU,
+    bytes_per_element: int = 2,
+    margin: float = PLAN_MARGIN,
+    mfus=PLAN_MFUS,
+) -> list[dict]:
     """Every strategy (DDP, ZeRO-1, ZeRO-2, FSDP) × activation checkpointing (none, every block, √L segments) × LM head
     (plain, fused and chunked) × optimizer precision (fp32 master weights, or bf16 weights without a master): memory
     per GPU (GB = 1e9 bytes), whether it fits each GPU with `margin` of the card left free, FLOPs per step, and the
@@ -738,21 +980,27 @@ def leaderboard_plan(model: dict | None = None, gpus: dict | None = None, mfu: f
     e = bytes_per_element
     A = llama_block_saved_bytes(d_model=d, d_ff=m["d_ff"], n_heads=m["n_heads"], tokens=tokens, bytes_per_element=e)
     I = tokens * d * e  # a block's input
-    heads = {"plain": llama_head_bytes(d_model=d, vocab_size=m["vocab_size"], tokens=tokens, bytes_per_element=e),
-             "chunked": chunked_head_bytes(d_model=d, vocab_size=m["vocab_size"], tokens=tokens, bytes_per_element=e)}
+    heads = {
+        "plain": llama_head_bytes(d_model=d, vocab_size=m["vocab_size"], tokens=tokens, bytes_per_element=e),
+        "chunked": chunked_head_bytes(d_model=d, vocab_size=m["vocab_size"], tokens=tokens, bytes_per_element=e),
+    }
     ring = (N - 1) / N
     rows = []
     for strategy, stage in PLAN_STRATEGIES.items():
         gathered = 2 * 2 * max(block_psi, parts["lm_head"]) if stage == 3 else 0  # two units in flight, bf16
         sent = (3 if stage == 3 else 2) * ring * 2 * psi  # bytes each GPU sends per step
         tail = ring * 2 * parts["embedding"] * (2 if stage == 0 else 1)  # the embedding's all-reduce / reduce-scatter
-        exposed = tail + (ring * 2 * psi if stage in (1, 2) else 0) + (ring * 2 * parts["embedding"] if stage == 3
-                                                                          else 0)
+        exposed = (
+            tail + (ring * 2 * psi if stage in (1, 2) else 0) + (ring * 2 * parts["embedding"] if stage == 3 else 0)
+        )
         for precision, opt_bytes in PLAN_PRECISIONS.items():
-            states = {"bf16 weights": 2 * psi / (N if stage >= 3 else 1),
-                      "bf16 gradients": 2 * psi / (N if stage >= 2 else 1),
-                      ("fp32 master + AdamW" if precision == "fp32 master" else "AdamW (fp32 moments)"):
-                          opt_bytes * psi / (N if stage >= 1 else 1)}
+            states = {
+                "bf16 weights": 2 * psi / (N if stage >= 3 else 1),
+                "bf16 gradients": 2 * psi / (N if stage >= 2 else 1),
+                ("fp32 master + AdamW" if precision == "fp32 master" else "AdamW (fp32 moments)"): opt_bytes
+                * psi
+                / (N if stage >= 1 else 1),
+            }
             for ckpt in PLAN_CHECKPOINTING:
                 segment = {"none": 0, "every block": 1, "sqrt(L) segments": max(1, round(math.sqrt(L)))}[ckpt]
                 acts = checkpoint_memory(L, segment, I, A)
@@ -764,16 +1012,27 @@ def leaderboard_plan(model: dict | None = None, gpus: dict | None = None, mfu: f
                         compute = flops / N / (u * g["flops"])
                         return compute + max(exposed / g["link"], sent / g["link"] - compute)
 
-                    rows.append({"strategy": strategy, "checkpointing": ckpt, "head": head, "precision": precision,
-                                 "segment": segment, "params": psi,
-                                 **{f"{k} (GB)": v / 1e9 for k, v in states.items()}, "gathered (GB)": gathered / 1e9,
-                                 "activations (GB)": acts / 1e9, "head + loss (GB)": sum(hb.values()) / 1e9,
-                                 "memory_GB": total / 1e9,
-                                 "headroom_GB": {k: (g["memory"] - total) / 1e9 for k, g in gpus.items()},
-                                 "fits": {k: total <= (1 - margin) * g["memory"] for k, g in gpus.items()},
-                                 "flops": flops, "sent_GB": sent / 1e9,
-                                 "step_s": {k: step_at(mfu, g) for k, g in gpus.items()},
-                                 "step_band_s": {k: {u: step_at(u, g) for u in mfus} for k, g in gpus.items()}})
+                    rows.append(
+                        {
+                            "strategy": strategy,
+                            "checkpointing": ckpt,
+                            "head": head,
+                            "precision": precision,
+                            "segment": segment,
+                            "params": psi,
+                            **{f"{k} (GB)": v / 1e9 for k, v in states.items()},
+                            "gathered (GB)": gathered / 1e9,
+                            "activations (GB)": acts / 1e9,
+                            "head + loss (GB)": sum(hb.values()) / 1e9,
+                            "memory_GB": total / 1e9,
+                            "headroom_GB": {k: (g["memory"] - total) / 1e9 for k, g in gpus.items()},
+                            "fits": {k: total <= (1 - margin) * g["memory"] for k, g in gpus.items()},
+                            "flops": flops,
+                            "sent_GB": sent / 1e9,
+                            "step_s": {k: step_at(mfu, g) for k, g in gpus.items()},
+                            "step_band_s": {k: {u: step_at(u, g) for u in mfus} for k, g in gpus.items()},
+                        }
+                    )
     return rows
 
 
@@ -794,14 +1053,26 @@ def fastest_plan(plan: list[dict], gpu: str, tie: float = PLAN_TIE, **where) -> 
 # selective (attention's softmax recomputed) 34·s·b·h, full (only each layer's input kept) 2·s·b·h bytes.
 
 CALCULATOR_PRESETS = {  # d_model, d_ff, n_layers, n_heads, vocab_size, context_length; ffn matrices (2 GELU, 3 SwiGLU)
-    **{name: dict(d_model=c.d_model, d_ff=c.d_ff, n_layers=c.n_layers, n_heads=c.n_heads, vocab_size=c.vocab_size,
-                  context_length=c.context_length, ffn_matrices=2)
-       for name, c in ((n, get_config(n)) for n in ("small", "xl", "2.7B"))},
+    **{
+        name: dict(
+            d_model=c.d_model,
+            d_ff=c.d_ff,
+            n_layers=c.n_layers,
+            n_heads=c.n_heads,
+            vocab_size=c.vocab_size,
+            context_length=c.context_length,
+            ffn_matrices=2,
+        )
+        for name, c in ((n, get_config(n)) for n in ("small", "xl", "2.7B"))
+    },
     # full multi-head attention: 8.8 B parameters; Llama 3's grouped-query attention has 8.0 B
-    "Llama-3-8B-like (MHA)": dict(d_model=4096, d_ff=14_336, n_layers=32, n_heads=32, vocab_size=128_256,
-                                  context_length=8192, ffn_matrices=3),
-    "2026 leaderboard": dict(**{k: LEADERBOARD_MODEL[k] for k in ("d_model", "d_ff", "n_layers", "n_heads",
-                                                                  "vocab_size", "context_length")}, ffn_matrices=3),
+    "Llama-3-8B-like (MHA)": dict(
+        d_model=4096, d_ff=14_336, n_layers=32, n_heads=32, vocab_size=128_256, context_length=8192, ffn_matrices=3
+    ),
+    "2026 leaderboard": dict(
+        **{k: LEADERBOARD_MODEL[k] for k in ("d_model", "d_ff", "n_layers", "n_heads", "vocab_size", "context_length")},
+        ffn_matrices=3,
+    ),
 }
 RECOMPUTATION = ("none", "selective", "full")
 
@@ -809,8 +1080,10 @@ RECOMPUTATION = ("none", "selective", "full")
 def preset_params(preset: str) -> int:
     """Parameters of a calculator preset: blocks (4d² attention + ffn_matrices·d·d_ff), untied embedding and head."""
     p = CALCULATOR_PRESETS[preset]
-    return p["n_layers"] * (4 * p["d_model"] ** 2 + p["ffn_matrices"] * p["d_model"] * p["d_ff"]) \
+    return (
+        p["n_layers"] * (4 * p["d_model"] ** 2 + p["ffn_matrices"] * p["d_model"] * p["d_ff"])
         + 2 * p["vocab_size"] * p["d_model"]
+    )
 
 
 def layer_activation_bytes(preset: str, micro_batch: int, recompute: str) -> float:
@@ -823,8 +1096,9 @@ def layer_activation_bytes(preset: str, micro_batch: int, recompute: str) -> flo
     return s * micro_batch * h * per[recompute]
 
 
-def memory_calculator(preset: str, dp: int, pp: int, micro_batch: int, n_micro: int, recompute: str
-                      ) -> dict[str, dict[str, float]]:
+def memory_calculator(
+    preset: str, dp: int, pp: int, micro_batch: int, n_micro: int, recompute: str
+) -> dict[str, dict[str, float]]:
     """Per ZeRO stage, GB (1e9 bytes) per GPU with mixed precision and Adam (2 + 2 + 12 bytes per parameter, sharded
     over the dp replicas by stage; layers split over pp stages) and the activations of the first pipeline stage, which
     keeps min(pp, n_micro) micro-batches in flight (1F1B); with the pipeline's bubble fraction (pp−1)/(n_micro+pp−1)
@@ -841,7 +1115,11 @@ def memory_calculator(preset: str, dp: int, pp: int, micro_batch: int, n_micro: 
     for stage in range(4):
         states = psi * (2 / (dp if stage >= 3 else 1) + 2 / (dp if stage >= 2 else 1) + 12 / (dp if stage >= 1 else 1))
         out[f"ZeRO-{stage}" if stage else "DDP (ZeRO-0)"] = {
-            "parameters per GPU (B)": psi / dp ** (stage >= 3) / 1e9, "model states (GB)": states / 1e9,
-            "activations (GB)": acts / 1e9, "total (GB)": (states + acts) / 1e9, "pipeline bubble": bubble,
-            "global batch (sequences)": dp * micro_batch * n_micro}
+            "parameters per GPU (B)": psi / dp ** (stage >= 3) / 1e9,
+            "model states (GB)": states / 1e9,
+            "activations (GB)": acts / 1e9,
+            "total (GB)": (states + acts) / 1e9,
+            "pipeline bubble": bubble,
+            "global batch (sequences)": dp * micro_batch * n_micro,
+        }
     return out

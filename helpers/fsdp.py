@@ -37,6 +37,7 @@ counts once per use; replicated parameters add one all-reduce, 2 (N-1)/N Ψ_rep 
 per collective of the training steps (all-gather: its output, reduce-scatter: its input, all-reduce: its buffer,
 as helpers.comm counts them), and `comm_s` the seconds spent waiting for collectives.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -65,13 +66,17 @@ def _reduce_scatter(out, inp, async_op=False):
 
 def bytes_sent(log: list[tuple[str, int]], world: int) -> float:
     """Bytes each rank sends for the collectives in `log` (ring algorithms): all-reduce 2(N-1)/N, others (N-1)/N."""
-    factor = {"all_gather": (world - 1) / world, "reduce_scatter": (world - 1) / world,
-              "all_reduce": 2 * (world - 1) / world}
+    factor = {
+        "all_gather": (world - 1) / world,
+        "reduce_scatter": (world - 1) / world,
+        "all_reduce": 2 * (world - 1) / world,
+    }
     return sum(factor[op] * nbytes for op, nbytes in log)
 
 
-def fsdp_bytes_per_step(n_sharded: int, world: int, gather_bytes: int = 4, reduce_bytes: int = 4,
-                        n_replicated: int = 0) -> float:
+def fsdp_bytes_per_step(
+    n_sharded: int, world: int, gather_bytes: int = 4, reduce_bytes: int = 4, n_replicated: int = 0
+) -> float:
     """Bytes each rank sends per FSDP step: (N-1)/N Ψ (2 gather_bytes + reduce_bytes) + the replicated all-reduce."""
     return (world - 1) / world * (n_sharded * (2 * gather_bytes + reduce_bytes) + 2 * n_replicated * 4)
 
@@ -86,9 +91,17 @@ class ShardedWeight(torch.Tensor):
     weight's shape and dtype, no data (meta). Reading it raises a RuntimeError that says how to get the full weight,
     instead of reading the gathered buffer FSDP has freed (a segfault). Shape, dtype, device and repr still work."""
 
-    _ALLOWED = {torch.Tensor.shape.__get__, torch.Tensor.dtype.__get__, torch.Tensor.device.__get__,
-                torch.Tensor.ndim.__get__, torch.Tensor.requires_grad.__get__, torch.Tensor.size, torch.Tensor.dim,
-                torch.Tensor.numel, torch.Tensor.is_floating_point}
+    _ALLOWED = {
+        torch.Tensor.shape.__get__,
+        torch.Tensor.dtype.__get__,
+        torch.Tensor.device.__get__,
+        torch.Tensor.ndim.__get__,
+        torch.Tensor.requires_grad.__get__,
+        torch.Tensor.size,
+        torch.Tensor.dim,
+        torch.Tensor.numel,
+        torch.Tensor.is_floating_point,
+    }
 
     @staticmethod
     def __new__(cls, name: str, shape, dtype):
@@ -98,8 +111,10 @@ class ShardedWeight(torch.Tensor):
         self.fsdp_name = name
 
     def __repr__(self, *, tensor_contents=None) -> str:
-        return (f"ShardedWeight({self.fsdp_name!r}, shape={tuple(self.shape)}, dtype={self.dtype}: sharded over "
-                "ranks, gathered only during its module's forward and backward)")
+        return (
+            f"ShardedWeight({self.fsdp_name!r}, shape={tuple(self.shape)}, dtype={self.dtype}: sharded over "
+            "ranks, gathered only during its module's forward and backward)"
+        )
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -107,10 +122,12 @@ class ShardedWeight(torch.Tensor):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
         name = next((a.fsdp_name for a in args if isinstance(a, ShardedWeight)), "this weight")
-        raise RuntimeError(f"{name} is sharded by FSDP: each rank holds 1/N of it, and the full weight exists only "
-                           "during its module's forward and backward (a forward hook sees it). For the full "
-                           "weights, call fsdp.gather_full_params() on every rank (a collective); for this rank's "
-                           f"slice, fsdp.local_shards. ({getattr(func, '__name__', func)} was called on it.)")
+        raise RuntimeError(
+            f"{name} is sharded by FSDP: each rank holds 1/N of it, and the full weight exists only "
+            "during its module's forward and backward (a forward hook sees it). For the full "
+            "weights, call fsdp.gather_full_params() on every rank (a collective); for this rank's "
+            f"slice, fsdp.local_shards. ({getattr(func, '__name__', func)} was called on it.)"
+        )
 
 
 class _Shard:
@@ -121,13 +138,16 @@ class _Shard:
         self.padded = -(-self.numel // world) * world  # numel rounded up to a multiple of N
         n = self.padded // world
         flat = torch.zeros(self.padded, dtype=torch.float32, device=p.device)  # (padded,)
-        flat[:self.numel] = p.detach().reshape(-1)
-        self.param = nn.Parameter(flat[rank * n:(rank + 1) * n].clone(), requires_grad=p.requires_grad)  # (padded/N,)
+        flat[: self.numel] = p.detach().reshape(-1)
+        self.param = nn.Parameter(flat[rank * n : (rank + 1) * n].clone(), requires_grad=p.requires_grad)  # (padded/N,)
         self.pending = []  # reduce-scatters in flight: (handle, output slice, input kept alive)
         # the module's attribute outside the gathered window: on one rank the shard is the whole weight (a view of
         # it, current after every step); on N ranks a ShardedWeight that refuses to be read
-        self.outside = (self.param.detach().view(self.shape) if world == 1  # (*shape,)
-                        else ShardedWeight(name, self.shape, self.param.dtype))
+        self.outside = (
+            self.param.detach().view(self.shape)
+            if world == 1  # (*shape,)
+            else ShardedWeight(name, self.shape, self.param.dtype)
+        )
 
 
 class _Use:
@@ -156,8 +176,12 @@ class FSDP(nn.Module):
     """ZeRO-3 by hand: sharded fp32 master weights, gathered per module for forward and backward, gradients
     reduce-scattered as soon as each module's backward is done; see the module docstring."""
 
-    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None,
-                 shard_types: tuple[type, ...] = (nn.Linear, nn.Embedding)):
+    def __init__(
+        self,
+        module: nn.Module,
+        compute_dtype: torch.dtype | None = None,
+        shard_types: tuple[type, ...] = (nn.Linear, nn.Embedding),
+    ):
         super().__init__()
         shard_types = tuple(shard_types)
         self.device = self._check(module, compute_dtype, shard_types)
@@ -181,8 +205,11 @@ class FSDP(nn.Module):
                 del m._parameters[attr]  # the module now sees a plain tensor, set by the hooks
                 setattr(m, attr, self._shards[id(p)].outside)
             self._units[m] = [(attr, self._shards[id(p)]) for attr, p in params]
-            self._hooks.append(m.register_state_dict_post_hook(
-                lambda mod, state, prefix, _, attrs=[a for a, _ in params]: _list_weights(mod, state, prefix, attrs)))
+            self._hooks.append(
+                m.register_state_dict_post_hook(
+                    lambda mod, state, prefix, _, attrs=[a for a, _ in params]: _list_weights(mod, state, prefix, attrs)
+                )
+            )
         self.local_shards = nn.ParameterList([s.param for s in self._shards.values()])  # after .module: .parameters()
         self.replicated = [p for p in module.parameters() if p.requires_grad]  # what is left in the module
         self._by_name = {s.name: s for s in self._shards.values()}
@@ -202,22 +229,30 @@ class FSDP(nn.Module):
     def _check(module: nn.Module, compute_dtype, shard_types: tuple[type, ...]) -> torch.device:
         """Refuse what cannot work, with what to do instead; return the model's device."""
         if not dist.is_available() or not dist.is_initialized():
-            raise ValueError("FSDP needs torch.distributed initialised: run the code in a worker started by "
-                             "helpers.launch.launch(worker, world_size) (or under torchrun)")
+            raise ValueError(
+                "FSDP needs torch.distributed initialised: run the code in a worker started by "
+                "helpers.launch.launch(worker, world_size) (or under torchrun)"
+            )
         if compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype must be None, torch.float16 or torch.bfloat16, got {compute_dtype!r}")
         for name, p in module.named_parameters():
             if p.dtype != torch.float32:
-                raise ValueError(f"FSDP keeps fp32 master weights, but {name} is {p.dtype}: build the model in "
-                                 "float32 and pass compute_dtype= for lower-precision compute")
+                raise ValueError(
+                    f"FSDP keeps fp32 master weights, but {name} is {p.dtype}: build the model in "
+                    "float32 and pass compute_dtype= for lower-precision compute"
+                )
         sharded = {id(p) for m in module.modules() if isinstance(m, shard_types) for p in m.parameters(recurse=False)}
         if not sharded:
-            raise ValueError(f"FSDP found no parameters to shard: no {'/'.join(t.__name__ for t in shard_types)} "
-                             f"with parameters in this {type(module).__name__}; pass shard_types= with its layer types")
+            raise ValueError(
+                f"FSDP found no parameters to shard: no {'/'.join(t.__name__ for t in shard_types)} "
+                f"with parameters in this {type(module).__name__}; pass shard_types= with its layer types"
+            )
         for m in module.modules():
             if not isinstance(m, shard_types) and any(id(p) in sharded for p in m.parameters(recurse=False)):
-                raise ValueError(f"a {type(m).__name__} shares a parameter with a sharded module; add "
-                                 f"{type(m).__name__} to shard_types so that every use of it is gathered")
+                raise ValueError(
+                    f"a {type(m).__name__} shares a parameter with a sharded module; add "
+                    f"{type(m).__name__} to shard_types so that every use of it is gathered"
+                )
         return FSDP._check_device(module)
 
     @staticmethod
@@ -225,16 +260,23 @@ class FSDP(nn.Module):
         """The model's one device, if the process group's backend moves tensors there (NCCL: this rank's GPU)."""
         devices = {t.device for t in list(module.parameters()) + list(module.buffers())}
         if len(devices) > 1:
-            raise ValueError(f"FSDP needs the whole model on one device, found {sorted(map(str, devices))}: "
-                             "move it with model.to(helpers.launch.device())")
+            raise ValueError(
+                f"FSDP needs the whole model on one device, found {sorted(map(str, devices))}: "
+                "move it with model.to(helpers.launch.device())"
+            )
         device, backend = (devices.pop() if devices else torch.device("cpu")), str(dist.get_backend())
-        moves = ({part.split(":")[0] for part in backend.split(",")} if ":" in backend
-                 else {"nccl": {"cuda"}}.get(backend, {"cpu", "cuda"}))
+        moves = (
+            {part.split(":")[0] for part in backend.split(",")}
+            if ":" in backend
+            else {"nccl": {"cuda"}}.get(backend, {"cpu", "cuda"})
+        )
         if backend == "nccl" and device.type == "cuda" and device.index != torch.cuda.current_device():
             moves = set()  # NCCL works on the rank's current GPU
         if device.type not in moves:
-            raise ValueError(f"the model is on {device}, where this rank's {backend} process group does not move "
-                             f"tensors: move it with model.to(helpers.launch.device())")
+            raise ValueError(
+                f"the model is on {device}, where this rank's {backend} process group does not move "
+                f"tensors: move it with model.to(helpers.launch.device())"
+            )
         return device
 
     # ---- collectives, logged and timed ----
@@ -311,7 +353,7 @@ class FSDP(nn.Module):
         self._wait(use)
         grad = torch.is_grad_enabled()
         for k, (attr, shard) in enumerate(use.params):
-            full = use.flats[k][:shard.numel].view(shard.shape).data  # (*shape,) a leaf of its own, same storage
+            full = use.flats[k][: shard.numel].view(shard.shape).data  # (*shape,) a leaf of its own, same storage
             if grad and shard.param.requires_grad:
                 full.requires_grad_(True)
                 full.register_post_accumulate_grad_hook(lambda t, use=use, k=k: self._reduce_scatter_grad(use, k, t))
@@ -350,7 +392,7 @@ class FSDP(nn.Module):
         if not use.handles:  # not prefetched
             for k in range(len(use.flats)):
                 self._start_gather(use, k)
-        nxt = next((u for u in reversed(use.calls[:use.index]) if u.needs_backward and not u.backward_seen), None)
+        nxt = next((u for u in reversed(use.calls[: use.index]) if u.needs_backward and not u.backward_seen), None)
         if nxt is not None and not nxt.handles:
             for k in range(len(nxt.flats)):
                 self._start_gather(nxt, k)  # prefetch the module backward reaches next
@@ -361,7 +403,7 @@ class FSDP(nn.Module):
         shard = use.params[k][1]
         grad, full.grad = full.grad, None  # (*shape,) in compute dtype
         flat = torch.zeros(shard.padded, dtype=torch.float32, device=grad.device)  # (padded,)
-        flat[:shard.numel] = grad.reshape(-1)
+        flat[: shard.numel] = grad.reshape(-1)
         flat.div_(self.world)  # mean over ranks
         out = torch.empty_like(shard.param)  # (padded/N,)
         self.comm_log.append(("reduce_scatter", flat.numel() * flat.element_size()))
@@ -419,5 +461,5 @@ class FSDP(nn.Module):
             shard = self._by_name[name]
             flat = torch.empty(shard.padded, dtype=torch.float32, device=shard.param.device)  # (padded,)
             _all_gather(flat, value(shard.param).float())
-            out[name] = flat[:shard.numel].view(shard.shape).clone()  # (*shape,)
+            out[name] = flat[: shard.numel].view(shard.shape).clone()  # (*shape,)
         return out

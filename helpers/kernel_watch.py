@@ -9,6 +9,7 @@ compiled kernel that aborted with "free(): invalid pointer"). Two users:
   each notebook's kernel with its stderr kept here instead of thrown away, and checks between messages (every
   POLL_S) that the kernel still runs.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,7 @@ class KernelStderr:
         self.process = None  # the kernel's subprocess.Popen, once started
         self._tail = bytearray()
         self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, args=(read_fd, echo), daemon=True,
-                                        name="kernel-stderr")
+        self._reader = threading.Thread(target=self._read, args=(read_fd, echo), daemon=True, name="kernel-stderr")
         self._reader.start()
 
     def _read(self, read_fd: int, echo: int | None) -> None:
@@ -99,8 +99,9 @@ def _watched_kernel_class():
         def __init__(self, kernel_name, cwd=None, startup_timeout=60):
             self.stderr = KernelStderr()
             try:
-                self.km, self.kc = start_new_kernel(startup_timeout=startup_timeout, kernel_name=kernel_name,
-                                                    stderr=self.stderr.fd, cwd=cwd)
+                self.km, self.kc = start_new_kernel(
+                    startup_timeout=startup_timeout, kernel_name=kernel_name, stderr=self.stderr.fd, cwd=cwd
+                )
             finally:
                 self.stderr.close()
             self.stderr.process = getattr(self.km.provisioner, "process", None)

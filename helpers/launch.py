@@ -18,6 +18,7 @@ pickled by value (cloudpickle). The parent holds the rendezvous store on a port
 the OS picks, so two runs never collide on a port. Ranks do not print: they
 return values, and the parent prints and plots.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -151,7 +152,12 @@ def _worker(rank, world_size, backend, device_type, port, payload, workdir, thre
         os.replace(workdir / f"rank{rank}.tmp", workdir / f"rank{rank}.pt")  # whole or absent: the parent reads it
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-        error = {"time": time.time(), "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+        error = {
+            "time": time.time(),
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": traceback.format_exc(),
+        }
         (workdir / f"rank{rank}.err").write_text(json.dumps(error))
         os._exit(1)  # skip interpreter teardown: peers may be gone and gloo/NCCL could block in it
     finish()
@@ -172,6 +178,7 @@ def finish(code: int = 0) -> None:
     if compile_workers is not None:  # torch.compile's worker pool
         compile_workers.shutdown_compile_workers()
     from multiprocessing import util
+
     util._run_finalizers(0)  # what exit would release: semaphores (tqdm's lock) the parent's tracker would call leaked
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -214,9 +221,11 @@ def _failure(procs, first_dead: list[int], workdir: Path, world_size: int) -> Ra
         e, tb = errors[first], errors[first]["traceback"]
         msg = f"rank {first} of {world_size} raised {e['type']}: {e['message']}\n\n--- traceback from rank {first} ---\n{tb}"
     else:
-        msg = (f"rank {first} of {world_size} {describe_exit(procs[first].exitcode)} before or outside the worker's "
-               "Python code (out of memory, a crash in native code, os._exit; its stderr may say more). "
-               "In a script, call launch() under `if __name__ == \"__main__\":` since spawned ranks re-import it.")
+        msg = (
+            f"rank {first} of {world_size} {describe_exit(procs[first].exitcode)} before or outside the worker's "
+            "Python code (out of memory, a crash in native code, os._exit; its stderr may say more). "
+            'In a script, call launch() under `if __name__ == "__main__":` since spawned ranks re-import it.'
+        )
     if others:
         msg += "\n(" + "; ".join(others) + ")"
     return RankError(msg, rank=first, remote_traceback=tb)
@@ -249,8 +258,12 @@ def torchrun_topology() -> dict:
     dist.all_gather_object(names, socket.gethostname())
     nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
     hosts = len(set(names))
-    return {"nodes": nodes, "hosts": hosts, "simulated": nodes > hosts,
-            "topology": f"{nodes} node(s)" + (f" simulated on {hosts} host(s)" if nodes > hosts else "")}
+    return {
+        "nodes": nodes,
+        "hosts": hosts,
+        "simulated": nodes > hosts,
+        "topology": f"{nodes} node(s)" + (f" simulated on {hosts} host(s)" if nodes > hosts else ""),
+    }
 
 
 def _launch_torchrun(fn, world_size, args, backend, device_type, timeout_s):
@@ -258,8 +271,10 @@ def _launch_torchrun(fn, world_size, args, backend, device_type, timeout_s):
     global _DEVICE
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
-        raise ValueError(f"running under torchrun with WORLD_SIZE={env_world}; launch(..., world_size={world_size}) "
-                         "cannot change it: pass the torchrun world size or start torchrun with another one")
+        raise ValueError(
+            f"running under torchrun with WORLD_SIZE={env_world}; launch(..., world_size={world_size}) "
+            "cannot change it: pass the torchrun world size or start torchrun with another one"
+        )
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     backend, device_type = choose_backend(local_ranks, backend, device_type)
     _DEVICE = _rank_device(int(os.environ.get("LOCAL_RANK", 0)), device_type)
@@ -306,9 +321,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
         ctx.set_forkserver_preload(["helpers.launch"])  # torch and helpers imported once, in the server
     with tempfile.TemporaryDirectory(prefix="launch-") as workdir:
         procs = [
-            ctx.Process(target=_worker, name=f"rank{rank}",
-                        args=(rank, world_size, backend, device_type, store.port, payload, workdir, threads,
-                              dict(os.environ)))
+            ctx.Process(
+                target=_worker,
+                name=f"rank{rank}",
+                args=(rank, world_size, backend, device_type, store.port, payload, workdir, threads, dict(os.environ)),
+            )
             for rank in range(world_size)
         ]
         try:
@@ -327,9 +344,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
                 if left <= 0:
                     running = [r for r, p in enumerate(procs) if p.exitcode is None]
                     if not started:
-                        raise TimeoutError(f"launch: the {world_size} ranks did not all start within "
-                                           f"{STARTUP_S + timeout_s:g} s and were stopped (importing torch, the "
-                                           "rendezvous); a rank may be stuck before init_process_group")
+                        raise TimeoutError(
+                            f"launch: the {world_size} ranks did not all start within "
+                            f"{STARTUP_S + timeout_s:g} s and were stopped (importing torch, the "
+                            "rendezvous); a rank may be stuck before init_process_group"
+                        )
                     raise TimeoutError(
                         f"launch: {getattr(fn, '__name__', 'fn')} on {world_size} ranks did not finish within "
                         f"timeout_s={timeout_s:g} s of starting (ranks {running} still running) and was stopped. A "
@@ -355,13 +374,21 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
 
 # ---- small workers for notebook 00, `python -m helpers demo` and the tests ----
 
+
 def all_reduce_rank_ids() -> dict:
     """Each rank all-reduces its rank id; returns what it saw (the sum should be 0+1+...+(n-1))."""
     rank, world = dist.get_rank(), dist.get_world_size()
     t = torch.tensor([float(rank)], device=device())
     dist.all_reduce(t)
-    return {"rank": rank, "world_size": world, "backend": dist.get_backend(), "device": str(t.device),
-            "torch_threads": torch.get_num_threads(), "pid": os.getpid(), "sum": t.item()}
+    return {
+        "rank": rank,
+        "world_size": world,
+        "backend": dist.get_backend(),
+        "device": str(t.device),
+        "torch_threads": torch.get_num_threads(),
+        "pid": os.getpid(),
+        "sum": t.item(),
+    }
 
 
 def fail_on_rank(bad_rank: int = 1) -> int:
@@ -388,8 +415,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_simulated_nodes(argv: list[str], nodes: int = 2, timeout_s: float = 300,
-                        cwd=None) -> list[subprocess.CompletedProcess]:
+def run_simulated_nodes(
+    argv: list[str], nodes: int = 2, timeout_s: float = 300, cwd=None
+) -> list[subprocess.CompletedProcess]:
     """Rehearse a multi-node run on this machine: one torchrun agent per node (`--nnodes N --node-rank r`, one
     process each, c10d rendezvous on a free loopback port), each running `python -m helpers ARGV`. Every agent is
     killed if any fails or the run passes `timeout_s`. Real multi-node numbers need real nodes: this checks the path."""
@@ -397,12 +425,35 @@ def run_simulated_nodes(argv: list[str], nodes: int = 2, timeout_s: float = 300,
 
     port = free_port()
     run_id = uuid.uuid4().hex[:8]
-    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
-                                "--node-rank", str(r), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                                "--rdzv-id", run_id, "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "helpers", *argv],
-                               cwd=cwd or Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-              for r in range(nodes)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(nodes),
+                "--node-rank",
+                str(r),
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-id",
+                run_id,
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "-m",
+                "helpers",
+                *argv,
+            ],
+            cwd=cwd or Path(__file__).resolve().parent.parent,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(nodes)
+    ]
     try:
         outs = [a.communicate(timeout=timeout_s) for a in agents]
     finally:

@@ -11,6 +11,7 @@ PyTorch holds for tensors on any device (the CUDA caching allocator's rounding a
 cached blocks are not included; on CUDA `track` also reports the allocator's peak).
 Notebooks 01 (memory of one step) and 05 (optimizer-state sharding) use it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,6 +43,7 @@ def counting_meta():
 @dataclass
 class Allocation:
     """One live storage: bytes, the op that made it, the module it was made in, and an allocation id."""
+
     nbytes: int
     op: str
     module: str
@@ -77,7 +79,11 @@ class _Tracker(TorchDispatchMode):
 
     def add(self, t, op: str) -> None:
         """Count `t`'s storage if it is new (views and in-place results share one)."""
-        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or (t.device.type == "meta" and not _COUNT_META):
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.layout != torch.strided
+            or (t.device.type == "meta" and not _COUNT_META)
+        ):
             return
         storage = t.untyped_storage()
         key = storage_key(t)
@@ -116,6 +122,7 @@ class _Tracker(TorchDispatchMode):
 @dataclass
 class MemoryTrace:
     """What `track` measured: bytes now and at the peak, a timeline, and the live allocations."""
+
     peak_bytes: int
     current_bytes: int
     baseline_bytes: int
@@ -190,7 +197,7 @@ def track(fn, existing=(), model: torch.nn.Module | None = None, device=None) ->
     baseline = tracker.current
     tracker.timeline.append((0, baseline))
     try:
-        with (modules if modules is not None else contextlib.nullcontext()), tracker:
+        with modules if modules is not None else contextlib.nullcontext(), tracker:
             result = fn()
     finally:
         tracker.detach()
@@ -198,11 +205,21 @@ def track(fn, existing=(), model: torch.nn.Module | None = None, device=None) ->
     if cuda:
         torch.cuda.synchronize(dev)
         allocator_peak = torch.cuda.max_memory_allocated(dev)
-    return MemoryTrace(tracker.peak, tracker.current, baseline, tracker.timeline, dict(tracker.live),
-                       dict(tracker.history), set(tracker.peak_ids), allocator_peak, result)
+    return MemoryTrace(
+        tracker.peak,
+        tracker.current,
+        baseline,
+        tracker.timeline,
+        dict(tracker.live),
+        dict(tracker.history),
+        set(tracker.peak_ids),
+        allocator_peak,
+        result,
+    )
 
 
 # --- CUDA: the allocator's own record, for PyTorch's memory viewer -----------------------------
+
 
 def cuda_snapshot(fn, path, max_entries: int = 100_000):
     """Run fn() on CUDA recording allocator history; save a pickle for https://pytorch.org/memory_viz."""
@@ -230,10 +247,12 @@ def timeline_from_snapshot(snapshot: dict, device: int = 0) -> list[tuple[int, i
 
 # --- what is live before a step -----------------------------------------------------------------
 
+
 def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *batch) -> list:
     """Parameters, buffers, optimizer state and batch tensors: what is live before a step (pass as `existing`)."""
-    state = [t for s in (optimizer.state.values() if optimizer else []) for t in s.values()
-             if isinstance(t, torch.Tensor)]
+    state = [
+        t for s in (optimizer.state.values() if optimizer else []) for t in s.values() if isinstance(t, torch.Tensor)
+    ]
     return list(model.parameters()) + list(model.buffers()) + state + list(batch)
 
 

@@ -18,6 +18,7 @@ chosen so the LM head keeps its share of the matmul FLOPs. Run at a quarter of t
 (32 against 128, notebook 01's cpu profile), attention and softmax keep their shares too.
 `formulas.shape_ratios` computes those ratios; notebook 00 shows them side by side.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,6 +39,7 @@ ATTENTION_IMPLS = ("naive", "sdpa", "flash_pytorch", "flash_triton")  # ModelCon
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape of one TransformerLM, as plain data."""
+
     name: str
     d_model: int
     d_ff: int
@@ -69,8 +71,15 @@ def cpu_preset(cfg: ModelConfig) -> ModelConfig:
     d_model = n_heads * cfg.head_dim
     n_layers = math.ceil(cfg.n_layers / CPU_LAYERS)
     vocab = round(cfg.vocab_size * (n_layers * d_model) / (cfg.n_layers * cfg.d_model))  # keeps V / (L·d)
-    return dataclasses.replace(cfg, name=f"{cfg.name}/cpu", d_model=d_model, d_ff=cfg.d_ff * d_model // cfg.d_model,
-                               n_layers=n_layers, n_heads=n_heads, vocab_size=vocab)
+    return dataclasses.replace(
+        cfg,
+        name=f"{cfg.name}/cpu",
+        d_model=d_model,
+        d_ff=cfg.d_ff * d_model // cfg.d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        vocab_size=vocab,
+    )
 
 
 REFERENCE_SIZES = ["small", "medium", "large", "xl", "2.7B"]
@@ -85,13 +94,16 @@ _REFERENCE = [  # name, d_model, d_ff, n_layers, n_heads
 MODEL_SIZES: dict[str, ModelConfig] = {c.name: c for c in _REFERENCE + [cpu_preset(c) for c in _REFERENCE]}
 # The 2026 handout's Table 1 renames the sizes: its xl is the 2.7B's shape and it adds a 10B (context 512). They live
 # beside MODEL_SIZES, so "xl" keeps the 2024/2025 meaning the notebooks use; get_config("xl-2026") reads them.
-SIZES_2026: dict[str, ModelConfig] = {c.name: c for c in (
-    ModelConfig("small-2026", 768, 3072, 12, 12, context_length=512),
-    ModelConfig("medium-2026", 1024, 4096, 24, 16, context_length=512),
-    ModelConfig("large-2026", 1280, 5120, 36, 20, context_length=512),
-    ModelConfig("xl-2026", 2560, 10240, 32, 32, context_length=512),
-    ModelConfig("10B-2026", 4608, 12288, 50, 36, context_length=512),
-)}
+SIZES_2026: dict[str, ModelConfig] = {
+    c.name: c
+    for c in (
+        ModelConfig("small-2026", 768, 3072, 12, 12, context_length=512),
+        ModelConfig("medium-2026", 1024, 4096, 24, 16, context_length=512),
+        ModelConfig("large-2026", 1280, 5120, 36, 20, context_length=512),
+        ModelConfig("xl-2026", 2560, 10240, 32, 32, context_length=512),
+        ModelConfig("10B-2026", 4608, 12288, 50, 36, context_length=512),
+    )
+}
 
 
 def sizes_for(profile: str) -> list[str]:
@@ -131,10 +143,12 @@ class RMSNormTorch(nn.Module):
 
 def _rmsnorm_layer(impl: str) -> Callable[[int], nn.Module]:
     """A factory for helpers.rmsnorm.RMSNormLayer(d, impl), imported when a model asks for it (Triton is heavy)."""
+
     def make(d_model: int) -> nn.Module:
         from helpers.rmsnorm import RMSNormLayer
 
         return RMSNormLayer(d_model, impl=impl)
+
     return make
 
 
@@ -184,8 +198,11 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=-1)  # 3 x (B, T, C)
         q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         if self.impl != "naive":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if self.impl == "sdpa" else \
-                _flash(self.impl, q, k, v)  # (B, H, T, D)
+            y = (
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                if self.impl == "sdpa"
+                else _flash(self.impl, q, k, v)
+            )  # (B, H, T, D)
             return self.proj(y.transpose(1, 2).reshape(B, T, C))
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, T)
         scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))
@@ -264,9 +281,16 @@ def parameter_shapes(name_or_cfg: str | ModelConfig) -> dict[str, tuple[int, ...
     d = c.d_model
     shapes = {"tok_emb.weight": (c.vocab_size, d), "pos_emb.weight": (c.context_length, d)}
     for i in range(c.n_layers):
-        shapes.update({f"blocks.{i}.norm1.weight": (d,), f"blocks.{i}.attn.qkv.weight": (3 * d, d),
-                       f"blocks.{i}.attn.proj.weight": (d, d), f"blocks.{i}.norm2.weight": (d,),
-                       f"blocks.{i}.ffn.w1.weight": (c.d_ff, d), f"blocks.{i}.ffn.w2.weight": (d, c.d_ff)})
+        shapes.update(
+            {
+                f"blocks.{i}.norm1.weight": (d,),
+                f"blocks.{i}.attn.qkv.weight": (3 * d, d),
+                f"blocks.{i}.attn.proj.weight": (d, d),
+                f"blocks.{i}.norm2.weight": (d,),
+                f"blocks.{i}.ffn.w1.weight": (c.d_ff, d),
+                f"blocks.{i}.ffn.w2.weight": (d, c.d_ff),
+            }
+        )
     shapes.update({"norm_f.weight": (d,), "lm_head.weight": (c.vocab_size, d)})
     return shapes
 
@@ -288,8 +312,13 @@ def count_parameters(name_or_cfg: str | ModelConfig) -> int:
     return sum(parameter_breakdown(name_or_cfg).values())
 
 
-def random_batch(cfg: str | ModelConfig, batch_size: int, context_length: int | None = None,
-                 device="cpu", generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+def random_batch(
+    cfg: str | ModelConfig,
+    batch_size: int,
+    context_length: int | None = None,
+    device="cpu",
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
     """Random (inputs, targets) token ids, each (B, T) int64; targets are inputs shifted by one."""
     cfg = get_config(cfg)
     T = cfg.context_length if context_length is None else context_length

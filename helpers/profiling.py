@@ -12,6 +12,7 @@ Stacks come from the profiler's op tree, with each module's forward wrapped in a
 `record_function` labelled by its name and class; backward ops are attributed to
 the module whose forward op created them (the profiler's sequence numbers link the two).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,12 +25,21 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from helpers.timing import sync
 
-MATMUL_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-              "aten::_scaled_mm", "aten::addbmm"}
+MATMUL_OPS = {
+    "aten::mm",
+    "aten::bmm",
+    "aten::addmm",
+    "aten::baddbmm",
+    "aten::matmul",
+    "aten::linear",
+    "aten::_scaled_mm",
+    "aten::addbmm",
+}
 MATMUL_KERNEL_HINTS = ("gemm", "xmma", "cutlass", "cublas", "matmul", "wgmma")
 
 
 # --- running the profiler ------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def label_modules(model: nn.Module, nvtx: bool | None = None):
@@ -149,8 +159,18 @@ def op_table(prof, steps: int, top: int = 10) -> pd.DataFrame:
     rows = _leaf_times(prof)
     total = sum(t for _, t, _ in rows)
     launched = _launched_by(prof)[1] if getattr(prof, "device_type", "cpu") == "cuda" else {}
-    df = pd.DataFrame([{"op": n, "ms/step": t / 1e3 / steps, "share": t / total, "calls/step": c / steps,
-                        "class": launched.get(n) or op_class(n)} for n, t, c in rows])
+    df = pd.DataFrame(
+        [
+            {
+                "op": n,
+                "ms/step": t / 1e3 / steps,
+                "share": t / total,
+                "calls/step": c / steps,
+                "class": launched.get(n) or op_class(n),
+            }
+            for n, t, c in rows
+        ]
+    )
     return df.sort_values("ms/step", ascending=False).head(top).reset_index(drop=True)
 
 
@@ -176,6 +196,7 @@ def class_shares(prof) -> dict[str, float]:
 
 
 # --- stacks and the flame graph ------------------------------------------------------------------
+
 
 def module_stacks(prof) -> list[tuple[tuple[str, ...], float]]:
     """(stack of module labels ending in the op, self µs) per op event; backward ops under their forward's module.
@@ -260,8 +281,9 @@ def write_collapsed(stacks, path) -> Path:
     for frames, value in stacks:
         bad = next((f for f in frames if ";" in f or "\n" in f or not f), None)
         if bad is not None:
-            raise ValueError(f"frame {bad!r} of stack {frames} cannot be written: frames must be non-empty, "
-                             "without ';' or newlines")
+            raise ValueError(
+                f"frame {bad!r} of stack {frames} cannot be written: frames must be non-empty, without ';' or newlines"
+            )
         merged[tuple(frames)] = merged.get(tuple(frames), 0.0) + value
     lines = [f"{';'.join(frames)} {round(value)}" for frames, value in merged.items() if round(value) > 0]
     path = Path(path)
@@ -286,6 +308,7 @@ def flame_rects(stacks) -> list[dict]:
             rects.append({"name": name, "depth": depth, "start": start, "width": node["_v"]})
             walk(node["_kids"], depth + 1, start)
             start += node["_v"]
+
     walk(tree, 0, 0.0)
     return rects
 
@@ -360,13 +383,24 @@ def _flame_key(ax, key: dict, fontsize: float, grow_figure: bool) -> None:
     columns = 3 if len(entries) > 8 else 2
     if grow_figure:
         fig.set_figheight(fig.get_figheight() + 0.16 * -(-len(entries) // columns) + 0.2)
-    ax.legend([Patch(color=colour) for _, (_, colour) in entries],
-              [f"[{number}] {name}" for name, (number, _) in entries],
-              loc="upper left", bbox_to_anchor=(0, 0), bbox_transform=below, ncol=columns, fontsize=fontsize,
-              frameon=False, handlelength=1, title="shortened labels", title_fontsize=fontsize, alignment="left")
+    ax.legend(
+        [Patch(color=colour) for _, (_, colour) in entries],
+        [f"[{number}] {name}" for name, (number, _) in entries],
+        loc="upper left",
+        bbox_to_anchor=(0, 0),
+        bbox_transform=below,
+        ncol=columns,
+        fontsize=fontsize,
+        frameon=False,
+        handlelength=1,
+        title="shortened labels",
+        title_fontsize=fontsize,
+        alignment="left",
+    )
 
 
 # --- FLOPs as torch counts them -----------------------------------------------------------------
+
 
 def counted_flops(fn) -> int:
     """FLOPs torch.utils.flop_counter.FlopCounterMode counts while fn() runs (matmuls and convolutions)."""

@@ -9,6 +9,7 @@
 A file is JSON lines: first `{"provenance": {...}}`, then one object per row.
 "local" runs are made here (git-ignored); "reference" runs were made elsewhere and are committed.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,11 @@ KINDS = ("local", "reference")
 
 def git_commit(root: Path = ROOT) -> str | None:
     """Short HEAD commit of the repo at `root`, "-dirty" when tracked files changed; None without git or repo."""
+
     def git(*args):
         out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
         return out.stdout.strip() if out.returncode == 0 else None
+
     try:
         top = git("rev-parse", "--show-toplevel")
         if top is None or Path(top).resolve() != Path(root).resolve():
@@ -94,8 +97,7 @@ def _jsonable(value, key: str = ""):
     raise TypeError(f"cannot save {key or 'value'}={value!r} ({type(value).__name__}) as JSON")
 
 
-def save_results(rows, name: str, profile: str | None = None, kind: str = "local", directory=None,
-                 **extra) -> Path:
+def save_results(rows, name: str, profile: str | None = None, kind: str = "local", directory=None, **extra) -> Path:
     """Write tidy rows (list of dicts or DataFrame) with provenance to <kind>/<device>/<name>.jsonl; return the path."""
     if isinstance(rows, pd.DataFrame):
         rows = rows.to_dict(orient="records")

@@ -25,6 +25,7 @@ whole tensor, so
 Half the latency terms, about N/2 times the bytes: it wins for small messages (alpha > S (N-2) / (N W),
 `crossover_bytes`), and always at N = 2, where both move S bytes per rank.
 """
+
 from __future__ import annotations
 
 import torch
@@ -96,8 +97,8 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> int:
     sent = 0
     for s in range(world - 1):  # reduce-scatter: partial sums travel, growing by one rank's share per step
         out, into = (rank - s) % world, (rank - s - 1) % world
-        _exchange(chunks[out], received[:sizes[into]], nxt, prev, group)
-        chunks[into].add_(received[:sizes[into]])
+        _exchange(chunks[out], received[: sizes[into]], nxt, prev, group)
+        chunks[into].add_(received[: sizes[into]])
         sent += chunks[out].numel() * flat.element_size()
     for s in range(world - 1):  # all-gather: rank r starts with the finished chunk (r+1) mod N
         out, into = (rank + 1 - s) % world, (rank - s) % world

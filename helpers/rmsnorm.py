@@ -9,6 +9,7 @@ The benchmarks (notebook 02, `python -m helpers bench rmsnorm`) are in helpers.e
 Every Triton kernel has its PyTorch spec right above it. Without CUDA the kernels run in
 Triton's interpreter on CPU tensors (`import helpers` sets TRITON_INTERPRET=1): correct, but slow.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,6 +31,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # ---- PyTorch: the reference and the hand-derived gradients --------------------------------------------------
+
 
 def _up(t: Tensor) -> Tensor:
     """t in at least fp32 (fp16/bf16 -> fp32; fp32 and fp64 stay): where every norm accumulates."""
@@ -91,8 +93,10 @@ def _check(x: Tensor, g: Tensor, need_triton: bool = True) -> None:
     if x.dtype not in DTYPES or g.dtype not in DTYPES:
         raise ValueError(f"Triton RMSNorm supports {DTYPES}; got x {x.dtype}, g {g.dtype}: cast first")
     if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("CPU tensors need Triton's interpreter: move x and g to CUDA, or set TRITON_INTERPRET=1 "
-                         "before triton is imported (import helpers first)")
+        raise ValueError(
+            "CPU tensors need Triton's interpreter: move x and g to CUDA, or set TRITON_INTERPRET=1 "
+            "before triton is imported (import helpers first)"
+        )
 
 
 # ---- Triton: fused forward, backward with a two-stage dg reduction -------------------------------------------
@@ -101,7 +105,6 @@ def _check(x: Tensor, g: Tensor, need_triton: bool = True) -> None:
 # (`python -m helpers kernels` compiles every configuration for sm_80 and sm_90a and counts spills).
 
 if triton is not None:
-
     # spec: y[row] = x[row] * rrms[row] * g with rrms[row] = 1 / sqrt(mean(x[row]^2) + eps)  (rmsnorm_reference)
     @triton.jit
     def rmsnorm_fwd_kernel(x_ptr, g_ptr, y_ptr, rrms_ptr, H, eps, BLOCK_H: tl.constexpr, CHUNKS: tl.constexpr):
@@ -133,8 +136,7 @@ if triton is not None:
 
     # spec: dot[row] = mean(dy[row] * g * xhat[row]), xhat = x * rrms  (the per-row term of rmsnorm_backward_x)
     @triton.jit
-    def rmsnorm_bwd_dot_kernel(dy_ptr, x_ptr, g_ptr, rrms_ptr, dot_ptr, H, BLOCK_H: tl.constexpr,
-                               CHUNKS: tl.constexpr):
+    def rmsnorm_bwd_dot_kernel(dy_ptr, x_ptr, g_ptr, rrms_ptr, dot_ptr, H, BLOCK_H: tl.constexpr, CHUNKS: tl.constexpr):
         """Wide rows only: one program per row sums dy * g * xhat over the row's blocks (fp32)."""
         row = tl.program_id(0).to(tl.int64)
         acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
@@ -149,8 +151,20 @@ if triton is not None:
 
     # spec: dx = rmsnorm_backward_x(dy, x, g); dg_partial[p] = sum over program p's rows of dy * x * rrms
     @triton.jit
-    def rmsnorm_bwd_kernel(dy_ptr, x_ptr, g_ptr, rrms_ptr, dot_ptr, dx_ptr, dg_partial_ptr, n_rows, H,
-                           rows_per_program, BLOCK_H: tl.constexpr, CHUNKS: tl.constexpr):
+    def rmsnorm_bwd_kernel(
+        dy_ptr,
+        x_ptr,
+        g_ptr,
+        rrms_ptr,
+        dot_ptr,
+        dx_ptr,
+        dg_partial_ptr,
+        n_rows,
+        H,
+        rows_per_program,
+        BLOCK_H: tl.constexpr,
+        CHUNKS: tl.constexpr,
+    ):
         """Program (p, c) handles rows [p*rows_per_program, ...) in column block c: dx, and its share of dg in fp32
         registers. One block per row: the row's dot product is computed here; wider rows read it from dot_ptr."""
         pid = tl.program_id(0).to(tl.int64)
@@ -192,6 +206,7 @@ if triton is not None:
 @dataclass(frozen=True)
 class LaunchConfig:
     """How a kernel covers a row of H columns: CHUNKS blocks of BLOCK_H, with num_warps warps per program."""
+
     block_h: int
     chunks: int
     num_warps: int
@@ -226,13 +241,15 @@ def rmsnorm_triton_forward(x2: Tensor, g: Tensor, max_block: int | None = None) 
     rrms = torch.empty(n_rows, device=x2.device, dtype=torch.float32)
     if n_rows:
         cfg = launch_config(H, "forward", max_block)
-        rmsnorm_fwd_kernel[(n_rows,)](x2, g, y, rrms, H, EPS, BLOCK_H=cfg.block_h, CHUNKS=cfg.chunks,
-                                      num_warps=cfg.num_warps)
+        rmsnorm_fwd_kernel[(n_rows,)](
+            x2, g, y, rrms, H, EPS, BLOCK_H=cfg.block_h, CHUNKS=cfg.chunks, num_warps=cfg.num_warps
+        )
     return y, rrms
 
 
-def rmsnorm_triton_backward(dy2: Tensor, x2: Tensor, g: Tensor, rrms: Tensor,
-                            max_block: int | None = None) -> tuple[Tensor, Tensor]:
+def rmsnorm_triton_backward(
+    dy2: Tensor, x2: Tensor, g: Tensor, rrms: Tensor, max_block: int | None = None
+) -> tuple[Tensor, Tensor]:
     """Launch the backward kernels on contiguous (N, H) tensors: returns dx (N, H) and dg (H,)."""
     n_rows, H = x2.shape
     cfg = launch_config(H, "backward", max_block)
@@ -244,10 +261,24 @@ def rmsnorm_triton_backward(dy2: Tensor, x2: Tensor, g: Tensor, rrms: Tensor,
     dg = torch.empty_like(g)
     if n_rows:
         if cfg.chunks > 1:
-            rmsnorm_bwd_dot_kernel[(n_rows,)](dy2, x2, g, rrms, dot, H, BLOCK_H=cfg.block_h, CHUNKS=cfg.chunks,
-                                              num_warps=cfg.num_warps)
-        rmsnorm_bwd_kernel[(programs, cfg.chunks)](dy2, x2, g, rrms, dot, dx, partial, n_rows, H, rows_per_program,
-                                                   BLOCK_H=cfg.block_h, CHUNKS=cfg.chunks, num_warps=cfg.num_warps)
+            rmsnorm_bwd_dot_kernel[(n_rows,)](
+                dy2, x2, g, rrms, dot, H, BLOCK_H=cfg.block_h, CHUNKS=cfg.chunks, num_warps=cfg.num_warps
+            )
+        rmsnorm_bwd_kernel[(programs, cfg.chunks)](
+            dy2,
+            x2,
+            g,
+            rrms,
+            dot,
+            dx,
+            partial,
+            n_rows,
+            H,
+            rows_per_program,
+            BLOCK_H=cfg.block_h,
+            CHUNKS=cfg.chunks,
+            num_warps=cfg.num_warps,
+        )
     else:
         partial.zero_()
     sum_rows_kernel[(triton.cdiv(H, SUM_ROWS["BLOCK_C"]),)](partial, dg, programs, H, **SUM_ROWS)

@@ -14,6 +14,7 @@ Zero1Optimizer cuts one flat buffer per param group into N equal slices, so each
 Their memory and bytes in closed form are in helpers.formulas; the workers notebook 05 runs with them, and
 `python -m helpers bench sharding`, in helpers.experiments.sharding.
 """
+
 from __future__ import annotations
 
 import time
@@ -150,8 +151,10 @@ class ShardedOptimizer(_Sharded):
     def _local_state(self) -> dict:
         """This rank's state keyed by global index, on the CPU."""
         index = self._index()
-        return {index[p]: {k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in s.items()}
-                for p, s in self.local.state.items()}
+        return {
+            index[p]: {k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in s.items()}
+            for p, s in self.local.state.items()
+        }
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Collective (every rank calls it): gather all ranks' state on rank `to`; its state_dict() then has it all."""
@@ -165,12 +168,15 @@ class ShardedOptimizer(_Sharded):
     def state_dict(self) -> dict:
         """The whole optimizer's state in torch's format (loadable by optimizer_cls and at any world size)."""
         if self.world > 1 and self._consolidated is None:
-            raise RuntimeError("call consolidate_state_dict(to=r) on every rank after the last step, then state_dict() "
-                               "on rank r")
+            raise RuntimeError(
+                "call consolidate_state_dict(to=r) on every rank after the last step, then state_dict() on rank r"
+            )
         state = self._consolidated if self.world > 1 else self._local_state()
         index = self._index()
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[p] for p in g["params"]]}
-                  for g in self.param_groups]
+        groups = [
+            {**{k: v for k, v in g.items() if k != "params"}, "params": [index[p] for p in g["params"]]}
+            for g in self.param_groups
+        ]
         return {"state": dict(sorted(state.items())), "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -220,9 +226,11 @@ class Zero1Optimizer(_Sharded):
         full = self.param_groups[-1]
         params = [p for p in full["params"] if p.requires_grad]  # frozen ones stay out: never updated
         if len({(p.dtype, p.device) for p in params}) > 1:
-            raise ValueError("Zero1Optimizer keeps one flat buffer per param group, so a group's parameters need one "
-                             f"dtype and device; got {sorted({f'{p.dtype} on {p.device}' for p in params})}. "
-                             "Put each kind in a param group of its own.")
+            raise ValueError(
+                "Zero1Optimizer keeps one flat buffer per param group, so a group's parameters need one "
+                f"dtype and device; got {sorted({f'{p.dtype} on {p.device}' for p in params})}. "
+                "Put each kind in a param group of its own."
+            )
         numel = sum(p.numel() for p in params)
         S = -(-numel // self.world)  # shard length, ceil(numel / N)
         like = params[0] if params else torch.empty(0)
@@ -236,8 +244,8 @@ class Zero1Optimizer(_Sharded):
                 with no_python_refs():
                     dist.broadcast(flat, 0)  # every rank starts from rank 0's parameters
         grad_views = [v.view_as(p) for p, v in zip(params, grad[:numel].split([p.numel() for p in params]))]
-        shard = flat[self.rank * S:(self.rank + 1) * S]  # (S,) a view: updating it updates the parameters
-        shard.grad = grad[self.rank * S:(self.rank + 1) * S]  # (S,)
+        shard = flat[self.rank * S : (self.rank + 1) * S]  # (S,) a view: updating it updates the parameters
+        shard.grad = grad[self.rank * S : (self.rank + 1) * S]  # (S,)
         self.flats.append(dict(params=params, flat=flat, grad=grad, grad_views=grad_views, shard=shard))
         self._add_local_group(full, [shard])
 
@@ -252,9 +260,11 @@ class Zero1Optimizer(_Sharded):
 
     def _step(self) -> None:
         if not all(_lives_in(p, f["flat"]) for f in self.flats for p in f["params"]):
-            raise RuntimeError("a parameter no longer lives in Zero1Optimizer's flat buffer (model.to(), .half() or "
-                               "a .data assignment after the optimizer was built); build the optimizer after "
-                               "moving or casting the model")
+            raise RuntimeError(
+                "a parameter no longer lives in Zero1Optimizer's flat buffer (model.to(), .half() or "
+                "a .data assignment after the optimizer was built); build the optimizer after "
+                "moving or casting the model"
+            )
         for f in self.flats:  # a gradient not in the buffer (zero_grad was skipped or bypassed): copy it in
             for p, v in zip(f["params"], f["grad_views"]):
                 if p.grad is None:

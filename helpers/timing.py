@@ -11,6 +11,7 @@ On CUDA each step is timed by a CUDA event pair on the current stream and the ho
 synchronizes once at the end, so steps overlap as in a training loop; on CPU, whose
 ops are synchronous, `time.perf_counter()` around each call is enough.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -136,17 +137,27 @@ class Timing:
 
     def as_row(self, **extra) -> dict:
         """One tidy-table row: label, device, counts and the summary statistics in seconds, plus `extra`."""
-        row = {"label": self.label, "device": self.device, "warmup": self.warmup, "steps": self.steps,
-               "mean_s": self.mean, "std_s": self.std, "median_s": self.median,
-               "min_s": self.min, "max_s": self.max}
+        row = {
+            "label": self.label,
+            "device": self.device,
+            "warmup": self.warmup,
+            "steps": self.steps,
+            "mean_s": self.mean,
+            "std_s": self.std,
+            "median_s": self.median,
+            "min_s": self.min,
+            "max_s": self.max,
+        }
         row.update(extra)
         return row
 
     def __str__(self) -> str:
         (median, mean, std), unit = _format_seconds(self.median, self.mean, self.std)
         head = f"{self.label}: " if self.label else ""
-        return (f"{head}median {median} {unit} (mean {mean} ± {std} {unit}, "
-                f"n={self.steps}, warm-up {self.warmup}, {self.device})")
+        return (
+            f"{head}median {median} {unit} (mean {mean} ± {std} {unit}, "
+            f"n={self.steps}, warm-up {self.warmup}, {self.device})"
+        )
 
 
 def time_call(fn, device=None) -> tuple[object, float]:
@@ -200,8 +211,9 @@ def _time_steps_host(fn, steps: int, dev: torch.device, on_step) -> list[float]:
     return samples
 
 
-def benchmark(fn, warmup: int = 3, steps: int = 10, device=None, progress: bool | None = None,
-              label: str = "") -> Timing:
+def benchmark(
+    fn, warmup: int = 3, steps: int = 10, device=None, progress: bool | None = None, label: str = ""
+) -> Timing:
     """Call `fn()` `warmup` times untimed, then `steps` times timed; return every sample in seconds."""
     if warmup < 0 or steps < 1:
         raise ValueError(f"need warmup >= 0 and steps >= 1, got warmup={warmup}, steps={steps}")
@@ -226,12 +238,13 @@ def benchmark(fn, warmup: int = 3, steps: int = 10, device=None, progress: bool 
 
 # ---- comparisons: interleaved, reported as a ratio with its spread --------------------------------------------
 
+
 def interleaved(steps_by_label: dict, steps: int, warmup: int) -> dict[str, list]:
     """Call every label's step(i) once per round, the order reversed every other round (A B, B A, ...), so drift and
     caches hit all alike; keep what each returns from the `steps` rounds after `warmup` untimed ones."""
     labels, kept = list(steps_by_label), {label: [] for label in steps_by_label}
     for i in range(warmup + steps):
-        for label in (labels if i % 2 == 0 else labels[::-1]):
+        for label in labels if i % 2 == 0 else labels[::-1]:
             out = steps_by_label[label](i)
             if i >= warmup:
                 kept[label].append(out)
@@ -245,6 +258,7 @@ MIN_PAIRS = 6  # fewer pairs cannot tell: all k ratios on one side of 1 by chanc
 @dataclass(frozen=True)
 class Ratio:
     """The median of paired ratios a_i / b_i with a bootstrap confidence interval: is a measurably slower/faster?"""
+
     median: float
     low: float
     high: float
@@ -287,6 +301,7 @@ def verdict(a: str, b: str, ratio: Ratio, what: str = "time") -> str:
 @dataclass
 class Comparison:
     """Samples of several callables timed in one interleaved loop; ratios against a baseline with their spread."""
+
     samples: dict[str, list[float]]
     baseline: str
     device: str
@@ -306,8 +321,18 @@ class Comparison:
         for label, s in self.samples.items():
             r = self.ratio(label)
             p25, p50, p75 = np.percentile(s, [25, 50, 75])
-            rows.append({"label": label, "median_s": p50, "p25_s": p25, "p75_s": p75, "ratio": r.median,
-                         "ratio_low": r.low, "ratio_high": r.high, "measurable": r.differs or label == self.baseline})
+            rows.append(
+                {
+                    "label": label,
+                    "median_s": p50,
+                    "p25_s": p25,
+                    "p75_s": p75,
+                    "ratio": r.median,
+                    "ratio_low": r.low,
+                    "ratio_high": r.high,
+                    "measurable": r.differs or label == self.baseline,
+                }
+            )
         return pd.DataFrame(rows).set_index("label")
 
 
@@ -323,11 +348,14 @@ def compare(fns: dict, steps: int = 20, warmup: int = 3, device=None, baseline: 
 
 # ---- ratios as saved rows (results files; the answers page reads them back) ----
 
+
 def pairwise_ratios(samples: dict, **keys) -> list[dict]:
     """Every ordered pair (a, b) of samples timed in ONE interleaved loop: a's time over b's, paired round by round,
     with its bootstrap interval (the rows the answers page reads; `keys` say which loop)."""
-    return [{**keys, "a": a, "b": b, **ratio_columns(paired_ratio(samples[a], samples[b]))}
-            for a, b in itertools.permutations(samples, 2)]
+    return [
+        {**keys, "a": a, "b": b, **ratio_columns(paired_ratio(samples[a], samples[b]))}
+        for a, b in itertools.permutations(samples, 2)
+    ]
 
 
 def ratio_columns(r: Ratio) -> dict:

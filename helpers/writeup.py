@@ -17,6 +17,7 @@ code inputs are folded under a "code" toggle, and the clone's absolute path
 is replaced by paths relative to the repository root. Extra pages (an answers
 page, say) are built after the notebooks ran and linked first from the index.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,11 @@ ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 CSS_COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
 # tqdm's bars: "50%|█████     | 5/10 [00:01<00:01, ...]" or, without a total, "12it [00:01, ...]"
 PROGRESS_BAR = re.compile(r"\|[^|\n]*\|\s*\S+/\S+\s*\[|\d+\w*\s*\[\d+:\d+")
-LOADED_URL = re.compile(r"<(?:script|img|iframe|source|audio|video|embed)\b[^>]*?\ssrc=[\"']?(?!data:)([^\"'\s>]+)"
-                        r"|<link\b[^>]*?\shref=[\"']?(?!data:)([^\"'\s>]+)", re.IGNORECASE)
+LOADED_URL = re.compile(
+    r"<(?:script|img|iframe|source|audio|video|embed)\b[^>]*?\ssrc=[\"']?(?!data:)([^\"'\s>]+)"
+    r"|<link\b[^>]*?\shref=[\"']?(?!data:)([^\"'\s>]+)",
+    re.IGNORECASE,
+)
 
 # The "lab" template without anything loaded from the network, each code input folded under "code".
 OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
@@ -149,9 +153,14 @@ def execute(path: Path, params: dict, timeout_s: int = 3600):
     inject_parameters(nb, **params)
     # The kernel's own stderr (what C code and child processes write; what a crash writes last) goes to its stderr
     # file descriptor, not into the notebook, as under nbval: through `stderr` to this process's stderr.
-    client = NotebookClient(nb, kernel_manager_class=_this_python_kernel_manager(), kernel_name="python3",
-                            timeout=timeout_s, resources={"metadata": {"path": str(path.parent)}},
-                            extra_arguments=["--IPKernelApp.capture_fd_output=False"])
+    client = NotebookClient(
+        nb,
+        kernel_manager_class=_this_python_kernel_manager(),
+        kernel_name="python3",
+        timeout=timeout_s,
+        resources={"metadata": {"path": str(path.parent)}},
+        extra_arguments=["--IPKernelApp.capture_fd_output=False"],
+    )
     stderr = KernelStderr(echo=2)
     running = ["start-up"]
     client.on_cell_execute = lambda cell, cell_index: running.append(f"cell {cell_index} (id {cell.get('id')})")
@@ -225,10 +234,14 @@ class OfflineHTMLExporter(HTMLExporter):
     @pass_context
     def markdown2html(self, context, source):
         """Markdown cell to HTML, as nbconvert does it but with MathMLRenderer."""
-        renderer = MathMLRenderer(escape=False, attachments=context.get("cell", {}).get("attachments", {}),
-                                  embed_images=True, path=context["resources"]["metadata"].get("path", ""),
-                                  anchor_link_text=self.anchor_link_text,
-                                  exclude_anchor_links=self.exclude_anchor_links)
+        renderer = MathMLRenderer(
+            escape=False,
+            attachments=context.get("cell", {}).get("attachments", {}),
+            embed_images=True,
+            path=context["resources"]["metadata"].get("path", ""),
+            anchor_link_text=self.anchor_link_text,
+            exclude_anchor_links=self.exclude_anchor_links,
+        )
         return MarkdownWithMath(renderer=renderer).render(source)
 
 
@@ -277,8 +290,12 @@ def relative_paths(page: str, root: Path = ROOT) -> str:
 
 def _without_css_comments(page: str) -> str:
     """The page with comments removed from its <style> blocks (the lab theme's credits carry URLs)."""
-    return re.sub(r"(<style[^>]*>)(.*?)(</style>)", lambda m: m[1] + CSS_COMMENT.sub("", m[2]) + m[3], page,
-                  flags=re.DOTALL | re.IGNORECASE)
+    return re.sub(
+        r"(<style[^>]*>)(.*?)(</style>)",
+        lambda m: m[1] + CSS_COMMENT.sub("", m[2]) + m[3],
+        page,
+        flags=re.DOTALL | re.IGNORECASE,
+    )
 
 
 def network_references(page: str) -> list[str]:
@@ -291,8 +308,12 @@ def export_html(nb, out: Path, title: str, hide_code: bool = False, notebook_dir
 
     `notebook_dir` is where markdown image paths are read from. Raises ExportError naming the notebook.
     """
-    exporter = OfflineHTMLExporter(template_name="lab", template_file="offline.html.j2", exclude_input=hide_code,
-                                   extra_loaders=[DictLoader({"offline.html.j2": OFFLINE_TEMPLATE})])
+    exporter = OfflineHTMLExporter(
+        template_name="lab",
+        template_file="offline.html.j2",
+        exclude_input=hide_code,
+        extra_loaders=[DictLoader({"offline.html.j2": OFFLINE_TEMPLATE})],
+    )
     resources = {"metadata": {"name": title, "path": str(notebook_dir)}}
     try:
         body, _ = exporter.from_notebook_node(offline_copy(nb), resources=resources)
@@ -318,8 +339,13 @@ def _status(entry: dict) -> str:
 
 HEADLINE_TAG = "headline"  # the cell whose plot stands for its notebook on the front page
 LEFT_OUT = "not timed here (budget)"  # how helpers.budget's notes begin (Plan.note)
-LEFT_OUT_LINES = (LEFT_OUT, "left out of the seed's grid here:", "rmsnorm_triton is left out",
-                  "Triton is not timed here", "not timed on ")  # how the notebooks' printed notes of a cut begin
+LEFT_OUT_LINES = (
+    LEFT_OUT,
+    "left out of the seed's grid here:",
+    "rmsnorm_triton is left out",
+    "Triton is not timed here",
+    "not timed on ",
+)  # how the notebooks' printed notes of a cut begin
 Front = Callable[[str, str], str]  # front(notebook file name, profile) -> one HTML sentence from its saved results
 
 
@@ -359,39 +385,56 @@ background:#f6f6f6} section.nb h2{font-size:1.1rem;margin:0 0 .4rem} .claim{font
 
 def _front_section(entry: dict, out_dir: Path, sentence: str) -> str:
     """One notebook on the front page: headline figure, measured sentence, run time and status, what was left out."""
-    figure = (f"<img class='headline' alt='headline plot of {html.escape(entry['notebook'])}' "
-              f"src='data:image/png;base64,{entry['figure']}'>" if entry.get("figure") else
-              "<div class='nofig'>no headline plot in this run</div>")
+    figure = (
+        f"<img class='headline' alt='headline plot of {html.escape(entry['notebook'])}' "
+        f"src='data:image/png;base64,{entry['figure']}'>"
+        if entry.get("figure")
+        else "<div class='nofig'>no headline plot in this run</div>"
+    )
     notes = entry.get("left_out") or []
-    left = ("<ul class='left-out'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else
-            "<p class='left-out'>nothing left out</p>")
+    left = (
+        "<ul class='left-out'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"
+        if notes
+        else "<p class='left-out'>nothing left out</p>"
+    )
     status = f"<span class='status{'' if entry['error'] is None else ' failed'}'>{_status(entry)}</span>"
-    return (f"<section class='nb' data-notebook='{html.escape(entry['notebook'])}'><figure>{figure}</figure><div>"
-            f"<h2>{_link(entry, out_dir)}</h2><p class='claim'>{sentence}</p>"
-            f"<p class='meta'>{html.escape(entry['notebook'])} · ran in {entry['seconds']:.0f} s · {status}</p>"
-            f"{left}</div></section>")
+    return (
+        f"<section class='nb' data-notebook='{html.escape(entry['notebook'])}'><figure>{figure}</figure><div>"
+        f"<h2>{_link(entry, out_dir)}</h2><p class='claim'>{sentence}</p>"
+        f"<p class='meta'>{html.escape(entry['notebook'])} · ran in {entry['seconds']:.0f} s · {status}</p>"
+        f"{left}</div></section>"
+    )
 
 
-def write_index(entries: list[dict], out_dir: Path, profile: str, pages: Sequence[dict] = (),
-                budget: str = "auto", front: Front | None = None) -> Path:
+def write_index(
+    entries: list[dict],
+    out_dir: Path,
+    profile: str,
+    pages: Sequence[dict] = (),
+    budget: str = "auto",
+    front: Front | None = None,
+) -> Path:
     """writeups/index.html: title, device, profile and time budget, date, the extra pages first, then per notebook
     its headline figure, front(notebook, profile)'s measured sentence, run time, status and what the budget left
     out."""
     from helpers.env import machine_facts
 
     facts = machine_facts()
-    budget_note = ("" if profile != "cpu" and budget == "auto" else
-                   f" (time budget {html.escape(str(budget))}: each notebook names what it left out and the command "
-                   "that runs it)")
+    budget_note = (
+        ""
+        if profile != "cpu" and budget == "auto"
+        else f" (time budget {html.escape(str(budget))}: each notebook names what it left out and the command "
+        "that runs it)"
+    )
     extra = "\n".join(f"<li>{_link(p, out_dir)}{'' if p['error'] is None else ' · ' + _status(p)}</li>" for p in pages)
     sections = "\n".join(_front_section(e, out_dir, _sentence(front, e["notebook"], profile)) for e in entries)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>LLM systems companion: writeups</title>
 <style>{INDEX_CSS}</style>
 </head><body><h1>LLM systems companion: writeups</h1>
-<p>Device: <b>{html.escape(facts['device'])}</b> ({facts['cpu_count']} CPU cores, {facts['gpu_count']} GPU(s));
-profile: <b>{html.escape(profile)}</b>{budget_note}; torch {facts['torch']}, triton {facts['triton']};
-made {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.</p>
-{f'<ul class="pages">{chr(10)}{extra}{chr(10)}</ul>' if pages else ''}
+<p>Device: <b>{html.escape(facts["device"])}</b> ({facts["cpu_count"]} CPU cores, {facts["gpu_count"]} GPU(s));
+profile: <b>{html.escape(profile)}</b>{budget_note}; torch {facts["torch"]}, triton {facts["triton"]};
+made {datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}.</p>
+{f'<ul class="pages">{chr(10)}{extra}{chr(10)}</ul>' if pages else ""}
 {sections}
 </body></html>
 """
@@ -424,8 +467,15 @@ def run_notebook(path: Path, out_dir: Path, params: dict, *, hide_code: bool, ti
     except ExportError as exc:
         out.unlink(missing_ok=True)  # no stale page from an earlier run
         error = str(exc) if error is None else f"{error}; {exc}"
-    return {"notebook": path.name, "title": title, "html": out.name, "seconds": seconds, "error": error,
-            "figure": headline_figure(nb), "left_out": left_out_notes(nb)}
+    return {
+        "notebook": path.name,
+        "title": title,
+        "html": out.name,
+        "seconds": seconds,
+        "error": error,
+        "figure": headline_figure(nb),
+        "left_out": left_out_notes(nb),
+    }
 
 
 def build_page(title: str, filename: str, build: Callable[[Path, str], None], out_dir: Path, profile: str) -> dict:
@@ -456,13 +506,21 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = (), f
     parser = argparse.ArgumentParser(prog="python -m helpers writeup", description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb in order")
     parser.add_argument("--profile", default="auto", help="auto | cpu | gpu (injected as PROFILE)")
-    parser.add_argument("--budget", default="auto", help="cpu profile: seconds each notebook's timed runs may take, "
-                        "or none (injected as BUDGET; auto: helpers.budget.DEFAULT_SECONDS)")
+    parser.add_argument(
+        "--budget",
+        default="auto",
+        help="cpu profile: seconds each notebook's timed runs may take, "
+        "or none (injected as BUDGET; auto: helpers.budget.DEFAULT_SECONDS)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "writeups")
     parser.add_argument("--hide-code", action="store_true", help="leave code cells out of the HTML")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
-    parser.add_argument("--adapters", type=Path, default=None,
-                        help="your tests/adapters.py, injected as ADAPTERS: notebooks add a 'yours' row")
+    parser.add_argument(
+        "--adapters",
+        type=Path,
+        default=None,
+        help="your tests/adapters.py, injected as ADAPTERS: notebooks add a 'yours' row",
+    )
     args = parser.parse_args(argv)
     if args.adapters is not None and not args.adapters.is_file():
         raise ValueError(f"no adapters file at {args.adapters}: pass your assignment's tests/adapters.py")
@@ -485,8 +543,11 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = (), f
         print(f"[{i}/{len(paths)}] {path.name} (profile {profile}) ...", flush=True)
         e = run_notebook(path, args.out, params, hide_code=args.hide_code, timeout_s=args.timeout)
         entries.append(e)
-        print(f"    {'ok' if e['error'] is None else 'FAILED: ' + e['error']} in {e['seconds']:.0f} s "
-              f"-> {args.out / e['html']}", flush=True)
+        print(
+            f"    {'ok' if e['error'] is None else 'FAILED: ' + e['error']} in {e['seconds']:.0f} s "
+            f"-> {args.out / e['html']}",
+            flush=True,
+        )
     for title, filename, build in extra_pages:
         pages.append(build_page(title, filename, build, args.out, profile))
         print(f"page {filename}: {'ok' if pages[-1]['error'] is None else 'FAILED: ' + pages[-1]['error']}", flush=True)

@@ -3,6 +3,7 @@
 Needs Debian's `chromium` and `chromium-driver` (apt-get install chromium chromium-driver); without them
 the tests that use `needs_chromium` skip. Every driver sends non-loopback traffic to a proxy that is not there.
 """
+
 from __future__ import annotations
 
 import base64
@@ -17,13 +18,16 @@ CHROMIUM = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", 
 CHROMEDRIVER = shutil.which("chromedriver")
 needs_chromium = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
-    reason="no Chromium/chromedriver on PATH; enable with: apt-get install chromium chromium-driver")
+    reason="no Chromium/chromedriver on PATH; enable with: apt-get install chromium chromium-driver",
+)
 
 REMOTE = ("http:", "https:", "ws:", "wss:")
 # TeX that MathML conversion should have consumed: $$, \(, \[, common commands, or $...$ holding TeX syntax
-TEX = (r"\$\$|\\\(|\\\[|\\(?:frac|dfrac|tfrac|partial|sum|prod|int|nabla|sqrt|mathrm|mathbf|mathcal|operatorname"
-       r"|text|cdot|times|left|right|begin|end|alpha|beta|gamma|delta|sigma|epsilon|theta|lambda|Psi|Phi"
-       r"|approx|leq|geq|neq|top|quad)(?![A-Za-z])|\$[^$\s][^$]*[\\^_{}][^$]*\$")
+TEX = (
+    r"\$\$|\\\(|\\\[|\\(?:frac|dfrac|tfrac|partial|sum|prod|int|nabla|sqrt|mathrm|mathbf|mathcal|operatorname"
+    r"|text|cdot|times|left|right|begin|end|alpha|beta|gamma|delta|sigma|epsilon|theta|lambda|Psi|Phi"
+    r"|approx|leq|geq|neq|top|quad)(?![A-Za-z])|\$[^$\s][^$]*[\\^_{}][^$]*\$"
+)
 
 
 def without_colours(text: str) -> str:
@@ -38,9 +42,17 @@ def start_chrome(offline: bool, width: int = 1280, height: int = 900):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 f"--window-size={width},{height}", "--proxy-server=http://127.0.0.1:9",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update"]:
+    for flag in [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={width},{height}",
+        "--proxy-server=http://127.0.0.1:9",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+    ]:
         options.add_argument(flag)
     if offline:
         options.add_argument("--proxy-bypass-list=<-loopback>")  # loopback through the dead proxy too
@@ -71,13 +83,15 @@ def remote_requests(driver) -> list[str]:
     urls += driver.execute_script(
         "return [...document.querySelectorAll('script[src],img[src],iframe[src],source[src],embed[src],"
         "video[src],audio[src],object[data],link[href]:not([rel~=canonical])')]"
-        ".map(e => e.src || e.data || e.href || '')")
+        ".map(e => e.src || e.data || e.href || '')"
+    )
     return sorted({u for u in urls if u.lower().startswith(REMOTE)})
 
 
 def visible_tex(driver) -> list[str]:
     """Visible text outside code/pre that still looks like TeX source (first 120 characters of each node)."""
-    return driver.execute_script("""
+    return driver.execute_script(
+        """
         const tex = new RegExp(arguments[0]), hits = [];
         const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
         for (let n = walk.nextNode(); n; n = walk.nextNode()) {
@@ -86,7 +100,9 @@ def visible_tex(driver) -> list[str]:
             if (el.checkVisibility({visibilityProperty: true}) && tex.test(n.data))
                 hits.push(n.data.trim().slice(0, 120));
         }
-        return hits;""", TEX)
+        return hits;""",
+        TEX,
+    )
 
 
 def broken_images(driver) -> list[str]:
@@ -102,8 +118,9 @@ def full_page_screenshot(driver, path: Path) -> None:
     """Save the whole page, not only the viewport, as a PNG."""
     size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
     clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
-    shot = driver.execute_cdp_cmd("Page.captureScreenshot",
-                                  {"format": "png", "captureBeyondViewport": True, "clip": clip})
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(base64.b64decode(shot["data"]))
 

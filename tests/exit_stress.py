@@ -13,6 +13,7 @@ Variants: per_parameter, bucketed (helpers.ddp), sharded (DDPBucketed + ShardedO
 fsdp (helpers.fsdp.FSDP), all (the five in one script), torch_ddp (torch.nn.parallel), launch. Rates move with
 load: count hundreds of runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,7 +68,7 @@ def worker(rank: int, world: int, port: int, variant: str, finish: bool) -> None
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(20, 10, generator=g), torch.randn(20, 5, generator=g)
     alive = []  # every wrapper stays alive until the interpreter exits
-    for v in (OURS if variant == "all" else (variant,)):
+    for v in OURS if variant == "all" else (variant,):
         torch.manual_seed(rank)
         model = Toy()
         if v in ("per_parameter", "bucketed"):
@@ -78,7 +79,7 @@ def worker(rank: int, world: int, port: int, variant: str, finish: bool) -> None
             opt.zero_grad()
             if hasattr(sync, "on_train_batch_start"):
                 sync.on_train_batch_start()
-            nn.functional.mse_loss(net(x[rank * 10:rank * 10 + 10]), y[rank * 10:rank * 10 + 10]).backward()
+            nn.functional.mse_loss(net(x[rank * 10 : rank * 10 + 10]), y[rank * 10 : rank * 10 + 10]).backward()
             if sync is not None:
                 sync.finish_gradient_synchronization()
             opt.step()
@@ -86,6 +87,7 @@ def worker(rank: int, world: int, port: int, variant: str, finish: bool) -> None
     dist.destroy_process_group()
     if finish:
         from helpers.launch import finish as end
+
         end()
 
 
@@ -95,9 +97,25 @@ def one_run(variant: str, finish: bool) -> str | None:
         if variant == "launch":
             from helpers.experiments import sharding as S
             from helpers.launch import launch
-            launch(partial(S.run_all, [partial(S.memory_worker, model="small/cpu", kinds=["unsharded", "sharded"],
-                                               batch_size=8, context_length=32, steps=2)]), 2, backend="gloo",
-                   device="cpu")
+
+            launch(
+                partial(
+                    S.run_all,
+                    [
+                        partial(
+                            S.memory_worker,
+                            model="small/cpu",
+                            kinds=["unsharded", "sharded"],
+                            batch_size=8,
+                            context_length=32,
+                            steps=2,
+                        )
+                    ],
+                ),
+                2,
+                backend="gloo",
+                device="cpu",
+            )
         else:
             mp.spawn(worker, args=(2, free_port(), variant, finish), nprocs=2, join=True)
     except Exception as exc:  # ProcessExitedException or RankError: names the rank and the signal
@@ -108,7 +126,9 @@ def one_run(variant: str, finish: bool) -> str | None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--variants", default=",".join(OURS + ("launch",)), help=f"comma-separated: {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants", default=",".join(OURS + ("launch",)), help=f"comma-separated: {', '.join(VARIANTS)}"
+    )
     parser.add_argument("--finish", action="store_true", help="end each rank with helpers.launch.finish()")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
@@ -122,8 +142,11 @@ def main(argv=None) -> int:
             problem = one_run(variant, args.finish)
             lost += problem is not None
             print(f"{variant} run {i}: {problem or 'ok'}", flush=True)
-        print(f"{variant}{' +finish' if args.finish else ''}: {lost} of {args.runs} runs lost a rank at exit "
-              f"({time.perf_counter() - start:.0f} s, torch {torch.__version__})", flush=True)
+        print(
+            f"{variant}{' +finish' if args.finish else ''}: {lost} of {args.runs} runs lost a rank at exit "
+            f"({time.perf_counter() - start:.0f} s, torch {torch.__version__})",
+            flush=True,
+        )
         lost_any += lost
     return 1 if lost_any else 0
 

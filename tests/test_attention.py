@@ -1,5 +1,6 @@
 """FlashAttention-2 (notebook 06): PyTorch spec and Triton kernels (interpreter on CPU) vs naive attention, saved
 tensors, bad inputs, and the FLOP and byte closed forms vs measurements."""
+
 import helpers  # noqa: F401  (first: sets TRITON_INTERPRET=1 without CUDA before anything imports triton)
 import pytest
 import torch
@@ -73,17 +74,22 @@ def test_low_precision_within_a_few_eps(impl, dtype, is_causal):
         assert err <= tol, f"{name} ({dtype}, causal={is_causal}): max error {err:.2e} > {tol:.2e}"
 
 
-@pytest.mark.parametrize("lead, Tq, Tk, d, is_causal", [
-    ((), 37, 53, 32, False),  # no leading dim, ragged tiles on both sides
-    ((3,), 53, 37, 128, False),
-    ((2, 3), 45, 45, 16, True),  # ragged diagonal tile
-    ((2, 3), 1, 1, 16, True),  # a single query
-])
+@pytest.mark.parametrize(
+    "lead, Tq, Tk, d, is_causal",
+    [
+        ((), 37, 53, 32, False),  # no leading dim, ragged tiles on both sides
+        ((3,), 53, 37, 128, False),
+        ((2, 3), 45, 45, 16, True),  # ragged diagonal tile
+        ((2, 3), 1, 1, 16, True),  # a single query
+    ],
+)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_ragged_lengths_leading_dims_head_dims(impl, lead, Tq, Tk, d, is_causal):
     q, k, v, do = _inputs(lead, Tq, Tk, d)
-    errs = _max_errors(_run(impl.apply, q, k, v, do, is_causal),
-                       _run(naive_attention, q.double(), k.double(), v.double(), do.double(), is_causal))
+    errs = _max_errors(
+        _run(impl.apply, q, k, v, do, is_causal),
+        _run(naive_attention, q.double(), k.double(), v.double(), do.double(), is_causal),
+    )
     assert max(errs) < 1e-4, dict(zip("O L dq dk dv".split(), errs))
 
 
@@ -105,8 +111,10 @@ def test_strided_head_layout(impl):
     gen = torch.Generator().manual_seed(1)
     q, k, v, do = (torch.randn(2, 45, 3, 32, generator=gen).to(DEVICE).transpose(1, 2) for _ in range(4))
     assert not q.is_contiguous()
-    errs = _max_errors(_run(impl.apply, q, k, v, do, True),
-                       _run(naive_attention, q.double(), k.double(), v.double(), do.double(), True))
+    errs = _max_errors(
+        _run(impl.apply, q, k, v, do, True),
+        _run(naive_attention, q.double(), k.double(), v.double(), do.double(), True),
+    )
     assert max(errs) < 1e-4
 
 
@@ -114,8 +122,9 @@ def test_pytorch_spec_float64_any_head_dim():
     """The spec in fp64 (d = 24, not a Triton head dim) matches naive autograd to rounding: the maths is exact."""
     q, k, v, do = _inputs((2,), 50, 50, 24, torch.float64)
     for is_causal in (False, True):
-        errs = _max_errors(_run(FlashAttentionPyTorch.apply, q, k, v, do, is_causal),
-                           _run(naive_attention, q, k, v, do, is_causal))
+        errs = _max_errors(
+            _run(FlashAttentionPyTorch.apply, q, k, v, do, is_causal), _run(naive_attention, q, k, v, do, is_causal)
+        )
         assert max(errs) < 1e-12, errs
 
 
@@ -177,15 +186,35 @@ def test_attention_flops_vs_flop_counter(Tq, Tk, d):
 
 BAD = [  # (what is wrong, builder of (q, k, v), kwargs, words the message must hold, only Triton refuses it)
     ("head dim", lambda: _inputs((2,), 8, 8, 48)[:3], {}, ["head dims", "FlashAttentionPyTorch"], True),
-    ("dtype mismatch", lambda: [*_inputs((2,), 8, 8, 16)[:2], _inputs((2,), 8, 8, 16, torch.bfloat16)[2]], {},
-     ["one dtype", "cast"], False),
-    ("device mismatch", lambda: [*_inputs((2,), 8, 8, 16)[:2], torch.empty(2, 8, 16, device="meta")], {},
-     ["one device"], False),
+    (
+        "dtype mismatch",
+        lambda: [*_inputs((2,), 8, 8, 16)[:2], _inputs((2,), 8, 8, 16, torch.bfloat16)[2]],
+        {},
+        ["one dtype", "cast"],
+        False,
+    ),
+    (
+        "device mismatch",
+        lambda: [*_inputs((2,), 8, 8, 16)[:2], torch.empty(2, 8, 16, device="meta")],
+        {},
+        ["one device"],
+        False,
+    ),
     ("causal Tq != Tk", lambda: _inputs((2,), 8, 12, 16)[:3], {"is_causal": True}, ["Tq == Tk"], False),
-    ("leading dims", lambda: [_inputs((2,), 8, 8, 16)[0], *_inputs((3,), 8, 8, 16)[1:3]], {},
-     ["leading dims", "expand"], False),
-    ("unsupported dtype", lambda: [x.to(torch.int32) for x in _inputs((2,), 8, 8, 16)[:3]], {}, ["supports", "cast"],
-     False),
+    (
+        "leading dims",
+        lambda: [_inputs((2,), 8, 8, 16)[0], *_inputs((3,), 8, 8, 16)[1:3]],
+        {},
+        ["leading dims", "expand"],
+        False,
+    ),
+    (
+        "unsupported dtype",
+        lambda: [x.to(torch.int32) for x in _inputs((2,), 8, 8, 16)[:3]],
+        {},
+        ["supports", "cast"],
+        False,
+    ),
     ("fp64 in Triton", lambda: _inputs((2,), 8, 8, 16, torch.float64)[:3], {}, ["supports"], True),
     ("empty", lambda: _inputs((2,), 0, 8, 16)[:3], {}, ["non-empty"], False),
 ]
@@ -217,8 +246,9 @@ def test_launch_config_tiles_fit_the_kernels(device, dtype):
 def test_the_pytorch_tiles_keep_fp32_under_autocast():
     """Issue 31: inside an autocast region (the model's bf16 path) the Function's fp32 tile matmuls were recast to
     bf16; its accumulation is its own, so autocast is off inside it. Inputs fp32: fp32 agreement with the spec."""
-    q, k, v = (torch.randn(1, 2, 64, 16, generator=torch.Generator().manual_seed(i), requires_grad=True)
-               for i in range(3))
+    q, k, v = (
+        torch.randn(1, 2, 64, 16, generator=torch.Generator().manual_seed(i), requires_grad=True) for i in range(3)
+    )
     ref = A.naive_attention(q, k, v, is_causal=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = A.FlashAttentionPyTorch.apply(q, k, v, True)

@@ -1,5 +1,6 @@
 """Notebook 06's experiment functions on CPU: memory vs closed forms, FLOP counts and bounds, the algorithm's steps,
 the kernel checker, the model's attention modes, the bench command, and bad input."""
+
 import math
 
 import pandas as pd
@@ -20,8 +21,11 @@ def test_saved_memory_equals_the_closed_form_byte_for_byte(impl, causal):
 
 
 def test_naive_memory_grows_as_t_squared_and_flash_as_t():
-    by = {(impl, T): X.saved_memory(impl, (1, 1, T, 16))["saved_bytes"] for impl in ("naive", "flash_pytorch")
-          for T in (64, 128)}
+    by = {
+        (impl, T): X.saved_memory(impl, (1, 1, T, 16))["saved_bytes"]
+        for impl in ("naive", "flash_pytorch")
+        for T in (64, 128)
+    }
     assert by[("flash_pytorch", 128)] == 2 * by[("flash_pytorch", 64)]
     naive_p = A.score_matrix_bytes(1, 128, 128, torch.float32)
     assert by[("naive", 128)] - naive_p == 2 * (by[("naive", 64)] - A.score_matrix_bytes(1, 64, 64, torch.float32))
@@ -75,15 +79,34 @@ def test_model_attention_modes_agree_and_compare_interleaves():
 
 def test_bench_main_on_cpu_saves_rows_with_provenance(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(X, "save_results", lambda df, name, profile: (tmp_path / f"{name}.jsonl", df)[0])
-    assert X.bench_main(["--seq", "32", "--heads", "1", "--head-dim", "16", "--warmup", "0", "--steps", "2",
-                         "--impls", "sdpa", "naive"]) == 0
+    assert (
+        X.bench_main(
+            [
+                "--seq",
+                "32",
+                "--heads",
+                "1",
+                "--head-dim",
+                "16",
+                "--warmup",
+                "0",
+                "--steps",
+                "2",
+                "--impls",
+                "sdpa",
+                "naive",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "attention_bench.jsonl" in out and "naive" in out and "no CUDA" in out
 
 
 def test_leaderboard_rows_report_tflops():
-    _, rows = X.leaderboard_comparison(("sdpa", "naive"), "cpu", warmup=0, steps=2, shape=(1, 1, 32, 16),
-                                       dtype=torch.float32)
+    _, rows = X.leaderboard_comparison(
+        ("sdpa", "naive"), "cpu", warmup=0, steps=2, shape=(1, 1, 32, 16), dtype=torch.float32
+    )
     assert [r["impl"] for r in rows] == ["sdpa", "naive"] and all(r["TFLOPs"] > 0 for r in rows)
     assert math.isclose(rows[0]["ratio"], 1.0)
 
@@ -99,12 +122,15 @@ def test_bad_input_says_what_to_do():
         X.saved_bytes_formula("sdpa", (1, 1, 16, 16))
     with pytest.raises(SystemExit):
         X.bench_main(["--seq", "0"])
-    assert isinstance(pd.DataFrame(X.sweep(["sdpa"], [(1, 1, 16, 16)], [torch.float32], warmup=0, steps=1)), pd.DataFrame)
+    assert isinstance(
+        pd.DataFrame(X.sweep(["sdpa"], [(1, 1, 16, 16)], [torch.float32], warmup=0, steps=1)), pd.DataFrame
+    )
 
 
 def test_the_pytorch_tiles_are_timed_for_at_most_tiled_steps():
     """Issue 31: notebook 06 timed the eager tiles 100 steps at T = 4096 on a GPU (5-8 minutes)."""
-    rows = pd.DataFrame(X.sweep(["flash_pytorch", "sdpa"], [(1, 1, 32, 16)], [torch.float32], warmup=0,
-                                steps=X.TILED_STEPS + 2))
+    rows = pd.DataFrame(
+        X.sweep(["flash_pytorch", "sdpa"], [(1, 1, 32, 16)], [torch.float32], warmup=0, steps=X.TILED_STEPS + 2)
+    )
     steps = rows.groupby("impl")["steps"].max()
     assert steps["flash_pytorch"] == X.TILED_STEPS and steps["sdpa"] == X.TILED_STEPS + 2

@@ -8,13 +8,25 @@ outside code, decode every <img>, log no console error, and, for each `.calc`, c
 when any of its `[data-input]` inputs changes. A full-page screenshot of each lands in writeups/screenshots/.
 Skips without Chromium and chromedriver (apt-get install chromium chromium-driver).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from browser import (assert_calc_reacts, broken_images, console_errors, exercise_calc, full_page_screenshot,
-                     needs_chromium, remote_requests, start_chrome, visible_tex, visit, without_colours)
+from browser import (
+    assert_calc_reacts,
+    broken_images,
+    console_errors,
+    exercise_calc,
+    full_page_screenshot,
+    needs_chromium,
+    remote_requests,
+    start_chrome,
+    visible_tex,
+    visit,
+    without_colours,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ["00_setup", "05_optimizer_state_sharding"]  # executed here: the setup page and one with a calculator
@@ -41,11 +53,13 @@ def build(tmp_path_factory):
 
     def _build(stem: str) -> Path:
         if stem not in pages:
-            nb, error = writeup.execute(ROOT / "notebooks" / f"{stem}.ipynb", {"PROFILE": "cpu", "BUDGET": "1"},
-                                        timeout_s=600)  # the least budget: the page, not the numbers, is checked
+            nb, error = writeup.execute(
+                ROOT / "notebooks" / f"{stem}.ipynb", {"PROFILE": "cpu", "BUDGET": "1"}, timeout_s=600
+            )  # the least budget: the page, not the numbers, is checked
             if error is not None:
-                pytest.fail(f"notebooks/{stem}.ipynb failed, so its page is incomplete:\n{first_error(nb)}",
-                            pytrace=False)
+                pytest.fail(
+                    f"notebooks/{stem}.ipynb failed, so its page is incomplete:\n{first_error(nb)}", pytrace=False
+                )
             pages[stem] = out_dir / f"{stem}.html"
             writeup.export_html(nb, pages[stem], writeup.notebook_title(nb, stem))
         return pages[stem]
@@ -116,7 +130,10 @@ def test_checks_catch_planted_faults(chrome, tmp_path):
     assert visible_tex(chrome) == ["visible $$\\frac{a}{b}$$ and inline $x_i$"]
     assert broken_images(chrome) == ["missing.png"]
     assert exercise_calc(chrome, chrome.find_element(By.CSS_SELECTOR, ".calc")) == {
-        "model": True, "world_size": True, "precision": False}
+        "model": True,
+        "world_size": True,
+        "precision": False,
+    }
     assert remote_requests(chrome) == ["https://cdn.example/mathjax.js"]
     errors = console_errors(chrome)
     assert any("planted error" in e for e in errors) and any("mathjax" in e for e in errors), errors
@@ -124,35 +141,64 @@ def test_checks_catch_planted_faults(chrome, tmp_path):
 
 # --- the front page (index.html) from fake executed-notebook entries and saved results: no notebook runs --------
 
+
 def _ratio(a, b, ratio, low, high, **keys):
     return {**keys, "a": a, "b": b, "ratio": ratio, "ratio_low": low, "ratio_high": high, "pairs": 8}
 
 
 FAKE_RESULTS = {  # name -> rows, as the notebooks save them (the columns helpers.course.front reads)
-    "00_warmup": [{"label": "cold", "warmup_kind": "none", "median_s": 0.0612, "min_s": 0.041, "max_s": 0.31,
-                   "steps": 10},
-                  {"label": "warm", "warmup_kind": "3 steps", "median_s": 0.03127, "min_s": 0.0301, "max_s": 0.0355,
-                   "steps": 10}],
-    "01_precision_ratios": [_ratio("bf16", "fp32", 3.4567, 3.2, 3.71, size="tiny/cpu", **{"pass": "both"}),
-                            _ratio("fp32", "bf16", 0.2893, 0.27, 0.31, size="tiny/cpu", **{"pass": "both"}),
-                            _ratio("bf16", "fp32", 2.9061, 2.81, 3.05, size="small/cpu", **{"pass": "both"})],
-    "rmsnorm_ratios": [_ratio("torch", "layernorm", 1.1234, 1.05, 1.21, dtype="float32", H=1024, **{"pass": "fwd"}),
-                       _ratio("torch", "layernorm", 0.9412, 0.9, 0.99, dtype="float32", H=4096, **{"pass": "fwd"}),
-                       _ratio("torch", "layernorm", 0.5, 0.4, 0.6, dtype="float32", H=4096, **{"pass": "fwd+bwd"})],
-    "03_collectives": [{"backend": "gloo", "device": "cpu", "world_size": n, "op": "all_reduce", "size_bytes": s,
-                        "size": f"{s >> 10} KiB", "time_s": t, "p25_s": t * 0.9, "p75_s": t * 1.2,
-                        "busbw_GBps": s / t / 1e9, "wrong": 0}
-                       for n, s, t in [(2, 65536, 1e-4), (2, 4194304, 2.3e-3), (4, 4194304, 4.1e-3)]],
-    "04_ddp_ratios": [_ratio("bucketed 25 MB", "torch_ddp 25 MB", 0.8612, 0.8011, 0.9322, model="small/cpu",
-                             field="step"),
-                      _ratio("torch_ddp 25 MB", "bucketed 25 MB", 1.1612, 1.0727, 1.2483, model="small/cpu",
-                             field="step")],
+    "00_warmup": [
+        {"label": "cold", "warmup_kind": "none", "median_s": 0.0612, "min_s": 0.041, "max_s": 0.31, "steps": 10},
+        {"label": "warm", "warmup_kind": "3 steps", "median_s": 0.03127, "min_s": 0.0301, "max_s": 0.0355, "steps": 10},
+    ],
+    "01_precision_ratios": [
+        _ratio("bf16", "fp32", 3.4567, 3.2, 3.71, size="tiny/cpu", **{"pass": "both"}),
+        _ratio("fp32", "bf16", 0.2893, 0.27, 0.31, size="tiny/cpu", **{"pass": "both"}),
+        _ratio("bf16", "fp32", 2.9061, 2.81, 3.05, size="small/cpu", **{"pass": "both"}),
+    ],
+    "rmsnorm_ratios": [
+        _ratio("torch", "layernorm", 1.1234, 1.05, 1.21, dtype="float32", H=1024, **{"pass": "fwd"}),
+        _ratio("torch", "layernorm", 0.9412, 0.9, 0.99, dtype="float32", H=4096, **{"pass": "fwd"}),
+        _ratio("torch", "layernorm", 0.5, 0.4, 0.6, dtype="float32", H=4096, **{"pass": "fwd+bwd"}),
+    ],
+    "03_collectives": [
+        {
+            "backend": "gloo",
+            "device": "cpu",
+            "world_size": n,
+            "op": "all_reduce",
+            "size_bytes": s,
+            "size": f"{s >> 10} KiB",
+            "time_s": t,
+            "p25_s": t * 0.9,
+            "p75_s": t * 1.2,
+            "busbw_GBps": s / t / 1e9,
+            "wrong": 0,
+        }
+        for n, s, t in [(2, 65536, 1e-4), (2, 4194304, 2.3e-3), (4, 4194304, 4.1e-3)]
+    ],
+    "04_ddp_ratios": [
+        _ratio("bucketed 25 MB", "torch_ddp 25 MB", 0.8612, 0.8011, 0.9322, model="small/cpu", field="step"),
+        _ratio("torch_ddp 25 MB", "bucketed 25 MB", 1.1612, 1.0727, 1.2483, model="small/cpu", field="step"),
+    ],
     "05_sharding_ratios": [_ratio("sharded", "unsharded", 1.0432, 0.98, 1.11, launch=0)],
-    "06_compile_ratios": [{"pass": p, "label": label, "median_s": 0.01, "ratio": r, "ratio_low": r - 0.05,
-                           "ratio_high": r + 0.07, "pairs": 8}
-                          for p in ("fwd", "fwd+bwd") for label, r in [("naive", 1.0), ("compiled", 0.6789)]],
-    "07_checkpoint": [{"segment": k, "peak_MiB": peak, "median_ms": 12.0, "time / none": r, "low": r - 0.04,
-                       "high": r + 0.05} for k, peak, r in [(0, 40.5, 1.0), (2, 18.25, 1.2876), (4, 22.0, 1.21)]],
+    "06_compile_ratios": [
+        {
+            "pass": p,
+            "label": label,
+            "median_s": 0.01,
+            "ratio": r,
+            "ratio_low": r - 0.05,
+            "ratio_high": r + 0.07,
+            "pairs": 8,
+        }
+        for p in ("fwd", "fwd+bwd")
+        for label, r in [("naive", 1.0), ("compiled", 0.6789)]
+    ],
+    "07_checkpoint": [
+        {"segment": k, "peak_MiB": peak, "median_ms": 12.0, "time / none": r, "low": r - 0.04, "high": r + 0.05}
+        for k, peak, r in [(0, 40.5, 1.0), (2, 18.25, 1.2876), (4, 22.0, 1.21)]
+    ],
 }
 
 
@@ -162,6 +208,7 @@ def _figure_png() -> str:
     import io
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -189,13 +236,32 @@ def test_front_page_figures_and_measured_sentences(chrome, tmp_path):
     for name, rows in FAKE_RESULTS.items():
         save_results(rows, name, profile="cpu", directory=data, model="small/cpu")
     png = _figure_png()
-    stems = ["00_setup", "01_benchmarking_and_profiling", "02_rmsnorm_triton", "03_collectives", "04_ddp",
-             "05_optimizer_state_sharding", "06_flash_attention", "07_fsdp"]
-    entries = [{"notebook": f"{s}.ipynb", "title": s, "html": f"{s}.html", "seconds": 12.0 + i, "error": None,
-                "figure": png, "left_out": [f"{writeup.LEFT_OUT}: sizes medium (about 40 s more)"] if i == 4 else []}
-               for i, s in enumerate(stems)]
-    pages = [{"title": "Answers", "html": "answers.html", "error": None},
-             {"title": "Yours", "html": "yours.html", "error": None}]
+    stems = [
+        "00_setup",
+        "01_benchmarking_and_profiling",
+        "02_rmsnorm_triton",
+        "03_collectives",
+        "04_ddp",
+        "05_optimizer_state_sharding",
+        "06_flash_attention",
+        "07_fsdp",
+    ]
+    entries = [
+        {
+            "notebook": f"{s}.ipynb",
+            "title": s,
+            "html": f"{s}.html",
+            "seconds": 12.0 + i,
+            "error": None,
+            "figure": png,
+            "left_out": [f"{writeup.LEFT_OUT}: sizes medium (about 40 s more)"] if i == 4 else [],
+        }
+        for i, s in enumerate(stems)
+    ]
+    pages = [
+        {"title": "Answers", "html": "answers.html", "error": None},
+        {"title": "Yours", "html": "yours.html", "error": None},
+    ]
     for page in pages:
         (out / page["html"]).write_text("<html><body>page</body></html>")
     index = writeup.write_index(entries, out, "cpu", pages, budget="auto", front=partial(sentence, folder=data))

@@ -1,5 +1,6 @@
 """helpers.budget: the calibration, BUDGET's values, plans that fit and say what they left out; notebook 01's plans
 and the writeup's --budget."""
+
 import math
 
 import pandas as pd
@@ -25,15 +26,18 @@ def test_calibration_measures_this_machine_in_about_a_second():
 def test_bf16_sentence_says_how_many_times_slower_or_faster():
     assert SLOW_BF16.bf16_slowdown == 80 and not SLOW_BF16.fast_bf16
     assert SLOW_BF16.bf16_sentence().startswith("this CPU multiplies bf16 80x slower than fp32")
-    assert FAST_BF16.bf16_sentence().startswith("this CPU multiplies bf16 2.0x faster than fp32") and FAST_BF16.fast_bf16
+    assert (
+        FAST_BF16.bf16_sentence().startswith("this CPU multiplies bf16 2.0x faster than fp32") and FAST_BF16.fast_bf16
+    )
     assert "about as fast" in B.Calibration(200e9, 150e9, 1e-3).bf16_sentence()
     assert SLOW_BF16.matmul_s(2e9) == 0.01 and SLOW_BF16.matmul_s(2e9, bf16=True) == 0.8
     assert SLOW_BF16.allreduce_time(4 * 2**20, calls=2) == pytest.approx(8e-3)  # scaled by bytes
     assert SLOW_BF16.allreduce_time(1, calls=3) == pytest.approx(3e-3)  # never below the calibrated one
 
 
-@pytest.mark.parametrize("value, seconds", [("120", 120.0), (45, 45.0), ("none", None), ("off", None), (None, None),
-                                            ("inf", None)])
+@pytest.mark.parametrize(
+    "value, seconds", [("120", 120.0), (45, 45.0), ("none", None), ("off", None), (None, None), ("inf", None)]
+)
 def test_parse_budget(value, seconds):
     assert B.parse_budget(value) == seconds
 
@@ -65,7 +69,10 @@ def test_fit_keeps_the_longest_prefix_and_names_what_it_left_out():
     assert first.kept == ["s", "m"] and first.dropped == ["l", "xl"]  # a prefix: xl would fit but comes after l
     assert first.seconds == 5.0 and first.needed == 12.0 and b.used == 5.0 and b.left == 5.0
     assert first.note.startswith("not timed here (budget): mixed precision at l, xl (about 7 s more")
-    assert "`make writeup BUDGET=20`" in first.note and "notebooks/01_benchmarking_and_profiling.ipynb --budget 20" in first.note
+    assert (
+        "`make writeup BUDGET=20`" in first.note
+        and "notebooks/01_benchmarking_and_profiling.ipynb --budget 20" in first.note
+    )
     second = b.fit(["a", "b"], lambda item: 4.0, what="peaks at")  # what is left: 5 s
     assert second.kept == ["a"] and "BUDGET=20" in second.note  # 12 asked before + 8 asked, rounded up to tens
     assert "time budget 10 s" in b.summary() and "3 item(s) left out" in b.summary() and "BUDGET=20" in b.summary()
@@ -95,8 +102,9 @@ def test_notebook_01_plans_mixed_precision_from_the_calibration():
 
 def test_sizes_left_out_get_no_verdict_only_the_budget_line():
     cfg = model.get_config("small/cpu", n_layers=1, d_model=48, d_ff=96, vocab_size=256)
-    amp, comps = benchmarking.compare_precisions([cfg], 2, 8, [torch.bfloat16], warmup=0, steps=2, device="cpu",
-                                                 skipped=["xl/cpu"])
+    amp, comps = benchmarking.compare_precisions(
+        [cfg], 2, 8, [torch.bfloat16], warmup=0, steps=2, device="cpu", skipped=["xl/cpu"]
+    )
     skipped = amp[amp["size"] == "xl/cpu"]
     assert list(skipped["status"]) == [benchmarking.NOT_TIMED] * 2 and skipped["median_s"].isna().all()
     assert list(comps) == [cfg]
@@ -134,8 +142,12 @@ def test_notebook_02_plans_the_whole_model_sizes():
     assert roomy.kept == sizes and tight.kept == sizes[:1]  # the smallest always: section 2's checks need one
     cfg = model.get_config("small/cpu")
     t = SLOW_BF16.step_s(formulas.train_flops(cfg, 4, cfg.context_length))
-    assert tight.needed == pytest.approx(sum((2 + 6) * 3 * (4 / 3) * SLOW_BF16.step_s(
-        formulas.train_flops(model.get_config(s), 4, cfg.context_length)) for s in sizes))
+    assert tight.needed == pytest.approx(
+        sum(
+            (2 + 6) * 3 * (4 / 3) * SLOW_BF16.step_s(formulas.train_flops(model.get_config(s), 4, cfg.context_length))
+            for s in sizes
+        )
+    )
     assert tight.seconds == pytest.approx(8 * 3 * t * 4 / 3) and "whole model's norms at medium/cpu" in tight.note
 
 
@@ -160,8 +172,10 @@ def test_walltime_reads_each_cells_seconds_from_nbclients_timestamps():
     nb.cells = [nbformat.v4.new_code_cell("a"), nbformat.v4.new_code_cell("b"), nbformat.v4.new_markdown_cell("c")]
     for cell, end in zip(nb.cells[:2], ("00:00:02.5", "00:00:10")):
         cell.id = f"cell{end[-1]}"
-        cell.metadata["execution"] = {"iopub.execute_input": "2026-11-25T00:00:00.000000Z",
-                                      "shell.execute_reply": f"2026-11-25T{end}Z"}
+        cell.metadata["execution"] = {
+            "iopub.execute_input": "2026-11-25T00:00:00.000000Z",
+            "shell.execute_reply": f"2026-11-25T{end}Z",
+        }
     assert walltime.cell_seconds(nb) == [(10.0, "cell0"), (2.5, "cell5")]
     assert walltime.children_cpu_s() >= 0
 

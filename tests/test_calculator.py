@@ -1,5 +1,6 @@
 """helpers.calculator: the whole grid computed, each choice mapped to its own table, tables stored once, evenly
 spaced slider stops, ids unique per block, clear refusals, nothing from the network; in Chromium when there is one."""
+
 import itertools
 import json
 import re
@@ -28,9 +29,12 @@ def compact(frame) -> str:
 def page(calc) -> dict:
     """The parts of a rendered block: its HTML, the script's data, the stored tables, the table shown at first."""
     block = calc._repr_html_()
-    return {"html": block, "data": json.loads(re.search(r"var data = (.*?);\n", block).group(1)),
-            "tables": re.findall(r'<template data-table="(\d+)">(.*?)</template>', block, re.S),
-            "shown": re.search(r'<div class="calc-output">(.*?)</div>', block, re.S).group(1)}
+    return {
+        "html": block,
+        "data": json.loads(re.search(r"var data = (.*?);\n", block).group(1)),
+        "tables": re.findall(r'<template data-table="(\d+)">(.*?)</template>', block, re.S),
+        "shown": re.search(r'<div class="calc-output">(.*?)</div>', block, re.S).group(1),
+    }
 
 
 def test_every_combination_is_computed_once():
@@ -77,9 +81,11 @@ def test_powers_of_two_get_evenly_spaced_stops():
 
 
 def test_labelled_choices_and_named_inputs_show_labels_and_pass_values():
-    calc = Calculator(X.strategies_table, {"model": ["xl"], "world_size": [8], "gpu_bytes": {"40 GB": 40e9,
-                                                                                                "80 GB": 80e9}},
-                      names={"gpu_bytes": "GPU memory"})
+    calc = Calculator(
+        X.strategies_table,
+        {"model": ["xl"], "world_size": [8], "gpu_bytes": {"40 GB": 40e9, "80 GB": 80e9}},
+        names={"gpu_bytes": "GPU memory"},
+    )
     block = calc._repr_html_()
     assert re.search(r"<output[^>]*>40 GB</output>", block) and re.search(r"<label[^>]*>GPU memory</label>", block)
     assert re.search(r"<label[^>]*>world size</label>", block)  # unnamed: the keyword, spaced
@@ -101,15 +107,22 @@ def test_too_many_combinations_are_refused_before_computing():
     assert not calls and MAX_COMBINATIONS == 5000
 
 
-@pytest.mark.parametrize("inputs, default, message", [
-    ({"model": ["xl"], "world_size": [1], "ranks": [1]}, None, r"do not fit table_of.*unexpected keyword argument 'ranks'"),
-    ({"precision": ["fp32"]}, None, r"do not fit table_of.*missing a required argument"),
-    ({"model": [], "world_size": [1]}, None, r"'model' has no choices"),
-    ({"model": ["xl", "xl"], "world_size": [1]}, None, r"same label twice"),
-    ({"model": ["xl"], "world_size": [1]}, {"world_size": 3}, r"3 is not a choice of 'world_size'.*\[1\]"),
-    ({"model": ["xl"], "world_size": [1]}, {"ranks": 3}, r"no input named \['ranks'\]"),
-    ({}, None, r"at least one input"),
-])
+@pytest.mark.parametrize(
+    "inputs, default, message",
+    [
+        (
+            {"model": ["xl"], "world_size": [1], "ranks": [1]},
+            None,
+            r"do not fit table_of.*unexpected keyword argument 'ranks'",
+        ),
+        ({"precision": ["fp32"]}, None, r"do not fit table_of.*missing a required argument"),
+        ({"model": [], "world_size": [1]}, None, r"'model' has no choices"),
+        ({"model": ["xl", "xl"], "world_size": [1]}, None, r"same label twice"),
+        ({"model": ["xl"], "world_size": [1]}, {"world_size": 3}, r"3 is not a choice of 'world_size'.*\[1\]"),
+        ({"model": ["xl"], "world_size": [1]}, {"ranks": 3}, r"no input named \['ranks'\]"),
+        ({}, None, r"at least one input"),
+    ],
+)
 def test_bad_inputs_get_clear_errors(inputs, default, message):
     with pytest.raises(ValueError, match=message):
         Calculator(table_of, inputs, default=default)
@@ -136,7 +149,8 @@ def test_the_memory_calculator_with_presets_recomputation_and_pipeline():
 
     assert {"small", "xl", "2.7B", "2026 leaderboard"} <= set(F.CALCULATOR_PRESETS)
     assert F.preset_params("2026 leaderboard") + F.LEADERBOARD_MODEL["d_model"] * (2 * 34 + 1) == sum(
-        F.llama_params(**F.LEADERBOARD_MODEL).values())  # the same model less its norm gains
+        F.llama_params(**F.LEADERBOARD_MODEL).values()
+    )  # the same model less its norm gains
     base = dict(preset="Llama-3-8B-like (MHA)", dp=8, pp=1, micro_batch=1, n_micro=8)
     none, sel, full = (F.memory_calculator(**base, recompute=r) for r in F.RECOMPUTATION)
     psi = F.preset_params("Llama-3-8B-like (MHA)")
@@ -180,6 +194,7 @@ def test_notebook_tables_state_their_unit():
 
 # ---- in a real browser ----
 
+
 def test_two_calculators_on_one_page_work_offline_and_apart(tmp_path):
     browser = pytest.importorskip("browser", reason="tests/browser.py (headless Chromium helpers)")
     if not (browser.CHROMIUM and browser.CHROMEDRIVER):
@@ -189,8 +204,11 @@ def test_two_calculators_on_one_page_work_offline_and_apart(tmp_path):
     first = Calculator(table_of, INPUTS, default={"world_size": 2})
     second = Calculator(table_of, INPUTS, default={"model": "xl"})
     path = tmp_path / "two.html"
-    path.write_text(f'<!doctype html><html><head><meta charset="utf-8"></head><body>{first._repr_html_()}'
-                    f"{second._repr_html_()}</body></html>", encoding="utf-8")
+    path.write_text(
+        f'<!doctype html><html><head><meta charset="utf-8"></head><body>{first._repr_html_()}'
+        f"{second._repr_html_()}</body></html>",
+        encoding="utf-8",
+    )
     driver = browser.start_chrome(offline=True)
     try:
         browser.visit(driver, path.as_uri())
@@ -220,13 +238,24 @@ def test_the_memory_calculator_reacts_to_every_input_in_chromium(tmp_path):
 
     from helpers import formulas as F
 
-    inputs = {"preset": ["xl", "Llama-3-8B-like (MHA)", "2026 leaderboard"], "dp": [1, 8], "pp": [1, 4],
-              "micro_batch": [1, 2], "n_micro": [4, 16], "recompute": list(F.RECOMPUTATION)}
-    calc = Calculator(F.memory_calculator, inputs, default={"preset": "Llama-3-8B-like (MHA)", "dp": 8, "pp": 4,
-                                                            "n_micro": 4, "recompute": "selective"})
+    inputs = {
+        "preset": ["xl", "Llama-3-8B-like (MHA)", "2026 leaderboard"],
+        "dp": [1, 8],
+        "pp": [1, 4],
+        "micro_batch": [1, 2],
+        "n_micro": [4, 16],
+        "recompute": list(F.RECOMPUTATION),
+    }
+    calc = Calculator(
+        F.memory_calculator,
+        inputs,
+        default={"preset": "Llama-3-8B-like (MHA)", "dp": 8, "pp": 4, "n_micro": 4, "recompute": "selective"},
+    )
     path = tmp_path / "memory.html"
-    path.write_text(f'<!doctype html><html><head><meta charset="utf-8"></head><body>{calc._repr_html_()}</body>'
-                    "</html>", encoding="utf-8")
+    path.write_text(
+        f'<!doctype html><html><head><meta charset="utf-8"></head><body>{calc._repr_html_()}</body></html>',
+        encoding="utf-8",
+    )
     driver = browser.start_chrome(offline=True)
     try:
         browser.visit(driver, path.as_uri())
@@ -315,8 +344,10 @@ def test_fsdp_tp_forward_parts():
     assert d.example["max_devices"] == pytest.approx(3 * EX["B"] * EX["D_FF"] * r**2 / 8)
     # (d) is the largest product under the summed constraint 6·F·n_f + 4·B·n_t <= 6·B·F·W/C (searched on a grid)
     budget = 6 * EX["B"] * EX["D_FF"] * r
-    best = max(n_f * (budget - 6 * EX["D_FF"] * n_f) / (4 * EX["B"])
-               for n_f in (i * budget / (6 * EX["D_FF"]) / 1000 for i in range(1001)))
+    best = max(
+        n_f * (budget - 6 * EX["D_FF"] * n_f) / (4 * EX["B"])
+        for n_f in (i * budget / (6 * EX["D_FF"]) / 1000 for i in range(1001))
+    )
     assert best == pytest.approx(d.example["max_devices"], rel=1e-5)
     with pytest.raises(ValueError, match="parts"):
         F.fsdp_tp_calc("(e)", N_FSDP=2, N_TP=4, **kw)
@@ -325,8 +356,8 @@ def test_fsdp_tp_forward_parts():
 def test_every_2026_calculator_part_has_an_expression_an_inequality_and_math():
     parts = F.calc_parts(**EX)
     assert [(c.problem, c.part) for c in parts] == [
-        (p, s) for p in ("data_parallel_calcs", "fsdp_calcs", "tp_calcs") for s in ("forward", "backward")] + [
-        ("fsdp_tp_calcs", s) for s in ("(a)", "(b)", "(c)", "(d)")]
+        (p, s) for p in ("data_parallel_calcs", "fsdp_calcs", "tp_calcs") for s in ("forward", "backward")
+    ] + [("fsdp_tp_calcs", s) for s in ("(a)", "(b)", "(c)", "(d)")]
     for c in parts:
         assert c.expressions and c.latex and c.example
         md = c._repr_markdown_()

@@ -1,5 +1,6 @@
 """Collective benchmarks: bandwidth formulas, exact-result checks that catch a planted error, the alpha-beta fit,
 skipped combinations, and the command line both spawned and under torchrun (gloo, CPU, 2 ranks)."""
+
 import json
 import subprocess
 import sys
@@ -19,9 +20,19 @@ TINY = (4 * F.KiB, 64 * F.KiB)
 
 # ---- formulas ----
 
-@pytest.mark.parametrize("op, n, factor", [("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
-                                           ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875),
-                                           ("broadcast", 6, 1.0), ("all_reduce", 1, 0.0)])
+
+@pytest.mark.parametrize(
+    "op, n, factor",
+    [
+        ("all_reduce", 2, 1.0),
+        ("all_reduce", 4, 1.5),
+        ("all_reduce", 8, 1.75),
+        ("all_gather", 4, 0.75),
+        ("reduce_scatter", 8, 0.875),
+        ("broadcast", 6, 1.0),
+        ("all_reduce", 1, 0.0),
+    ],
+)
 def test_busbw_factors_match_nccl_tests(op, n, factor):
     assert F.busbw_factor(op, n) == pytest.approx(factor)
 
@@ -35,8 +46,20 @@ def test_algbw_and_busbw():
 
 
 def test_sizes_parse_and_format():
-    assert [C.parse_size(s) for s in ("512KB", "1MB", "1GB", "4096", "10MiB")] == [2**19, 2**20, 2**30, 4096, 10 * 2**20]
-    assert [C.format_size(b) for b in (2**19, 10 * 2**20, 2**30, 100, 263000)] == ["512 KB", "10 MB", "1 GB", "100 B", "257 KB"]
+    assert [C.parse_size(s) for s in ("512KB", "1MB", "1GB", "4096", "10MiB")] == [
+        2**19,
+        2**20,
+        2**30,
+        4096,
+        10 * 2**20,
+    ]
+    assert [C.format_size(b) for b in (2**19, 10 * 2**20, 2**30, 100, 263000)] == [
+        "512 KB",
+        "10 MB",
+        "1 GB",
+        "100 B",
+        "257 KB",
+    ]
 
 
 @pytest.mark.parametrize("op", C.OPS)
@@ -46,13 +69,18 @@ def test_expected_values_equal_a_reference_collective(op):
     inputs = [C._buffers(op, numel, r, n, dev)[0] for r in range(n)]
     for rank in range(n):
         expected = C._buffers(op, numel, rank, n, dev)[2]
-        reference = {"all_reduce": lambda: sum(inputs), "all_gather": lambda: torch.cat(inputs),
-                     "reduce_scatter": lambda: sum(inputs).chunk(n)[rank], "broadcast": lambda: inputs[0]}[op]()
+        reference = {
+            "all_reduce": lambda: sum(inputs),
+            "all_gather": lambda: torch.cat(inputs),
+            "reduce_scatter": lambda: sum(inputs).chunk(n)[rank],
+            "broadcast": lambda: inputs[0],
+        }[op]()
         assert torch.equal(expected, reference), (op, rank)
         assert expected.abs().max() < 2**24  # integers, exact in float32
 
 
 # ---- the correctness check, on 2 real gloo ranks ----
+
 
 def test_clean_run_has_no_wrong_results_and_planted_error_is_caught():
     clean = C.summarize(launch(C.bench_worker, 2, C.OPS, TINY, 5, 4, backend="gloo", device="cpu"), "gloo", "cpu")
@@ -64,8 +92,11 @@ def test_clean_run_has_no_wrong_results_and_planted_error_is_caught():
 
 def test_a_wrong_input_off_the_broadcast_root_is_overwritten_not_counted():
     """Also: a tiny time budget cuts the timed calls to the minimum, 3, on both ranks alike."""
-    rows = C.summarize(launch(C.bench_worker, 2, ("all_reduce", "broadcast"), TINY[:1], 5, 10, 1, 1e-9,
-                              backend="gloo", device="cpu"), "gloo", "cpu")
+    rows = C.summarize(
+        launch(C.bench_worker, 2, ("all_reduce", "broadcast"), TINY[:1], 5, 10, 1, 1e-9, backend="gloo", device="cpu"),
+        "gloo",
+        "cpu",
+    )
     assert {r["op"]: (r["wrong"], r["iters"]) for r in rows} == {"all_reduce": (3, 3), "broadcast": (0, 3)}
 
 
@@ -73,7 +104,7 @@ def test_summary_times_each_call_by_its_slowest_rank():
     """A call's time is the max over ranks of that call; time_s, p25_s, p75_s are its median and quartiles."""
     r0 = [{"op": "all_reduce", "size_bytes": 1000, "samples": [1.0, 5.0, 2.0, 2.0, 9.0], "wrong": [False] * 5}]
     r1 = [{"op": "all_reduce", "size_bytes": 1000, "samples": [3.0, 1.0, 2.0, 4.0, 1.0], "wrong": [False] * 4 + [True]}]
-    row, = C.summarize([r0, r1], "gloo", "cpu")
+    (row,) = C.summarize([r0, r1], "gloo", "cpu")
     assert (row["p25_s"], row["time_s"], row["p75_s"]) == (3.0, 4.0, 5.0)  # per call: 3, 5, 2, 4, 9
     assert row["wrong"] == 1 and row["iters"] == 5 and row["busbw_GBps"] == pytest.approx(1000 / 4.0 / 1e9)
 
@@ -84,6 +115,7 @@ def test_fewer_than_five_warmup_calls_are_refused():
 
 
 # ---- the alpha-beta fit ----
+
 
 def test_fit_recovers_alpha_beta_from_noisy_synthetic_data():
     alpha, beta = 50e-6, 10e9
@@ -105,9 +137,21 @@ def test_fit_clamps_a_negative_latency_to_zero():
 
 def test_fit_table_one_row_per_group_fitted_to_the_lower_quartile():
     sizes = np.geomspace(1e4, 1e7, 6)
-    df = C.pd.DataFrame([{"backend": "gloo", "device": "cpu", "world_size": n, "op": "all_reduce", "size_bytes": s,
-                          "p25_s": 1e-4 * n + s / (1e9 / n), "time_s": 3e-3 * (k % 2)}  # medians: noise, not α–β
-                         for n in (2, 4) for k, s in enumerate(sizes)])
+    df = C.pd.DataFrame(
+        [
+            {
+                "backend": "gloo",
+                "device": "cpu",
+                "world_size": n,
+                "op": "all_reduce",
+                "size_bytes": s,
+                "p25_s": 1e-4 * n + s / (1e9 / n),
+                "time_s": 3e-3 * (k % 2),
+            }  # medians: noise, not α–β
+            for n in (2, 4)
+            for k, s in enumerate(sizes)
+        ]
+    )
     fits = C.fit_table(df).set_index("world_size")
     assert fits.loc[2, "alpha_us"] == pytest.approx(200) and fits.loc[4, "beta_GBps"] == pytest.approx(0.25)
     assert (fits["fitted_to"] == "p25_s").all() and fits["max_rel_err"].max() < 1e-9
@@ -117,6 +161,7 @@ def test_fit_table_one_row_per_group_fitted_to_the_lower_quartile():
 
 # ---- skipped combinations ----
 
+
 def test_skip_reasons(monkeypatch):
     monkeypatch.setattr(C.dist, "is_nccl_available", lambda: True)  # as on a CUDA build
     assert C.skip_reason("gloo", "cpu", 6, gpus=0) is None
@@ -124,7 +169,8 @@ def test_skip_reasons(monkeypatch):
     assert "one GPU per rank" in C.skip_reason("nccl", "cuda", 4, gpus=2)
     assert "CUDA tensors" in C.skip_reason("nccl", "cpu", 2, gpus=8)
     todo = C.plan((2, 4), (("gloo", "cpu"), ("gloo", "cuda"), ("nccl", "cuda")), gpus=2).set_index(
-        ["backend", "device", "world_size"])
+        ["backend", "device", "world_size"]
+    )
     assert todo["run"].tolist() == [True, True, True, True, True, False]
     monkeypatch.setattr(C.dist, "is_nccl_available", lambda: False)
     assert "no NCCL" in C.skip_reason("nccl", "cuda", 2, gpus=2)
@@ -143,6 +189,7 @@ def test_a_failing_configuration_is_reported_and_the_grid_goes_on(monkeypatch):
         if world_size == 4:
             raise C.L.RankError("rank 3 of 4 raised RuntimeError: unsupported\n\ntraceback", rank=3)
         return [[{"op": "all_reduce", "size_bytes": 4096, "samples": [1e-3] * 3, "wrong": [False] * 3}]] * world_size
+
     monkeypatch.setattr(C.L, "launch", fake_launch)
     df, todo = C.run_grid(TINY[:1], ("all_reduce",), (2, 4), (("gloo", "cpu"),))
     assert df["world_size"].tolist() == [2] and df["busbw_GBps"].iloc[0] == pytest.approx(4096 / 1e-3 / 1e9)
@@ -151,23 +198,64 @@ def test_a_failing_configuration_is_reported_and_the_grid_goes_on(monkeypatch):
 
 # ---- command line ----
 
+
 def _saved(path):
     lines = [json.loads(line) for line in Path(path).read_text().splitlines()]
     return lines[0]["provenance"], lines[1:]
 
 
 def test_bench_main_spawned_writes_results_with_provenance(tmp_path, capsys):
-    code = C.bench_main(["--profile", "cpu", "--sizes", "4KB", "--ops", "all_reduce", "all_gather",
-                         "--world-sizes", "2", "--iters", "2", "--out", str(tmp_path)])
+    code = C.bench_main(
+        [
+            "--profile",
+            "cpu",
+            "--sizes",
+            "4KB",
+            "--ops",
+            "all_reduce",
+            "all_gather",
+            "--world-sizes",
+            "2",
+            "--iters",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     prov, rows = _saved(tmp_path / "collectives.jsonl")
     assert code == 0 and prov["profile"] == "cpu" and prov["method"] == C.METHOD
     assert [(r["op"], r["world_size"], r["wrong"]) for r in rows] == [("all_reduce", 2, 0), ("all_gather", 2, 0)]
 
 
 def test_torchrun_entry_point_two_cpu_ranks(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "helpers", "bench", "collectives", "--backend", "gloo", "--device", "cpu", "--profile", "cpu",
-           "--sizes", "4KB", "64KB", "--ops", "all_reduce", "broadcast", "--iters", "3", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "helpers",
+        "bench",
+        "collectives",
+        "--backend",
+        "gloo",
+        "--device",
+        "cpu",
+        "--profile",
+        "cpu",
+        "--sizes",
+        "4KB",
+        "64KB",
+        "--ops",
+        "all_reduce",
+        "broadcast",
+        "--iters",
+        "3",
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("saved ") == 1, done.stdout  # only rank 0 reports
@@ -178,10 +266,19 @@ def test_torchrun_entry_point_two_cpu_ranks(tmp_path):
 
 # ---- comparisons that know their noise, and two nodes ----
 
+
 def _row(op, calls, backend="gloo", device="cpu", size=4096, n=2):
-    return {"backend": backend, "device": device, "world_size": n, "op": op, "size_bytes": size, "calls_s": calls,
-            "time_s": float(np.median(calls)), "p25_s": float(np.percentile(calls, 25)),
-            "p75_s": float(np.percentile(calls, 75))}
+    return {
+        "backend": backend,
+        "device": device,
+        "world_size": n,
+        "op": op,
+        "size_bytes": size,
+        "calls_s": calls,
+        "time_s": float(np.median(calls)),
+        "p25_s": float(np.percentile(calls, 25)),
+        "p75_s": float(np.percentile(calls, 75)),
+    }
 
 
 def test_summary_keeps_each_calls_slowest_rank_time():
@@ -192,30 +289,44 @@ def test_summary_keeps_each_calls_slowest_rank_time():
 
 def test_op_ratios_pair_calls_and_name_a_winner_only_outside_the_noise():
     base = list(np.linspace(1.0, 2.0, 20))
-    df = C.pd.DataFrame([_row("all_reduce", base), _row("all_gather", [t / 2 for t in base]),
-                         _row("broadcast", base[::-1]),  # same values, paired the other way round: noise only
-                         _row("all_reduce", [9.0] * 5, size=1024)])  # smaller size: left out by default
+    df = C.pd.DataFrame(
+        [
+            _row("all_reduce", base),
+            _row("all_gather", [t / 2 for t in base]),
+            _row("broadcast", base[::-1]),  # same values, paired the other way round: noise only
+            _row("all_reduce", [9.0] * 5, size=1024),
+        ]
+    )  # smaller size: left out by default
     ratios = C.op_ratios(df).set_index("op")
     assert ratios.loc["all_gather", "ratio"] == pytest.approx(0.5) and ratios.loc["all_gather", "measurable"]
-    assert not ratios.loc["broadcast", "measurable"] and "no measurable difference" in ratios.loc["broadcast", "verdict"]
+    assert (
+        not ratios.loc["broadcast", "measurable"] and "no measurable difference" in ratios.loc["broadcast", "verdict"]
+    )
     assert (ratios["pairs"] == 20).all() and (ratios["size"] == "4 KB").all()
     with pytest.raises(ValueError, match="calls_s"):
         C.op_ratios(df.drop(columns="calls_s"))
-    few = df[df["size_bytes"] == 4096].assign(calls_s=lambda d: [c[:C.MIN_PAIRS - 1] for c in d["calls_s"]])
+    few = df[df["size_bytes"] == 4096].assign(calls_s=lambda d: [c[: C.MIN_PAIRS - 1] for c in d["calls_s"]])
     few_ratios = C.op_ratios(few).set_index("op")  # all_gather is half, every call, but 5 pairs cannot tell
     assert not few_ratios["measurable"].any() and "too few" in few_ratios.loc["all_gather", "verdict"]
 
 
 def test_op_ratios_default_to_the_largest_size_with_enough_calls():
-    df = C.pd.DataFrame([_row(op, [1.0] * 20) for op in ("all_reduce", "all_gather")]
-                        + [_row(op, [1.0] * 3, size=8192) for op in ("all_reduce", "all_gather")])
+    df = C.pd.DataFrame(
+        [_row(op, [1.0] * 20) for op in ("all_reduce", "all_gather")]
+        + [_row(op, [1.0] * 3, size=8192) for op in ("all_reduce", "all_gather")]
+    )
     assert C.op_ratios(df)["size"].tolist() == ["4 KB"]
 
 
 def test_unpaired_ratios_call_a_winner_only_where_quartiles_do_not_overlap():
-    df = C.pd.DataFrame([_row("all_reduce", [10.0, 11.0, 12.0, 13.0]), _row("all_reduce", [2.0, 3.0, 30.0], size=8192),
-                         _row("all_reduce", [1.0, 1.1, 1.2, 1.3], "nccl", "cuda"),
-                         _row("all_reduce", [1.0, 2.0, 3.0], "nccl", "cuda", size=8192)])
+    df = C.pd.DataFrame(
+        [
+            _row("all_reduce", [10.0, 11.0, 12.0, 13.0]),
+            _row("all_reduce", [2.0, 3.0, 30.0], size=8192),
+            _row("all_reduce", [1.0, 1.1, 1.2, 1.3], "nccl", "cuda"),
+            _row("all_reduce", [1.0, 2.0, 3.0], "nccl", "cuda", size=8192),
+        ]
+    )
     vs = C.unpaired_ratios(df, ("gloo", "cpu")).set_index("size_bytes")
     assert vs.loc[4096, "apart"] and vs.loc[4096, "ratio"] == pytest.approx(11.5 / 1.15)
     assert not vs.loc[8192, "apart"]  # gloo's p25-p75 (2.5-16.5) overlaps NCCL's (1.5-2.5)
@@ -224,8 +335,13 @@ def test_unpaired_ratios_call_a_winner_only_where_quartiles_do_not_overlap():
 def test_two_node_recipe_and_a_failed_rehearsal_reports_the_agents_stderr(monkeypatch):
     head, other = C.two_node_recipe("head:29500", nproc_per_node=4)
     assert "--nnodes 2 --node-rank 0 --nproc-per-node 4" in head and "--node-rank 1" in other
-    assert all("--rdzv-endpoint head:29500" in c and "--backend nccl --device cuda --reference" in c for c in (head, other))
-    failed = [subprocess.CompletedProcess(["a"], 0, "", ""), subprocess.CompletedProcess(["b"], 1, "", "rendezvous timed out")]
+    assert all(
+        "--rdzv-endpoint head:29500" in c and "--backend nccl --device cuda --reference" in c for c in (head, other)
+    )
+    failed = [
+        subprocess.CompletedProcess(["a"], 0, "", ""),
+        subprocess.CompletedProcess(["b"], 1, "", "rendezvous timed out"),
+    ]
     monkeypatch.setattr(C.L, "run_simulated_nodes", lambda argv, **kw: failed)
     with pytest.raises(RuntimeError, match="agent 1 \\(exit 1\\):\nrendezvous timed out"):
         C.two_node_rehearsal(["4KB"])

@@ -1,4 +1,5 @@
 """torch.compile's on-disk cache is kept apart per CPU capability by `import helpers` (issue 34)."""
+
 import os
 import subprocess
 import sys
@@ -32,10 +33,12 @@ def test_a_child_process_resolves_the_same_folder_or_its_own():
 
 def _compile_tiny_rmsnorm(cache: Path, switches: dict) -> subprocess.CompletedProcess:
     """A fresh process: import helpers, compile and run an RMSNorm-like function (the shape of notebook 02's crash)."""
-    code = ("import helpers, os, torch\n"
-            "f = torch.compile(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))\n"
-            "f(torch.randn(8, 64))\n"
-            "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n")
+    code = (
+        "import helpers, os, torch\n"
+        "f = torch.compile(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))\n"
+        "f(torch.randn(8, 64))\n"
+        "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
+    )
     clean = {k: v for k, v in os.environ.items() if k not in AVX2}
     env = {**clean, **switches, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -48,15 +51,19 @@ def test_avx2_then_native_through_import_helpers(tmp_path):
     avx2 = _compile_tiny_rmsnorm(tmp_path, AVX2)
     assert avx2.returncode == 0, avx2.stderr[-2000:]
     native = _compile_tiny_rmsnorm(tmp_path, {})
-    assert native.returncode == 0, f"the native run after the AVX2 one exited {native.returncode}: {native.stderr[-2000:]}"
+    assert native.returncode == 0, (
+        f"the native run after the AVX2 one exited {native.returncode}: {native.stderr[-2000:]}"
+    )
     assert avx2.stdout.split()[-1] == str(tmp_path / "cpu-capability-aten_avx2-onednn_avx2")
     assert native.stdout.split()[-1] == str(tmp_path)
 
 
 def test_launched_ranks_use_the_folder_of_the_launcher(tmp_path):
-    code = ("import helpers, os\n"
-            "from helpers.launch import launch\n"
-            "print(launch(os.getenv, 2, 'TORCHINDUCTOR_CACHE_DIR', backend='gloo', device='cpu'))\n")
+    code = (
+        "import helpers, os\n"
+        "from helpers.launch import launch\n"
+        "print(launch(os.getenv, 2, 'TORCHINDUCTOR_CACHE_DIR', backend='gloo', device='cpu'))\n"
+    )
     env = {**os.environ, **AVX2, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]

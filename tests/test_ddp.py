@@ -2,6 +2,7 @@
 toy model with a frozen, a tied and an unused parameter and ranks that start from different weights, with 1, 2, 3
 and unbounded buckets, and on a small Transformer; bucket planning; bad bucket sizes. Gradients are compared with a
 bound derived from float32 summation (helpers.experiments.ddp.gradient_bound), so the checks hold on any CPU."""
+
 import copy
 import functools
 
@@ -72,8 +73,9 @@ def test_toy_equals_single_process(toy_checks, label):
     R.assert_equivalent(toy_checks.loc[[label]].reset_index())
 
 
-@pytest.mark.parametrize("label, n", [("bucketed x1", 1), ("bucketed x2", 2), ("bucketed x3", 3),
-                                      ("bucketed unbounded", 1)])
+@pytest.mark.parametrize(
+    "label, n", [("bucketed x1", 1), ("bucketed x2", 2), ("bucketed x3", 3), ("bucketed unbounded", 1)]
+)
 def test_bucket_counts(toy_checks, label, n):
     assert toy_checks.loc[label, "buckets"] == n
 
@@ -120,8 +122,14 @@ def uneven_worker(*, kinds) -> dict[str, float]:
 def test_parameter_unused_on_one_rank_only():
     """Rank 1 skips a layer rank 0 uses: every wrapper still averages (rank 1 adds zeros), without hanging;
     launching in the order gradients arrive would pair different tensors across ranks here (gloo aborts)."""
-    kinds = [("naive", None), ("flat", None), ("per_parameter", None), ("bucketed", None), ("bucketed", 1e-6),
-             ("bucketed", 300 / D.MB)]
+    kinds = [
+        ("naive", None),
+        ("flat", None),
+        ("per_parameter", None),
+        ("bucketed", None),
+        ("bucketed", 1e-6),
+        ("bucketed", 300 / D.MB),
+    ]
     per_rank = launch(functools.partial(uneven_worker, kinds=kinds), 2, backend="gloo", device="cpu", timeout_s=60)
     for rank, out in enumerate(per_rank):
         assert len(out) == len(kinds)
@@ -132,8 +140,18 @@ def test_parameter_unused_on_one_rank_only():
 def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
     """speed_worker's traced steps: gloo's own all-reduce events vs the backward range, and a Chrome trace per rank."""
     variants = [("local", None, None), ("naive", "naive", None), ("per parameter", "per_parameter", None)]
-    worker = functools.partial(R.speed_worker, model="small/cpu", variants=variants, steps=1, warmup=0, batch_size=4,
-                               context_length=16, timeline_steps=1, traced=2, trace_dir=str(tmp_path))
+    worker = functools.partial(
+        R.speed_worker,
+        model="small/cpu",
+        variants=variants,
+        steps=1,
+        warmup=0,
+        batch_size=4,
+        context_length=16,
+        timeline_steps=1,
+        traced=2,
+        trace_dir=str(tmp_path),
+    )
     per_rank = launch(worker, 2, backend="gloo", device="cpu")
     for rank, out in enumerate(per_rank):
         assert out["local"].traced is None
@@ -168,15 +186,17 @@ def zeroed_views_worker(*, steps: int) -> dict:
         out[mode] = {k: v.clone() for k, v in model.state_dict().items()}
         out[mode + " grads are views"] = all(
             p.grad.untyped_storage().data_ptr() in {b.untyped_storage().data_ptr() for b in ddp.bucket_buffers}
-            for p in ddp.params)
+            for p in ddp.params
+        )
     return out
 
 
 def test_zeroed_gradient_views_accumulate_in_place():
     """Exact: both loops run the same kernels on the same shapes in the same order in one process (x + 0 == x);
     only where the gradient is stored differs, so the bits must too."""
-    for rank, out in enumerate(launch(functools.partial(zeroed_views_worker, steps=TOY["steps"]), 2, backend="gloo",
-                                      device="cpu")):
+    for rank, out in enumerate(
+        launch(functools.partial(zeroed_views_worker, steps=TOY["steps"]), 2, backend="gloo", device="cpu")
+    ):
         assert out["set_to_none grads are views"] and out["zeroed views grads are views"], rank
         for key, value in out["set_to_none"].items():
             torch.testing.assert_close(out["zeroed views"][key], value, rtol=0, atol=0, msg=f"rank {rank} {key}")
@@ -226,12 +246,25 @@ def test_alpha_beta_falls_back_to_notebook_03s_grid(monkeypatch):
     from helpers.experiments import collectives
 
     seen = {}
+
     def fake_grid(sizes, **kw):
         seen.update(sizes=sizes, **kw)
         import pandas as pd
+
         t = [1e-4 + s / 1e9 for s in sizes]
-        return pd.DataFrame({"backend": "gloo", "device": "cpu", "world_size": 2, "op": "all_reduce",
-                             "size_bytes": list(sizes), "time_s": t, "p25_s": t, "wrong": 0}), None
+        return pd.DataFrame(
+            {
+                "backend": "gloo",
+                "device": "cpu",
+                "world_size": 2,
+                "op": "all_reduce",
+                "size_bytes": list(sizes),
+                "time_s": t,
+                "p25_s": t,
+                "wrong": 0,
+            }
+        ), None
+
     monkeypatch.setattr(collectives, "run_grid", fake_grid)
     monkeypatch.setattr("helpers.results.load_results", lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError()))
     fit, source = R.alpha_beta("cpu", "gloo", "cpu")
@@ -244,6 +277,7 @@ def dropped_wrapper_worker() -> dict:
     """Train one step through DDPBucketed, drop it (closed or not) with the garbage collector off: is it freed?"""
     import gc
     import weakref
+
     gc.disable()
     try:
         freed = {}

@@ -1,6 +1,7 @@
 """The dry run of every notebook's gpu profile on the meta device (helpers.course.dry_run): every run's largest
 step fits an 80 GB card within gpu_plans' estimate; a planted shape error (notebook 07's checkpointed model built
 at its default 128 positions and fed 1024, issue 31 item 3) and a planted memory overrun are caught."""
+
 import pytest
 import torch
 
@@ -24,7 +25,9 @@ def test_every_notebooks_gpu_profile_runs_on_meta_and_fits_an_h100(table):
 
 def test_a_planted_shape_error_is_caught(monkeypatch):
     real = XF.build
-    monkeypatch.setattr(XF, "build", lambda name, n_layers=None, seed=0, context_length=None: real(name, n_layers, seed))
+    monkeypatch.setattr(
+        XF, "build", lambda name, n_layers=None, seed=0, context_length=None: real(name, n_layers, seed)
+    )
     with pytest.raises(IndexError, match="ids up to 1023 index an embedding of 128 rows"):
         D.dry_run(["07"])
 

@@ -1,4 +1,5 @@
 """Profiles, machine facts, and the Triton interpreter switch."""
+
 import os
 import subprocess
 import sys
@@ -58,9 +59,25 @@ def test_make_setup_from_a_python_that_is_a_venv_sees_its_torch(tmp_path):
     give .venv that venv's packages, not only the base interpreter's (CPython #95469)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     venv = tmp_path / ".venv"
-    subprocess.run(["make", "-s", "-C", root, f"VENV={venv}", f"PYTHON={sys.executable}",
-                    "VENV_ARGS=--system-site-packages --without-pip", f"{venv}/bin/python"], check=True, timeout=120)
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch, sys; print(torch.__file__, sys.prefix)"],
-                         capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        [
+            "make",
+            "-s",
+            "-C",
+            root,
+            f"VENV={venv}",
+            f"PYTHON={sys.executable}",
+            "VENV_ARGS=--system-site-packages --without-pip",
+            f"{venv}/bin/python",
+        ],
+        check=True,
+        timeout=120,
+    )
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import torch, sys; print(torch.__file__, sys.prefix)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-500:]
     assert out.stdout.split()[1] == str(venv)

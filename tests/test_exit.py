@@ -9,6 +9,7 @@
 - launch: a rank that dies after returning its result is not a failed run (a warning says so).
 - A short run of tests/exit_stress.py (the long one is `make stress`), and ../shared/repro/fsdp_peek.py if present.
 """
+
 import io
 import os
 import subprocess
@@ -26,8 +27,14 @@ from helpers.comm import python_objects_in_tls
 from helpers.launch import launch
 
 ROOT = Path(__file__).resolve().parent.parent
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor",
-               "reduce_scatter_single")
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+)
 
 
 def spy_on_collectives(seen: list) -> None:
@@ -35,9 +42,11 @@ def spy_on_collectives(seen: list) -> None:
     (name, Python objects in the thread-local state at the call) before calling through."""
     for name in COLLECTIVES:
         if hasattr(dist, name):
+
             def spy(*args, _fn=getattr(dist, name), _name=name, **kwargs):
                 seen.append((_name, tuple(python_objects_in_tls())))
                 return _fn(*args, **kwargs)
+
             setattr(dist, name, spy)
 
 
@@ -69,10 +78,15 @@ def fsdp_outside_the_window() -> dict:
     full = fsdp.gather_full_params()
     fsdp(torch.randn(4, 6)).sum().backward()
     fsdp.finish_gradient_synchronization()
-    out = {"hook_saw_full": all(torch.equal(seen[i], full[f"{i}.weight"]) for i in (0, 2)),
-           "repr": repr(model[0].weight), "keys": sorted(model.state_dict())}
-    for what, read in (("norm", lambda: model[0].weight.norm()), ("save", lambda: torch.save(model.state_dict(),
-                                                                                               io.BytesIO()))):
+    out = {
+        "hook_saw_full": all(torch.equal(seen[i], full[f"{i}.weight"]) for i in (0, 2)),
+        "repr": repr(model[0].weight),
+        "keys": sorted(model.state_dict()),
+    }
+    for what, read in (
+        ("norm", lambda: model[0].weight.norm()),
+        ("save", lambda: torch.save(model.state_dict(), io.BytesIO())),
+    ):
         try:
             read()
             out[what] = "no error"
@@ -150,9 +164,14 @@ def test_launch_keeps_results_of_a_rank_that_died_after_returning():
 
 def test_spawned_scripts_exit_cleanly():
     """Two runs of the stress script with all five wrappers alive at exit (make stress runs hundreds)."""
-    run = subprocess.run([sys.executable, str(ROOT / "tests" / "exit_stress.py"), "--runs", "2", "--variants", "all"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "exit_stress.py"), "--runs", "2", "--variants", "all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )
     assert run.returncode == 0 and "terminate called" not in run.stderr, run.stdout[-2000:] + run.stderr[-2000:]
 
 
@@ -160,8 +179,14 @@ def test_shared_fsdp_peek_reads_a_value():
     script = ROOT.parent / "shared" / "repro" / "fsdp_peek.py"
     if not script.exists():
         pytest.skip("no ../shared/repro beside this checkout")
-    run = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )
     assert run.returncode == 0 and "weight norm" in run.stdout, run.stderr[-2000:]
 
 
@@ -169,11 +194,19 @@ def test_a_worker_that_showed_a_progress_bar_leaks_no_semaphore(tmp_path):
     """tqdm's lock is a multiprocessing semaphore; a worker ending in os._exit must still release it, or the
     parent's resource tracker warns of a leak at exit (launch.finish runs multiprocessing's finalizers)."""
     script = tmp_path / "bar.py"
-    script.write_text("from helpers.launch import launch\n"
-                      "def bar():\n    from tqdm import tqdm\n    return sum(tqdm(range(3), disable=False))\n"
-                      "if __name__ == '__main__':\n    assert launch(bar, 1, backend='gloo', device='cpu') == [3]\n")
-    run = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    script.write_text(
+        "from helpers.launch import launch\n"
+        "def bar():\n    from tqdm import tqdm\n    return sum(tqdm(range(3), disable=False))\n"
+        "if __name__ == '__main__':\n    assert launch(bar, 1, backend='gloo', device='cpu') == [3]\n"
+    )
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert run.returncode == 0 and "leaked" not in run.stderr, run.stderr[-2000:]
 
 

@@ -5,6 +5,7 @@ whole batch from the same weights, within a bound derived from the sums each sid
 breaks that bound); the SGD step on the shards is the full-tensor step; replicated gradients bitwise equal across
 ranks; gather_full_params after construction is rank 0's unwrapped model; bytes per step = the formula; peak of
 gathered bytes. World size 1 runs in this process (bitwise equal to plain PyTorch); every bad input's ValueError."""
+
 import math
 import warnings
 
@@ -97,13 +98,25 @@ def train_worker(kinds, dtypes) -> dict:
                 (lm_loss(fsdp(x[rank::world]), y[rank::world]) * LOSS_SCALE[dtype]).backward()  # this rank's half
                 fsdp.finish_gradient_synchronization()
                 unscale(fsdp, dtype)
-                steps.append({"weights": weights, "grads": fsdp.gather_full_grads(), "log": fsdp.comm_log[start:],
-                              "replicated": [p.grad.clone() for p in fsdp.replicated],
-                              "meta": [(p.shape, p.dtype, p.grad.shape, p.grad.dtype)
-                                       for p in fsdp.parameters() if p.requires_grad]})
+                steps.append(
+                    {
+                        "weights": weights,
+                        "grads": fsdp.gather_full_grads(),
+                        "log": fsdp.comm_log[start:],
+                        "replicated": [p.grad.clone() for p in fsdp.replicated],
+                        "meta": [
+                            (p.shape, p.dtype, p.grad.shape, p.grad.dtype) for p in fsdp.parameters() if p.requires_grad
+                        ],
+                    }
+                )
                 opt.step()
-            out[kind, dtype] = {"steps": steps, "final": fsdp.gather_full_params(),
-                                "peak": fsdp.peak_gathered_bytes, "prefetched": fsdp.prefetched, "comm_s": fsdp.comm_s}
+            out[kind, dtype] = {
+                "steps": steps,
+                "final": fsdp.gather_full_params(),
+                "peak": fsdp.peak_gathered_bytes,
+                "prefetched": fsdp.prefetched,
+                "comm_s": fsdp.comm_s,
+            }
     return out
 
 
@@ -122,6 +135,7 @@ def runs():
 
 
 # ---- the single-process reference and the error bound ----
+
 
 def loaded(kind: str, weights: dict) -> nn.Module:
     model = make_model(kind, seed=0)
@@ -164,14 +178,17 @@ def test_gradients_equal_one_process_on_the_whole_batch(runs, kind, dtype):
     for s, ((x, y), step) in enumerate(zip(make_batches(kind), runs[0][kind, dtype]["steps"])):
         limits = bound(kind, dtype, step["weights"], x, y)
         whole = reference_grads(kind, step["weights"], x, y, dtype)
-        reference = whole if dtype == "fp32" else \
-            X.ranks_reference(lambda: loaded(kind, step["weights"]), [(x[r::2], y[r::2]) for r in range(2)], dtype)
+        reference = (
+            whole
+            if dtype == "fp32"
+            else X.ranks_reference(lambda: loaded(kind, step["weights"]), [(x[r::2], y[r::2]) for r in range(2)], dtype)
+        )
         assert step["grads"].keys() == reference.keys()
         assert not violations(step["grads"], reference, limits), (s, violations(step["grads"], reference, limits))
         if s == 0:
             half = violations(reference_grads(kind, step["weights"], x[0::2], y[0::2], dtype), reference, limits)
             trained = [n for n, g in reference.items() if g.any()]
-            assert set(half) == set(trained), (set(trained) - set(half))
+            assert set(half) == set(trained), set(trained) - set(half)
 
 
 @pytest.mark.parametrize("kind", ["toy", "lm"])
@@ -235,13 +252,18 @@ def test_bytes_per_step_match_the_formula(runs):
             assert F.bytes_sent(step["log"], world) == F.fsdp_bytes_per_step(psi, world, gather_bytes, 4, psi_rep)
     assert F.fsdp_bytes_per_step(psi, world) / F.ddp_bytes_per_step(psi, world) == 1.5
     padded = {n: math.ceil(p.numel() / world) * world for n, p in make_model("toy", 0).named_parameters()}
-    assert all(padded[n] % 2 == 0 and padded[n] != p.numel() for n, p in make_model("toy", 0).named_parameters()
-               if n in sharded_names(make_model("toy", 0)))
+    assert all(
+        padded[n] % 2 == 0 and padded[n] != p.numel()
+        for n, p in make_model("toy", 0).named_parameters()
+        if n in sharded_names(make_model("toy", 0))
+    )
     for dtype, b in (("fp32", 4), ("fp16", 2)):
         uses = ["emb.weight", "fc.weight", "fc.bias", "frozen.weight", "emb.weight"]  # head uses emb.weight
-        expected = sorted([("all_gather", padded[n] * b) for n in uses] * 2
-                          + [("reduce_scatter", padded[n] * 4) for n in uses if n != "frozen.weight"]
-                          + [("all_reduce", 7 * 4)])  # gain.weight; frozen_gain is not reduced
+        expected = sorted(
+            [("all_gather", padded[n] * b) for n in uses] * 2
+            + [("reduce_scatter", padded[n] * 4) for n in uses if n != "frozen.weight"]
+            + [("all_reduce", 7 * 4)]
+        )  # gain.weight; frozen_gain is not reduced
         for step in runs[0]["toy", dtype]["steps"]:
             assert sorted(step["log"]) == expected
 
@@ -250,8 +272,10 @@ def test_prefetch_and_at_most_two_gathered_modules_alive(runs):
     """Each gather but the first is started ahead of its module (forward from the 2nd step, once the call order is
     known; backward from the 1st), and the gathered bytes alive never exceed the two largest modules' together."""
     model = make_model("lm", 0)
-    per_module = sorted((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()
-                         if isinstance(m, SHARD_TYPES)), reverse=True)  # every one is called once per forward
+    per_module = sorted(
+        (sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules() if isinstance(m, SHARD_TYPES)),
+        reverse=True,
+    )  # every one is called once per forward
     for dtype, b in (("fp32", 4), ("fp16", 2)):
         run = runs[0]["lm", dtype]
         # forward: every module but the first, from step 2; backward: the same from step 1, but where two modules'
@@ -262,6 +286,7 @@ def test_prefetch_and_at_most_two_gathered_modules_alive(runs):
 
 
 # ---- in this process: world size 1 and the errors ----
+
 
 def test_before_init_process_group_says_to_use_launch():
     if dist.is_initialized():
@@ -284,8 +309,11 @@ def test_world_size_1_is_plain_pytorch(one_rank, kind, dtype):
         grads = fsdp.gather_full_grads()
         reference = reference_grads(kind, weights, x, y, dtype)
         assert all(torch.isfinite(g).all() for g in grads.values())
-        differ = {n: (grads[n] - reference[n]).abs().max().item() for n in reference
-                  if not torch.equal(grads[n], reference[n])}
+        differ = {
+            n: (grads[n] - reference[n]).abs().max().item()
+            for n in reference
+            if not torch.equal(grads[n], reference[n])
+        }
         assert not differ, (s, differ)
         assert F.bytes_sent(fsdp.comm_log, 1) == 0  # one rank sends nothing
         with torch.no_grad():  # SGD by hand: a torch.optim optimizer would import torch._dynamo here (seconds)

@@ -2,6 +2,7 @@
 one process within the derived bound (2 ranks) and bitwise (1 rank); memory vs formulas.fsdp_live_bytes (exact) and
 ZeRO-3; bytes per step vs the formula (1.5x DDP); ring all-reduces exact; the checkpointing model's optimum; the
 2025/2026 calculators' known values; bad inputs."""
+
 import functools
 import math
 
@@ -17,15 +18,21 @@ CHECK = dict(model="small/cpu", n_layers=2, steps=2, batch_size=4, context_lengt
 
 @pytest.fixture(scope="module")
 def measured():
-    worker = functools.partial(X.measure_worker, model="small/cpu", batch_size=8, context_length=64, steps=2, warmup=1,
-                               kinds=("fsdp", "ddp"))
+    worker = functools.partial(
+        X.measure_worker, model="small/cpu", batch_size=8, context_length=64, steps=2, warmup=1, kinds=("fsdp", "ddp")
+    )
     return launch(worker, 2, backend="gloo", device="cpu", timeout_s=300)
 
 
 def test_fsdp_equals_one_process_within_the_bound_and_bitwise_on_one_rank():
     for world in (2, 1):
-        per_rank = launch(functools.partial(X.equivalence_worker, dtypes=["fp32", "fp16"], **CHECK), world,
-                          backend="gloo", device="cpu", timeout_s=300)
+        per_rank = launch(
+            functools.partial(X.equivalence_worker, dtypes=["fp32", "fp16"], **CHECK),
+            world,
+            backend="gloo",
+            device="cpu",
+            timeout_s=300,
+        )
         table = X.equivalence_table(per_rank, **CHECK)
         assert (table["max_diff/bound"] <= 1).all() and table["replicated_equal"].all(), table
         if world == 1:
@@ -56,8 +63,13 @@ def test_trace_and_speed_tables(measured):
 
 
 def test_ring_all_reduces_exact_and_their_bytes():
-    per_rank = launch(functools.partial(X.ring_worker, sizes=[5, 1000], steps=1, warmup=0), 3, backend="gloo",
-                      device="cpu", timeout_s=120)
+    per_rank = launch(
+        functools.partial(X.ring_worker, sizes=[5, 1000], steps=1, warmup=0),
+        3,
+        backend="gloo",
+        device="cpu",
+        timeout_s=120,
+    )
     table = X.ring_table([per_rank])
     assert table["exact"].all()
     hand = table[table["method"] != "dist.all_reduce"]
@@ -69,7 +81,9 @@ def test_checkpointing_model_and_sweep():
     assert F.best_segment(12, 1.0, 20.0)[1] == 1  # activations >> inputs: one block per segment
     assert F.checkpoint_memory(12, 0, 1, 20) == 240 and F.checkpoint_memory(12, 5, 1, 1) == 3 + 5
     s = F.checkpoint_strategies(64)
-    assert s["sqrt"]["memory_blocks"] == 16 and s["nested"]["memory_blocks"] == 12 and s["nested"]["forward_passes"] == 7
+    assert (
+        s["sqrt"]["memory_blocks"] == 16 and s["nested"]["memory_blocks"] == 12 and s["nested"]["forward_passes"] == 7
+    )
     sweep = X.checkpoint_sweep("small/cpu", n_layers=4, batch_size=4, context_length=64, segments=[0, 1, 4], steps=1)
     assert sweep.loc[1, "peak_MiB"] < sweep.loc[0, "peak_MiB"]
 
@@ -106,8 +120,13 @@ def test_bad_inputs_are_clear_errors():
 
 def test_reference_is_built_on_the_device_the_run_computed_on():
     """Issue 31 item 2: a GPU run's one-rank bitwise check needs its reference computed by the same BLAS (cuBLAS)."""
-    per_rank = launch(functools.partial(X.equivalence_worker, dtypes=["fp32"], **{**CHECK, "steps": 1}), 1,
-                      backend="gloo", device="cpu", timeout_s=300)
+    per_rank = launch(
+        functools.partial(X.equivalence_worker, dtypes=["fp32"], **{**CHECK, "steps": 1}),
+        1,
+        backend="gloo",
+        device="cpu",
+        timeout_s=300,
+    )
     run = per_rank[0]["fp32"]
     assert run.device == "cpu"
     net = X.loaded(CHECK["model"], CHECK["n_layers"], run.weights[0], device="meta")
@@ -116,13 +135,16 @@ def test_reference_is_built_on_the_device_the_run_computed_on():
 
 def test_checkpoint_sweep_builds_the_model_at_the_context_it_feeds():
     """Issue 31 item 3: xl at context 1024 on the gpu profile; a model built at its default 128 positions fails."""
-    sweep = X.checkpoint_sweep("small/cpu", n_layers=2, batch_size=1, context_length=192, segments=[0, 1], steps=1,
-                               warmup=0)
+    sweep = X.checkpoint_sweep(
+        "small/cpu", n_layers=2, batch_size=1, context_length=192, segments=[0, 1], steps=1, warmup=0
+    )
     assert list(sweep.index) == [0, 1]
 
 
-@pytest.mark.parametrize("gpus,expected", [(0, ("gloo", "cpu")), (1, ("gloo", "cpu")), (2, ("gloo", "cpu")),
-                                           (4, ("nccl", "cuda")), (8, ("nccl", "cuda"))])
+@pytest.mark.parametrize(
+    "gpus,expected",
+    [(0, ("gloo", "cpu")), (1, ("gloo", "cpu")), (2, ("gloo", "cpu")), (4, ("nccl", "cuda")), (8, ("nccl", "cuda"))],
+)
 def test_ring_runs_nccl_on_a_gpu_per_rank_else_gloo_on_host_memory(monkeypatch, gpus, expected):
     """Issue 31 item 6: worlds 2 and 4 on 1-3 GPUs run gloo with host data (gloo's send/recv read a raw pointer as
     host memory), labelled so; a GPU per rank: NCCL with the data on each rank's GPU."""
@@ -133,8 +155,9 @@ def test_ring_runs_nccl_on_a_gpu_per_rank_else_gloo_on_host_memory(monkeypatch, 
 
 
 def test_ring_table_says_where_the_data_moved():
-    per_rank = launch(functools.partial(X.ring_worker, sizes=[8], steps=1, warmup=0), 2, backend="gloo", device="cpu",
-                      timeout_s=120)
+    per_rank = launch(
+        functools.partial(X.ring_worker, sizes=[8], steps=1, warmup=0), 2, backend="gloo", device="cpu", timeout_s=120
+    )
     assert set(X.ring_table([per_rank])["on"]) == {"gloo on cpu"}
 
 
@@ -148,15 +171,26 @@ def test_nccl_all_gathers_are_found_and_timed_on_the_device():
     span = lambda a, b: NS(start=a, end=b)  # noqa: E731
     ra = NS(name="a (Linear)", device_type=cpu, thread=1, time_range=span(0, 5), id=1, linked_correlation_id=0)
     rb = NS(name="b (Linear)", device_type=cpu, thread=1, time_range=span(5, 8), id=2, linked_correlation_id=0)
-    ops = [NS(name="aten::mm", device_type=cpu, thread=1, time_range=span(1, 2), id=11, linked_correlation_id=0),
-           NS(name="aten::mm", device_type=cpu, thread=1, time_range=span(6, 7), id=12, linked_correlation_id=0)]
-    kernels = [NS(name="nvjet_tst_gemm", device_type=cuda, thread=9, time_range=span(10, 20), id=0,
-                  linked_correlation_id=11),
-               NS(name="nvjet_tst_gemm", device_type=cuda, thread=9, time_range=span(25, 40), id=0,
-                  linked_correlation_id=12)]
+    ops = [
+        NS(name="aten::mm", device_type=cpu, thread=1, time_range=span(1, 2), id=11, linked_correlation_id=0),
+        NS(name="aten::mm", device_type=cpu, thread=1, time_range=span(6, 7), id=12, linked_correlation_id=0),
+    ]
+    kernels = [
+        NS(name="nvjet_tst_gemm", device_type=cuda, thread=9, time_range=span(10, 20), id=0, linked_correlation_id=11),
+        NS(name="nvjet_tst_gemm", device_type=cuda, thread=9, time_range=span(25, 40), id=0, linked_correlation_id=12),
+    ]
     for end, in_time in ((18, True), (23, False)):
-        gathers = [NS(name=f"ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgs{i})", device_type=cuda, thread=9,
-                      time_range=span(e - 3, e), id=0, linked_correlation_id=0) for i, e in enumerate((8, end))]
+        gathers = [
+            NS(
+                name=f"ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgs{i})",
+                device_type=cuda,
+                thread=9,
+                time_range=span(e - 3, e),
+                id=0,
+                linked_correlation_id=0,
+            )
+            for i, e in enumerate((8, end))
+        ]
         events = [ra, rb, *ops, *kernels, *gathers]
         assert [X.is_gather(e) for e in events] == [False] * 6 + [True] * 2
         spans = [X.kernel_span(events, r) for r in (ra, rb)]

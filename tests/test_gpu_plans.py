@@ -1,6 +1,7 @@
 """The gpu profile's memory plans (helpers.experiments.gpu_plans): every run fits one 80 GB H100 with the stated
 margin or says what it needs, and each estimator agrees with the memory tracker (or a quantity notebooks assert) on
 a CPU preset. No CUDA needed."""
+
 import copy
 import math
 
@@ -25,9 +26,13 @@ def test_every_gpu_run_fits_an_h100_or_says_what_it_needs():
     assert set(plan["notebook"]) == {"01", "02", "03", "04", "05"}
     assert (plan["fits"] == (plan["peak_per_gpu_GB"] <= 80.0)).all()
     assert (plan["fits"] | plan["needs"].str.startswith("+")).all()  # a run that does not fit says how much more
-    assert plan["fits"].all(), plan[~plan["fits"]]  # every gpu profile was sized to fit (nb01 offloads its profiled model)
+    assert plan["fits"].all(), plan[
+        ~plan["fits"]
+    ]  # every gpu profile was sized to fit (nb01 offloads its profiled model)
     assert (plan.loc[plan["notebook"] == "04", "ranks_per_gpu"] == 2).all()
-    assert plan.loc[plan["notebook"] == "03", "ranks_per_gpu"].max() == max(collectives.PROFILE_GRID["gpu"]["world_sizes"])
+    assert plan.loc[plan["notebook"] == "03", "ranks_per_gpu"].max() == max(
+        collectives.PROFILE_GRID["gpu"]["world_sizes"]
+    )
     with pytest.raises(ValueError, match="unknown notebook"):
         G.fits_here("99", 80e9)
 
@@ -62,6 +67,7 @@ def test_nb01_retained_graph_matches_the_tracker_on_cpu():
     lm = build_model(size)
     x, y = random_batch(lm.cfg, B, T)
     from helpers.experiments.benchmarking import pass_fn
+
     measured = track(lambda: pass_fn(lm, x, y, "backward")(), existing=model_state(lm, None, x, y)).peak_bytes
     estimate = G.retained_graph_bytes(size, B, T)
     # an upper bound (everything at once; in fact the loss gradients die as gradients appear), within 15 %
@@ -73,9 +79,11 @@ def test_nb02_norm_peak_bounds_every_pytorch_norm(dtype):
     rows, H = 512, 256
     peaks = {}
     for name in ("layernorm", "torch", "F.rms_norm", "torchfn"):
+
         def run():
             x, g, dy = XR.spec_inputs((rows, H), dtype)
             return torch.autograd.grad(XR.norm_function(name)(x, g), (x, g), dy)
+
         peaks[name] = track(run).peak_bytes
     estimate = G.norm_peak_bytes(rows, H)
     assert max(peaks.values()) <= estimate * 1.01, peaks  # 1 %: the (H,) weight and its gradient
@@ -86,9 +94,11 @@ def test_nb02_norm_peak_bounds_every_pytorch_norm(dtype):
 def test_nb03_buffers_per_rank_are_within_the_count():
     numel, n = 2**16, 4
     for op in collectives.OPS:
+
         def one():
             source, out, expected = collectives._buffers(op, numel, 1, n, torch.device("cpu"))
             return source, out, expected, source.clone()
+
         measured = track(one).peak_bytes
         # the previous op's result and a backend scratch buffer are the 2 more in COLLECTIVE_BUFFERS
         assert measured <= (G.COLLECTIVE_BUFFERS - 2) * numel * 4, (op, measured / (numel * 4))
@@ -134,7 +144,9 @@ def test_nb05_states_are_formulas_live_bytes():
     for kind in ("unsharded", "sharded", "zero1"):
         for rank in (0, 1):
             live = F.live_bytes(kind, m, 2, rank, b, T, "after step")
-            assert G.kind_state_bytes(kind, m, 2, rank) == live["parameters"] + live["gradients"] + live["optimizer state"]
+            assert (
+                G.kind_state_bytes(kind, m, 2, rank) == live["parameters"] + live["gradients"] + live["optimizer state"]
+            )
         act = sum(F.activation_bytes(m, b, T).values()) + F.loss_grad_bytes(m, b, T)
         assert G.kind_peak_bytes(kind, m, b, T) >= G.kind_state_bytes(kind, m) + act
     assert G.kind_state_bytes("sharded", "xl") < G.kind_state_bytes("unsharded", "xl")

@@ -1,5 +1,6 @@
 """A notebook whose kernel dies mid-cell fails within seconds, naming the signal and the kernel's last stderr lines,
 under nbval (make test) and under the writeup's executor (make writeup) (issue 34)."""
+
 import os
 import subprocess
 import sys
@@ -11,16 +12,21 @@ import nbformat
 from helpers import kernel_watch, writeup
 
 ROOT = Path(__file__).resolve().parent.parent
-DIES_MID_CELL = ("import os, signal, threading, time\n"
-                 "os.write(2, b'last words before the kill\\n')\n"
-                 "threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()\n"
-                 "time.sleep(600)\n")
+DIES_MID_CELL = (
+    "import os, signal, threading, time\n"
+    "os.write(2, b'last words before the kill\\n')\n"
+    "threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()\n"
+    "time.sleep(600)\n"
+)
 
 
 def _notebook(folder: Path) -> Path:
     """A three-cell notebook whose second cell's kernel is killed by SIGKILL while it sleeps."""
-    cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(DIES_MID_CELL),
-             nbformat.v4.new_code_cell("y = 2")]
+    cells = [
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_code_cell(DIES_MID_CELL),
+        nbformat.v4.new_code_cell("y = 2"),
+    ]
     path = folder / "dies.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
     return path
@@ -28,12 +34,25 @@ def _notebook(folder: Path) -> Path:
 
 def test_nbval_fails_the_cell_whose_kernel_was_killed(tmp_path):
     """make test's options (the cell timeout far above the 30 s allowed); the plugin comes from pyproject's addopts."""
-    cmd = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT),
-           "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=900",
-           str(_notebook(tmp_path))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-c",
+        str(ROOT / "pyproject.toml"),
+        "--rootdir",
+        str(ROOT),
+        "-p",
+        "no:cacheprovider",
+        "--nbval-lax",
+        "--nbval-current-env",
+        "--nbval-cell-timeout=900",
+        str(_notebook(tmp_path)),
+    ]
     start = time.perf_counter()
-    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    run = subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     seconds = time.perf_counter() - start
     assert run.returncode == 1, run.stdout[-3000:]
     assert "1 passed" in run.stdout and "2 failed" in run.stdout, run.stdout[-3000:]

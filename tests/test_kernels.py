@@ -1,4 +1,5 @@
 """RMSNorm kernels at any width (wide rows loop over column blocks) and every kernel compiled for sm_80/sm_90a."""
+
 import re
 import subprocess
 import sys
@@ -54,8 +55,9 @@ def test_launch_configs_cover_every_width():
 
 def test_kernels_compile_for_sm80_and_sm90a_without_spills():
     """`python -m helpers kernels --quick` (no GPU needed): every configuration compiles, none spills."""
-    run = subprocess.run([sys.executable, "-m", "helpers", "kernels", "--quick"], capture_output=True, text=True,
-                         timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "helpers", "kernels", "--quick"], capture_output=True, text=True, timeout=600
+    )
     last = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     match = re.fullmatch(r"(\d+) configurations compiled for sm_80, sm_90a; (\d+) with spills", last)
     assert match, last

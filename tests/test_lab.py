@@ -8,6 +8,7 @@ profile cpu), which must change its output when an input changes; and notebook 0
 `live`, on small shapes), whose Run must show a table that changes with the segment size chosen. Skips without
 Chromium and chromedriver.
 """
+
 from __future__ import annotations
 
 import os
@@ -86,17 +87,37 @@ def stop(proc: subprocess.Popen) -> None:
 def start_lab(root: Path, token: str, tries: int = 3) -> tuple[subprocess.Popen, str]:
     """JupyterLab serving `root` on a free port, on another one if that got taken meanwhile: (process, URL)."""
     home = root.parent / "jupyter"  # config, data and runtime dirs of its own: no user kernels or settings
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
-               JUPYTER_RUNTIME_DIR=str(home / "runtime"), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(home / "config"),
+        JUPYTER_DATA_DIR=str(home / "data"),
+        JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
     for _ in range(tries):
         port = free_port()
         log = root.parent / f"lab-{port}.log"
         with log.open("w") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                 "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-                 "--LabApp.expose_app_in_browser=True", "--allow-root"],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "jupyter",
+                    "lab",
+                    "--no-browser",
+                    "--ip=127.0.0.1",
+                    f"--port={port}",
+                    "--ServerApp.port_retries=0",
+                    f"--IdentityProvider.token={token}",
+                    f"--ServerApp.root_dir={root}",
+                    "--LabApp.expose_app_in_browser=True",
+                    "--allow-root",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
             if answers(f"{url}/api/status?token={token}"):
@@ -111,19 +132,27 @@ def start_lab(root: Path, token: str, tries: int = 3) -> tuple[subprocess.Popen,
 def calculator_cells(nb) -> list:
     """The cells a student runs to use notebook 05's calculator: parameters, imports, the calculator. The rest of
     the notebook (multi-rank launches) is checked by nbval; here it would only make the browser wait."""
-    keep = [c for c in nb.cells if c.cell_type == "code" and ({"parameters", "injected-parameters"}
-            & set(c.metadata.get("tags", [])) or "import" in c.source and "Calculator" in c.source
-            or "Calculator(" in c.source)]
+    keep = [
+        c
+        for c in nb.cells
+        if c.cell_type == "code"
+        and (
+            {"parameters", "injected-parameters"} & set(c.metadata.get("tags", []))
+            or "import" in c.source
+            and "Calculator" in c.source
+            or "Calculator(" in c.source
+        )
+    ]
     assert any("Calculator(" in c.source for c in keep), "notebook 05 has no Calculator cell"
     return keep
 
 
 NOTEBOOK_07, LIVE_07 = "07_fsdp.ipynb", "live_07.ipynb"
-SMALL_CHECKPOINT = '''from helpers.experiments import fsdp as X
+SMALL_CHECKPOINT = """from helpers.experiments import fsdp as X
 
 profile = "cpu"  # notebook 07's live cell below, verbatim, on small shapes: the control, not the numbers, is checked
 X.PROFILES["cpu"] = {**X.PROFILES["cpu"], "ckpt_layers": 4, "ckpt_batch": 1, "ckpt_context": 16,
-                     "segments": [0, 1, 2, 4]}'''
+                     "segments": [0, 1, 2, 4]}"""
 
 
 def live_notebook(nb07):
@@ -170,8 +199,9 @@ def run_to_calc(driver, url: str, token: str, notebook: str, timeout_s: int):
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(f"{url}/lab/tree/{notebook}?reset&token={token}")
-    WebDriverWait(driver, 120, poll_frequency=1).until(lambda d: d.execute_script(KERNEL_IDLE),
-                                                       f"{notebook}: no idle kernel in JupyterLab after 120 s")
+    WebDriverWait(driver, 120, poll_frequency=1).until(
+        lambda d: d.execute_script(KERNEL_IDLE), f"{notebook}: no idle kernel in JupyterLab after 120 s"
+    )
     driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
     def calc_or_error(d):
@@ -185,7 +215,8 @@ def run_to_calc(driver, url: str, token: str, notebook: str, timeout_s: int):
         return found
 
     return WebDriverWait(driver, timeout_s, poll_frequency=1).until(
-        calc_or_error, f"{notebook}: no .calc in any output after {timeout_s} s of Run All")[0]
+        calc_or_error, f"{notebook}: no .calc in any output after {timeout_s} s of Run All"
+    )[0]
 
 
 @pytest.mark.timeout(300)
@@ -220,7 +251,8 @@ def run_live_panel(driver, panel, segment: str, before: str, timeout_s: int = 90
         return tables[0].text if tables and "done in" in status and tables[0].text != before else False
 
     return WebDriverWait(driver, timeout_s, poll_frequency=0.5).until(
-        new_table, f"no new table in the live panel {timeout_s} s after Run (segment {segment})")
+        new_table, f"no new table in the live panel {timeout_s} s after Run (segment {segment})"
+    )
 
 
 @pytest.mark.timeout(240)
@@ -232,13 +264,18 @@ def test_notebook_07_live_control_in_lab(lab):
 
     driver, url, token = lab
     driver.get(f"{url}/lab/tree/{LIVE_07}?reset&token={token}")
-    WebDriverWait(driver, 120, poll_frequency=1).until(lambda d: d.execute_script(KERNEL_IDLE),
-                                                       f"{LIVE_07}: no idle kernel in JupyterLab after 120 s")
+    WebDriverWait(driver, 120, poll_frequency=1).until(
+        lambda d: d.execute_script(KERNEL_IDLE), f"{LIVE_07}: no idle kernel in JupyterLab after 120 s"
+    )
     driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
     panel = WebDriverWait(driver, 120, poll_frequency=1).until(
-        lambda d: (d.find_elements(By.CSS_SELECTOR, ".live-panel") or [False])[0] or d.execute_script(RUN_STATE)[
-            "error"] and pytest.fail(f"{LIVE_07}: {without_colours(d.execute_script(RUN_STATE)['error'])}",
-                                     pytrace=False), f"{LIVE_07}: no .live-panel after Run All")
+        lambda d: (
+            (d.find_elements(By.CSS_SELECTOR, ".live-panel") or [False])[0]
+            or d.execute_script(RUN_STATE)["error"]
+            and pytest.fail(f"{LIVE_07}: {without_colours(d.execute_script(RUN_STATE)['error'])}", pytrace=False)
+        ),
+        f"{LIVE_07}: no .live-panel after Run All",
+    )
     first = run_live_panel(driver, panel, "1", before="")
     second = run_live_panel(driver, panel, "4", before=first)
     driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", panel)

@@ -1,4 +1,5 @@
 """The launcher: results in rank order, and every fault ends fast, named, with no process left behind."""
+
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # ---- workers (module level, so spawn can import them by reference) ----
+
 
 def tensor_worker(scale):
     """Return a tensor that depends on the rank and an argument."""
@@ -55,6 +57,7 @@ def _alive(pid):
 
 # ---- results ----
 
+
 def test_results_in_rank_order_and_threads():
     results = launch(L.all_reduce_rank_ids, 2)
     assert [r["rank"] for r in results] == [0, 1]
@@ -74,6 +77,7 @@ def test_single_rank():
 
 
 # ---- faults ----
+
 
 @pytest.mark.parametrize("mode, expect", [("raise", "KeyError"), ("sigkill", "SIGKILL")])
 def test_failing_rank_is_named_fast_and_nothing_survives(tmp_path, mode, expect):
@@ -141,6 +145,7 @@ def test_nccl_or_cuda_refused_without_gpus(monkeypatch):
 
 # ---- functions from a notebook or a script ----
 
+
 def _run_python(code: str, cwd: Path, timeout: int = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, *code], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -169,9 +174,13 @@ def test_script_without_main_guard_gets_a_hint(tmp_path):
 
 # ---- torchrun ----
 
+
 def test_torchrun_entry_point(tmp_path):
-    proc = _run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        "-m", "helpers", "demo"], tmp_path, timeout=180)
+    proc = _run_python(
+        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "helpers", "demo"],
+        tmp_path,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OK: expected 1" in proc.stdout
     assert proc.stdout.count("sum = 1") == 2  # rank 0 reports both ranks, rank 1 stays quiet

@@ -1,5 +1,6 @@
 """The package's layers (../shared/design.md): infrastructure < library < experiments < course (cross-notebook work)
 < entry points; no cycles."""
+
 import ast
 import subprocess
 import sys
@@ -48,8 +49,10 @@ def test_each_module_imports_only_its_own_layer_or_below(module):
 
 
 def test_no_import_cycles():
-    graph = {m: {i for i in _imports(p) if i in MODULES and i != m and not i.endswith("__init__")}
-             for m, p in MODULES.items()}
+    graph = {
+        m: {i for i in _imports(p) if i in MODULES and i != m and not i.endswith("__init__")}
+        for m, p in MODULES.items()
+    }
     state = {}
 
     def visit(m, path):
@@ -75,7 +78,9 @@ def test_every_bench_topic_has_a_bench_main():
 BAD_INPUT = [["bench", "rmsnorm", "--hidden", "-5"], ["bench", "ddp", "--steps", "0"], ["bench", "no-such-topic"]]
 
 
-@pytest.mark.parametrize("argv", BAD_INPUT + ([["writeup", "--profile", "gpu"]] if not torch.cuda.is_available() else []))
+@pytest.mark.parametrize(
+    "argv", BAD_INPUT + ([["writeup", "--profile", "gpu"]] if not torch.cuda.is_available() else [])
+)
 def test_entry_points_answer_bad_input_in_one_line(argv):
     run = subprocess.run([sys.executable, "-m", "helpers", *argv], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run

@@ -2,6 +2,7 @@
 leaderboard's shape scaled down with its ratios kept (head_dim 128, d_ff/d_model 2.6875, the LM head's share of the
 parameters), its parameters exactly, the bytes saved for backward against helpers.memory's tracker, the peak of a
 steady-state forward+backward within a stated bound, and the step's FLOPs against FlopCounterMode."""
+
 import math
 
 import helpers  # noqa: F401  (first: sets TRITON_INTERPRET before torch's flop counter imports triton)
@@ -17,8 +18,15 @@ from helpers.memory import track
 
 FULL = formulas.LEADERBOARD_MODEL
 D = 256  # d_model: 2 heads of head_dim 128, as the leaderboard's 32 heads of 128
-SHAPE = dict(d_model=D, d_ff=D * FULL["d_ff"] // FULL["d_model"], n_layers=4, n_heads=D // 128, context_length=64,
-             batch_size=2, world_size=1)
+SHAPE = dict(
+    d_model=D,
+    d_ff=D * FULL["d_ff"] // FULL["d_model"],
+    n_layers=4,
+    n_heads=D // 128,
+    context_length=64,
+    batch_size=2,
+    world_size=1,
+)
 # the vocabulary that keeps the embedding + head's share of the parameters (about 15%)
 _share = 2 * FULL["vocab_size"] * FULL["d_model"] / sum(formulas.llama_params(**FULL).values())
 _blocks = formulas.llama_params(**SHAPE, vocab_size=0)["blocks"]
@@ -42,12 +50,18 @@ class Block(nn.Module):
         super().__init__()
         self.h, self.math, self.norm1, self.norm2 = h, math_attention, RMSNorm(d), RMSNorm(d)
         self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
-        self.w1, self.w3, self.w2 = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False), nn.Linear(f, d, bias=False)
+        self.w1, self.w3, self.w2 = (
+            nn.Linear(d, f, bias=False),
+            nn.Linear(d, f, bias=False),
+            nn.Linear(f, d, bias=False),
+        )
 
     def forward(self, x):
         B, T, d = x.shape
         a = self.norm1(x)
-        q, k, v = (m(a).view(B, T, self.h, d // self.h).transpose(1, 2) for m in (self.q, self.k, self.v))  # (B, H, T, hd)
+        q, k, v = (
+            m(a).view(B, T, self.h, d // self.h).transpose(1, 2) for m in (self.q, self.k, self.v)
+        )  # (B, H, T, hd)
         if self.math:
             mask = torch.ones(T, T, dtype=torch.bool).tril()
             y = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(d // self.h)).masked_fill(~mask, -1e9), -1) @ v
@@ -66,8 +80,9 @@ class LlamaLike(nn.Module):
         super().__init__()
         self.segment = segment
         self.emb = nn.Embedding(s["vocab_size"], s["d_model"])
-        self.blocks = nn.ModuleList(Block(s["d_model"], s["d_ff"], s["n_heads"], math_attention)
-                                    for _ in range(s["n_layers"]))
+        self.blocks = nn.ModuleList(
+            Block(s["d_model"], s["d_ff"], s["n_heads"], math_attention) for _ in range(s["n_layers"])
+        )
         self.norm, self.head = RMSNorm(s["d_model"]), nn.Linear(s["d_model"], s["vocab_size"], bias=False)
 
     def _run(self, lo, hi, x):
@@ -93,8 +108,11 @@ def loss_of(model, x, y):
 
 def plan_row(strategy="DDP", checkpointing="none", head="plain", precision="fp32 master"):
     plan = formulas.leaderboard_plan(SHAPE, gpus={"any": dict(memory=1e12, flops=1e12, link=1e9)}, bytes_per_element=4)
-    return next(r for r in plan if (r["strategy"], r["checkpointing"], r["head"], r["precision"]) ==
-                (strategy, checkpointing, head, precision))
+    return next(
+        r
+        for r in plan
+        if (r["strategy"], r["checkpointing"], r["head"], r["precision"]) == (strategy, checkpointing, head, precision)
+    )
 
 
 def test_the_preset_keeps_the_leaderboards_ratios():
@@ -118,7 +136,8 @@ def test_a_block_saves_what_the_formula_counts_byte_for_byte():
     t = track(lambda: block(x), existing=[*block.parameters(), x])
     # live after forward: what backward needs, less the block's input (existing), plus its output (as big)
     assert t.current_bytes - t.baseline_bytes == formulas.llama_block_saved_bytes(
-        d_model=s["d_model"], d_ff=s["d_ff"], n_heads=s["n_heads"], tokens=tokens, bytes_per_element=4)
+        d_model=s["d_model"], d_ff=s["d_ff"], n_heads=s["n_heads"], tokens=tokens, bytes_per_element=4
+    )
 
 
 @pytest.mark.parametrize("checkpointing, segment", [("none", 0), ("every block", 1), ("sqrt(L) segments", 2)])
@@ -128,8 +147,9 @@ def test_the_models_saved_activations_match_the_plan(checkpointing, segment):
     model = LlamaLike(s, segment)
     x, y = batch(s)
     t = track(lambda: loss_of(model, x, y), existing=[*model.parameters(), x, y])
-    A = formulas.llama_block_saved_bytes(d_model=D, d_ff=s["d_ff"], n_heads=s["n_heads"], tokens=tokens,
-                                         bytes_per_element=4)
+    A = formulas.llama_block_saved_bytes(
+        d_model=D, d_ff=s["d_ff"], n_heads=s["n_heads"], tokens=tokens, bytes_per_element=4
+    )
     kept = s["n_layers"] * A if segment == 0 else math.ceil(s["n_layers"] / segment) * tokens * D * 4
     head = formulas.llama_head_bytes(d_model=D, vocab_size=s["vocab_size"], tokens=tokens, bytes_per_element=4)
     scalars = 64  # the loss and cross_entropy's total weight: a few 0-d tensors
@@ -144,8 +164,13 @@ def test_the_peak_of_a_steady_state_step_is_the_plans_memory_within_its_transien
     loss_of(model, x, y).backward()
     opt.step()  # AdamW state exists; gradients stay allocated (zeroed, not None) as the plan counts them
     opt.zero_grad(set_to_none=False)
-    state = [*model.parameters(), *(p.grad for p in model.parameters()),
-             *(v for st in opt.state.values() for v in st.values()), x, y]
+    state = [
+        *model.parameters(),
+        *(p.grad for p in model.parameters()),
+        *(v for st in opt.state.values() for v in st.values()),
+        x,
+        y,
+    ]
     t = track(lambda: loss_of(model, x, y).backward(), existing=state)
     planned = plan_row()["memory_GB"] * 1e9
     steps = 4 * len(opt.state)  # AdamW's fp32 step counter per tensor, not in 16 bytes per parameter
@@ -195,16 +220,32 @@ def test_the_plan_keeps_a_margin_breaks_ties_by_memory_and_offers_the_head_and_p
     card = formulas.LEADERBOARD_GPUS[gpu]["memory"] / 1e9
     for r in plan:  # fits only with the stated margin free
         assert r["fits"][gpu] == (r["memory_GB"] <= (1 - formulas.PLAN_MARGIN) * card)
-    ddp = next(r for r in plan if (r["strategy"], r["checkpointing"], r["head"], r["precision"]) ==
-               ("DDP", "every block", "plain", "fp32 master"))
+    ddp = next(
+        r
+        for r in plan
+        if (r["strategy"], r["checkpointing"], r["head"], r["precision"])
+        == ("DDP", "every block", "plain", "fp32 master")
+    )
     assert ddp["memory_GB"] > (1 - formulas.PLAN_MARGIN) * card and not ddp["fits"][gpu]  # 175 GB: 2.6% headroom
     # DDP and FSDP are predicted equally fast here: the tie goes to the plan with less memory
-    pair = [r for r in plan if r["checkpointing"] == "every block" and r["head"] == "plain"
-            and r["precision"] == "fp32 master" and r["strategy"] in ("DDP", "FSDP")]
+    pair = [
+        r
+        for r in plan
+        if r["checkpointing"] == "every block"
+        and r["head"] == "plain"
+        and r["precision"] == "fp32 master"
+        and r["strategy"] in ("DDP", "FSDP")
+    ]
     roomy = {gpu: dict(formulas.LEADERBOARD_GPUS[gpu], memory=1e15)}
-    pair = [r for r in formulas.leaderboard_plan(gpus=roomy) if any(
-        (r["strategy"], r["checkpointing"], r["head"], r["precision"]) ==
-        (p["strategy"], p["checkpointing"], p["head"], p["precision"]) for p in pair)]
+    pair = [
+        r
+        for r in formulas.leaderboard_plan(gpus=roomy)
+        if any(
+            (r["strategy"], r["checkpointing"], r["head"], r["precision"])
+            == (p["strategy"], p["checkpointing"], p["head"], p["precision"])
+            for p in pair
+        )
+    ]
     assert abs(pair[0]["step_s"][gpu] / pair[1]["step_s"][gpu] - 1) < formulas.PLAN_TIE
     assert formulas.fastest_plan(pair, gpu)["strategy"] == "FSDP"
     assert formulas.fastest_plan(list(reversed(pair)), gpu)["strategy"] == "FSDP"  # not list order
@@ -212,8 +253,11 @@ def test_the_plan_keeps_a_margin_breaks_ties_by_memory_and_offers_the_head_and_p
     head = {r["head"]: r["head + loss (GB)"] for r in plan}
     assert round(head["plain"], 1) == 30.7 and head["chunked"] < 3
     # bf16 weights without an fp32 master: 12 bytes of state per parameter instead of 16 (DDP, unsharded)
-    states = {r["precision"]: sum(v for k, v in r.items() if k.startswith(("bf16 ", "fp32 ", "AdamW")))
-              for r in plan if r["strategy"] == "DDP"}
+    states = {
+        r["precision"]: sum(v for k, v in r.items() if k.startswith(("bf16 ", "fp32 ", "AdamW")))
+        for r in plan
+        if r["strategy"] == "DDP"
+    }
     assert states["bf16 weights"] / states["fp32 master"] == pytest.approx(12 / 16)
     # the time band over MFU: slower at lower MFU
     band = plan[0]["step_band_s"][gpu]
@@ -226,7 +270,11 @@ def test_the_mfu_the_published_best_implies():
     from helpers.published import MARKS
 
     best, lm, g = MARKS["leaderboard_2026_best"], formulas.LEADERBOARD_MODEL, formulas.LEADERBOARD_GPUS["B200 ~180 GB"]
-    lo, hi = (formulas.implied_mfu(best.value / 1e3, formulas.llama_train_flops(**lm, segments=s), peak_flops=g["flops"],
-                                   world_size=2) for s in (0, lm["n_layers"]))
+    lo, hi = (
+        formulas.implied_mfu(
+            best.value / 1e3, formulas.llama_train_flops(**lm, segments=s), peak_flops=g["flops"], world_size=2
+        )
+        for s in (0, lm["n_layers"])
+    )
     assert round(lo, 2) == 0.27 and round(hi, 2) == 0.35
     assert "self-reported" in best.status

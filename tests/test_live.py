@@ -1,4 +1,5 @@
 """helpers.course.live without a browser: the panel's Run, its error path, and its one line for exported pages."""
+
 import pandas as pd
 import pytest
 

@@ -1,4 +1,5 @@
 """The memory tracker on allocation patterns with known byte counts, and the analytic accounting of a step."""
+
 import torch
 
 from helpers import formulas, memory, model
@@ -42,13 +43,11 @@ def test_analytic_state_bytes_match_a_measured_adamw_step():
     lm = model.build_model(cfg)
     opt = torch.optim.AdamW(lm.parameters())
     x, y = model.random_batch(cfg, batch_size=2, context_length=16)
-    trace = memory.track(lambda: train_step(lm, opt, x, y), existing=memory.model_state(lm, None, x, y),
-                         model=lm)
+    trace = memory.track(lambda: train_step(lm, opt, x, y), existing=memory.model_state(lm, None, x, y), model=lm)
     params = list(lm.parameters())
     state = [t for s in opt.state.values() for t in s.values()]
     assert trace.baseline_bytes == formulas.param_bytes(cfg) + formulas.buffer_bytes(cfg) + 2 * 2 * 16 * 8
-    assert sum(trace.live[memory.storage_key(p.grad)].nbytes for p in params) \
-        == formulas.param_bytes(cfg)
+    assert sum(trace.live[memory.storage_key(p.grad)].nbytes for p in params) == formulas.param_bytes(cfg)
     assert sum(t.untyped_storage().nbytes() for t in state) == formulas.adamw_state_bytes(cfg)
     # everything the step leaves live is parameters, gradients and optimizer state (loss is a 4-byte scalar)
     assert trace.current_bytes == trace.baseline_bytes + formulas.param_bytes(cfg) + formulas.adamw_state_bytes(cfg) + 4
@@ -80,9 +79,13 @@ def test_residual_stream_formula():
 
 
 def test_timeline_from_a_synthetic_cuda_snapshot():
-    trace = [{"action": "alloc", "size": 512}, {"action": "alloc", "size": 1024},
-             {"action": "free_requested", "size": 512}, {"action": "free_completed", "size": 512},
-             {"action": "alloc", "size": 2048}]
+    trace = [
+        {"action": "alloc", "size": 512},
+        {"action": "alloc", "size": 1024},
+        {"action": "free_requested", "size": 512},
+        {"action": "free_completed", "size": 512},
+        {"action": "alloc", "size": 2048},
+    ]
     points = memory.timeline_from_snapshot({"device_traces": [trace]})
     assert [b for _, b in points] == [512, 1536, 1536, 1024, 3072]
 
@@ -98,9 +101,12 @@ def test_step_peaks_full_step_above_forward_and_state_counted():
 def test_peak_rows_and_timelines_of_a_tiny_model():
     cfg = model.get_config("small/cpu", n_layers=1)
     peaks = benchmarking.peak_rows([cfg], 2, 16, [torch.bfloat16])
-    assert peaks[["precision", "pass"]].values.tolist() == [["fp32", "forward"], ["fp32", "full step"],
-                                                             ["autocast bfloat16", "forward"],
-                                                             ["autocast bfloat16", "full step"]]
+    assert peaks[["precision", "pass"]].values.tolist() == [
+        ["fp32", "forward"],
+        ["fp32", "full step"],
+        ["autocast bfloat16", "forward"],
+        ["autocast bfloat16", "full step"],
+    ]
     assert (peaks["status"] == "ok").all() and peaks["allocator_peak_MiB"].isna().all()  # CPU: no allocator peak
     table = peaks.assign(size="tiny").pivot_table(index="size", columns=["pass", "precision"], values="peak_MiB")
     assert (table["full step"] > table["forward"]).all().all()

@@ -1,4 +1,5 @@
 """TransformerLM: analytic parameter counts, sizes and presets, forward/backward, causality, norms, batches."""
+
 import math
 
 import pytest
@@ -31,6 +32,7 @@ def _numel(model):
 
 
 # ---- sizes and parameter counts ----
+
 
 @pytest.mark.parametrize("name", list(MODEL_SIZES))
 @pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
@@ -79,8 +81,9 @@ def test_cpu_preset_keeps_head_dim_ffn_ratio_and_lm_head_share(ref):
     assert s.d_ff * r.d_model == r.d_ff * s.d_model
     assert s.n_layers == math.ceil(r.n_layers / 8)
     # the LM head's share d·V / (12·L·d² + d·V) is kept when V / (L·d) is: up to rounding V to a whole token
-    assert s.vocab_size / (s.n_layers * s.d_model) == pytest.approx(r.vocab_size / (r.n_layers * r.d_model),
-                                                                    abs=0.5 / (s.n_layers * s.d_model) + 1e-12)
+    assert s.vocab_size / (s.n_layers * s.d_model) == pytest.approx(
+        r.vocab_size / (r.n_layers * r.d_model), abs=0.5 / (s.n_layers * s.d_model) + 1e-12
+    )
     assert (s.context_length, s.norm) == (r.context_length, r.norm)
 
 
@@ -118,6 +121,7 @@ def test_heads_must_divide_d_model():
 
 
 # ---- building ----
+
 
 def test_model_structure_has_no_biases_and_an_untied_head():
     model = build_model(TOY)
@@ -158,6 +162,7 @@ def test_build_model_device_and_dtype():
 
 
 # ---- forward, backward, causality ----
+
 
 def test_forward_shape_and_every_parameter_gets_a_grad():
     torch.manual_seed(0)
@@ -210,6 +215,7 @@ def test_context_longer_than_context_length_raises():
 
 
 # ---- norms ----
+
 
 def test_layernorm_swap():
     model = build_model(TOY, norm="layernorm")
@@ -269,6 +275,7 @@ def test_rmsnorm_computes_in_fp32_under_autocast():
 
 # ---- random batches ----
 
+
 def test_random_batch_shapes_range_and_shift():
     x, y = random_batch(TOY, batch_size=4)
     assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
@@ -322,4 +329,4 @@ def test_every_attention_gives_the_naive_logits_and_gradients(impl):
     torch.testing.assert_close(runs[impl][0], runs["naive"][0], rtol=1e-4, atol=1e-5)
     for n, g in runs["naive"][1].items():
         torch.testing.assert_close(runs[impl][1][n], g, rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
-    assert runs[impl][2] == runs["naive"][2] == ATTN_TINY.n_layers * ATTN_TINY.context_length ** 2
+    assert runs[impl][2] == runs["naive"][2] == ATTN_TINY.n_layers * ATTN_TINY.context_length**2

@@ -1,13 +1,27 @@
 """Two nodes simulated on this machine: two torchrun agents (--nnodes 2), one process each, c10d rendezvous on a free
 loopback port; the benchmark's rows are checked and its provenance says the nodes were simulated on one host."""
+
 import json
 
 from helpers.launch import run_simulated_nodes
 
 
 def test_collectives_on_two_simulated_nodes(tmp_path):
-    runs = run_simulated_nodes(["bench", "collectives", "--profile", "cpu", "--sizes", "4096B", "65536B",
-                                "--ops", "all_reduce", "--out", str(tmp_path)])
+    runs = run_simulated_nodes(
+        [
+            "bench",
+            "collectives",
+            "--profile",
+            "cpu",
+            "--sizes",
+            "4096B",
+            "65536B",
+            "--ops",
+            "all_reduce",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     for r in runs:
         assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "collectives.jsonl").read_text().splitlines()]
@@ -18,8 +32,24 @@ def test_collectives_on_two_simulated_nodes(tmp_path):
 
 
 def test_ddp_bench_on_two_simulated_nodes(tmp_path):
-    runs = run_simulated_nodes(["bench", "ddp", "--model", "small/cpu", "--steps", "3", "--warmup", "1",
-                                "--batch-size", "2", "--context-length", "16", "--out", str(tmp_path)])
+    runs = run_simulated_nodes(
+        [
+            "bench",
+            "ddp",
+            "--model",
+            "small/cpu",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--batch-size",
+            "2",
+            "--context-length",
+            "16",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     for r in runs:
         assert r.returncode == 0, r.stderr[-3000:]
     assert "identical weights after training: True" in runs[0].stdout and runs[1].stdout == ""  # rank 0 reports

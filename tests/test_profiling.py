@@ -1,5 +1,6 @@
 """Profiler tables and op classes, the flame-graph builder, FLOPs vs FlopCounterMode, MFU peaks, autocast dtypes,
 fp16 accumulation, and notebook 01's table builders and summaries."""
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
@@ -48,10 +49,14 @@ def test_on_cuda_a_kernel_is_classed_by_the_aten_op_that_launched_it():
 
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
     gemm, add = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", "vectorized_elementwise_kernel<4, add>"
-    ops = [NS(name="aten::mm", device_type=cpu, self_device_time_total=80.0, kernels=[NS(name=gemm)]),
-           NS(name="aten::add", device_type=cpu, self_device_time_total=20.0, kernels=[NS(name=add)])]
-    averages = [NS(key=gemm, device_type=cuda, self_device_time_total=80.0, count=1),
-                NS(key=add, device_type=cuda, self_device_time_total=20.0, count=1)]
+    ops = [
+        NS(name="aten::mm", device_type=cpu, self_device_time_total=80.0, kernels=[NS(name=gemm)]),
+        NS(name="aten::add", device_type=cpu, self_device_time_total=20.0, kernels=[NS(name=add)]),
+    ]
+    averages = [
+        NS(key=gemm, device_type=cuda, self_device_time_total=80.0, count=1),
+        NS(key=add, device_type=cuda, self_device_time_total=20.0, count=1),
+    ]
     prof = NS(device_type="cuda", events=lambda: ops, key_averages=lambda: averages)
     assert profiling.class_shares(prof) == {"matmul": pytest.approx(0.8), "elementwise/other": pytest.approx(0.2)}
     table = profiling.op_table(prof, steps=1).set_index("op")
@@ -101,7 +106,9 @@ def test_peaks_and_mfu():
 
 def test_autocast_dtype_table():
     torch.manual_seed(0)
-    seen = benchmarking.autocast_dtypes(benchmarking.MixedPrecisionToyModel(), torch.randn(4, 10), torch.randint(5, (4,)))
+    seen = benchmarking.autocast_dtypes(
+        benchmarking.MixedPrecisionToyModel(), torch.randn(4, 10), torch.randint(5, (4,))
+    )
     assert seen["parameters"] == "torch.float32" and seen["gradients"] == "torch.float32"
     assert seen["fc1 output"] == "torch.bfloat16" and seen["logits"] == "torch.bfloat16"
     assert seen["loss"] == "torch.float32"
@@ -119,8 +126,18 @@ def test_time_size_rows_per_pass_and_oom_is_recorded(monkeypatch):
 
     monkeypatch.setattr(benchmarking, "build_model", out_of_memory)
     rows = benchmarking.time_size(cfg, 2, 16, warmup=0, steps=1, kinds=("both",))
-    assert rows == [{"size": cfg, "pass": "both", "warm-up": 0, "precision": "fp32", "mean_s": None,
-                     "median_s": None, "std_s": None, "status": "OOM"}]
+    assert rows == [
+        {
+            "size": cfg,
+            "pass": "both",
+            "warm-up": 0,
+            "precision": "fp32",
+            "mean_s": None,
+            "median_s": None,
+            "std_s": None,
+            "status": "OOM",
+        }
+    ]
 
 
 def test_pass_fn_refuses_unknown_kind(tiny):
@@ -149,9 +166,21 @@ def test_accumulation_demo_exact_ieee_results():
 
 
 def test_warmup_summary_sees_a_one_time_cost():
-    rows = [{"size": s, "pass": p, "warm-up": w, "status": "ok", "first_s": 10.0 if w == 0 else 1.0,
-             "mean_s": 4.0 if w == 0 else 1.0, "median_s": 1.0, "std_s": 5.0 if w == 0 else 0.01}
-            for s in ("a", "b") for p in ("forward", "both") for w in (0, 3)]
+    rows = [
+        {
+            "size": s,
+            "pass": p,
+            "warm-up": w,
+            "status": "ok",
+            "first_s": 10.0 if w == 0 else 1.0,
+            "mean_s": 4.0 if w == 0 else 1.0,
+            "median_s": 1.0,
+            "std_s": 5.0 if w == 0 else 0.01,
+        }
+        for s in ("a", "b")
+        for p in ("forward", "both")
+        for w in (0, 3)
+    ]
     times = pd.DataFrame(rows + [{"size": "c", "pass": "both", "warm-up": 0, "status": "OOM"}])
     cold, warm = benchmarking.warm_cold(times, 3)
     assert len(cold) == len(warm) == 4
@@ -160,8 +189,13 @@ def test_warmup_summary_sees_a_one_time_cost():
 
 
 def test_speedup_and_stage_shares(step_profile):
-    amp = pd.DataFrame([{"size": s, "precision": p, "median_s": t} for s, t32 in (("a", 2.0), ("b", 4.0))
-                        for p, t in (("fp32", t32), ("autocast bfloat16", t32 / 2))])
+    amp = pd.DataFrame(
+        [
+            {"size": s, "precision": p, "median_s": t}
+            for s, t32 in (("a", 2.0), ("b", 4.0))
+            for p, t in (("fp32", t32), ("autocast bfloat16", t32 / 2))
+        ]
+    )
     assert list(benchmarking.speedup_table(amp, ["b", "a"])["speed-up bfloat16"]) == [2.0, 2.0]
     shares = benchmarking.stage_shares(profiling.module_stacks(step_profile))
     assert set(shares.index) == {"forward", "backward", "optimizer step"} and shares.sum() == pytest.approx(1.0)
@@ -187,7 +221,9 @@ def test_precisions_compared_in_one_loop_and_the_same_quantity_noted():
     assert all(len(s) == 3 for s in comps[cfg].samples.values())  # one sample per round each
     assert "speed-up bfloat16" in benchmarking.speedup_table(amp, [cfg])
     assert "fp32" in benchmarking.speedup_lines(comps)
-    times = pd.DataFrame([r | {"size": "m"} for w in (0, 1) for r in benchmarking.time_size(cfg, 2, 16, warmup=w, steps=3)])
+    times = pd.DataFrame(
+        [r | {"size": "m"} for w in (0, 1) for r in benchmarking.time_size(cfg, 2, 16, warmup=w, steps=3)]
+    )
     assert "forward <= forward+backward" in benchmarking.check_forward_le_both(times, 1)
     assert "section 1" in benchmarking.same_quantity_note(times, amp.assign(size="m"), 1)
 
@@ -195,18 +231,41 @@ def test_precisions_compared_in_one_loop_and_the_same_quantity_noted():
 def test_warmup_summary_claims_equal_cost_only_inside_the_noise():
     def rows(first, rest_mean, warm_std):
         base = dict(size="s", status="ok")
-        return pd.DataFrame([
-            {**base, "pass": "both", "warm-up": 0, "first_s": first, "mean_s": (first + 2 * rest_mean) / 3,
-             "median_s": rest_mean, "std_s": 0.01},
-            {**base, "pass": "both", "warm-up": 2, "first_s": 1.0, "mean_s": 1.0, "median_s": 1.0, "std_s": warm_std}])
+        return pd.DataFrame(
+            [
+                {
+                    **base,
+                    "pass": "both",
+                    "warm-up": 0,
+                    "first_s": first,
+                    "mean_s": (first + 2 * rest_mean) / 3,
+                    "median_s": rest_mean,
+                    "std_s": 0.01,
+                },
+                {
+                    **base,
+                    "pass": "both",
+                    "warm-up": 2,
+                    "first_s": 1.0,
+                    "mean_s": 1.0,
+                    "median_s": 1.0,
+                    "std_s": warm_std,
+                },
+            ]
+        )
+
     assert "no measurable difference between cold and warm" in benchmarking.warmup_summary(rows(10.0, 1.02, 0.05), 2, 3)
     text = benchmarking.warmup_summary(rows(10.0, 0.4, 0.05), 2, 3)
     assert "no 'same cost' is claimed" in text and "about the same" not in text
 
 
 def test_write_collapsed_round_trips_through_parse_collapsed(tmp_path):
-    stacks = [(("forward", "blocks.0 (Block)", "aten::mm"), 7.0), (("backward", "MmBackward0"), 3.0),
-              (("forward", "blocks.0 (Block)", "aten::mm"), 5.0), (("optimizer step", "aten::mul_"), 0.2)]
+    stacks = [
+        (("forward", "blocks.0 (Block)", "aten::mm"), 7.0),
+        (("backward", "MmBackward0"), 3.0),
+        (("forward", "blocks.0 (Block)", "aten::mm"), 5.0),
+        (("optimizer step", "aten::mul_"), 0.2),
+    ]
     path = profiling.write_collapsed(stacks, tmp_path / "new" / "step.collapsed")  # folders made as needed
     # equal stacks merged, values whole, 0.2 rounds to nothing
     assert path.read_text() == "forward;blocks.0 (Block);aten::mm 12\nbackward;MmBackward0 3\n"
@@ -226,8 +285,11 @@ def test_flame_labels_are_whole_where_they_fit_else_shortened_with_a_key():
     assert profiling.flame_label(name, profiling._text_pt("attn [3]", 7) + 1, 7, 3) == "attn [3]"
     assert profiling.flame_label("aten::scaled_dot_product_attention", 60, 7, 2).endswith("… [2]")
     assert profiling.flame_label(name, 5, 7, 3) is None
-    stacks = [(("forward", name, "aten::scaled_dot_product_attention"), 30.0), (("backward", "MmBackward0"), 1.0),
-              (("forward", "blocks.1.ffn (FeedForward)", "aten::mm"), 69.0)]
+    stacks = [
+        (("forward", name, "aten::scaled_dot_product_attention"), 30.0),
+        (("backward", "MmBackward0"), 1.0),
+        (("forward", "blocks.1.ffn (FeedForward)", "aten::mm"), 69.0),
+    ]
     _, ax = plt.subplots(figsize=(4, 2))  # narrow: some names cannot fit
     profiling.plot_flame(stacks, ax=ax)
     texts = [t.get_text() for t in ax.texts]
@@ -242,11 +304,28 @@ def test_forward_le_both_is_checked_on_paired_samples():
     cfg = model.get_config("small/cpu", n_layers=1)
     rows = benchmarking.time_size(cfg, 2, 16, warmup=1, steps=3)  # one interleaved loop on one model
     fwd = next(r for r in rows if r["pass"] == "forward")
-    assert fwd["pairs_vs_both"] == 3 and 0 < fwd["ratio_low_vs_both"] <= fwd["ratio_vs_both"] <= fwd["ratio_high_vs_both"]
+    assert (
+        fwd["pairs_vs_both"] == 3 and 0 < fwd["ratio_low_vs_both"] <= fwd["ratio_vs_both"] <= fwd["ratio_high_vs_both"]
+    )
     assert "ratio_vs_both" not in rows[2]  # "both" is the baseline
+
     def frame(low):
-        return pd.DataFrame([{"size": "s", "pass": p, "warm-up": w, "status": "ok", "ratio_vs_both": 1.2,
-                              "ratio_low_vs_both": low, "pairs_vs_both": 6} for p in ("forward", "both") for w in (0, 2)])
+        return pd.DataFrame(
+            [
+                {
+                    "size": "s",
+                    "pass": p,
+                    "warm-up": w,
+                    "status": "ok",
+                    "ratio_vs_both": 1.2,
+                    "ratio_low_vs_both": low,
+                    "pairs_vs_both": 6,
+                }
+                for p in ("forward", "both")
+                for w in (0, 2)
+            ]
+        )
+
     with pytest.raises(AssertionError, match="measurably slower"):
         benchmarking.check_forward_le_both(frame(1.1), 2)  # the interval above 1: the bound is broken
     benchmarking.check_forward_le_both(frame(0.9), 2)  # a median above 1 inside the noise is not a violation

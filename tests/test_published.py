@@ -1,5 +1,6 @@
 """Published marks (helpers.published): each labelled with its source and year, a share that knows a time from a
 bandwidth, "% of mark" only where comparable, and drawn on the plots that show them."""
+
 import matplotlib
 import pandas as pd
 import pytest
@@ -36,9 +37,20 @@ def test_a_mark_not_comparable_is_labelled_as_what_a_gpu_reaches():
 def test_the_collectives_plot_and_table_show_the_nccl_mark():
     import matplotlib.pyplot as plt
 
-    rows = [{"backend": b, "device": d, "world_size": 2, "op": "all_reduce", "size_bytes": s, "time_s": 1e-3,
-             "busbw_GBps": g, "wrong": 0} for b, d, g in (("gloo", "cpu", 1.0), ("nccl", "cuda", 185.0))
-            for s in (1024, 2048)]
+    rows = [
+        {
+            "backend": b,
+            "device": d,
+            "world_size": 2,
+            "op": "all_reduce",
+            "size_bytes": s,
+            "time_s": 1e-3,
+            "busbw_GBps": g,
+            "wrong": 0,
+        }
+        for b, d, g in (("gloo", "cpu", 1.0), ("nccl", "cuda", 185.0))
+        for s in (1024, 2048)
+    ]
     df = pd.DataFrame(rows)
     fig = collectives.plot_collectives(df)
     labels = [line.get_label() for line in fig.axes[1].get_lines()]
@@ -64,8 +76,12 @@ def test_the_attention_and_plan_plots_carry_their_marks():
     from helpers.experiments import attention, fsdp
 
     board = [MARKS["leaderboard_2025_best"], MARKS["leaderboard_2025_naive"]]
-    rows = pd.DataFrame([{"impl": "flash_triton", "pass": "fwd+bwd", "median_ms": 10.72},
-                         {"impl": "naive", "pass": "fwd+bwd", "median_ms": 80.0}])
+    rows = pd.DataFrame(
+        [
+            {"impl": "flash_triton", "pass": "fwd+bwd", "median_ms": 10.72},
+            {"impl": "naive", "pass": "fwd+bwd", "median_ms": 80.0},
+        ]
+    )
     t = attention.leaderboard_mark_table(rows, board, comparable=True)
     assert t.loc["flash_triton", f"% of {board[0].label}"] == 50.0 and t.loc["naive", f"% of {board[1].label}"] == 100.0
     assert attention.leaderboard_mark_table(rows, board, comparable=False).iloc[:, 1:].isna().all().all()

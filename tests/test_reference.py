@@ -1,5 +1,6 @@
 """python -m helpers reference: one real batch of the tiny cpu plan end to end and resumed; failure, timeout and
 budget skipping on a plan of small child processes; the cost model's estimates; the reference-row loader."""
+
 import dataclasses
 import json
 import math
@@ -15,8 +16,19 @@ from helpers.__main__ import main as cli
 from helpers.course import reference as R
 
 QUIET = dict(echo=lambda *a, **k: None)
-RATES = R.Rates(flops_s=1e10, bytes_s=1e10, gloo_Bps=1e9, nccl_Bps=1e9, startup_s=1, launch_s=1, compile_s=1,
-                jit_s=0, interpreted_call_s=0.1, ptxas_s=0.1, gpus=0)
+RATES = R.Rates(
+    flops_s=1e10,
+    bytes_s=1e10,
+    gloo_Bps=1e9,
+    nccl_Bps=1e9,
+    startup_s=1,
+    launch_s=1,
+    compile_s=1,
+    jit_s=0,
+    interpreted_call_s=0.1,
+    ptxas_s=0.1,
+    gpus=0,
+)
 
 
 def child(code: str) -> tuple:
@@ -54,14 +66,17 @@ def test_kernels_batch_end_to_end_then_resumed(tmp_path):
 
 
 def test_failure_timeout_and_budget_each_recorded_and_the_rest_still_runs(tmp_path):
-    plan = (R.Batch("a", "writes a", command=child(WRITE.format("a")), estimate_s=1),
-            R.Batch("boom", "fails", command=child("raise SystemExit('boom: this batch failed')"), estimate_s=1),
-            R.Batch("slow", "hangs", command=child("import time; time.sleep(60)"), estimate_s=1),
-            R.Batch("huge", "does not fit", command=child(WRITE.format("huge")), estimate_s=1e6),
-            R.Batch("b", "writes b", command=child(WRITE.format("b")), estimate_s=1))
+    plan = (
+        R.Batch("a", "writes a", command=child(WRITE.format("a")), estimate_s=1),
+        R.Batch("boom", "fails", command=child("raise SystemExit('boom: this batch failed')"), estimate_s=1),
+        R.Batch("slow", "hangs", command=child("import time; time.sleep(60)"), estimate_s=1),
+        R.Batch("huge", "does not fit", command=child(WRITE.format("huge")), estimate_s=1e6),
+        R.Batch("b", "writes b", command=child(WRITE.format("b")), estimate_s=1),
+    )
     start = time.perf_counter()
-    table = R.run_reference(budget_s=120, out=tmp_path, profile="cpu", plan=plan, rates=RATES, max_batch_s=3,
-                            **QUIET).set_index("batch")
+    table = R.run_reference(
+        budget_s=120, out=tmp_path, profile="cpu", plan=plan, rates=RATES, max_batch_s=3, **QUIET
+    ).set_index("batch")
     assert time.perf_counter() - start < 30  # the hung batch was killed at its limit
     assert table.loc["a", "status"] == "ok" and table.loc["b", "status"] == "ok"
     assert table.loc["boom", "status"] == "failed" and table.loc["slow", "status"] == "timeout"
@@ -115,8 +130,13 @@ def test_reference_rows_beside_local(tmp_path, monkeypatch, capsys):
     assert results.reference_rows("bench").empty
 
     for gpu, ms in (("NVIDIA H100 80GB HBM3", 0.5), ("NVIDIA H200", 0.4)):
-        results.save_results([{"impl": "a", "ms": ms, "device": "cuda"}], "bench", profile="gpu",
-                             directory=tmp_path / "reference" / results.device_slug(gpu), device=gpu)
+        results.save_results(
+            [{"impl": "a", "ms": ms, "device": "cuda"}],
+            "bench",
+            profile="gpu",
+            directory=tmp_path / "reference" / results.device_slug(gpu),
+            device=gpu,
+        )
     ref = results.reference_rows("bench")
     assert sorted(ref["device"]) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
     assert (ref["torch_device"] == "cuda").all() and (ref["date"].str.len() == 10).all()
@@ -129,6 +149,7 @@ def test_reference_rows_beside_local(tmp_path, monkeypatch, capsys):
 def test_code_commit_ignores_data(tmp_path):
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
     git("init", "-q")
     git("config", "user.email", "t@example.com")
     git("config", "user.name", "t")
@@ -150,10 +171,21 @@ def test_code_commit_ignores_data(tmp_path):
 
 def test_headlines_set_a_published_figure_only_beside_its_own_setting(tmp_path):
     lb = dict(batch=1, heads=16, T=16384, d=64, dtype="bfloat16", causal=True, device="cuda", **{"pass": "fwd+bwd"})
-    results.save_results([dict(lb, impl="flash_triton", median_ms=6.0), dict(lb, impl="naive", median_ms=70.0),
-                          dict(lb, impl="sdpa", median_ms=7.0, T=4096)], "kernels_attention", directory=tmp_path)
-    results.save_results([{"kind": "unsharded", "iteration_s": 1.0}, {"kind": "sharded", "iteration_s": 1.1}],
-                         "05_sharding_speed", directory=tmp_path, model="xl")
+    results.save_results(
+        [
+            dict(lb, impl="flash_triton", median_ms=6.0),
+            dict(lb, impl="naive", median_ms=70.0),
+            dict(lb, impl="sdpa", median_ms=7.0, T=4096),
+        ],
+        "kernels_attention",
+        directory=tmp_path,
+    )
+    results.save_results(
+        [{"kind": "unsharded", "iteration_s": 1.0}, {"kind": "sharded", "iteration_s": 1.1}],
+        "05_sharding_speed",
+        directory=tmp_path,
+        model="xl",
+    )
     heads = R.headlines(tmp_path).set_index("figure")
     pub = heads["published"]
     assert pub["attention flash_triton fwd+bwd, 1x16x16384x64 bfloat16"] == 5.36  # the 2025 leaderboard
@@ -181,6 +213,7 @@ def test_kernels_batch_saves_both_results_before_its_bandwidth_check(tmp_path, m
 
     def too_fast(rows):
         raise AssertionError("fraction of copy bandwidth 1.2 > 1.05")
+
     monkeypatch.setattr(RB, "_device", lambda: "cuda")
     monkeypatch.setattr(RB.XR, "bench_norm", lambda name, *a: {"impl": name, "median_s": 1.0})
     monkeypatch.setattr(RB.XA, "leaderboard_comparison", lambda *a: (None, [{"impl": "sdpa", "median_ms": 1.0}]))
@@ -195,11 +228,20 @@ def test_each_chunk_leaves_one_archive_and_a_split_result_keeps_every_part(tmp_p
 
     from helpers.course import reference_batches as RB
 
-    plan = (R.Batch("a", "writes a", command=child(WRITE.format("a")), estimate_s=1),
-            R.Batch("b", "writes b", command=child(WRITE.format("b")), estimate_s=1))
+    plan = (
+        R.Batch("a", "writes a", command=child(WRITE.format("a")), estimate_s=1),
+        R.Batch("b", "writes b", command=child(WRITE.format("b")), estimate_s=1),
+    )
     for chunk, batches in enumerate((plan[:1], plan), 1):
-        table = R.run_reference(budget_s=60, out=tmp_path / "ref", profile="cpu", plan=batches, rates=RATES,
-                                archive_dir=tmp_path / "archives", **QUIET)
+        table = R.run_reference(
+            budget_s=60,
+            out=tmp_path / "ref",
+            profile="cpu",
+            plan=batches,
+            rates=RATES,
+            archive_dir=tmp_path / "archives",
+            **QUIET,
+        )
         assert table.attrs["archive"].name.endswith(f"-{chunk:02d}.tar.gz")
     with tarfile.open(table.attrs["archive"]) as tar:
         assert {"a.jsonl", "b.jsonl", "manifest.json"} <= {n.split("/")[-1] for n in tar.getnames()}
@@ -219,5 +261,6 @@ def test_cost_model_prices_fp32_without_tf32_and_tiled_attention_by_launches():
     assert tiled > 1e6 * h100.eager_call_s > 100 * R._attn_s((1, 16, 16384, 64), "flash_triton", h100, "bfloat16")
     for batch in R.PLAN:
         assert R.model_estimate_s(batch.name, "gpu", h100) <= 0.8 * R.MAX_BATCH_S, batch.name
-    assert [b.name for b in R._only(["05"], R.PLAN)] == [f"05-{k}" for k in ("unsharded", "sharded", "zero1",
-                                                                               "torch_zero")]  # a split batch by name
+    assert [b.name for b in R._only(["05"], R.PLAN)] == [
+        f"05-{k}" for k in ("unsharded", "sharded", "zero1", "torch_zero")
+    ]  # a split batch by name

@@ -1,4 +1,5 @@
 """save_results/load_results: round trips, provenance, device folders, missing files, JSON conversion."""
+
 import json
 import math
 import subprocess
@@ -40,8 +41,9 @@ def test_provenance_never_carries_the_hostname(monkeypatch):
 
 
 def test_commit_is_this_repos_head():
-    head = subprocess.run(["git", "-C", str(results.ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "-C", str(results.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     if head.returncode != 0:
         pytest.skip("the project is not a git checkout here")
     assert provenance()["commit"].removesuffix("-dirty") == head.stdout.strip()
@@ -61,13 +63,16 @@ def test_commit_is_none_outside_a_repo_and_dirty_after_edits(tmp_path):
     assert results.git_commit(tmp_path) == clean + "-dirty"
 
 
-@pytest.mark.parametrize("name, slug", [
-    ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
-    ("NVIDIA A100-SXM4-40GB", "nvidia-a100-sxm4-40gb"),
-    ("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "intel-xeon-platinum-8375c-cpu-2-90ghz"),
-    ("  Apple M2 / Pro  ", "apple-m2-pro"),
-    ("", "unknown"),
-])
+@pytest.mark.parametrize(
+    "name, slug",
+    [
+        ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+        ("NVIDIA A100-SXM4-40GB", "nvidia-a100-sxm4-40gb"),
+        ("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "intel-xeon-platinum-8375c-cpu-2-90ghz"),
+        ("  Apple M2 / Pro  ", "apple-m2-pro"),
+        ("", "unknown"),
+    ],
+)
 def test_device_slug(name, slug):
     assert device_slug(name) == slug
 
@@ -99,8 +104,9 @@ def test_reference_runs_of_two_devices_are_found(data_dir):
         save_results(ROWS, "sweep", profile="gpu", kind="reference", device=device)
     save_results(ROWS, "other", kind="reference", device="NVIDIA H100 80GB HBM3")
     found = find_results("sweep")
-    assert found == [data_dir / "reference" / d / "sweep.jsonl"
-                     for d in ("nvidia-a100-sxm4-40gb", "nvidia-h100-80gb-hbm3")]
+    assert found == [
+        data_dir / "reference" / d / "sweep.jsonl" for d in ("nvidia-a100-sxm4-40gb", "nvidia-h100-80gb-hbm3")
+    ]
     assert find_results("sweep", kind="local") == []
     h100 = load_results("sweep", kind="reference", device="NVIDIA H100 80GB HBM3")
     assert h100.provenance["device"] == "NVIDIA H100 80GB HBM3"
@@ -121,12 +127,35 @@ def test_missing_file_lists_what_is_available(data_dir):
 
 
 def test_values_become_plain_json(tmp_path):
-    rows = [{"nan": float("nan"), "inf": float("inf"), "np_f": np.float32(0.5), "np_i": np.int64(3),
-             "np_b": np.bool_(True), "t": torch.tensor(2.5), "t_nan": torch.tensor(float("nan")),
-             "vec": np.arange(3), "path": Path("/x/y"), "dtype": torch.bfloat16, "when": pd.Timestamp("2026-01-02")}]
+    rows = [
+        {
+            "nan": float("nan"),
+            "inf": float("inf"),
+            "np_f": np.float32(0.5),
+            "np_i": np.int64(3),
+            "np_b": np.bool_(True),
+            "t": torch.tensor(2.5),
+            "t_nan": torch.tensor(float("nan")),
+            "vec": np.arange(3),
+            "path": Path("/x/y"),
+            "dtype": torch.bfloat16,
+            "when": pd.Timestamp("2026-01-02"),
+        }
+    ]
     loaded = load_results(save_results(rows, "conv", directory=tmp_path)).rows[0]
-    assert loaded == {"nan": None, "inf": None, "np_f": 0.5, "np_i": 3, "np_b": True, "t": 2.5, "t_nan": None,
-                      "vec": [0, 1, 2], "path": "/x/y", "dtype": "torch.bfloat16", "when": "2026-01-02T00:00:00"}
+    assert loaded == {
+        "nan": None,
+        "inf": None,
+        "np_f": 0.5,
+        "np_i": 3,
+        "np_b": True,
+        "t": 2.5,
+        "t_nan": None,
+        "vec": [0, 1, 2],
+        "path": "/x/y",
+        "dtype": "torch.bfloat16",
+        "when": "2026-01-02T00:00:00",
+    }
     assert type(loaded["np_i"]) is int
 
 
@@ -144,5 +173,7 @@ def test_unknown_objects_are_refused_and_nothing_is_written(tmp_path):
 
 def test_label_without_provenance():
     assert Results(rows=[], provenance={}, path=Path("x/run.jsonl")).label == "run"
-    assert Results(rows=[], provenance={"device": "cpu-x", "date": "2026-11-23T01:02:03+00:00"}).label \
+    assert (
+        Results(rows=[], provenance={"device": "cpu-x", "date": "2026-11-23T01:02:03+00:00"}).label
         == "cpu-x · 2026-11-23"
+    )

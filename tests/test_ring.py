@@ -1,6 +1,7 @@
 """Ring all-reduce by hand (helpers.ring): both rings give dist.all_reduce's result on 2 and 3 ranks (gloo, CPU),
 for sizes divisible by N, not divisible, smaller than N, empty, and a non-contiguous 2-D tensor: exactly on
 integer-valued floats, within the fp32 summation bound on random ones; bytes sent vs the formulas; the formulas."""
+
 import math
 
 import pytest
@@ -45,10 +46,20 @@ def cases(seed: int, group) -> list[dict]:
             dist.all_reduce(expected, group=group)
             dist.all_reduce(magnitude, group=group)
         ring, alt = x.clone(), x.clone()
-        out.append({"kind": kind, "numel": numel, "x": x, "expected": expected, "magnitude": magnitude,
-                    "ring": ring, "ring_sent": R.ring_all_reduce(ring, group=group),
-                    "ring_contiguous": ring.is_contiguous(),
-                    "alt": alt, "alt_sent": R.alternate_ring_all_reduce(alt, group=group)})
+        out.append(
+            {
+                "kind": kind,
+                "numel": numel,
+                "x": x,
+                "expected": expected,
+                "magnitude": magnitude,
+                "ring": ring,
+                "ring_sent": R.ring_all_reduce(ring, group=group),
+                "ring_contiguous": ring.is_contiguous(),
+                "alt": alt,
+                "alt_sent": R.alternate_ring_all_reduce(alt, group=group),
+            }
+        )
     return out
 
 
@@ -61,7 +72,7 @@ def launched():
 @pytest.fixture(params=[2, 3])
 def runs(request, launched):
     """(N, per-rank cases) for the N-rank ring."""
-    return request.param, [per_rank[request.param] for per_rank in launched[3 - request.param:]]
+    return request.param, [per_rank[request.param] for per_rank in launched[3 - request.param :]]
 
 
 def test_integer_valued_sums_are_exact(runs):

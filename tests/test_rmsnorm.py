@@ -1,4 +1,5 @@
 """RMSNorm (notebook 02): hand-derived gradients, the PyTorch Function, the Triton kernels (interpreter on CPU), the layer."""
+
 import pytest
 import torch
 
@@ -108,8 +109,9 @@ def test_triton_empty_input():
 
 
 @pytest.mark.parametrize("fn", [RMSNormTritonFunction.apply, RMSNormPyTorchFunction.apply], ids=["triton", "torchfn"])
-@pytest.mark.parametrize("x_shape,g_shape,match", [
-    ((4, 8), (7,), "shape"), ((4, 8), (1, 8), "shape"), ((4, 8), (), "shape")])
+@pytest.mark.parametrize(
+    "x_shape,g_shape,match", [((4, 8), (7,), "shape"), ((4, 8), (1, 8), "shape"), ((4, 8), (), "shape")]
+)
 def test_wrong_g_shape_is_a_value_error(fn, x_shape, g_shape, match):
     with pytest.raises(ValueError, match=match):
         fn(torch.randn(*x_shape), torch.ones(g_shape))
@@ -139,8 +141,9 @@ def test_layer_impls_agree(impl):
         layer.weight.copy_(torch.linspace(0.5, 2, 37))
     y = layer(x)
     y.backward(dy)
-    want_y, want_dx, want_dg = _fwd_bwd(rmsnorm_reference, x.detach().requires_grad_(),
-                                        layer.weight.detach().requires_grad_(), dy)
+    want_y, want_dx, want_dg = _fwd_bwd(
+        rmsnorm_reference, x.detach().requires_grad_(), layer.weight.detach().requires_grad_(), dy
+    )
     torch.testing.assert_close(y, want_y, **TOL[torch.float32])
     torch.testing.assert_close(x.grad, want_dx, **TOL[torch.float32])
     torch.testing.assert_close(layer.weight.grad, want_dg, **TOL[torch.float32])
@@ -169,24 +172,38 @@ def test_bench_norm_row():
 
 
 def test_bench_main_prints_a_table(capsys):
-    assert XR.bench_main(["--rows", "32", "--hidden", "16", "--impls", "torch", "triton",
-                         "--warmup", "0", "--steps", "1"]) == 0
+    assert (
+        XR.bench_main(["--rows", "32", "--hidden", "16", "--impls", "torch", "triton", "--warmup", "0", "--steps", "1"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "frac_of_copy" in out and "triton" in out and "fwd+bwd" in out
 
 
 def test_copy_bandwidth_is_a_bound_every_norm_stays_under():
-    rows = [XR.bench_norm(name, 2048, 1024, warmup=1, steps=5, backward=b) for name in ("torch", "layernorm")
-            for b in (False, True)]
+    rows = [
+        XR.bench_norm(name, 2048, 1024, warmup=1, steps=5, backward=b)
+        for name in ("torch", "layernorm")
+        for b in (False, True)
+    ]
     XR.check_fraction_of_copy(rows)
     with pytest.raises(AssertionError, match="copy bandwidth"):
         XR.check_fraction_of_copy([{**rows[0], "frac_of_copy": 1.2}])
 
 
 def test_one_interleaved_loop_per_shape_checks_its_bounds():
-    rows, comps = XR.compare_shapes(lambda H: ["layernorm", "torch", "torchfn"], rows=64, hidden=[32], dtypes=[torch.float32],
-                                    device="cpu", warmup=1, steps=5)
-    assert {(r["impl"], r["pass"]) for r in rows} == {(n, p) for n in ("layernorm", "torch", "torchfn") for p in ("fwd", "fwd+bwd")}
+    rows, comps = XR.compare_shapes(
+        lambda H: ["layernorm", "torch", "torchfn"],
+        rows=64,
+        hidden=[32],
+        dtypes=[torch.float32],
+        device="cpu",
+        warmup=1,
+        steps=5,
+    )
+    assert {(r["impl"], r["pass"]) for r in rows} == {
+        (n, p) for n in ("layernorm", "torch", "torchfn") for p in ("fwd", "fwd+bwd")
+    }
     assert all(r["p25_s"] <= r["median_s"] for r in rows)
     comp = comps[("float32", 32)]
     assert all(len(s) == 5 for s in comp.samples.values())  # every candidate once per round
@@ -195,13 +212,19 @@ def test_one_interleaved_loop_per_shape_checks_its_bounds():
     fake = type(comp)({"a|fwd": [1.0] * 5, "a|fwd+bwd": [0.5] * 5}, "a|fwd", "cpu")
     with pytest.raises(AssertionError, match="forward takes"):
         XR.check_forward_le_both({("float32", 1): fake})
-    noisy = type(comp)({"a|fwd": [1.1, 0.4, 1.2, 0.5, 1.3, 1.05], "a|fwd+bwd": [0.9, 1.0, 1.0, 1.0, 1.0, 1.0]},
-                       "a|fwd", "cpu")  # median ratio above 1, interval across it: inside the noise, not a violation
+    noisy = type(comp)(
+        {"a|fwd": [1.1, 0.4, 1.2, 0.5, 1.3, 1.05], "a|fwd+bwd": [0.9, 1.0, 1.0, 1.0, 1.0, 1.0]}, "a|fwd", "cpu"
+    )  # median ratio above 1, interval across it: inside the noise, not a violation
     XR.check_forward_le_both({("float32", 1): noisy})
 
 
 def test_model_norms_swapped_in_one_model_and_one_loop():
     rows, comp = XR.compare_model_norms(XR.TINY, ["layernorm", "rmsnorm"], warmup=1, steps=3)
-    assert len(rows) == 4 and set(comp.samples) == {"layernorm|fwd", "layernorm|fwd+bwd", "rmsnorm|fwd", "rmsnorm|fwd+bwd"}
+    assert len(rows) == 4 and set(comp.samples) == {
+        "layernorm|fwd",
+        "layernorm|fwd+bwd",
+        "rmsnorm|fwd",
+        "rmsnorm|fwd+bwd",
+    }
     text = XR.model_lines({"tiny": comp}, ["layernorm", "rmsnorm"])
     assert text.count("RMSNorm (PyTorch ops)") == 2

@@ -1,6 +1,7 @@
 """Sharded optimizers train bit for bit like the unsharded one (AdamW and SGD with momentum, param groups, a group
 added late, odd tensor sizes, a frozen, a tied and an unused parameter; 1 and 2 ranks, gloo, CPU); partitioning;
 the bytes handed to collectives; state-dict round trips across world sizes; the memory calculator against a run."""
+
 import copy
 from functools import partial
 
@@ -23,12 +24,31 @@ CONFIGS = [("uneven", "adamw", False, 3), ("toy", "sgd", True, 3), ("small/cpu",
 @pytest.fixture(scope="module")
 def two_ranks():
     """One 2-rank launch: every config trained by every kind, a checkpointed run, and a measured memory run."""
-    calls = [partial(SR.equivalence_worker, model=name, kinds=KINDS, steps=steps, batch_size=BATCH,
-                     context_length=CONTEXT, optimizer=opt, groups=groups) for name, opt, groups, steps in CONFIGS]
-    calls += [partial(SR.checkpoint_worker, model="small/cpu", steps=4, batch_size=BATCH, context_length=CONTEXT),
-              partial(SR.checkpoint_worker, model="small/cpu", steps=2, batch_size=BATCH, context_length=CONTEXT),
-              partial(SR.memory_worker, model="small/cpu", kinds=["unsharded", "sharded", "zero1"], batch_size=8,
-                      context_length=64, steps=2)]  # activations outweigh gradients: the peak is backward's start
+    calls = [
+        partial(
+            SR.equivalence_worker,
+            model=name,
+            kinds=KINDS,
+            steps=steps,
+            batch_size=BATCH,
+            context_length=CONTEXT,
+            optimizer=opt,
+            groups=groups,
+        )
+        for name, opt, groups, steps in CONFIGS
+    ]
+    calls += [
+        partial(SR.checkpoint_worker, model="small/cpu", steps=4, batch_size=BATCH, context_length=CONTEXT),
+        partial(SR.checkpoint_worker, model="small/cpu", steps=2, batch_size=BATCH, context_length=CONTEXT),
+        partial(
+            SR.memory_worker,
+            model="small/cpu",
+            kinds=["unsharded", "sharded", "zero1"],
+            batch_size=8,
+            context_length=64,
+            steps=2,
+        ),
+    ]  # activations outweigh gradients: the peak is backward's start
     return launch(partial(SR.run_all, calls), 2, backend="gloo", device="cpu")
 
 
@@ -59,8 +79,9 @@ def test_two_ranks_equal_unsharded_exactly(two_ranks, config):
 def test_one_rank_equals_unsharded_exactly():
     """No process group: world size 1, everything on this rank (no communication)."""
     for name, opt, groups, steps in CONFIGS[:2]:
-        runs = SR.equivalence_worker(model=name, kinds=KINDS, steps=steps, batch_size=BATCH, context_length=CONTEXT,
-                                     optimizer=opt, groups=groups)
+        runs = SR.equivalence_worker(
+            model=name, kinds=KINDS, steps=steps, batch_size=BATCH, context_length=CONTEXT, optimizer=opt, groups=groups
+        )
         table = SR.equivalence_table([runs])
         assert table["same_grads"].all() and table["same_weights"].all(), (name, table)
         assert all(run.collectives == [[]] * steps for run in runs.values())
@@ -84,8 +105,15 @@ def test_state_dict_round_trip_across_world_sizes(two_ranks):
     straight, first = two_ranks[0][3], two_ranks[0][4]
     saved = first.state_dict
     # resume at world size 2 from the consolidated dict: the same weights as never stopping
-    resume = partial(SR.checkpoint_worker, model="small/cpu", steps=2, batch_size=BATCH, context_length=CONTEXT,
-                     resume=first, start=2)
+    resume = partial(
+        SR.checkpoint_worker,
+        model="small/cpu",
+        steps=2,
+        batch_size=BATCH,
+        context_length=CONTEXT,
+        resume=first,
+        start=2,
+    )
     resumed = launch(resume, 2, backend="gloo", device="cpu")
     _assert_same(resumed[0].weights, straight.weights, "resumed at 2 ranks")
     for key, state in straight.state_dict["state"].items():
@@ -170,7 +198,9 @@ def test_speed_summary_pairs_steps_and_names_no_winner_inside_the_noise():
     slow = {**noisy, "sharded": [2 * t for t in noisy["unsharded"]]}
     launch_ = [[_fake_run(slow), _fake_run(slow)]]
     assert SR.paired_iterations(launch_, "sharded", "unsharded").median == pytest.approx(2.0)
-    assert "ShardedOptimizer takes 2.00x unsharded's time per iteration" in SR.speed_summary(SR.speed_table(launch_), launch_)
+    assert "ShardedOptimizer takes 2.00x unsharded's time per iteration" in SR.speed_summary(
+        SR.speed_table(launch_), launch_
+    )
     apart = [[_fake_run({k: noisy[k]}) for _ in range(2)] for k in kinds]  # one kind per launch: nothing paired
     assert SR.paired_iterations(apart, "sharded", "unsharded") is None
     assert "separate launches" in SR.speed_summary(SR.speed_table(apart), apart)

@@ -1,4 +1,5 @@
 """benchmark/time_call: warm-up, sample counts, statistics, units, progress bar, device choice."""
+
 import time
 
 import pytest
@@ -42,7 +43,7 @@ def test_known_sleeps_are_timed_at_least_as_long_as_they_sleep():
 def test_statistics_on_fixed_samples():
     t = Timing(samples=[1.0, 2.0, 3.0, 4.0, 10.0], warmup=0, device="cpu")
     assert (t.mean, t.median, t.min, t.max) == (4.0, 3.0, 1.0, 10.0)
-    assert t.std == pytest.approx(12.5 ** 0.5)  # deviations -3 -2 -1 0 6: squares sum to 50, / (n - 1) = 12.5
+    assert t.std == pytest.approx(12.5**0.5)  # deviations -3 -2 -1 0 6: squares sum to 50, / (n - 1) = 12.5
     assert t.iqr == pytest.approx(2.0)  # numpy.percentile([1,2,3,4,10], [25, 75]) -> 2, 4
     even = Timing(samples=[4.0, 1.0, 3.0, 2.0], warmup=0, device="cpu")
     assert (even.median, even.mean, even.iqr) == (2.5, 2.5, pytest.approx(1.5))  # quartiles 1.75 and 3.25
@@ -61,8 +62,7 @@ def test_bad_arguments_raise(warmup, steps):
 def test_as_row_is_a_tidy_row():
     t = Timing(samples=[0.001, 0.003], warmup=2, device="cpu", label="fwd")
     row = t.as_row(batch=8)
-    assert list(row) == ["label", "device", "warmup", "steps", "mean_s", "std_s", "median_s",
-                         "min_s", "max_s", "batch"]
+    assert list(row) == ["label", "device", "warmup", "steps", "mean_s", "std_s", "median_s", "min_s", "max_s", "batch"]
     assert row["steps"] == 2 and row["mean_s"] == pytest.approx(0.002) and row["batch"] == 8
 
 
@@ -183,8 +183,9 @@ def test_time_call_returns_result_and_seconds():
 
 def test_interleaved_alternates_the_order_and_drops_warmup():
     order = []
-    kept = timing.interleaved({"a": lambda i: order.append(("a", i)) or i, "b": lambda i: order.append(("b", i)) or -i},
-                              steps=3, warmup=1)
+    kept = timing.interleaved(
+        {"a": lambda i: order.append(("a", i)) or i, "b": lambda i: order.append(("b", i)) or -i}, steps=3, warmup=1
+    )
     assert order == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("b", 3), ("a", 3)]
     assert kept == {"a": [1, 2, 3], "b": [-1, -2, -3]}
 
@@ -213,6 +214,7 @@ def test_compare_tells_a_slower_callable_apart_and_a_twin_not():
 
 class _DeviceClockEvent:
     """A CUDA event on a simulated device clock: the kernels a call queues advance it, the host does not wait."""
+
     now_ms = 0.0
 
     def __init__(self, enable_timing=False):
@@ -240,6 +242,7 @@ def test_compare_times_each_call_on_the_device_clock(monkeypatch):
 
     def kernel():
         _DeviceClockEvent.now_ms += 2.0
+
     comp = timing.compare({"a": kernel}, steps=6, warmup=1, device="cuda")
     assert comp.samples["a"] == [pytest.approx(0.002)] * 6
 

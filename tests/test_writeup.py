@@ -1,4 +1,5 @@
 """make writeup's engine: parameter injection, execution, HTML and index, failures reported."""
+
 import json
 import re
 from pathlib import Path
@@ -46,15 +47,21 @@ def test_writeup_executes_exports_and_indexes(tmp_path):
 def test_committed_notebooks_carry_no_outputs():
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
-        dirty = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
+        dirty = [
+            i
+            for i, c in enumerate(cells)
+            if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))
+        ]
         assert not dirty, f"{path.name}: cells {dirty} carry outputs; run `make strip` before committing"
 
 
 # --- offline pages: a synthetic executed notebook, exported without a kernel -------------------------
 
-PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
-TQDM_NOISE = ("\r  0%|          | 0/3 [00:00<?, ?it/s]\r 67%|██████▋   | 2/3 [00:00<00:00, 9.1it/s]"
-              "\r100%|██████████| 3/3 [00:00<00:00, 9.8it/s]\n")
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+TQDM_NOISE = (
+    "\r  0%|          | 0/3 [00:00<?, ?it/s]\r 67%|██████▋   | 2/3 [00:00<00:00, 9.1it/s]"
+    "\r100%|██████████| 3/3 [00:00<00:00, 9.8it/s]\n"
+)
 PROSE = r"""# Offline page
 
 Inline $\nabla_g L = \sum_n \delta^{(n)} \odot \hat{x}^{(n)}$ and a display:
@@ -76,8 +83,13 @@ def _executed(prose: str = PROSE):
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2}}
     code = nbformat.v4.new_code_cell("for _ in tqdm(range(3)): pass\nprint(results.ROOT / 'data/local/x.csv')")
     code.outputs = [
-        nbformat.v4.new_output("display_data", data={writeup.WIDGET_VIEW: {"model_id": "abc", "version_major": 2},
-                                                      "text/plain": "HBox(children=(HTML(value=''),))"}),
+        nbformat.v4.new_output(
+            "display_data",
+            data={
+                writeup.WIDGET_VIEW: {"model_id": "abc", "version_major": 2},
+                "text/plain": "HBox(children=(HTML(value=''),))",
+            },
+        ),
         nbformat.v4.new_output("stream", name="stderr", text=TQDM_NOISE),
         nbformat.v4.new_output("stream", name="stderr", text="UserWarning: a real warning\n"),
         nbformat.v4.new_output("stream", name="stdout", text=f"saved {ROOT}/data/local/x.csv in {ROOT}\n"),
@@ -105,7 +117,9 @@ def test_page_loads_nothing_from_the_network_or_disk(tmp_path):
     assert not re.search(r"https?://", page)  # not even in the theme's CSS comments
     assert re.search(r'<img [^>]*src="data:image/png;base64,', page)  # the plot is embedded
     assert writeup.network_references("<script src='https://cdn.example/x.js'></script><img src=\"plot.png\">") == [
-        "https://cdn.example/x.js", "plot.png"]
+        "https://cdn.example/x.js",
+        "plot.png",
+    ]
 
 
 def test_widgets_and_progress_noise_are_dropped_real_stderr_kept(tmp_path):
@@ -145,8 +159,10 @@ def test_a_formula_that_cannot_convert_fails_naming_notebook_and_formula(tmp_pat
 
 def test_extra_pages_are_linked_first_and_a_failing_build_fails_the_command(tmp_path, monkeypatch):
     monkeypatch.setattr(writeup, "execute", lambda path, params, timeout_s: (_executed(), None))
-    monkeypatch.setattr("helpers.env.machine_facts", lambda: {"device": "test", "cpu_count": 2, "gpu_count": 0,
-                                                             "torch": "x", "triton": "y"})
+    monkeypatch.setattr(
+        "helpers.env.machine_facts",
+        lambda: {"device": "test", "cpu_count": 2, "gpu_count": 0, "torch": "x", "triton": "y"},
+    )
     nb = _notebook(tmp_path / "00_ok.ipynb", "pass")
     seen = []
 
@@ -194,16 +210,30 @@ def test_headline_figure_and_left_out_notes_come_from_the_executed_notebook():
     note = f"{writeup.LEFT_OUT}: mixed precision at medium (about 30 s more); run them with make writeup BUDGET=90"
     nb.cells[1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=f"timed\n- {note}\n{note}\n"))
     assert writeup.left_out_notes(nb) == [note]  # once, without the list dash
-    nb.cells[1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=(
-        "left out of the seed's grid here: nothing\nleft out of the seed's grid here: {'process counts': [6]}\n")))
+    nb.cells[1].outputs.append(
+        nbformat.v4.new_output(
+            "stream",
+            name="stdout",
+            text=(
+                "left out of the seed's grid here: nothing\nleft out of the seed's grid here: {'process counts': [6]}\n"
+            ),
+        )
+    )
     assert writeup.left_out_notes(nb) == [note, "left out of the seed's grid here: {'process counts': [6]}"]
 
 
 def test_a_live_panel_keeps_its_one_line_in_the_exported_page(tmp_path):
     nb = _executed()
-    nb.cells[1].outputs.append(nbformat.v4.new_output("display_data", data={
-        writeup.WIDGET_VIEW: {"model_id": "p", "version_major": 2}, "text/plain": "VBox(...)",
-        "text/html": "<p class='live-offline'>Live control: edit BUCKET_MB</p>"}))
+    nb.cells[1].outputs.append(
+        nbformat.v4.new_output(
+            "display_data",
+            data={
+                writeup.WIDGET_VIEW: {"model_id": "p", "version_major": 2},
+                "text/plain": "VBox(...)",
+                "text/html": "<p class='live-offline'>Live control: edit BUCKET_MB</p>",
+            },
+        )
+    )
     writeup.export_html(nb, tmp_path / "a.html", "Offline page")
     page = (tmp_path / "a.html").read_text()
     assert "Live control: edit BUCKET_MB" in page and "VBox" not in page and "HBox" not in page

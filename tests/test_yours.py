@@ -1,5 +1,6 @@
 """`python -m helpers yours` on the kernel topics: the fixture student (our implementations) passes every check,
 each mutant is caught with a message naming the broken property, and bad input is reported, never crashes the run."""
+
 import subprocess
 import sys
 from dataclasses import replace
@@ -30,8 +31,14 @@ def test_the_assignment_root_is_found_from_tests_or_a_pyproject():
     assert assignment_root(MUTANTS / "rmsnorm_eps_outside.py") == STUDENT
 
 
-@pytest.mark.parametrize("fn", [lambda x, g: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + K.EPS) * g,
-                                lambda x, g: F.rms_norm(x, (x.shape[-1],), g, K.EPS)], ids=["naive", "F.rms_norm"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, g: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + K.EPS) * g,
+        lambda x, g: F.rms_norm(x, (x.shape[-1],), g, K.EPS),
+    ],
+    ids=["naive", "F.rms_norm"],
+)
 def test_pytorchs_own_rmsnorm_passes_the_derived_bounds_in_every_dtype(fn):
     for cases in K.NORM_PROPERTIES.values():
         for case in cases:
@@ -41,6 +48,7 @@ def test_pytorchs_own_rmsnorm_passes_the_derived_bounds_in_every_dtype(fn):
 def test_sdpa_passes_the_derived_bounds():
     def sdpa(q, k, v, c):
         return F.scaled_dot_product_attention(q, k, v, is_causal=c)
+
     for cases in K.ATTN_PROPERTIES.values():
         for case in cases:
             assert K.check_attn_function(sdpa, case) == "", case
@@ -48,17 +56,27 @@ def test_sdpa_passes_the_derived_bounds():
 
 def test_a_bound_is_tight_enough_to_catch_one_wrong_ulp_pattern():
     """A result off by 64 fp32 ulps everywhere fails: the bound is not a blanket tolerance."""
+
     def sloppy(x, g):
         y = F.rms_norm(x, (x.shape[-1],), g, K.EPS)
         return y * (1 + 64 * torch.finfo(torch.float32).eps)
+
     assert "the bound" in K.check_norm_function(sloppy, K.NormCase((7, 33)))
 
 
-@pytest.mark.parametrize("mutant, worker, prop, says", [
-    ("rmsnorm_eps_outside", K.rmsnorm_worker, "eps = 1e-5 inside the square root", "eps added outside the square root"),
-    ("attention_causal_shift", K.attention_worker, "is_causal=True runs", "causal mask is shifted by one"),
-    ("attention_two_stats", K.attention_worker, "exactly one (batch, N_q) logsumexp", "expected exactly one"),
-])
+@pytest.mark.parametrize(
+    "mutant, worker, prop, says",
+    [
+        (
+            "rmsnorm_eps_outside",
+            K.rmsnorm_worker,
+            "eps = 1e-5 inside the square root",
+            "eps added outside the square root",
+        ),
+        ("attention_causal_shift", K.attention_worker, "is_causal=True runs", "causal mask is shifted by one"),
+        ("attention_two_stats", K.attention_worker, "exactly one (batch, N_q) logsumexp", "expected exactly one"),
+    ],
+)
 def test_each_mutant_is_caught_naming_the_property(mutant, worker, prop, says):
     result = worker(str(MUTANTS / f"{mutant}.py"), CHECKS_ONLY, ["pytorch"])  # the mutant replaced that adapter
     failing = [c for c in result.checks if c.status == FAIL and c.impl == "pytorch" and c.prop.startswith(prop)]
@@ -67,8 +85,9 @@ def test_each_mutant_is_caught_naming_the_property(mutant, worker, prop, says):
 
 
 def test_bad_input_is_reported_per_implementation_and_topic():
-    results = {r.topic: r for r in run(MUTANTS / "broken_kernels.py", ["rmsnorm", "attention"], CHECKS_ONLY,
-                                        progress=False)}
+    results = {
+        r.topic: r for r in run(MUTANTS / "broken_kernels.py", ["rmsnorm", "attention"], CHECKS_ONLY, progress=False)
+    }
     norm = results["rmsnorm"]
     nan = _by_impl(norm, "pytorch")["forward and both gradients vs float64, fp32 (..., H)"]
     assert nan.status == FAIL and "not finite" in nan.detail
@@ -99,8 +118,22 @@ def test_not_implemented_is_listed_as_such(tmp_path):
 def command(tmp_path_factory):
     """One `python -m helpers yours` run on the fixture's kernel topics: (the finished process, the page's folder)."""
     out = tmp_path_factory.mktemp("yours")
-    cmd = [sys.executable, "-m", "helpers", "yours", str(ADAPTERS), "--topics", "rmsnorm,attention", "--no-compile",
-           "--steps", "6", "--out", str(out), "--results", str(out)]  # not data/local: the writeup would link it
+    cmd = [
+        sys.executable,
+        "-m",
+        "helpers",
+        "yours",
+        str(ADAPTERS),
+        "--topics",
+        "rmsnorm,attention",
+        "--no-compile",
+        "--steps",
+        "6",
+        "--out",
+        str(out),
+        "--results",
+        str(out),
+    ]  # not data/local: the writeup would link it
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600), out
 
 
@@ -114,8 +147,12 @@ def test_the_command_prints_saves_and_writes_the_page(command, tmp_path):
     assert {c["impl"] for c in checks if c["topic"] == "attention"} == {"pytorch", "triton"}
     page = (out / "yours.html").read_text()
     assert "Yours beside ours" in page and "fwd+bwd time" in page
-    bad = subprocess.run([sys.executable, "-m", "helpers", "yours", str(tmp_path / "nope.py")], capture_output=True,
-                         text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "helpers", "yours", str(tmp_path / "nope.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "no adapters file" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -156,6 +193,7 @@ def test_triton_checks_draw_their_inputs_on_the_device_triton_runs_on(monkeypatc
     for impl, runtime, want in (("triton", K.TritonRuntime("cuda", "", None, None), "cuda"), ("pytorch", None, "cpu")):
         seen.clear()
         name = f"get_rmsnorm_autograd_function_{impl}"
-        _, checks = K._function_checks(Adapter("rmsnorm", impl, "ok", {name: lambda: RMSNormPyTorchFunction}), suites,
-                                       runtime)
+        _, checks = K._function_checks(
+            Adapter("rmsnorm", impl, "ok", {name: lambda: RMSNormPyTorchFunction}), suites, runtime
+        )
         assert checks and all(c.status == PASS for c in checks) and seen and set(seen) == {want}

@@ -3,6 +3,7 @@ use (3-D einsum, einops tiles of 16, a torch.compile'd tile update, Triton with 
 asserts CUDA, a relative sys.path entry, the 2025 template's package that reads its own metadata). Each correct
 implementation must pass every check within the handout (or be one this environment cannot run); each mutant in
 tests/corpus/mutants must fail within the handout, with the right diagnosis or none."""
+
 from __future__ import annotations
 
 import os
@@ -33,7 +34,9 @@ def test_course_style_implementations_are_never_flagged(adapters):
     if adapters != "adapters.py":
         return
     triton = {(c.topic, c.prop): c for c in within(results) if c.impl == "triton"}
-    assert {c.status for (topic, _), c in triton.items() if topic == "rmsnorm"} == {NEEDS_GPU} or K.torch.cuda.is_available()
+    assert {c.status for (topic, _), c in triton.items() if topic == "rmsnorm"} == {
+        NEEDS_GPU
+    } or K.torch.cuda.is_available()
     attention = {c.status for (topic, _), c in triton.items() if topic == "attention"}
     if K.block_pointer_probe("cuda" if K.torch.cuda.is_available() else "cpu"):  # this Triton has no block pointers
         assert attention == {NEEDS_TRITON}, triton
@@ -43,15 +46,18 @@ def test_course_style_implementations_are_never_flagged(adapters):
     assert beyond  # the einsum style breaks on 4-D inputs and lengths that are not tile multiples: reported, not failed
 
 
-@pytest.mark.parametrize("mutant, impl, says", [
-    ("rmsnorm_half_grad", "pytorch", "dx is 0.5x"),
-    ("rmsnorm_half_grad", "backward_x", "dx is 0.5x"),
-    ("rmsnorm_no_eps", "pytorch", "eps"),
-    ("rmsnorm_eps_1e8", "pytorch", "eps"),
-    ("rmsnorm_stride_row", "triton", None),
-    ("attention_keys_ignored", "pytorch", "keys beyond the first N_q"),
-    ("attention_causal_short", "pytorch", None),
-])
+@pytest.mark.parametrize(
+    "mutant, impl, says",
+    [
+        ("rmsnorm_half_grad", "pytorch", "dx is 0.5x"),
+        ("rmsnorm_half_grad", "backward_x", "dx is 0.5x"),
+        ("rmsnorm_no_eps", "pytorch", "eps"),
+        ("rmsnorm_eps_1e8", "pytorch", "eps"),
+        ("rmsnorm_stride_row", "triton", None),
+        ("attention_keys_ignored", "pytorch", "keys beyond the first N_q"),
+        ("attention_causal_short", "pytorch", None),
+    ],
+)
 def test_each_mutant_fails_within_the_handout_with_a_right_or_no_diagnosis(mutant, impl, says):
     topic = mutant.split("_")[0]
     results = run(CORPUS / "mutants" / f"{mutant}.py", [topic], CHECKS_ONLY, progress=False)
@@ -81,8 +87,11 @@ def fake_student_env(tmp_path: Path, leave_out=("cloudpickle",)) -> Path:
     linked = tmp_path / "packages"
     linked.mkdir()
     for entry in site.iterdir():
-        if not entry.name.endswith(".pth") and not any(entry.name.startswith(n) for n in leave_out) \
-                and not entry.name.startswith(("__editable__", "helpers", "llmsys")):
+        if (
+            not entry.name.endswith(".pth")
+            and not any(entry.name.startswith(n) for n in leave_out)
+            and not entry.name.startswith(("__editable__", "helpers", "llmsys"))
+        ):
             (linked / entry.name).symlink_to(entry)
     [venv_site] = (venv / "lib").glob("python*/site-packages")
     (venv_site / "course.pth").write_text(f"{linked}\n")
@@ -94,8 +103,22 @@ def test_the_students_own_python_runs_their_code(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     assert subprocess.run([str(python), "-c", "import cloudpickle"], env=env, capture_output=True).returncode != 0
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "helpers", "yours", str(CORPUS / "tests" / "adapters.py"), "--topics", "rmsnorm",
-           "--python", str(python), "--no-timing", "--out", str(out), "--results", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "helpers",
+        "yours",
+        str(CORPUS / "tests" / "adapters.py"),
+        "--topics",
+        "rmsnorm",
+        "--python",
+        str(python),
+        "--no-timing",
+        "--out",
+        str(out),
+        "--results",
+        str(out),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     from helpers.results import load_results
@@ -114,8 +137,11 @@ def test_an_import_that_fails_names_the_one_command_that_fixes_it(tmp_path, monk
     (tmp_path / "tests").mkdir()
     adapters = tmp_path / "tests" / "adapters.py"
     adapters.write_text("import some_missing_package_xyz\n")
-    with pytest.raises(AdaptersError, match=r"No module named 'some_missing_package_xyz'.*To fix: .* -m pip install "
-                                            r"some_missing_package_xyz"):
+    with pytest.raises(
+        AdaptersError,
+        match=r"No module named 'some_missing_package_xyz'.*To fix: .* -m pip install "
+        r"some_missing_package_xyz",
+    ):
         load(adapters)
     adapters.write_text("import cs336_alignment\n")  # a course package this process has not imported
     with pytest.raises(AdaptersError, match=r"To fix: cd .* && uv sync, then run with --python .*\.venv/bin/python"):

@@ -4,6 +4,7 @@ caught with a message naming the broken property; the course-style corpus in tes
 within the handout's contract (the probes beyond it may fail, never in the exit status); a crashed rank, a hung
 collective, a wrong return kind and a NotImplementedError are reported per implementation without stopping the rest.
 One launch per topic run; implementations of different flavours share one launch (a generated adapters file)."""
+
 from __future__ import annotations
 
 import sys
@@ -26,15 +27,23 @@ CHECKS_ONLY = Options(timed=False, warmup=0, timeout_s=120)  # no timing: the ch
 
 
 def by(result, impl=None, status=None, beyond=None):
-    return [c for c in result.checks if (impl is None or c.impl == impl) and (status is None or c.status == status)
-            and (beyond is None or c.beyond == beyond)]
+    return [
+        c
+        for c in result.checks
+        if (impl is None or c.impl == impl)
+        and (status is None or c.status == status)
+        and (beyond is None or c.beyond == beyond)
+    ]
 
 
 def composed(tmp_path: Path, **adapters_from: str) -> Path:
     """An adapters file taking each named adapter from a mutant (the rest from the fixture): several mutants, one
     launch. A file outside the student's folder finds the fixture's package and the mutants by sys.path."""
-    lines = ["import sys", f"sys.path[:0] = [{str(MUTANTS)!r}, {str(CORPUS)!r}, {str(STUDENT)!r}]",
-             "from _fixture import *"]
+    lines = [
+        "import sys",
+        f"sys.path[:0] = [{str(MUTANTS)!r}, {str(CORPUS)!r}, {str(STUDENT)!r}]",
+        "from _fixture import *",
+    ]
     lines += [f"from {module} import {name}" for name, module in adapters_from.items()]
     path = tmp_path / "adapters.py"
     path.write_text("\n".join(lines) + "\n")
@@ -44,8 +53,9 @@ def composed(tmp_path: Path, **adapters_from: str) -> Path:
 @pytest.mark.parametrize("topic", ["ddp", "sharding", "fsdp"])
 def test_the_fixture_passes_every_check_with_yours_ours_and_pytorchs_rows(topic):
     result = getattr(D, f"run_{topic}")(str(FIXTURE), Options(steps=2, warmup=0, repeat=2, timeout_s=300))
-    assert result.checks and all(c.status == PASS for c in result.checks), \
-        "\n".join(f"{c.impl} | {c.prop} | {c.status} | {c.detail}" for c in result.checks if c.status != PASS)
+    assert result.checks and all(c.status == PASS for c in result.checks), "\n".join(
+        f"{c.impl} | {c.prop} | {c.status} | {c.detail}" for c in result.checks if c.status != PASS
+    )
     impls = {c.impl for c in result.checks}
     assert impls == set(D.A.ADAPTERS[topic])  # every flavour the fixture wires, checked
     for impl in impls:  # the course's checks and the probes beyond them, both
@@ -64,8 +74,12 @@ def test_the_fixture_passes_every_check_with_yours_ours_and_pytorchs_rows(topic)
 
 
 def test_ddp_mutants_each_named_by_the_property_they_break(tmp_path):
-    path = composed(tmp_path, get_ddp_individual_parameters="ddp_summed", get_ddp="ddp_no_broadcast",
-                    get_ddp_bucketed="ddp_wrong_bucket")
+    path = composed(
+        tmp_path,
+        get_ddp_individual_parameters="ddp_summed",
+        get_ddp="ddp_no_broadcast",
+        get_ddp_bucketed="ddp_wrong_bucket",
+    )
     result = D.run_ddp(str(path), CHECKS_ONLY)
     assert result.failed
     summed = by(result, "individual", FAIL, beyond=False)
@@ -78,8 +92,9 @@ def test_ddp_mutants_each_named_by_the_property_they_break(tmp_path):
     assert all("not broadcast from rank 0" in c.detail for c in unbroadcast if "construction" in c.prop)
     # the wrong bucket all-reduced: caught wherever there are two buckets or more, right in one (0.01 MB: one bucket)
     wrong = {c.prop for c in by(result, "bucketed", FAIL, beyond=False)}
-    assert wrong == {f"{m}, bucket {mb:g} MB: 5 SGD steps vs one process (allclose)" for m in C.CM.MODELS
-                     for mb in (0.0016, 0.0001)}
+    assert wrong == {
+        f"{m}, bucket {mb:g} MB: 5 SGD steps vs one process (allclose)" for m in C.CM.MODELS for mb in (0.0016, 0.0001)
+    }
     for c in by(result, "bucketed", FAIL, beyond=False):  # the right diagnosis, no other
         assert "gradient is all zeros after ddp_bucketed_on_after_backward" in c.detail and "fc1.weight" in c.detail
         assert "summed" not in c.detail and "broadcast" not in c.detail and "not finite" not in c.detail
@@ -89,15 +104,21 @@ def test_the_course_style_corpus_passes_within_the_contract(tmp_path):
     """A plain-class wrapper (individual), a parameter-only broadcast (2026's get_ddp) and buckets that wait for
     every gradient (bucketed), as students write them: every check within the handout passes; beyond it, our toy's
     per-rank buffer (not broadcast) and unused parameter (its bucket never complete) are reported, not counted."""
-    path = composed(tmp_path, get_ddp_individual_parameters="ddp_plain_class",
-                    ddp_individual_parameters_on_after_backward="ddp_plain_class", get_ddp="ddp_param_broadcast",
-                    ddp_on_after_backward="ddp_param_broadcast", get_ddp_bucketed="ddp_bucket_waits",
-                    ddp_bucketed_on_after_backward="ddp_bucket_waits",
-                    ddp_bucketed_on_train_batch_start="ddp_bucket_waits")
+    path = composed(
+        tmp_path,
+        get_ddp_individual_parameters="ddp_plain_class",
+        ddp_individual_parameters_on_after_backward="ddp_plain_class",
+        get_ddp="ddp_param_broadcast",
+        ddp_on_after_backward="ddp_param_broadcast",
+        get_ddp_bucketed="ddp_bucket_waits",
+        ddp_bucketed_on_after_backward="ddp_bucket_waits",
+        ddp_bucketed_on_train_batch_start="ddp_bucket_waits",
+    )
     result = D.run_ddp(str(path), CHECKS_ONLY)
     within = by(result, beyond=False)
-    assert within and all(c.status == PASS for c in within), [(c.impl, c.prop, c.detail) for c in within
-                                                             if c.status != PASS]
+    assert within and all(c.status == PASS for c in within), [
+        (c.impl, c.prop, c.detail) for c in within if c.status != PASS
+    ]
     assert {c.impl for c in within} == {"individual", "ddp", "bucketed"} and not result.failed
     assert len(by(result, "bucketed", beyond=False)) == 2 * 2 * len(C.COURSE_BUCKETS_MB)
     buffer = [c for c in by(result, "ddp", FAIL, beyond=True) if "construction" in c.prop]
@@ -105,8 +126,13 @@ def test_the_course_style_corpus_passes_within_the_contract(tmp_path):
     waits = by(result, "bucketed", beyond=True)
     assert waits and all(c.status in (PASS, FAIL) for c in waits)  # the unused parameter: a result, never a crash
     assert any(c.status == FAIL and "buffers only" in c.detail for c in waits)
-    assert any(c.status == FAIL and c.prop.startswith("beyond the handout: same weights") and "emb.weight" in c.detail
-               and c.prop.endswith("bucket 100 MB") for c in waits)  # one bucket with the unused parameter: never full
+    assert any(
+        c.status == FAIL
+        and c.prop.startswith("beyond the handout: same weights")
+        and "emb.weight" in c.detail
+        and c.prop.endswith("bucket 100 MB")
+        for c in waits
+    )  # one bucket with the unused parameter: never full
 
 
 def test_sharded_optimizer_that_does_not_partition_is_caught():
@@ -138,18 +164,23 @@ def test_fsdp_that_never_frees_passes_the_contract_and_is_flagged_beyond_it():
 
 def test_a_crashed_rank_is_an_error_and_the_other_topics_still_run(tmp_path):
     path = composed(tmp_path, get_sharded_optimizer="sharding_crash", get_ddp_bucketed="ddp_bucketed_nan")
-    path.write_text(path.read_text() + textwrap.dedent("""
+    path.write_text(
+        path.read_text()
+        + textwrap.dedent("""
         def get_ddp(module):
             return None
         def get_ddp_individual_parameters(module):
             raise NotImplementedError
-    """))
+    """)
+    )
     crashed = D.run_sharding(str(path), CHECKS_ONLY)
     assert [(c.status, c.prop) for c in crashed.checks] == [(ERROR, "runs on 2 ranks")]
     assert "rank 1 of 2 was killed by SIGSEGV" in crashed.checks[0].detail
     ddp = D.run_ddp(str(path), CHECKS_ONLY)
     statuses = {c.impl: (c.status, c.detail) for c in ddp.checks if c.impl != "bucketed"}
-    assert statuses["ddp"][0] == ERROR and statuses["ddp"][1].startswith("get_ddp returned NoneType, expected a wrapper")
+    assert statuses["ddp"][0] == ERROR and statuses["ddp"][1].startswith(
+        "get_ddp returned NoneType, expected a wrapper"
+    )
     assert statuses["individual"][0] == NOT_IMPLEMENTED
     nan = [c for c in by(ddp, "bucketed", FAIL, beyond=False) if "SGD steps" in c.prop]
     assert len(nan) == 2 * len(C.COURSE_BUCKETS_MB) and all("not finite (NaN/inf)" in c.detail for c in nan)
@@ -161,8 +192,9 @@ def test_another_editions_names_are_skipped(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))  # loading the file here puts its folders on this process's path
     monkeypatch.setattr(S, "_LOADED", {})
     path = composed(tmp_path)
-    path.write_text(path.read_text() + "del get_ddp_bucketed, ddp_bucketed_on_after_backward, "
-                    "ddp_bucketed_on_train_batch_start\n")
+    path.write_text(
+        path.read_text() + "del get_ddp_bucketed, ddp_bucketed_on_after_backward, ddp_bucketed_on_train_batch_start\n"
+    )
     got = S.outcome(lambda: S.adapter_fns(str(path), "ddp", "bucketed"))  # in this process: no launch needed
     assert got["status"] == SKIPPED and "another edition" in got["detail"]
 
@@ -175,8 +207,10 @@ def test_a_hung_collective_is_an_error_after_the_timeout():
 
 def test_an_exception_in_student_code_names_its_file_and_line(tmp_path):
     path = composed(tmp_path)
-    path.write_text(path.read_text() + "def get_sharded_optimizer(params, optimizer_cls, **kwargs):\n"
-                    "    raise RuntimeError('my bug')\n")
+    path.write_text(
+        path.read_text() + "def get_sharded_optimizer(params, optimizer_cls, **kwargs):\n"
+        "    raise RuntimeError('my bug')\n"
+    )
     result = D.run_sharding(str(path), CHECKS_ONLY)  # each phase reports it: the course's checks among them
     assert result.failed and by(result, beyond=False) and all(c.status == ERROR for c in result.checks)
     assert all("RuntimeError: my bug" in c.detail and f"{path}:" in c.detail for c in result.checks)
@@ -186,13 +220,16 @@ def test_an_exception_beyond_the_contract_keeps_the_contract_checks(tmp_path):
     """An optimizer that raises only on a large model: the course's checks (small toy models) all pass; the memory and
     timing phases on small/cpu are each an error row beyond the handout, at the student's line; the exit status holds."""
     path = composed(tmp_path)
-    path.write_text(path.read_text() + textwrap.dedent("""
+    path.write_text(
+        path.read_text()
+        + textwrap.dedent("""
         def get_sharded_optimizer(params, optimizer_cls, **kwargs):
             params = list(params)
             if len(params) > 6:
                 raise RuntimeError('my bug on big models')
             return ShardedOptimizer(params, optimizer_cls, **kwargs)
-    """))
+    """)
+    )
     result = D.run_sharding(str(path), Options(steps=2, warmup=0, timeout_s=120))
     within = by(result, beyond=False)
     assert len(within) == 3 and all(c.status == PASS for c in within) and not result.failed
@@ -204,9 +241,13 @@ def test_an_exception_beyond_the_contract_keeps_the_contract_checks(tmp_path):
 def test_an_exceptions_location_is_the_students_deepest_frame():
     """Installed packages (a .venv inside the repository too), torch and the companion are skipped (no launch)."""
     root = STUDENT
-    frames = [(str(root / "tests" / "adapters.py"), "10"), (str(root / "cs336_systems" / "ddp.py"), "42"),
-              (str(root / ".venv" / "lib" / "python3.11" / "site-packages" / "einops" / "einops.py"), "7"),
-              (S.torch.__file__, "99"), (S.__file__, "5")]
+    frames = [
+        (str(root / "tests" / "adapters.py"), "10"),
+        (str(root / "cs336_systems" / "ddp.py"), "42"),
+        (str(root / ".venv" / "lib" / "python3.11" / "site-packages" / "einops" / "einops.py"), "7"),
+        (S.torch.__file__, "99"),
+        (S.__file__, "5"),
+    ]
     assert S.student_frame(frames, str(FIXTURE)) == f"{root / 'cs336_systems' / 'ddp.py'}:42"
     assert S.student_frame(frames[2:], str(FIXTURE)) == f"{frames[-1][0]}:5"  # none of theirs: the deepest
 
@@ -215,7 +256,9 @@ def test_a_crash_beyond_the_contract_keeps_the_contract_checks(tmp_path):
     """A rank killed only on a large model (the probes beyond the handout): the course's checks, relaunched alone,
     stand; the probes are one error row naming the signal, never in the exit status."""
     path = composed(tmp_path)
-    path.write_text(path.read_text() + textwrap.dedent("""
+    path.write_text(
+        path.read_text()
+        + textwrap.dedent("""
         import os, signal
         import torch.distributed as dist
         def get_sharded_optimizer(params, optimizer_cls, **kwargs):
@@ -223,7 +266,8 @@ def test_a_crash_beyond_the_contract_keeps_the_contract_checks(tmp_path):
             if len(params) > 6 and dist.get_rank() == 1:
                 os.kill(os.getpid(), signal.SIGSEGV)
             return ShardedOptimizer(params, optimizer_cls, **kwargs)
-    """))
+    """)
+    )
     result = D.run_sharding(str(path), CHECKS_ONLY)
     within = by(result, beyond=False)
     assert len(within) == 3 and all(c.status == PASS for c in within) and not result.failed

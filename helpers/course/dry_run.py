@@ -13,6 +13,7 @@ share of the batch (04, 05; their copies per rank are gpu_plans' arithmetic; 03,
 autocast (no meta autocast): fp32 only, the larger peak of 01's; Triton kernels and torch.compile (no meta
 launches): the PyTorch implementations, whose tensors bound the kernels'.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,8 +64,10 @@ class IndexBounds(TorchDispatchMode):
             weight, ids = (args[0], args[1]) if func is aten.embedding.default else (args[0], args[2])
             bound = self.bounds.get(M.storage_key(ids))
             if bound is not None and bound > weight.shape[0]:
-                raise IndexError(f"dry run: ids up to {bound - 1} index an embedding of {weight.shape[0]} rows "
-                                 f"(ids {tuple(ids.shape)}); on a GPU: a device-side assert")
+                raise IndexError(
+                    f"dry run: ids up to {bound - 1} index an embedding of {weight.shape[0]} rows "
+                    f"(ids {tuple(ids.shape)}); on a GPU: a device-side assert"
+                )
         out = func(*args, **kwargs)
         bound = None
         if func in _ARANGE:
@@ -86,12 +89,25 @@ def on_meta():
         yield
 
 
-def _row(notebook: str, run: str, peak_bytes: float, plan_bytes: float | None = None, ranks_per_gpu: int = 1,
-         gpu_bytes: float = G.H100_BYTES) -> dict:
+def _row(
+    notebook: str,
+    run: str,
+    peak_bytes: float,
+    plan_bytes: float | None = None,
+    ranks_per_gpu: int = 1,
+    gpu_bytes: float = G.H100_BYTES,
+) -> dict:
     per_gpu = G.peak_per_gpu(peak_bytes, ranks_per_gpu)
-    return {"notebook": notebook, "run": run, "peak_GB": peak_bytes / G.GB, "ranks_per_gpu": ranks_per_gpu,
-            "per_gpu_GB": per_gpu / G.GB, "plan_GB": None if plan_bytes is None else plan_bytes / G.GB,
-            "budget_GB": gpu_bytes / G.GB, "fits": per_gpu <= gpu_bytes}
+    return {
+        "notebook": notebook,
+        "run": run,
+        "peak_GB": peak_bytes / G.GB,
+        "ranks_per_gpu": ranks_per_gpu,
+        "per_gpu_GB": per_gpu / G.GB,
+        "plan_GB": None if plan_bytes is None else plan_bytes / G.GB,
+        "budget_GB": gpu_bytes / G.GB,
+        "fits": per_gpu <= gpu_bytes,
+    }
 
 
 def _fwd_bwd_peak(fn, *inputs) -> int:
@@ -117,9 +133,15 @@ def run_01(c=None, sizes=None) -> list[dict]:
     c = c or XB.PROFILES["gpu"]
     B, T = c["batch"], c["context"]
     sizes = sizes or [max(sizes_for("gpu"), key=lambda s: G.step_peak_bytes(s, B, T))]
-    return [_row("01", f"memory peaks {size}, fp32 step",
-                 XB.step_peaks(size, B, T, None, META)["full step"].peak_bytes, G.step_peak_bytes(size, B, T))
-            for size in sizes]
+    return [
+        _row(
+            "01",
+            f"memory peaks {size}, fp32 step",
+            XB.step_peaks(size, B, T, None, META)["full step"].peak_bytes,
+            G.step_peak_bytes(size, B, T),
+        )
+        for size in sizes
+    ]
 
 
 def run_02(c=None) -> list[dict]:
@@ -129,14 +151,26 @@ def run_02(c=None) -> list[dict]:
     for H in c["hidden"]:
         x = torch.empty(c["rows"], H, requires_grad=True)  # (rows, H)
         g = torch.empty(H, requires_grad=True)
-        rows.append(_row("02", f"norm {c['rows']} x {H} fwd+bwd", _fwd_bwd_peak(RMSNormPyTorchFunction.apply, x, g),
-                         G.norm_peak_bytes(c["rows"], H)))
+        rows.append(
+            _row(
+                "02",
+                f"norm {c['rows']} x {H} fwd+bwd",
+                _fwd_bwd_peak(RMSNormPyTorchFunction.apply, x, g),
+                G.norm_peak_bytes(c["rows"], H),
+            )
+        )
     size = c["compile_model_sizes"][-1]
     lm = build_model(size)
     x, y = make_batches(size, 1, c["batch"], lm.cfg.context_length, 0)[0]
     trace = M.track(lambda: lm_loss(lm(x.to(META)), y.to(META)).backward(), existing=list(lm.parameters()))
-    rows.append(_row("02", f"model {size} fwd+bwd, batch {c['batch']}", trace.peak_bytes,
-                     G.retained_graph_bytes(size, c["batch"], lm.cfg.context_length)))
+    rows.append(
+        _row(
+            "02",
+            f"model {size} fwd+bwd, batch {c['batch']}",
+            trace.peak_bytes,
+            G.retained_graph_bytes(size, c["batch"], lm.cfg.context_length),
+        )
+    )
     return rows
 
 
@@ -149,11 +183,23 @@ def run_03(c=None, gpus: int = 1) -> list[dict]:
         for n in c["world_sizes"] if device == "cuda" else ():
             peak, numel = 0, max(n, size // 4 // n * n)  # as bench_worker: float32, n equal chunks
             for op in XC.OPS:
-                trace = M.track(lambda: [t.clone() if i == 0 else t for i, t in  # the work copy of the source
-                                         enumerate(XC._buffers(op, numel, 0, n, META)) if t is not None])
+                trace = M.track(
+                    lambda: [
+                        t.clone() if i == 0 else t
+                        for i, t in enumerate(XC._buffers(op, numel, 0, n, META))  # the work copy of the source
+                        if t is not None
+                    ]
+                )
                 peak = max(peak, trace.peak_bytes)
-            rows.append(_row("03", f"{backend}+cuda, {n} ranks, {XC.format_size(size)} messages", peak,
-                             G.collective_bytes(size), 1 if backend == "nccl" else -(-n // gpus)))
+            rows.append(
+                _row(
+                    "03",
+                    f"{backend}+cuda, {n} ranks, {XC.format_size(size)} messages",
+                    peak,
+                    G.collective_bytes(size),
+                    1 if backend == "nccl" else -(-n // gpus),
+                )
+            )
     return rows
 
 
@@ -203,8 +249,15 @@ def run_06(c=None) -> list[dict]:
 def run_07(c=None) -> list[dict]:
     """Notebook 07 §5: the checkpoint sweep's model at its context, without checkpointing (its largest step)."""
     c = c or XF.PROFILES["gpu"]
-    sweep = XF.checkpoint_sweep(c["ckpt_model"], n_layers=c["ckpt_layers"], batch_size=c["ckpt_batch"],
-                                context_length=c["ckpt_context"], segments=[0], steps=1, warmup=0)
+    sweep = XF.checkpoint_sweep(
+        c["ckpt_model"],
+        n_layers=c["ckpt_layers"],
+        batch_size=c["ckpt_batch"],
+        context_length=c["ckpt_context"],
+        segments=[0],
+        steps=1,
+        warmup=0,
+    )
     peak = sweep.loc[0, "peak_MiB"] * M.MiB
     return [_row("07", f"checkpoint sweep {c['ckpt_model']}, context {c['ckpt_context']}, no checkpointing", peak)]
 
@@ -226,7 +279,11 @@ def check(table: pd.DataFrame) -> pd.DataFrame:
     """`table`, or a ValueError naming each run that would not fit the card."""
     over = table[~table["fits"]]
     if len(over):
-        raise ValueError("dry run: would run out of memory on the card:\n" + "\n".join(
-            f"  notebook {r.notebook}: {r.run} needs about {r.per_gpu_GB:.1f} GB per GPU of {r.budget_GB:.0f}"
-            for r in over.itertuples()))
+        raise ValueError(
+            "dry run: would run out of memory on the card:\n"
+            + "\n".join(
+                f"  notebook {r.notebook}: {r.run} needs about {r.per_gpu_GB:.1f} GB per GPU of {r.budget_GB:.0f}"
+                for r in over.itertuples()
+            )
+        )
     return table

@@ -7,6 +7,7 @@
 notebook's headline figure (its cell tagged `headline`). Each number is a column of one saved row, and the HTML says
 which (data-source, data-row, data-column, data-scale), so the browser test can read it back from the file.
 """
+
 from __future__ import annotations
 
 import html
@@ -20,6 +21,7 @@ from helpers.course.answers.page import default_folder
 @dataclass(frozen=True)
 class Claim:
     """`lead` VALUE`unit` `tail` [LOW–HIGH]: VALUE is rows[row][column] × scale of the saved run `source`."""
+
     source: str
     row: int
     column: str
@@ -36,11 +38,13 @@ class Claim:
     def html(self) -> str:
         """The sentence, its number marked with where it was read from."""
         f = f"{{:.{self.digits}f}}".format
-        return (f"{html.escape(self.lead)}<b class='claim-value' data-source='{html.escape(self.source)}' "
-                f"data-row='{self.row}' data-column='{html.escape(self.column)}' data-scale='{self.scale!r}' "
-                f"data-digits='{self.digits}'>{f(self.value)}</b>{html.escape(self.unit)} {html.escape(self.tail)} "
-                f"<span class='claim-interval' title='{html.escape(self.interval)}'>[<span class='claim-low'>"
-                f"{f(self.low)}</span>–<span class='claim-high'>{f(self.high)}</span>]</span>")
+        return (
+            f"{html.escape(self.lead)}<b class='claim-value' data-source='{html.escape(self.source)}' "
+            f"data-row='{self.row}' data-column='{html.escape(self.column)}' data-scale='{self.scale!r}' "
+            f"data-digits='{self.digits}'>{f(self.value)}</b>{html.escape(self.unit)} {html.escape(self.tail)} "
+            f"<span class='claim-interval' title='{html.escape(self.interval)}'>[<span class='claim-low'>"
+            f"{f(self.low)}</span>–<span class='claim-high'>{f(self.high)}</span>]</span>"
+        )
 
 
 def _rows(saved: Saved, name: str, **where) -> list[tuple[int, dict]]:
@@ -58,17 +62,28 @@ def _machine(saved: Saved, name: str) -> str:
 
 def _ratio(saved: Saved, name: str, i: int, row: dict, lead: str, tail: str) -> Claim:
     """A Claim on a saved paired-ratio row (helpers.timing.ratio_columns)."""
-    return Claim(name, i, "ratio", row["ratio"], row["ratio_low"], row["ratio_high"], lead,
-                 f"{tail} on {_machine(saved, name)}")
+    return Claim(
+        name, i, "ratio", row["ratio"], row["ratio_low"], row["ratio_high"], lead, f"{tail} on {_machine(saved, name)}"
+    )
 
 
 def warmup(saved: Saved) -> Claim:
     """00: a warm step's median time, with the run's fastest and slowest step."""
     i, r = _rows(saved, "00_warmup", warmup_kind="3 steps")[0]
     model = saved.run("00_warmup").provenance.get("model", "the model")
-    return Claim("00_warmup", i, "median_s", r["median_s"] * 1e3, r["min_s"] * 1e3, r["max_s"] * 1e3,
-                 f"a {model} training step after warm-up: ", f"median of {r['steps']} steps on "
-                 f"{_machine(saved, '00_warmup')}", unit=" ms", scale=1e3, interval="fastest and slowest step")
+    return Claim(
+        "00_warmup",
+        i,
+        "median_s",
+        r["median_s"] * 1e3,
+        r["min_s"] * 1e3,
+        r["max_s"] * 1e3,
+        f"a {model} training step after warm-up: ",
+        f"median of {r['steps']} steps on {_machine(saved, '00_warmup')}",
+        unit=" ms",
+        scale=1e3,
+        interval="fastest and slowest step",
+    )
 
 
 def autocast(saved: Saved) -> Claim:
@@ -81,11 +96,13 @@ def autocast(saved: Saved) -> Claim:
 def rmsnorm(saved: Saved) -> Claim:
     """02: RMSNorm in PyTorch ops over LayerNorm, forward, at the largest hidden size of float32."""
     rows = _rows(saved, "rmsnorm_ratios", a="torch", b="layernorm")
-    rows = [(i, r) for i, r in rows if r.get("pass") == rows[0][1].get("pass") and r.get("dtype") == rows[0][1].get(
-        "dtype")]
+    rows = [
+        (i, r) for i, r in rows if r.get("pass") == rows[0][1].get("pass") and r.get("dtype") == rows[0][1].get("dtype")
+    ]
     i, r = max(rows, key=lambda ir: ir[1].get("H", 0))
-    return _ratio(saved, "rmsnorm_ratios", i, r, f"RMSNorm (PyTorch ops), H = {r.get('H')}, {r.get('pass')}: ",
-                  "LayerNorm's time")
+    return _ratio(
+        saved, "rmsnorm_ratios", i, r, f"RMSNorm (PyTorch ops), H = {r.get('H')}, {r.get('pass')}: ", "LayerNorm's time"
+    )
 
 
 def collectives(saved: Saved) -> Claim:
@@ -93,9 +110,18 @@ def collectives(saved: Saved) -> Claim:
     rows = [(i, r) for i, r in _rows(saved, "03_collectives", op="all_reduce") if not r.get("wrong")]
     i, r = max(rows, key=lambda ir: (ir[1]["size_bytes"], -ir[1]["world_size"]))  # fewest ranks: not oversubscribed
     bw, t = r["busbw_GBps"], r["time_s"]
-    return Claim("03_collectives", i, "busbw_GBps", bw, bw * t / r.get("p75_s", t), bw * t / r.get("p25_s", t),
-                 f"all-reduce of {r['size']} on {r['world_size']} {r['backend']} ranks: ", f"bus bandwidth on "
-                 f"{_machine(saved, '03_collectives')}", unit=" GB/s", interval="from the quartiles of the call times")
+    return Claim(
+        "03_collectives",
+        i,
+        "busbw_GBps",
+        bw,
+        bw * t / r.get("p75_s", t),
+        bw * t / r.get("p25_s", t),
+        f"all-reduce of {r['size']} on {r['world_size']} {r['backend']} ranks: ",
+        f"bus bandwidth on {_machine(saved, '03_collectives')}",
+        unit=" GB/s",
+        interval="from the quartiles of the call times",
+    )
 
 
 def ddp(saved: Saved) -> Claim:
@@ -107,15 +133,17 @@ def ddp(saved: Saved) -> Claim:
 def sharding(saved: Saved) -> Claim:
     """05: ShardedOptimizer's time per iteration over the unsharded optimizer's."""
     i, r = _rows(saved, "05_sharding_ratios", a="sharded", b="unsharded")[0]
-    return _ratio(saved, "05_sharding_ratios", i, r, "ShardedOptimizer: ", "the unsharded optimizer's time per "
-                  "iteration")
+    return _ratio(
+        saved, "05_sharding_ratios", i, r, "ShardedOptimizer: ", "the unsharded optimizer's time per iteration"
+    )
 
 
 def compiled_attention(saved: Saved) -> Claim:
     """06: torch.compile'd naive attention's time over eager's (Comparison.table rows), forward+backward if saved."""
     i, r = _rows(saved, "06_compile_ratios", label="compiled")[-1]
-    return _ratio(saved, "06_compile_ratios", i, r, f"torch.compile'd attention, {r.get('pass')}: ",
-                  "eager attention's time")
+    return _ratio(
+        saved, "06_compile_ratios", i, r, f"torch.compile'd attention, {r.get('pass')}: ", "eager attention's time"
+    )
 
 
 def checkpointing(saved: Saved) -> Claim:
@@ -123,14 +151,29 @@ def checkpointing(saved: Saved) -> Claim:
     rows = _rows(saved, "07_checkpoint")
     none = next(r for _, r in rows if r["segment"] == 0)
     i, r = min(((i, r) for i, r in rows if r["segment"] > 0), key=lambda ir: ir[1]["peak_MiB"])
-    return Claim("07_checkpoint", i, "time / none", r["time / none"], r["low"], r["high"],
-                 f"activation checkpointing in segments of {r['segment']} blocks: peak {r['peak_MiB']:.1f} MiB "
-                 f"instead of {none['peak_MiB']:.1f} MiB, at ", f"the step time without it on "
-                 f"{_machine(saved, '07_checkpoint')}")
+    return Claim(
+        "07_checkpoint",
+        i,
+        "time / none",
+        r["time / none"],
+        r["low"],
+        r["high"],
+        f"activation checkpointing in segments of {r['segment']} blocks: peak {r['peak_MiB']:.1f} MiB "
+        f"instead of {none['peak_MiB']:.1f} MiB, at ",
+        f"the step time without it on {_machine(saved, '07_checkpoint')}",
+    )
 
 
-CLAIMS = {"00": warmup, "01": autocast, "02": rmsnorm, "03": collectives, "04": ddp, "05": sharding,
-          "06": compiled_attention, "07": checkpointing}  # notebook number -> its front-page sentence
+CLAIMS = {
+    "00": warmup,
+    "01": autocast,
+    "02": rmsnorm,
+    "03": collectives,
+    "04": ddp,
+    "05": sharding,
+    "06": compiled_attention,
+    "07": checkpointing,
+}  # notebook number -> its front-page sentence
 
 
 def sentence(notebook: str, profile: str, folder: Path | None = None) -> str:

@@ -10,6 +10,7 @@ timing.MIN_PAIRS interleaved, paired steps, then shows its table (ratios with th
 and a plot in place. Without a kernel (the exported HTML) a panel is one line naming the variable to edit: its
 text/html, which helpers.writeup keeps when it drops widgets.
 """
+
 from __future__ import annotations
 
 import html
@@ -38,8 +39,14 @@ class Panel:
         self.progress = W.IntProgress(value=0, min=0, max=3, description="", layout=W.Layout(width="16rem"))
         self.status = W.Label("")
         self.output = W.Output()
-        self.box = W.VBox([W.HTML(f"<b>{html.escape(title)}</b>"), W.HBox([*controls.values(), self.button]),
-                           W.HBox([self.progress, self.status]), self.output])
+        self.box = W.VBox(
+            [
+                W.HTML(f"<b>{html.escape(title)}</b>"),
+                W.HBox([*controls.values(), self.button]),
+                W.HBox([self.progress, self.status]),
+                self.output,
+            ]
+        )
         self.box.add_class("live-panel")
         self.button.on_click(self.run)
         self.table: pd.DataFrame | None = None
@@ -99,9 +106,11 @@ class Panel:
 
 def _offline(what: str, variable: str, notebook: str) -> str:
     """The exported page's line: which variable to edit (in the live cell) to measure another value."""
-    return (f"Live control ({html.escape(what)}): it needs a running kernel. Open notebooks/{notebook} in JupyterLab "
-            f"and press Run, or set <code>{html.escape(variable)}</code> in this cell and run the notebook "
-            "(make writeup) to measure that value here.")
+    return (
+        f"Live control ({html.escape(what)}): it needs a running kernel. Open notebooks/{notebook} in JupyterLab "
+        f"and press Run, or set <code>{html.escape(variable)}</code> in this cell and run the notebook "
+        "(make writeup) to measure that value here."
+    )
 
 
 def _ratio_plot(table: pd.DataFrame, label: str, title: str):
@@ -120,18 +129,27 @@ def _ratio_plot(table: pd.DataFrame, label: str, title: str):
 
 # ---- notebook 07: checkpoint segment size ----
 
+
 def checkpoint_measure(segment: int, config: dict) -> tuple[pd.DataFrame, object]:
     """fsdp.checkpoint_sweep at segment sizes [0 (none), segment], interleaved, >= MIN_PAIRS paired steps."""
     if segment < 1:
         raise ValueError(f"segment must be a positive number of blocks, got {segment}")
-    sweep = XF.checkpoint_sweep(config["ckpt_model"], n_layers=config["ckpt_layers"], batch_size=config["ckpt_batch"],
-                                context_length=config["ckpt_context"], segments=[0, int(segment)],
-                                steps=max(config["ckpt_steps"], MIN_PAIRS))
+    sweep = XF.checkpoint_sweep(
+        config["ckpt_model"],
+        n_layers=config["ckpt_layers"],
+        batch_size=config["ckpt_batch"],
+        context_length=config["ckpt_context"],
+        segments=[0, int(segment)],
+        steps=max(config["ckpt_steps"], MIN_PAIRS),
+    )
     table = sweep.rename(columns={"time / none": "ratio"})
     table["measurable"] = ~((table["low"] <= 1.0) & (table["high"] >= 1.0))
-    fig = _ratio_plot(table, "step time / no checkpointing (95% interval)",
-                      f"{config['ckpt_model']}: segments of {segment} blocks, peak {table.loc[segment, 'peak_MiB']:.1f}"
-                      f" MiB vs {table.loc[0, 'peak_MiB']:.1f} MiB")
+    fig = _ratio_plot(
+        table,
+        "step time / no checkpointing (95% interval)",
+        f"{config['ckpt_model']}: segments of {segment} blocks, peak {table.loc[segment, 'peak_MiB']:.1f}"
+        f" MiB vs {table.loc[0, 'peak_MiB']:.1f} MiB",
+    )
     return table, fig
 
 
@@ -142,29 +160,45 @@ def checkpoint_panel(profile: str, segment: int = 2, config: dict | None = None)
 
     config = XF.PROFILES[profile] if config is None else config
     options = [k for k in config["segments"] if k > 0]
-    choice = W.Dropdown(options=options, value=segment if segment in options else options[0],
-                        description="segment (blocks)", style={"description_width": "initial"})
-    return Panel(f"Activation checkpointing, {config['ckpt_model']} ({config['ckpt_layers']} blocks): peak memory "
-                 "and step time against no checkpointing", {"segment": choice},
-                 lambda segment: checkpoint_measure(segment, config),
-                 _offline("checkpoint segment size", "SEGMENT", "07_fsdp.ipynb"))
+    choice = W.Dropdown(
+        options=options,
+        value=segment if segment in options else options[0],
+        description="segment (blocks)",
+        style={"description_width": "initial"},
+    )
+    return Panel(
+        f"Activation checkpointing, {config['ckpt_model']} ({config['ckpt_layers']} blocks): peak memory "
+        "and step time against no checkpointing",
+        {"segment": choice},
+        lambda segment: checkpoint_measure(segment, config),
+        _offline("checkpoint segment size", "SEGMENT", "07_fsdp.ipynb"),
+    )
 
 
 # ---- notebook 04: bucket size ----
+
 
 def bucket_measure(model: str, bucket_mb: float, config: dict, backend: str, device: str):
     """ddp.speed_table for one model with one extra bucket size: every variant's step time over torch DDP's, paired
     step by step (slowest rank), with the 95% interval."""
     if not bucket_mb > 0:
         raise ValueError(f"bucket size must be positive (MB), got {bucket_mb}")
-    raw, speed = XD.speed_table([model], sweep_model=model, buckets_mb=[float(bucket_mb)],
-                                steps=max(config["steps"], MIN_PAIRS), warmup=config["warmup"],
-                                batch_size=config["batch"], context_length=config["context"], backend=backend,
-                                device=device)
+    raw, speed = XD.speed_table(
+        [model],
+        sweep_model=model,
+        buckets_mb=[float(bucket_mb)],
+        steps=max(config["steps"], MIN_PAIRS),
+        warmup=config["warmup"],
+        batch_size=config["batch"],
+        context_length=config["context"],
+        backend=backend,
+        device=device,
+    )
     ratios = pd.DataFrame(XD.ratio_rows(raw))
     ratios = ratios[(ratios["field"] == "step") & (ratios["b"] == "torch_ddp 25 MB")].set_index("a")
-    ratios = ratios[["ratio", "ratio_low", "ratio_high", "pairs"]].rename(columns={"ratio_low": "low",
-                                                                                  "ratio_high": "high"})
+    ratios = ratios[["ratio", "ratio_low", "ratio_high", "pairs"]].rename(
+        columns={"ratio_low": "low", "ratio_high": "high"}
+    )
     table = speed.set_index("variant")[["step_s", "buckets", "steps"]].join(ratios, how="inner")
     table["step_ms"] = table.pop("step_s") * 1e3
     table["measurable"] = ~((table["low"] <= 1.0) & (table["high"] >= 1.0))
@@ -179,31 +213,62 @@ def bucket_panel(profile: str, bucket_mb: float = 1.0, *, backend: str, device: 
     config = XD.PROFILES[profile]
     model = W.Dropdown(options=config["sizes"], value=config["sizes"][0], description="model")
     size = W.BoundedFloatText(value=bucket_mb, min=0.001, max=1000.0, step=0.05, description="bucket (MB)")
-    return Panel("Bucketed DDP at a bucket size of your choice, 2 ranks", {"model": model, "bucket_mb": size},
-                 lambda model, bucket_mb: bucket_measure(model, bucket_mb, config, backend, device),
-                 _offline("bucket size", "BUCKET_MB", "04_ddp.ipynb"))
+    return Panel(
+        "Bucketed DDP at a bucket size of your choice, 2 ranks",
+        {"model": model, "bucket_mb": size},
+        lambda model, bucket_mb: bucket_measure(model, bucket_mb, config, backend, device),
+        _offline("bucket size", "BUCKET_MB", "04_ddp.ipynb"),
+    )
 
 
 # ---- notebook 03: collective, size, ranks ----
 
+
 def collectives_measure(op: str, size: str, ranks: int, grid: dict):
     """collectives.run_grid for one (collective, size, ranks) on each of the profile's backend+device pairs: the
     median call (slowest rank) with its quartiles, algbw and busbw."""
-    df, todo = XC.run_grid([XC.parse_size(size)], [op], [int(ranks)], grid["combos"], grid["warmup"],
-                           max(grid["iters"], MIN_PAIRS), budget_s=grid["budget_s"])
+    df, todo = XC.run_grid(
+        [XC.parse_size(size)],
+        [op],
+        [int(ranks)],
+        grid["combos"],
+        grid["warmup"],
+        max(grid["iters"], MIN_PAIRS),
+        budget_s=grid["budget_s"],
+    )
     if df.empty:
-        raise ValueError("not run here: " + "; ".join(f"{r.backend}+{r.device}: {r.reason}"
-                                                        for r in todo.itertuples() if not r.run))
-    table = df[["backend", "device", "world_size", "op", "size", "time_s", "p25_s", "p75_s", "algbw_GBps",
-                "busbw_GBps", "iters", "wrong"]].set_index(["backend", "device"])
+        raise ValueError(
+            "not run here: " + "; ".join(f"{r.backend}+{r.device}: {r.reason}" for r in todo.itertuples() if not r.run)
+        )
+    table = df[
+        [
+            "backend",
+            "device",
+            "world_size",
+            "op",
+            "size",
+            "time_s",
+            "p25_s",
+            "p75_s",
+            "algbw_GBps",
+            "busbw_GBps",
+            "iters",
+            "wrong",
+        ]
+    ].set_index(["backend", "device"])
     for q in ("time", "p25", "p75"):
         table.insert(table.columns.get_loc(f"{q}_s"), f"{q}_ms", table.pop(f"{q}_s") * 1e3)
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 0.45 * len(table) + 1.2))
     bw, t = table["busbw_GBps"], table["time_ms"]
-    ax.barh([f"{b}+{d}" for b, d in table.index], bw,
-            xerr=[bw - bw * t / table["p75_ms"], bw * t / table["p25_ms"] - bw], color="#4c78a8", capsize=3)
+    ax.barh(
+        [f"{b}+{d}" for b, d in table.index],
+        bw,
+        xerr=[bw - bw * t / table["p75_ms"], bw * t / table["p25_ms"] - bw],
+        color="#4c78a8",
+        capsize=3,
+    )
     ax.set_xlabel("busbw, GB/s (bars: quartiles of the calls)")
     ax.set_title(f"{op}, {size}, {ranks} ranks", fontsize=9)
     fig.tight_layout()
@@ -216,9 +281,14 @@ def collectives_panel(profile: str, op: str = "all_reduce", size: str = "1 MB", 
 
     grid = XC.PROFILE_GRID[profile]
     sizes = sorted({XC.format_size(s) for s in grid["sizes"]} | {size}, key=XC.parse_size)
-    controls = {"op": W.Dropdown(options=list(XC.OPS), value=op, description="collective"),
-                "size": W.Dropdown(options=sizes, value=size, description="size"),
-                "ranks": W.BoundedIntText(value=ranks, min=2, max=8, description="ranks")}
-    return Panel("One collective, timed on this machine", controls,
-                 lambda op, size, ranks: collectives_measure(op, size, ranks, grid),
-                 _offline("collective, size and ranks", "OP, SIZE and RANKS", "03_collectives.ipynb"))
+    controls = {
+        "op": W.Dropdown(options=list(XC.OPS), value=op, description="collective"),
+        "size": W.Dropdown(options=sizes, value=size, description="size"),
+        "ranks": W.BoundedIntText(value=ranks, min=2, max=8, description="ranks"),
+    }
+    return Panel(
+        "One collective, timed on this machine",
+        controls,
+        lambda op, size, ranks: collectives_measure(op, size, ranks, grid),
+        _offline("collective, size and ranks", "OP, SIZE and RANKS", "03_collectives.ipynb"),
+    )

@@ -12,6 +12,7 @@ not fit the budget left is skipped; a batch already saved for this device, profi
 folder gets one small JSON-lines file per result and manifest.json (commit, torch, triton, driver, device, each
 batch's status and wall time); the run ends with headline figures beside the published ones.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,6 +46,7 @@ LOG_TAIL = 2000  # characters of a failed batch's output kept in the manifest
 class Batch:
     """One unit of the reference run: a child process running reference_batches' function `name` (or `command`
     with the folder appended, and its own `estimate_s`, for a plan of other work)."""
+
     name: str
     title: str
     env: dict = field(default_factory=dict)  # extra environment of the child
@@ -54,18 +56,32 @@ class Batch:
     def argv(self, profile: str, folder: Path) -> list[str]:
         if self.command:
             return [*self.command, str(folder)]
-        return [sys.executable, "-m", "helpers.course.reference_batches", self.name, "--profile", profile,
-                "--out", str(folder)]
+        return [
+            sys.executable,
+            "-m",
+            "helpers.course.reference_batches",
+            self.name,
+            "--profile",
+            profile,
+            "--out",
+            str(folder),
+        ]
 
 
 PLAN = (  # in order of value: what a short lease must produce first
     Batch("kernels", "RMSNorm Triton fwd, fwd+bwd vs copy bandwidth; FlashAttention-2 at the leaderboard shape"),
-    Batch("registers", "every Triton kernel compiled: registers and spills (ptxas; and the driver's on a GPU)",
-          env={"TRITON_INTERPRET": "0"}),  # the compiler, never the interpreter
+    Batch(
+        "registers",
+        "every Triton kernel compiled: registers and spills (ptxas; and the driver's on a GPU)",
+        env={"TRITON_INTERPRET": "0"},
+    ),  # the compiler, never the interpreter
     Batch("01", "notebook 01: time per size and pass, memory peaks, FLOPs and MFU"),
     Batch("02", "notebook 02: norm implementations per width and dtype"),
-    *(Batch(name, f"notebook 06: attention implementations per shape, {name[3:]}")
-      for name in SCALES if name.startswith("06-")),
+    *(
+        Batch(name, f"notebook 06: attention implementations per shape, {name[3:]}")
+        for name in SCALES
+        if name.startswith("06-")
+    ),
     Batch("03", "notebook 03: collectives, 2 ranks, per backend and device"),
     Batch("04", "notebook 04: DDP variants' step time per size"),
     *(Batch(name, f"notebook 05: optimizer speed, {name[3:]}") for name in SCALES if name.startswith("05-")),
@@ -77,9 +93,11 @@ BATCHES = {b.name: b for b in PLAN}
 
 # ---- the cost model: seconds from closed forms over this device's rates ----
 
+
 @dataclass(frozen=True)
 class Rates:
     """What the cost model assumes of a device: sustained FLOP/s and bytes/s, gloo's all-reduce bytes/s, fixed costs."""
+
     flops_s: float
     bytes_s: float
     gloo_Bps: float
@@ -108,9 +126,21 @@ def gpu_rates(device_name: str, gpus: int) -> Rates:
     GPU_EFFICIENCY; HBM-class memory; gloo through host copies (2 x 1 GB moved per rank in 1.4 s: seed 004 §3.1.1,
     2 H100s); NCCL over NVLink."""
     peak = {p: F.peak_flops(device_name, p) or GPU_FALLBACK_FLOPS[p] for p in ("fp32", "bf16")}
-    return Rates(flops_s=peak["fp32"] * GPU_EFFICIENCY, bytes_s=1.5e12, gloo_Bps=1.5e9, nccl_Bps=100e9, startup_s=15,
-                 launch_s=25, compile_s=15, jit_s=1.5, interpreted_call_s=0, ptxas_s=0.3, gpus=gpus,
-                 low_flops_s=peak["bf16"] * GPU_EFFICIENCY, eager_call_s=12e-6)
+    return Rates(
+        flops_s=peak["fp32"] * GPU_EFFICIENCY,
+        bytes_s=1.5e12,
+        gloo_Bps=1.5e9,
+        nccl_Bps=100e9,
+        startup_s=15,
+        launch_s=25,
+        compile_s=15,
+        jit_s=1.5,
+        interpreted_call_s=0,
+        ptxas_s=0.3,
+        gpus=gpus,
+        low_flops_s=peak["bf16"] * GPU_EFFICIENCY,
+        eager_call_s=12e-6,
+    )
 
 
 def cpu_rates() -> Rates:
@@ -127,8 +157,19 @@ def cpu_rates() -> Rates:
     for _ in range(5):
         b.clone()
     bytes_s = 5 * 2 * b.numel() * 4 / (time.perf_counter() - start)
-    return Rates(flops_s=flops_s, bytes_s=bytes_s, gloo_Bps=1e9, nccl_Bps=1e9, startup_s=5, launch_s=15,
-                 compile_s=30, jit_s=0, interpreted_call_s=0.1, ptxas_s=0.15, gpus=0)
+    return Rates(
+        flops_s=flops_s,
+        bytes_s=bytes_s,
+        gloo_Bps=1e9,
+        nccl_Bps=1e9,
+        startup_s=5,
+        launch_s=15,
+        compile_s=30,
+        jit_s=0,
+        interpreted_call_s=0.1,
+        ptxas_s=0.15,
+        gpus=0,
+    )
 
 
 def _step_s(size, batch: int, context: int, r: Rates) -> float:
@@ -161,8 +202,9 @@ def _norm_calls_s(calls: int, rows: int, H: int, r: Rates) -> float:
 def _est_kernels(s, r: Rates) -> float:
     calls = 2 * (s["norm_warmup"] + s["norm_steps"])  # per impl: fwd, then fwd+bwd
     triton = calls * r.interpreted_call_s + 3 * r.jit_s
-    attn = (s["attn_warmup"] + s["attn_steps"]) * sum(_attn_s(s["attn_shape"], i, r, s["attn_dtype"])
-                                                      for i in s["attn_impls"])
+    attn = (s["attn_warmup"] + s["attn_steps"]) * sum(
+        _attn_s(s["attn_shape"], i, r, s["attn_dtype"]) for i in s["attn_impls"]
+    )
     return 2 * _norm_calls_s(calls, *s["norm_shape"], r) + triton + attn + 3 * r.jit_s
 
 
@@ -189,8 +231,11 @@ def _est_02(s, r: Rates) -> float:
     total = 0.0
     for H in s["hidden"]:
         names = 1 + (H in s["compile_hidden"]) + (s["triton_shape"] is None)
-        total += len(s["dtypes"]) * 2 * (names * _norm_calls_s(steps, s["rows"], H, r)
-                                         + (H in s["compile_hidden"]) * r.compile_s + 2 * r.jit_s)
+        total += (
+            len(s["dtypes"])
+            * 2
+            * (names * _norm_calls_s(steps, s["rows"], H, r) + (H in s["compile_hidden"]) * r.compile_s + 2 * r.jit_s)
+        )
     if s["triton_shape"] is not None:
         total += len(s["dtypes"]) * 2 * 4 * r.interpreted_call_s
     return total
@@ -204,8 +249,12 @@ def _est_06(s, r: Rates) -> float:
             if impl == "flash_pytorch" and shape[2] > s["flash_pytorch_max_T"]:
                 continue
             n = s["warmup"] + min(s["steps"], TILED_STEPS) if impl.endswith("pytorch") else steps  # sweep's cap
-            total += sum(2 * n * _attn_s(shape, impl, r, dtype)  # fwd, bwd, fwd+bwd
-                         + (r.compile_s if impl == "compiled" else 0) + 3 * r.jit_s for dtype in s["dtypes"])
+            total += sum(
+                2 * n * _attn_s(shape, impl, r, dtype)  # fwd, bwd, fwd+bwd
+                + (r.compile_s if impl == "compiled" else 0)
+                + 3 * r.jit_s
+                for dtype in s["dtypes"]
+            )
     return total
 
 
@@ -235,29 +284,42 @@ def _est_04(s, r: Rates) -> float:
 
     total = 0.0
     for size in s["sizes"]:
-        n = len(SPEED_VARIANTS) + (len([v for v in sweep_variants(s["buckets_mb"]) if v not in SPEED_VARIANTS])
-                                   if size == s["sweep_model"] else 0)
-        total += _train_launch_s(size, n, s["warmup"] + s["steps"], s["batch"], s["context"], r,
-                                 2 * F.param_bytes(size))
+        n = len(SPEED_VARIANTS) + (
+            len([v for v in sweep_variants(s["buckets_mb"]) if v not in SPEED_VARIANTS])
+            if size == s["sweep_model"]
+            else 0
+        )
+        total += _train_launch_s(
+            size, n, s["warmup"] + s["steps"], s["batch"], s["context"], r, 2 * F.param_bytes(size)
+        )
     return total
 
 
 def _est_05(s, r: Rates) -> float:
     m = s["speed_model"]
-    return sum(_train_launch_s(m, len(kinds), s["warmup"] + s["steps"], s["batch"], s["context"], r,
-                               3 * F.param_bytes(m)) for kinds in s["speed_launches"])
+    return sum(
+        _train_launch_s(m, len(kinds), s["warmup"] + s["steps"], s["batch"], s["context"], r, 3 * F.param_bytes(m))
+        for kinds in s["speed_launches"]
+    )
 
 
 def _est_07(s, r: Rates) -> float:
     m = s["model"]
     memory = _train_launch_s(m, 3, 3, s["batch"], s["context"], r, 3 * F.param_bytes(m)) - r.launch_s
-    return memory + _train_launch_s(m, 4, s["warmup"] + s["steps"], s["batch"], s["context"], r,
-                                    3 * F.param_bytes(m))
+    return memory + _train_launch_s(m, 4, s["warmup"] + s["steps"], s["batch"], s["context"], r, 3 * F.param_bytes(m))
 
 
-ESTIMATORS = {"kernels": _est_kernels, "registers": _est_registers, "01": _est_01, "02": _est_02, "03": _est_03,
-              "04": _est_04, "04-sweep": _est_04, "07": _est_07,
-              **{b.name: {"05": _est_05, "06": _est_06}[b.name[:2]] for b in PLAN if b.name[:3] in ("05-", "06-")}}
+ESTIMATORS = {
+    "kernels": _est_kernels,
+    "registers": _est_registers,
+    "01": _est_01,
+    "02": _est_02,
+    "03": _est_03,
+    "04": _est_04,
+    "04-sweep": _est_04,
+    "07": _est_07,
+    **{b.name: {"05": _est_05, "06": _est_06}[b.name[:2]] for b in PLAN if b.name[:3] in ("05-", "06-")},
+}
 assert set(ESTIMATORS) == set(SCALES) == set(BATCHES)
 
 
@@ -276,11 +338,16 @@ def estimate_s(name: str, profile: str, r: Rates, manifest: dict) -> tuple[float
 
 # ---- facts, manifest ----
 
+
 def driver_facts() -> dict:
     """NVIDIA driver version, GPU count and memory per GPU from nvidia-smi (no CUDA context here); {} without it."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError):
         return {}
     lines = [line.split(",") for line in out.stdout.strip().splitlines() if "," in line]
@@ -290,7 +357,7 @@ def driver_facts() -> dict:
 
 
 def sources_stamp(root: Path = ROOT) -> str:
-    """"src-" and a short SHA-256 of helpers/'s Python sources (paths and contents): the code's stamp where there is
+    """ "src-" and a short SHA-256 of helpers/'s Python sources (paths and contents): the code's stamp where there is
     no git (a copied tree), so a saved batch is rerun once the code changes."""
     digest = hashlib.sha256()
     for path in sorted(Path(root, "helpers").rglob("*.py")):
@@ -302,12 +369,14 @@ def code_commit(root: Path = ROOT) -> str:
     """Short hash of the last commit that changed anything outside data/, "-dirty" when such a tracked file has
     changed since: what a saved batch depends on (committing its results does not make it stale). Without git,
     sources_stamp."""
+
     def git(*args):
         try:
             out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
         except OSError:  # no git on the machine
             return None
         return out.stdout.strip() if out.returncode == 0 else None
+
     if git_commit(root) is None:  # no git, or root is not the top of a repo
         return sources_stamp(root)
     outside = ["--", ".", ":(exclude)data"]
@@ -341,13 +410,21 @@ def memory_notes(profile: str, gpu_bytes: float | None) -> dict[str, str]:
 
 # ---- running ----
 
+
 def run_child(argv: list[str], timeout_s: float, env: dict | None = None) -> tuple[str, int | None, str, float]:
     """Run argv in its own process group with a timeout: (status, return code, output, wall seconds). On timeout
     the whole group (its spawned ranks too) is killed."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # this checkout's helpers
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": path, **(env or {})}, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         status = "ok" if proc.returncode == 0 else "failed"
@@ -377,9 +454,18 @@ def _only(only, plan) -> list[Batch]:
     return [b for b in plan if b.name in names]
 
 
-def run_reference(budget_s: float = DEFAULT_BUDGET_S, only=None, out=None, profile: str = "gpu", plan=PLAN,
-                  rates: Rates | None = None, max_batch_s: float = MAX_BATCH_S, commit: str | None = None,
-                  echo=print, archive_dir=None) -> pd.DataFrame:
+def run_reference(
+    budget_s: float = DEFAULT_BUDGET_S,
+    only=None,
+    out=None,
+    profile: str = "gpu",
+    plan=PLAN,
+    rates: Rates | None = None,
+    max_batch_s: float = MAX_BATCH_S,
+    commit: str | None = None,
+    echo=print,
+    archive_dir=None,
+) -> pd.DataFrame:
     """Run the plan's batches in order within budget_s; write <out>/<device>/ (results + manifest.json); return
     one row per batch: status, estimate and where it came from, wall time. `commit` names the code; by default
     code_commit() (git, else a hash of the sources). With archive_dir, the folder is archived there at the end."""
@@ -400,20 +486,32 @@ def run_reference(budget_s: float = DEFAULT_BUDGET_S, only=None, out=None, profi
         raise ValueError(f"{folder} holds a run of {manifest['device']!r}, not of this {facts['device']!r}")
     if manifest.get("profile") not in (None, profile):
         raise ValueError(f"{folder} holds a {manifest['profile']} profile run; give --out another folder for {profile}")
-    rates = rates or (gpu_rates(facts["device"], driver.get("gpus", facts["gpu_count"])) if profile == "gpu"
-                      else cpu_rates())
+    rates = rates or (
+        gpu_rates(facts["device"], driver.get("gpus", facts["gpu_count"])) if profile == "gpu" else cpu_rates()
+    )
     notes = memory_notes(profile, driver.get("gpu_memory_bytes"))
-    manifest.update(device=facts["device"], profile=profile, commit=commit, torch=facts.get("torch"),
-                    triton=facts.get("triton"), cuda=facts.get("cuda"), driver=driver.get("driver"),
-                    python=facts.get("python"), gpus=driver.get("gpus", facts.get("gpu_count")),
-                    budget_s=budget_s)
+    manifest.update(
+        device=facts["device"],
+        profile=profile,
+        commit=commit,
+        torch=facts.get("torch"),
+        triton=facts.get("triton"),
+        cuda=facts.get("cuda"),
+        driver=driver.get("driver"),
+        python=facts.get("python"),
+        gpus=driver.get("gpus", facts.get("gpu_count")),
+        budget_s=budget_s,
+    )
     manifest.setdefault("batches", {})
     start, rows = time.perf_counter(), []
     for batch in _only(only, plan):
         left = budget_s - (time.perf_counter() - start)
         earlier = manifest["batches"].get(batch.name, {})
-        est, source = ((batch.estimate_s, "given") if batch.estimate_s is not None
-                       else estimate_s(batch.name, profile, rates, manifest))
+        est, source = (
+            (batch.estimate_s, "given")
+            if batch.estimate_s is not None
+            else estimate_s(batch.name, profile, rates, manifest)
+        )
         row = dict(batch=batch.name, title=batch.title, estimate_s=round(est, 1), estimate_from=source)
         if earlier.get("status") == "ok" and earlier.get("commit") == commit:
             rows.append(dict(row, status="saved earlier", wall_s=earlier.get("wall_s")))
@@ -427,9 +525,16 @@ def run_reference(budget_s: float = DEFAULT_BUDGET_S, only=None, out=None, profi
             continue
         echo(f"== {batch.name}: {batch.title} (estimate {est:.0f} s, {source}; {left:.0f} s left)")
         status, code, output, wall = run_child(batch.argv(profile, folder), min(max_batch_s, left), batch.env)
-        entry = dict(status=status, wall_s=round(wall, 1), estimate_s=round(est, 1), estimate_from=source,
-                     commit=commit, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                     returncode=code, results=_saved_names(output))
+        entry = dict(
+            status=status,
+            wall_s=round(wall, 1),
+            estimate_s=round(est, 1),
+            estimate_from=source,
+            commit=commit,
+            date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            returncode=code,
+            results=_saved_names(output),
+        )
         if batch.name in notes:
             entry["memory_note"] = notes[batch.name]
         if status != "ok":
@@ -474,15 +579,38 @@ def manifests(root=None) -> pd.DataFrame:
     for path in sorted(root.glob(f"*/{MANIFEST}")):
         m = json.loads(path.read_text())
         done = [n for n, b in m.get("batches", {}).items() if b.get("status") == "ok"]
-        rows.append({"device": m.get("device"), "profile": m.get("profile"), "date": (m.get("updated") or "")[:10],
-                     "commit": m.get("commit"), "torch": m.get("torch"), "triton": m.get("triton"),
-                     "driver": m.get("driver"), "batches done": " ".join(done),
-                     "batches not done": " ".join(n for n in m.get("batches", {}) if n not in done)})
+        rows.append(
+            {
+                "device": m.get("device"),
+                "profile": m.get("profile"),
+                "date": (m.get("updated") or "")[:10],
+                "commit": m.get("commit"),
+                "torch": m.get("torch"),
+                "triton": m.get("triton"),
+                "driver": m.get("driver"),
+                "batches done": " ".join(done),
+                "batches not done": " ".join(n for n in m.get("batches", {}) if n not in done),
+            }
+        )
     if not rows:
-        print(f"no reference run saved yet under {_shown(root)}/: python -m helpers reference (make reference) on a "
-              "GPU makes one")
-    return pd.DataFrame(rows, columns=["device", "profile", "date", "commit", "torch", "triton", "driver",
-                                       "batches done", "batches not done"])
+        print(
+            f"no reference run saved yet under {_shown(root)}/: python -m helpers reference (make reference) on a "
+            "GPU makes one"
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "device",
+            "profile",
+            "date",
+            "commit",
+            "torch",
+            "triton",
+            "driver",
+            "batches done",
+            "batches not done",
+        ],
+    )
 
 
 # ---- headline figures beside the published ones ----
@@ -515,40 +643,75 @@ def headlines(folder) -> pd.DataFrame:
     norm = _rows(folder, "kernels_rmsnorm")
     if norm is not None:
         for _, r in norm[norm.impl == "triton"].iterrows():
-            add(f"RMSNorm Triton {r['pass']}, {r['rows']} x {r['H']} {r['dtype']}: fraction of copy bandwidth",
-                r.frac_of_copy, None, "none published (claim: close to 1)", "x")
+            add(
+                f"RMSNorm Triton {r['pass']}, {r['rows']} x {r['H']} {r['dtype']}: fraction of copy bandwidth",
+                r.frac_of_copy,
+                None,
+                "none published (claim: close to 1)",
+                "x",
+            )
     attn = _rows(folder, "kernels_attention")
     if attn is not None:
         for r in attn.itertuples():
             at_shape = (r.batch, r.heads, r.T, r.d, r.dtype) == (*LEADERBOARD_SHAPE, "bfloat16")
-            pub = {"naive": PUBLISHED_MS["naive (published)"],
-                   "flash_triton": PUBLISHED_MS["best class entry"]}.get(r.impl) if at_shape else None
-            add(f"attention {r.impl} fwd+bwd, {r.batch}x{r.heads}x{r.T}x{r.d} {r.dtype}", r.median_ms, pub,
-                (LEADERBOARD_2025 + (": naive" if r.impl == "naive" else ": best class entry")) if pub else "", "ms")
+            pub = (
+                {"naive": PUBLISHED_MS["naive (published)"], "flash_triton": PUBLISHED_MS["best class entry"]}.get(
+                    r.impl
+                )
+                if at_shape
+                else None
+            )
+            add(
+                f"attention {r.impl} fwd+bwd, {r.batch}x{r.heads}x{r.T}x{r.d} {r.dtype}",
+                r.median_ms,
+                pub,
+                (LEADERBOARD_2025 + (": naive" if r.impl == "naive" else ": best class entry")) if pub else "",
+                "ms",
+            )
     times = _rows(folder, "01_timing")
-    seed_shape = times is not None and (times.attrs["provenance"].get("batch"),
-                                        times.attrs["provenance"].get("context")) == (16, 128)
+    seed_shape = times is not None and (
+        times.attrs["provenance"].get("batch"),
+        times.attrs["provenance"].get("context"),
+    ) == (16, 128)
     if times is not None:
         warm = times[(times["pass"] == "both") & (times["warm-up"] > 0)]
         for r in warm.itertuples():
             pub = SEED_BOTH_S.get(r.size) if seed_shape else None
-            add(f"{r.size} forward+backward, warm, fp32", r.median_s, pub,
-                f"{SEED_WRITEUP} §2.1.1(b), batch 16 x 128" if pub else "", "s")
+            add(
+                f"{r.size} forward+backward, warm, fp32",
+                r.median_s,
+                pub,
+                f"{SEED_WRITEUP} §2.1.1(b), batch 16 x 128" if pub else "",
+                "s",
+            )
     peaks = _rows(folder, "01_memory_peaks")
     if peaks is not None:
         full = peaks[(peaks["pass"] == "full step") & (peaks.precision == "fp32")]
         for r in full.itertuples():
             pub = SEED_PEAK_GIB.get(r.size) if seed_shape else None
-            add(f"{r.size} peak memory, full step, fp32", None if pd.isna(r.peak_MiB) else r.peak_MiB / 1024,
-                pub, f"{SEED_WRITEUP} §2.4.1(b), batch 16 x 128" if pub else "", "GiB")
+            add(
+                f"{r.size} peak memory, full step, fp32",
+                None if pd.isna(r.peak_MiB) else r.peak_MiB / 1024,
+                pub,
+                f"{SEED_WRITEUP} §2.4.1(b), batch 16 x 128" if pub else "",
+                "GiB",
+            )
     coll = _rows(folder, "collectives")
     if coll is not None:
         big = coll[(coll.op == "all_reduce") & (coll.size_bytes == coll.size_bytes.max())]
         for r in big.itertuples():
-            pub = SEED_GLOO_CUDA_1GB_2 if (r.backend, r.device, r.world_size, r.size_bytes) == (
-                "gloo", "cuda", 2, 2**30) else None
-            add(f"all_reduce {r.size}, {r.backend}+{r.device}, {r.world_size} ranks", r.time_s, pub,
-                f"{SEED_WRITEUP} §3.1.1 (each rank its own H100; ours may share one GPU)" if pub else "", "s")
+            pub = (
+                SEED_GLOO_CUDA_1GB_2
+                if (r.backend, r.device, r.world_size, r.size_bytes) == ("gloo", "cuda", 2, 2**30)
+                else None
+            )
+            add(
+                f"all_reduce {r.size}, {r.backend}+{r.device}, {r.world_size} ranks",
+                r.time_s,
+                pub,
+                f"{SEED_WRITEUP} §3.1.1 (each rank its own H100; ours may share one GPU)" if pub else "",
+                "s",
+            )
     ddp = _rows(folder, "04_ddp_speed")
     if ddp is not None:
         for r in ddp[ddp.variant.isin(["bucketed 25 MB", "torch_ddp 25 MB"])].itertuples():
@@ -558,26 +721,45 @@ def headlines(folder) -> pd.DataFrame:
         for (model, mb), pub in SEED_GLOO_BUCKETED_S.items():
             hit = sweep[(sweep.model == model) & (sweep.variant == f"bucketed {mb:g} MB")]
             if len(hit):
-                add(f"{model} DDP step, bucketed {mb} MB, gloo, 2 ranks", hit.step_s.iloc[0], pub,
-                    f"{SEED_WRITEUP} §3.4.4(a) (each rank its own H100; ours may share one GPU)", "s")
+                add(
+                    f"{model} DDP step, bucketed {mb} MB, gloo, 2 ranks",
+                    hit.step_s.iloc[0],
+                    pub,
+                    f"{SEED_WRITEUP} §3.4.4(a) (each rank its own H100; ours may share one GPU)",
+                    "s",
+                )
     sh = _rows(folder, "05_sharding_speed")
     if sh is not None and {"sharded", "unsharded"} <= set(sh.kind):
         it, model = sh.set_index("kind")["iteration_s"], sh.attrs["provenance"].get("model")
         pub = SEED_ZERO1_OVERHEAD if model == "xl" else None
-        add(f"{model} sharded / unsharded iteration time", it["sharded"] / it["unsharded"], pub,
-            f"{SEED_ZERO1} (xl, 2 H100s; ours: 2 ranks on one GPU)" if pub else "", "x")
+        add(
+            f"{model} sharded / unsharded iteration time",
+            it["sharded"] / it["unsharded"],
+            pub,
+            f"{SEED_ZERO1} (xl, 2 H100s; ours: 2 ranks on one GPU)" if pub else "",
+            "x",
+        )
         if model == "xl":  # the two published figures disagree (the seeds' README): both shown
-            add(f"{model} sharded / unsharded iteration time", it["sharded"] / it["unsharded"], SEED_SHARDED_XL,
-                f"{SEED_WRITEUP} §3.4.5(b) (xl, 1 node x 2 GPUs)", "x")
+            add(
+                f"{model} sharded / unsharded iteration time",
+                it["sharded"] / it["unsharded"],
+                SEED_SHARDED_XL,
+                f"{SEED_WRITEUP} §3.4.5(b) (xl, 1 node x 2 GPUs)",
+                "x",
+            )
     fs = _rows(folder, "07_fsdp_speed")
     if fs is not None and "torch_fsdp" in set(fs.kind):
         ms = fs.set_index("kind")["median_ms"]
-        add("FSDP / fully_shard step time", ms["fsdp"] / ms["torch_fsdp"], None, "none published (claim: <= 1.10)",
-            "x")
+        add("FSDP / fully_shard step time", ms["fsdp"] / ms["torch_fsdp"], None, "none published (claim: <= 1.10)", "x")
     regs = _rows(folder, "kernels_registers")
     if regs is not None:
-        add("Triton kernel configurations with spills (sm_80, sm_90a)", int((regs.spill_bytes > 0).sum()), 0,
-            "the design's claim: none", "count")
+        add(
+            "Triton kernel configurations with spills (sm_80, sm_90a)",
+            int((regs.spill_bytes > 0).sum()),
+            0,
+            "the design's claim: none",
+            "count",
+        )
     return pd.DataFrame(rows, columns=["figure", "ours", "published", "unit", "published source"])
 
 
@@ -593,17 +775,26 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m helpers reference", description=main.__doc__)
     p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="seconds for the whole run")
     p.add_argument("--only", nargs="+", help=f"batches to run, of: {' '.join(BATCHES)}")
-    p.add_argument("--out", help="root folder (default data/reference, or data/local/reference for the cpu plan); "
-                   "the run goes into OUT/<device>/")
-    p.add_argument("--profile", default="gpu", choices=["cpu", "gpu"],
-                   help="gpu: the reference sizes; cpu: a tiny plan")
-    p.add_argument("--commit", help="name the code's version yourself (default: git's commit, else a hash of "
-                   "helpers/'s sources)")
-    p.add_argument("--archive-dir", default=str(ROOT / "build" / "reference"),
-                   help="where each run (chunk) leaves one archive of the device's results (default build/reference)")
+    p.add_argument(
+        "--out",
+        help="root folder (default data/reference, or data/local/reference for the cpu plan); "
+        "the run goes into OUT/<device>/",
+    )
+    p.add_argument(
+        "--profile", default="gpu", choices=["cpu", "gpu"], help="gpu: the reference sizes; cpu: a tiny plan"
+    )
+    p.add_argument(
+        "--commit", help="name the code's version yourself (default: git's commit, else a hash of helpers/'s sources)"
+    )
+    p.add_argument(
+        "--archive-dir",
+        default=str(ROOT / "build" / "reference"),
+        help="where each run (chunk) leaves one archive of the device's results (default build/reference)",
+    )
     args = p.parse_args(argv)
-    table = run_reference(args.budget_s, args.only, args.out, args.profile, commit=args.commit,
-                          archive_dir=args.archive_dir)
+    table = run_reference(
+        args.budget_s, args.only, args.out, args.profile, commit=args.commit, archive_dir=args.archive_dir
+    )
     folder = table.attrs["folder"]
     print(f"\nbatches ({folder}):")
     print(format_table(table.drop(columns=["title"])))

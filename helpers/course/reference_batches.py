@@ -7,6 +7,7 @@ profile's sizes (or the tiny cpu plan's) and saves small result files into one f
 SCALES holds every batch's sizes per profile as plain data (gpu: the experiments' own gpu PROFILES; cpu: a tiny
 plan that runs end to end in seconds); the runner's time estimates read the same table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,49 +32,96 @@ from helpers.results import load_results, save_results
 LB = XA.LEADERBOARD
 SCALES = {  # batch -> profile -> what it runs (plain data; gpu from the notebooks' PROFILES)
     "kernels": {
-        "gpu": dict(norm_shape=(50_000, 4096), norm_warmup=10, norm_steps=50,
-                    attn_shape=(LB["batch"], LB["heads"], LB["T"], LB["d"]), attn_dtype="bfloat16",
-                    attn_impls=("flash_triton", "sdpa", "naive"), attn_warmup=5, attn_steps=20),
-        "cpu": dict(norm_shape=(16, 64), norm_warmup=1, norm_steps=3,  # Triton in its interpreter
-                    attn_shape=(1, 1, 32, 16), attn_dtype="float32",
-                    attn_impls=("flash_pytorch", "sdpa", "naive"), attn_warmup=1, attn_steps=6)},
+        "gpu": dict(
+            norm_shape=(50_000, 4096),
+            norm_warmup=10,
+            norm_steps=50,
+            attn_shape=(LB["batch"], LB["heads"], LB["T"], LB["d"]),
+            attn_dtype="bfloat16",
+            attn_impls=("flash_triton", "sdpa", "naive"),
+            attn_warmup=5,
+            attn_steps=20,
+        ),
+        "cpu": dict(
+            norm_shape=(16, 64),
+            norm_warmup=1,
+            norm_steps=3,  # Triton in its interpreter
+            attn_shape=(1, 1, 32, 16),
+            attn_dtype="float32",
+            attn_impls=("flash_pytorch", "sdpa", "naive"),
+            attn_warmup=1,
+            attn_steps=6,
+        ),
+    },
     "registers": {"gpu": dict(quick=False), "cpu": dict(quick=True)},
     "01": {
         "gpu": dict(sizes=sizes_for("gpu"), autocast=("bfloat16", "float16"), **XB.PROFILES["gpu"]),
-        "cpu": dict(sizes=["small/cpu"], autocast=("bfloat16",), batch=2, context=16, warmup=1, steps=3, cold_steps=2)},
+        "cpu": dict(sizes=["small/cpu"], autocast=("bfloat16",), batch=2, context=16, warmup=1, steps=3, cold_steps=2),
+    },
     "02": {
         "gpu": {k: XR.PROFILES["gpu"][k] for k in ("rows", "hidden", "warmup", "steps", "compile_hidden")}
         | dict(dtypes=("float32", "bfloat16"), triton_shape=None),
-        "cpu": dict(rows=256, hidden=[256], dtypes=("float32",), warmup=1, steps=6, compile_hidden=[],
-                    triton_shape=(16, 64))},
-    **{f"06-{dtype}": {  # one batch per dtype: both in one came near the cap
-        "gpu": {k: XA.PROFILES["gpu"][k] for k in ("bench_impls", "bench_shapes", "warmup", "flash_pytorch_max_T")}
-        | dict(dtypes=(dtype,), steps=20),  # 20 timed steps (the notebook's 100) fit one batch
-        "cpu": dict(bench_impls=["naive", "sdpa", "flash_pytorch"], bench_shapes=[(1, 2, 64, 16)],
-                    dtypes=(dtype,), warmup=2, steps=6, flash_pytorch_max_T=64)}
-       for dtype in ("float32", "bfloat16")},
+        "cpu": dict(
+            rows=256, hidden=[256], dtypes=("float32",), warmup=1, steps=6, compile_hidden=[], triton_shape=(16, 64)
+        ),
+    },
+    **{
+        f"06-{dtype}": {  # one batch per dtype: both in one came near the cap
+            "gpu": {k: XA.PROFILES["gpu"][k] for k in ("bench_impls", "bench_shapes", "warmup", "flash_pytorch_max_T")}
+            | dict(dtypes=(dtype,), steps=20),  # 20 timed steps (the notebook's 100) fit one batch
+            "cpu": dict(
+                bench_impls=["naive", "sdpa", "flash_pytorch"],
+                bench_shapes=[(1, 2, 64, 16)],
+                dtypes=(dtype,),
+                warmup=2,
+                steps=6,
+                flash_pytorch_max_T=64,
+            ),
+        }
+        for dtype in ("float32", "bfloat16")
+    },
     "03": {  # two ranks: on one GPU they share it through gloo; NCCL runs only where each rank has a GPU
-        "gpu": dict(sizes=XC.PROFILE_GRID["gpu"]["sizes"], world_sizes=(2,), combos=XC.PROFILE_GRID["gpu"]["combos"],
-                    warmup=5, iters=10, budget_s=1.0),
-        "cpu": dict(sizes=(8 * 1024, 64 * 1024), world_sizes=(2,), combos=(("gloo", "cpu"),), warmup=XC.MIN_WARMUP,
-                    iters=3, budget_s=0.05)},
+        "gpu": dict(
+            sizes=XC.PROFILE_GRID["gpu"]["sizes"],
+            world_sizes=(2,),
+            combos=XC.PROFILE_GRID["gpu"]["combos"],
+            warmup=5,
+            iters=10,
+            budget_s=1.0,
+        ),
+        "cpu": dict(
+            sizes=(8 * 1024, 64 * 1024),
+            world_sizes=(2,),
+            combos=(("gloo", "cpu"),),
+            warmup=XC.MIN_WARMUP,
+            iters=3,
+            budget_s=0.05,
+        ),
+    },
     "04": {  # the speed table without the sweep (sweep_model None) ...
         "gpu": {k: XD.PROFILES["gpu"][k] for k in ("sizes", "batch", "context", "warmup", "steps")}
         | dict(sweep_model=None, buckets_mb=[]),
-        "cpu": dict(sizes=["small/cpu"], sweep_model=None, buckets_mb=[], batch=4, context=16, warmup=1, steps=2)},
+        "cpu": dict(sizes=["small/cpu"], sweep_model=None, buckets_mb=[], batch=4, context=16, warmup=1, steps=2),
+    },
     "04-sweep": {  # ... and the sweep model alone with the seed's bucket sizes (notebook 04's SEED_BUCKETS_MB)
         "gpu": {k: XD.PROFILES["gpu"][k] for k in ("sweep_model", "batch", "context", "warmup", "steps")}
         | dict(sizes=[XD.PROFILES["gpu"]["sweep_model"]], buckets_mb=[1, 5, 10, 25, 50, 100, 500]),
-        "cpu": dict(sizes=["small/cpu"], sweep_model="small/cpu", batch=4, context=16, warmup=1, steps=2,
-                    buckets_mb=[1])},
-    **{f"05-{kinds[0]}": {  # one batch per launch of notebook 05's gpu speed runs (one kind each): none near the cap
-        "gpu": {k: XS.PROFILES["gpu"][k] for k in ("speed_model", "batch", "warmup", "steps")}
-        | dict(context=64, speed_launches=[kinds]),  # notebook 05's speed runs use a context of 64
-        "cpu": dict(speed_model="small/cpu", speed_launches=[kinds], batch=4, warmup=1, steps=2, context=16)}
-       for kinds in XS.PROFILES["gpu"]["speed_launches"]},
+        "cpu": dict(
+            sizes=["small/cpu"], sweep_model="small/cpu", batch=4, context=16, warmup=1, steps=2, buckets_mb=[1]
+        ),
+    },
+    **{
+        f"05-{kinds[0]}": {  # one batch per launch of notebook 05's gpu speed runs (one kind each): none near the cap
+            "gpu": {k: XS.PROFILES["gpu"][k] for k in ("speed_model", "batch", "warmup", "steps")}
+            | dict(context=64, speed_launches=[kinds]),  # notebook 05's speed runs use a context of 64
+            "cpu": dict(speed_model="small/cpu", speed_launches=[kinds], batch=4, warmup=1, steps=2, context=16),
+        }
+        for kinds in XS.PROFILES["gpu"]["speed_launches"]
+    },
     "07": {
         "gpu": {k: XF.PROFILES["gpu"][k] for k in ("model", "batch", "context", "warmup", "steps")},
-        "cpu": dict(model="small/cpu", batch=4, context=16, warmup=1, steps=2)},
+        "cpu": dict(model="small/cpu", batch=4, context=16, warmup=1, steps=2),
+    },
 }
 
 
@@ -113,17 +161,28 @@ def _two_ranks() -> tuple[str, str]:
 
 # ---- the batches: each saves its rows into `out` and returns the names it saved ----
 
+
 def run_kernels(s: dict, profile: str, out: Path) -> list[str]:
     """RMSNorm's Triton kernel fwd and fwd+bwd as a fraction of copy bandwidth (torchfn beside it); attention
     fwd+bwd at the 2025 leaderboard's shape, interleaved (notebooks 02 and 06)."""
     device = _device()
-    norm = [XR.bench_norm(name, *s["norm_shape"], torch.float32, device, backward, s["norm_warmup"], s["norm_steps"])
-            for backward in (False, True) for name in ("triton", "torchfn")]
+    norm = [
+        XR.bench_norm(name, *s["norm_shape"], torch.float32, device, backward, s["norm_warmup"], s["norm_steps"])
+        for backward in (False, True)
+        for name in ("triton", "torchfn")
+    ]
     save_results(norm, "kernels_rmsnorm", profile=profile, directory=out)
-    _, attn = XA.leaderboard_comparison(s["attn_impls"], device, s["attn_warmup"], s["attn_steps"],
-                                        tuple(s["attn_shape"]), _dtype(s["attn_dtype"]))
-    save_results(attn, "kernels_attention", profile=profile, directory=out,
-                 published_ms=XA.PUBLISHED_MS, published_source="the 2025 leaderboard (H100, bf16)")
+    _, attn = XA.leaderboard_comparison(
+        s["attn_impls"], device, s["attn_warmup"], s["attn_steps"], tuple(s["attn_shape"]), _dtype(s["attn_dtype"])
+    )
+    save_results(
+        attn,
+        "kernels_attention",
+        profile=profile,
+        directory=out,
+        published_ms=XA.PUBLISHED_MS,
+        published_source="the 2025 leaderboard (H100, bf16)",
+    )
     if device == "cuda":  # after both are saved: a noisy yardstick fails the batch, not its attention rows
         XR.check_fraction_of_copy(norm)
     return ["kernels_rmsnorm", "kernels_attention"]
@@ -149,8 +208,9 @@ def _driver_registers(cfg) -> dict:
     """Registers and spills of `cfg` compiled for this GPU, as the CUDA driver reports them on loading it."""
     import triton
 
-    src = triton.compiler.ASTSource(fn=cfg.kernel, signature=cfg.signature, constexprs=cfg.constexprs,
-                                    attrs=cfg.extra.get("attrs"))
+    src = triton.compiler.ASTSource(
+        fn=cfg.kernel, signature=cfg.signature, constexprs=cfg.constexprs, attrs=cfg.extra.get("attrs")
+    )
     k = triton.compile(src, options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     k._init_handles()  # loads the cubin: the driver fills n_regs and n_spills
     return {"driver_registers": getattr(k, "n_regs", None), "driver_spills": getattr(k, "n_spills", None)}
@@ -160,8 +220,9 @@ def run_01(s: dict, profile: str, out: Path) -> list[str]:
     """Notebook 01: time per size and pass, cold and warm; peak memory per size and precision; FLOPs and MFU."""
     device = torch.device(_device())
     B, T, W = s["batch"], s["context"], s["warmup"]
-    times = XB.time_sizes(s["sizes"], B, T, device=device, runs=[dict(warmup=0, steps=s["cold_steps"]),
-                                                                 dict(warmup=W, steps=s["steps"])])
+    times = XB.time_sizes(
+        s["sizes"], B, T, device=device, runs=[dict(warmup=0, steps=s["cold_steps"]), dict(warmup=W, steps=s["steps"])]
+    )
     times["profile"] = profile
     save_results(times, "01_timing", profile=profile, directory=out, batch=B, context=T)
     dtypes = [_dtype(d) for d in s["autocast"]]
@@ -171,16 +232,29 @@ def run_01(s: dict, profile: str, out: Path) -> list[str]:
     precision = "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
     both = XB.warm_cold(times, W)[1].xs("both", level="pass")["median_s"]
     flops = XB.flops_table({sz: both.get(sz, float("nan")) for sz in s["sizes"]}, B, T, name, precision)
-    save_results(flops.reset_index().assign(device=name, profile=profile), "01_flops", profile=profile,
-                 directory=out, batch=B, context=T)
+    save_results(
+        flops.reset_index().assign(device=name, profile=profile),
+        "01_flops",
+        profile=profile,
+        directory=out,
+        batch=B,
+        context=T,
+    )
     return ["01_timing", "01_memory_peaks", "01_flops"]
 
 
 def run_02(s: dict, profile: str, out: Path) -> list[str]:
     """Notebook 02's kernel benchmark: torchfn, compiled and Triton per width and dtype, fraction of copy bandwidth."""
-    rows = XR.bench_kernels(rows=s["rows"], hidden=s["hidden"], dtypes=[_dtype(d) for d in s["dtypes"]],
-                            device=_device(), warmup=s["warmup"], steps=s["steps"], compile_hidden=s["compile_hidden"],
-                            triton_shape=s["triton_shape"])
+    rows = XR.bench_kernels(
+        rows=s["rows"],
+        hidden=s["hidden"],
+        dtypes=[_dtype(d) for d in s["dtypes"]],
+        device=_device(),
+        warmup=s["warmup"],
+        steps=s["steps"],
+        compile_hidden=s["compile_hidden"],
+        triton_shape=s["triton_shape"],
+    )
     bench = pd.DataFrame(rows)
     bench["median_ms"] = bench["median_s"] * 1e3
     if _device() == "cuda":
@@ -191,8 +265,16 @@ def run_02(s: dict, profile: str, out: Path) -> list[str]:
 
 def run_06(s: dict, profile: str, out: Path) -> list[str]:
     """Notebook 06's benchmark: every attention implementation per shape and dtype, causal, fwd / bwd / fwd+bwd."""
-    rows = XA.sweep(s["bench_impls"], s["bench_shapes"], [_dtype(d) for d in s["dtypes"]], _device(), True,
-                    s["warmup"], s["steps"], max_T={"flash_pytorch": s["flash_pytorch_max_T"]})
+    rows = XA.sweep(
+        s["bench_impls"],
+        s["bench_shapes"],
+        [_dtype(d) for d in s["dtypes"]],
+        _device(),
+        True,
+        s["warmup"],
+        s["steps"],
+        max_T={"flash_pytorch": s["flash_pytorch_max_T"]},
+    )
     if _device() == "cuda":  # timing bounds on a tiny cpu plan are noise, not physics
         XA.check_physical_bounds(rows, env.machine_facts()["device"])
     bench = pd.DataFrame(rows)
@@ -202,14 +284,22 @@ def run_06(s: dict, profile: str, out: Path) -> list[str]:
 
 def run_03(s: dict, profile: str, out: Path) -> list[str]:
     """Notebook 03's grid at two ranks: every op and size per backend and device that can run here."""
-    df, todo = XC.run_grid(s["sizes"], XC.OPS, s["world_sizes"], s["combos"], s["warmup"], s["iters"],
-                           budget_s=s["budget_s"])
+    df, todo = XC.run_grid(
+        s["sizes"], XC.OPS, s["world_sizes"], s["combos"], s["warmup"], s["iters"], budget_s=s["budget_s"]
+    )
     if df.empty:
         raise RuntimeError("no (backend, device) of the grid can run here:\n" + todo.to_string(index=False))
     if df["wrong"].sum():
         raise RuntimeError(f"{int(df['wrong'].sum())} collective results were wrong")
-    save_results(df, XC.RESULTS_NAME, profile=profile, directory=out, method=XC.METHOD, warmup=s["warmup"],
-                 topology="1 node, spawned ranks")
+    save_results(
+        df,
+        XC.RESULTS_NAME,
+        profile=profile,
+        directory=out,
+        method=XC.METHOD,
+        warmup=s["warmup"],
+        topology="1 node, spawned ranks",
+    )
     return [XC.RESULTS_NAME]
 
 
@@ -217,11 +307,29 @@ def run_04(s: dict, profile: str, out: Path, name: str = "04_ddp_speed") -> list
     """Notebook 04's speed table: every DDP variant and torch DDP, interleaved, per size (with the bucket sweep on
     the sweep model, if it is one of the sizes)."""
     backend, device = _two_ranks()
-    _, speed = XD.speed_table(s["sizes"], sweep_model=s["sweep_model"], buckets_mb=s["buckets_mb"], steps=s["steps"],
-                              warmup=s["warmup"], batch_size=s["batch"], context_length=s["context"],
-                              backend=backend, device=device, trace_dir=None)
-    save_results(speed, name, profile=profile, directory=out, backend=backend, device_used=device,
-                 batch=s["batch"], context=s["context"], buckets_mb=s["buckets_mb"])
+    _, speed = XD.speed_table(
+        s["sizes"],
+        sweep_model=s["sweep_model"],
+        buckets_mb=s["buckets_mb"],
+        steps=s["steps"],
+        warmup=s["warmup"],
+        batch_size=s["batch"],
+        context_length=s["context"],
+        backend=backend,
+        device=device,
+        trace_dir=None,
+    )
+    save_results(
+        speed,
+        name,
+        profile=profile,
+        directory=out,
+        backend=backend,
+        device_used=device,
+        batch=s["batch"],
+        context=s["context"],
+        buckets_mb=s["buckets_mb"],
+    )
     return [name]
 
 
@@ -231,13 +339,34 @@ def run_05(s: dict, profile: str, out: Path) -> list[str]:
 
     backend, device = _two_ranks()
     for kinds in s["speed_launches"]:  # each launch's rows saved as it ends
-        runs = launch(functools.partial(XS.speed_worker, model=s["speed_model"], kinds=kinds, steps=s["steps"],
-                                        warmup=s["warmup"], batch_size=s["batch"], context_length=s["context"]),
-                      2, backend=backend, device=device)
+        runs = launch(
+            functools.partial(
+                XS.speed_worker,
+                model=s["speed_model"],
+                kinds=kinds,
+                steps=s["steps"],
+                warmup=s["warmup"],
+                batch_size=s["batch"],
+                context_length=s["context"],
+            ),
+            2,
+            backend=backend,
+            device=device,
+        )
         if not all(all(r.same_weights.values()) for r in runs):
             raise RuntimeError("the sharded runs did not end with the unsharded run's weights")
-        save_part(XS.speed_table([runs]).reset_index(), "05_sharding_speed", "+".join(kinds), profile, out,
-                  backend=backend, device_used=device, model=s["speed_model"], batch=s["batch"], context=s["context"])
+        save_part(
+            XS.speed_table([runs]).reset_index(),
+            "05_sharding_speed",
+            "+".join(kinds),
+            profile,
+            out,
+            backend=backend,
+            device_used=device,
+            model=s["speed_model"],
+            batch=s["batch"],
+            context=s["context"],
+        )
     return ["05_sharding_speed"]
 
 
@@ -246,19 +375,38 @@ def run_07(s: dict, profile: str, out: Path) -> list[str]:
     from helpers.launch import launch
 
     backend, device = _two_ranks()
-    per_rank = launch(functools.partial(XF.measure_worker, model=s["model"], batch_size=s["batch"],
-                                        context_length=s["context"], steps=s["steps"], warmup=s["warmup"],
-                                        trace=False), 2, backend=backend, device=device)
+    per_rank = launch(
+        functools.partial(
+            XF.measure_worker,
+            model=s["model"],
+            batch_size=s["batch"],
+            context_length=s["context"],
+            steps=s["steps"],
+            warmup=s["warmup"],
+            trace=False,
+        ),
+        2,
+        backend=backend,
+        device=device,
+    )
     extra = dict(backend=backend, device_used=device, model=s["model"], batch=s["batch"], context=s["context"])
     save_results(XF.speed_table(per_rank).reset_index(), "07_fsdp_speed", profile=profile, directory=out, **extra)
     save_results(XF.memory_table(per_rank), "07_fsdp_memory", profile=profile, directory=out, **extra)
     return ["07_fsdp_speed", "07_fsdp_memory"]
 
 
-BODIES = {"kernels": run_kernels, "registers": run_registers, "01": run_01, "02": run_02, "03": run_03,
-          "04": run_04, "04-sweep": functools.partial(run_04, name="04_ddp_sweep_speed"), "07": run_07,
-          **{name: run_06 for name in SCALES if name.startswith("06-")},
-          **{name: run_05 for name in SCALES if name.startswith("05-")}}
+BODIES = {
+    "kernels": run_kernels,
+    "registers": run_registers,
+    "01": run_01,
+    "02": run_02,
+    "03": run_03,
+    "04": run_04,
+    "04-sweep": functools.partial(run_04, name="04_ddp_sweep_speed"),
+    "07": run_07,
+    **{name: run_06 for name in SCALES if name.startswith("06-")},
+    **{name: run_05 for name in SCALES if name.startswith("05-")},
+}
 assert set(BODIES) == set(SCALES)
 
 

@@ -11,6 +11,7 @@ Saved as data/local/<device>/walltime.jsonl: one row per notebook (wall_s, cpu_s
 notebooks together and one for the suite; the provenance carries the budget, the load average before and after, and
 the CPU-capability switches in effect.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,15 @@ from pathlib import Path
 
 from helpers import results, writeup
 
-SUITE = ["-m", "pytest", "--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=360", "tests", "notebooks"]  # make test
+SUITE = [
+    "-m",
+    "pytest",
+    "--nbval-lax",
+    "--nbval-current-env",
+    "--nbval-cell-timeout=360",
+    "tests",
+    "notebooks",
+]  # make test
 SWITCHES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")
 
 
@@ -50,8 +59,10 @@ def cell_seconds(nb) -> list[tuple[float, str]]:
         t = cell.get("metadata", {}).get("execution", {})
         start, end = t.get("iopub.execute_input"), t.get("shell.execute_reply")
         if start and end:
-            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
-                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+            seconds = (
+                datetime.fromisoformat(end.replace("Z", "+00:00"))
+                - datetime.fromisoformat(start.replace("Z", "+00:00"))
+            ).total_seconds()
             out.append((seconds, cell.get("id", "?")))
     return sorted(out, reverse=True)
 
@@ -63,14 +74,25 @@ def notebook_rows(paths, params: dict, out_dir: Path, slowest: int = 4) -> list[
     for path in paths:
         print(f"{path.name} ...", flush=True)
         (nb, error), wall, cpu = timed(lambda: writeup.execute(path, params))
-        writeup.export_html(nb, out_dir / f"{path.stem}.html", writeup.notebook_title(nb, path.stem),
-                            notebook_dir=path.parent)
+        writeup.export_html(
+            nb, out_dir / f"{path.stem}.html", writeup.notebook_title(nb, path.stem), notebook_dir=path.parent
+        )
         cells = cell_seconds(nb)[:slowest]
-        rows.append({"what": "notebook", "name": path.name, "wall_s": wall, "cpu_s": cpu,
-                     "status": "ok" if error is None else f"FAILED: {error}",
-                     "slowest_cells": [f"{cid} {sec:.1f} s" for sec, cid in cells]})
-        print(f"    {wall:.0f} s wall, {cpu:.0f} s CPU, {rows[-1]['status']}; slowest cells: "
-              + ", ".join(rows[-1]["slowest_cells"]), flush=True)
+        rows.append(
+            {
+                "what": "notebook",
+                "name": path.name,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "status": "ok" if error is None else f"FAILED: {error}",
+                "slowest_cells": [f"{cid} {sec:.1f} s" for sec, cid in cells],
+            }
+        )
+        print(
+            f"    {wall:.0f} s wall, {cpu:.0f} s CPU, {rows[-1]['status']}; slowest cells: "
+            + ", ".join(rows[-1]["slowest_cells"]),
+            flush=True,
+        )
     return rows
 
 
@@ -80,8 +102,13 @@ def suite_row(extra: list[str]) -> dict:
     print(" ".join(cmd[1:]), "...", flush=True)
     proc, wall, cpu = timed(lambda: subprocess.run(cmd, cwd=writeup.ROOT, capture_output=True, text=True))
     print("\n".join(proc.stdout.splitlines()[-40:]), flush=True)
-    return {"what": "suite", "name": "make test (pytest tests notebooks)", "wall_s": wall, "cpu_s": cpu,
-            "status": "ok" if proc.returncode == 0 else f"FAILED: pytest exit {proc.returncode}"}
+    return {
+        "what": "suite",
+        "name": "make test (pytest tests notebooks)",
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "status": "ok" if proc.returncode == 0 else f"FAILED: pytest exit {proc.returncode}",
+    }
 
 
 def bench_main(argv: list[str]) -> int:
@@ -103,16 +130,28 @@ def bench_main(argv: list[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         rows = notebook_rows(paths, params, out)
     if len(rows) > 1:
-        rows.append({"what": "writeup", "name": "notebooks together", "wall_s": sum(r["wall_s"] for r in rows),
-                     "cpu_s": sum(r["cpu_s"] for r in rows),
-                     "status": "ok" if all(r["status"] == "ok" for r in rows) else "FAILED"})
+        rows.append(
+            {
+                "what": "writeup",
+                "name": "notebooks together",
+                "wall_s": sum(r["wall_s"] for r in rows),
+                "cpu_s": sum(r["cpu_s"] for r in rows),
+                "status": "ok" if all(r["status"] == "ok" for r in rows) else "FAILED",
+            }
+        )
     if args.suite or args.suite_only:
         rows.append(suite_row(args.pytest_args.split()))
     width = max(len(r["name"]) for r in rows) if rows else 10
     for r in rows:
         print(f"{r['name']:<{width}}  {r['wall_s']:7.0f} s wall  {r['cpu_s']:7.0f} s CPU  {r['status']}")
-    path = results.save_results(rows, "walltime", profile=args.profile, budget=args.budget,
-                                load_before=load_before, load_after=os.getloadavg(),
-                                switches={k: os.environ.get(k) for k in SWITCHES})
+    path = results.save_results(
+        rows,
+        "walltime",
+        profile=args.profile,
+        budget=args.budget,
+        load_before=load_before,
+        load_after=os.getloadavg(),
+        switches={k: os.environ.get(k) for k in SWITCHES},
+    )
     print(f"saved {path.relative_to(results.ROOT)} (the load averages say how busy the machine was)")
     return 0 if all(r["status"] == "ok" for r in rows) else 1

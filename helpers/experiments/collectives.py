@@ -21,6 +21,7 @@ algbw = bytes / time; busbw = algbw x the nccl-tests factor. The alpha-beta fit 
 Each row keeps its per-call times (calls_s), so two ops of one launch compare as paired ratios (op_ratios).
 `bytes` is nccl-tests' size: the all_reduce/broadcast buffer, the all_gather output, the reduce_scatter input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,10 +49,22 @@ from helpers.timing import sync as _sync
 SEED_SIZES = (512 * KiB, 1 * MiB, 10 * MiB, 50 * MiB, 100 * MiB, 500 * MiB, 1 * GiB)  # seed 004, section 3.1
 SMALL_SIZES = (8 * KiB, 64 * KiB)  # below the seed's grid, so the latency term shows
 PROFILE_GRID = {
-    "cpu": dict(sizes=SMALL_SIZES + (512 * KiB, 1 * MiB, 4 * MiB, 10 * MiB, 16 * MiB), world_sizes=(2, 4),
-                combos=(("gloo", "cpu"),), warmup=5, iters=30, budget_s=0.3),
-    "gpu": dict(sizes=SMALL_SIZES + SEED_SIZES, world_sizes=(2, 4, 6),
-                combos=(("gloo", "cpu"), ("gloo", "cuda"), ("nccl", "cuda")), warmup=5, iters=10, budget_s=5.0),
+    "cpu": dict(
+        sizes=SMALL_SIZES + (512 * KiB, 1 * MiB, 4 * MiB, 10 * MiB, 16 * MiB),
+        world_sizes=(2, 4),
+        combos=(("gloo", "cpu"),),
+        warmup=5,
+        iters=30,
+        budget_s=0.3,
+    ),
+    "gpu": dict(
+        sizes=SMALL_SIZES + SEED_SIZES,
+        world_sizes=(2, 4, 6),
+        combos=(("gloo", "cpu"), ("gloo", "cuda"), ("nccl", "cuda")),
+        warmup=5,
+        iters=10,
+        budget_s=5.0,
+    ),
 }
 MIN_WARMUP = 5  # untimed calls before timing each (op, size)
 RESULTS_NAME = "collectives"  # what `python -m helpers bench collectives` saves
@@ -75,6 +88,7 @@ def format_size(size_bytes: int) -> str:
 
 # ---- the worker: runs on every rank through helpers.launch.launch ----
 
+
 def _buffers(op: str, numel: int, rank: int, n: int, dev: torch.device):
     """(input source, output buffer or None, expected output) for known integer inputs: rank + (i mod 251)."""
     base = (torch.arange(numel, dtype=torch.int32, device=dev) % 251).float()  # (numel,) exact small integers
@@ -82,10 +96,14 @@ def _buffers(op: str, numel: int, rank: int, n: int, dev: torch.device):
     if op == "all_reduce":
         return base + rank, None, n * base + n * (n - 1) / 2
     if op == "all_gather":  # each rank sends its chunk; output = every rank's chunk, in rank order
-        mine = base[rank * chunk:(rank + 1) * chunk] + rank  # (numel/n,)
+        mine = base[rank * chunk : (rank + 1) * chunk] + rank  # (numel/n,)
         return mine, torch.empty(numel, device=dev), base + torch.arange(n, device=dev).repeat_interleave(chunk)
     if op == "reduce_scatter":  # input (numel,), output this rank's reduced chunk (numel/n,)
-        return base + rank, torch.empty(chunk, device=dev), n * base[rank * chunk:(rank + 1) * chunk] + n * (n - 1) / 2
+        return (
+            base + rank,
+            torch.empty(chunk, device=dev),
+            n * base[rank * chunk : (rank + 1) * chunk] + n * (n - 1) / 2,
+        )
     if op == "broadcast":  # from rank 0; other ranks start with different values, so a no-op is caught
         return base + rank, None, base.clone()
     raise ValueError(f"unknown op {op!r}; use one of {OPS}")
@@ -113,8 +131,9 @@ def _agreed_iters(warm_s: float, iters: int, budget_s: float | None, dev) -> int
     return int(min(iters, max(3, budget_s // per_call.item())))
 
 
-def bench_worker(ops, sizes, warmup: int = 5, iters: int = 10, corrupt_rank: int | None = None,
-                 budget_s: float | None = None) -> list[dict]:
+def bench_worker(
+    ops, sizes, warmup: int = 5, iters: int = 10, corrupt_rank: int | None = None, budget_s: float | None = None
+) -> list[dict]:
     """Time and check every (op, size) on this rank; `corrupt_rank` plants a wrong input there (for tests).
 
     budget_s: cap the timed calls per (op, size) at about budget_s seconds (never fewer than 3); None: always `iters`.
@@ -152,14 +171,30 @@ def summarize(per_rank: list[list[dict]], backend: str, device: str, nodes: int 
         p25, t, p75 = (float(q) for q in np.percentile(calls, [25, 50, 75]))
         wrong = [any(r[i]["wrong"][k] for r in per_rank) for k in range(len(first["wrong"]))]  # per timed call
         size, op = first["size_bytes"], first["op"]
-        rows.append({"backend": backend, "device": device, "world_size": n, "nodes": nodes, "op": op,
-                     "size_bytes": size, "size": format_size(size), "time_s": t, "p25_s": p25, "p75_s": p75,
-                     "iters": len(wrong), "algbw_GBps": algbw(size, t) / 1e9, "busbw_GBps": busbw(op, size, t, n) / 1e9,
-                     "wrong": sum(wrong), "calls_s": calls.tolist()})
+        rows.append(
+            {
+                "backend": backend,
+                "device": device,
+                "world_size": n,
+                "nodes": nodes,
+                "op": op,
+                "size_bytes": size,
+                "size": format_size(size),
+                "time_s": t,
+                "p25_s": p25,
+                "p75_s": p75,
+                "iters": len(wrong),
+                "algbw_GBps": algbw(size, t) / 1e9,
+                "busbw_GBps": busbw(op, size, t, n) / 1e9,
+                "wrong": sum(wrong),
+                "calls_s": calls.tolist(),
+            }
+        )
     return rows
 
 
 # ---- the grid: which configurations can run here, then one launch per configuration ----
+
 
 def skip_reason(backend: str, device: str, world_size: int, gpus: int) -> str | None:
     """Why (backend, device, world_size) cannot run on a machine with `gpus` GPUs; None when it can."""
@@ -182,14 +217,29 @@ def plan(world_sizes, combos, gpus: int | None = None) -> pd.DataFrame:
         for ws in world_sizes:
             reason = skip_reason(backend, device, ws, gpus)
             note = f"{ws} ranks share {gpus} GPU(s)" if reason is None and device == "cuda" and gpus < ws else ""
-            rows.append({"backend": backend, "device": device, "world_size": ws, "run": reason is None,
-                         "reason": reason or note})
+            rows.append(
+                {
+                    "backend": backend,
+                    "device": device,
+                    "world_size": ws,
+                    "run": reason is None,
+                    "reason": reason or note,
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def run_grid(sizes, ops=OPS, world_sizes=(2,), combos=(("gloo", "cpu"),), warmup: int = MIN_WARMUP, iters: int = 10,
-             corrupt_rank: int | None = None, budget_s: float | None = None,
-             timeout_s: float = 1800) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_grid(
+    sizes,
+    ops=OPS,
+    world_sizes=(2,),
+    combos=(("gloo", "cpu"),),
+    warmup: int = MIN_WARMUP,
+    iters: int = 10,
+    corrupt_rank: int | None = None,
+    budget_s: float | None = None,
+    timeout_s: float = 1800,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run every runnable configuration of plan() (one launch each, progress bar); return (rows, plan).
 
     A configuration whose launch fails is marked run=False in the plan with the error, and the grid goes on.
@@ -198,8 +248,19 @@ def run_grid(sizes, ops=OPS, world_sizes=(2,), combos=(("gloo", "cpu"),), warmup
     for i in tqdm(todo.index[todo["run"]], desc="collectives"):
         cfg = todo.loc[i]
         try:
-            per_rank = L.launch(bench_worker, int(cfg.world_size), tuple(ops), tuple(sizes), warmup, iters, corrupt_rank,
-                                budget_s, backend=cfg.backend, device=cfg.device, timeout_s=timeout_s)
+            per_rank = L.launch(
+                bench_worker,
+                int(cfg.world_size),
+                tuple(ops),
+                tuple(sizes),
+                warmup,
+                iters,
+                corrupt_rank,
+                budget_s,
+                backend=cfg.backend,
+                device=cfg.device,
+                timeout_s=timeout_s,
+            )
         except L.RankError as err:
             todo.loc[i, ["run", "reason"]] = [False, "failed: " + str(err).splitlines()[0]]
             continue
@@ -208,6 +269,7 @@ def run_grid(sizes, ops=OPS, world_sizes=(2,), combos=(("gloo", "cpu"),), warmup
 
 
 # ---- the alpha-beta model: time = alpha + bytes / beta ----
+
 
 @dataclass
 class AlphaBeta:
@@ -251,14 +313,25 @@ def fit_table(df: pd.DataFrame, keys=("backend", "device", "world_size", "op"), 
     rows = []
     for group, part in df.groupby(list(keys)):
         fit = fit_alpha_beta(part["size_bytes"], part[col])
-        rows.append({**dict(zip(keys, group)), "alpha_us": fit.alpha_s * 1e6, "beta_GBps": fit.beta_Bps / 1e9,
-                     "crossover_bytes": fit.crossover_bytes, "median_rel_err": fit.median_rel_err,
-                     "max_rel_err": fit.max_rel_err, "points": fit.points, "fitted_to": col, "fit": fit})
+        rows.append(
+            {
+                **dict(zip(keys, group)),
+                "alpha_us": fit.alpha_s * 1e6,
+                "beta_GBps": fit.beta_Bps / 1e9,
+                "crossover_bytes": fit.crossover_bytes,
+                "median_rel_err": fit.median_rel_err,
+                "max_rel_err": fit.max_rel_err,
+                "points": fit.points,
+                "fitted_to": col,
+                "fit": fit,
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def plot_collectives(df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str = "all_reduce", title: str = "",
-                     marks=None):
+def plot_collectives(
+    df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str = "all_reduce", title: str = "", marks=None
+):
     """Log-log time (median, quartile bars) and busbw vs size, one line per (backend, device, world_size); fits dashed.
     marks: published busbw marks drawn on the busbw panel (default: NCCL's on H100 NVLink for all_reduce), compared
     only when NCCL on CUDA was measured."""
@@ -274,20 +347,36 @@ def plot_collectives(df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str
         g = g.sort_values("size_bytes")
         label = f"{backend}+{device}, {ws} ranks"
         spread = [g["time_s"] - g["p25_s"], g["p75_s"] - g["time_s"]] if "p25_s" in g else None  # middle half of calls
-        color = ax_t.errorbar(g["size_bytes"], g["time_s"], yerr=spread, fmt="o", capsize=2, label=label).lines[0].get_color()
+        color = (
+            ax_t.errorbar(g["size_bytes"], g["time_s"], yerr=spread, fmt="o", capsize=2, label=label)
+            .lines[0]
+            .get_color()
+        )
         ax_b.plot(g["size_bytes"], g["busbw_GBps"], "o-", color=color, label=label)
         if fits is not None:
-            match = fits[(fits.backend == backend) & (fits.device == device) & (fits.world_size == ws) & (fits.op == op)]
+            match = fits[
+                (fits.backend == backend) & (fits.device == device) & (fits.world_size == ws) & (fits.op == op)
+            ]
             if len(match):
                 xs = np.geomspace(g["size_bytes"].min(), g["size_bytes"].max(), 50)
                 ax_t.plot(xs, match.iloc[0]["fit"].predict(xs), "--", color=color)
-    ax_t.set(xscale="log", yscale="log", xlabel="size (bytes)", ylabel="time (s)",
-             title=f"{op}: median, quartile bars; dashed: α–β fit")
+    ax_t.set(
+        xscale="log",
+        yscale="log",
+        xlabel="size (bytes)",
+        ylabel="time (s)",
+        title=f"{op}: median, quartile bars; dashed: α–β fit",
+    )
     nccl = bool(((part["backend"] == "nccl") & (part["device"] == "cuda")).any())
     for m in marks:
         draw_mark(ax_b, m, comparable=nccl)
-    ax_b.set(xscale="log", yscale="log" if marks else "linear", xlabel="size (bytes)", ylabel="busbw (GB/s)",
-             title=f"{op}: bus bandwidth")
+    ax_b.set(
+        xscale="log",
+        yscale="log" if marks else "linear",
+        xlabel="size (bytes)",
+        ylabel="busbw (GB/s)",
+        title=f"{op}: bus bandwidth",
+    )
     ax_b.legend(fontsize=7)
     if title:
         fig.suptitle(title)
@@ -311,7 +400,6 @@ def mark_table(df: pd.DataFrame, mark=None, op: str = "all_reduce") -> pd.DataFr
 # ---- comparisons that know their noise ----
 
 
-
 def op_ratios(df: pd.DataFrame, baseline: str = "all_reduce", size_bytes: int | None = None) -> pd.DataFrame:
     """Notebook 03: each op's time over `baseline`'s at one size, per configuration (default size: the largest where
     every op has MIN_PAIRS timed calls, else the largest).
@@ -332,10 +420,21 @@ def op_ratios(df: pd.DataFrame, baseline: str = "all_reduce", size_bytes: int | 
             k = min(len(r.calls_s), len(base))
             ratio = paired_ratio(r.calls_s[:k], base[:k])
             enough = k >= MIN_PAIRS
-            rows.append({**dict(zip(keys, cfg)), "size": format_size(size_bytes), "op": r.op, "ratio": ratio.median,
-                         "ci_low": ratio.low, "ci_high": ratio.high, "pairs": k, "measurable": enough and ratio.differs,
-                         "verdict": verdict(r.op, baseline, ratio) if enough else
-                         f"too few paired calls ({k} < {MIN_PAIRS}) to tell {r.op} from {baseline}"})
+            rows.append(
+                {
+                    **dict(zip(keys, cfg)),
+                    "size": format_size(size_bytes),
+                    "op": r.op,
+                    "ratio": ratio.median,
+                    "ci_low": ratio.low,
+                    "ci_high": ratio.high,
+                    "pairs": k,
+                    "measurable": enough and ratio.differs,
+                    "verdict": verdict(r.op, baseline, ratio)
+                    if enough
+                    else f"too few paired calls ({k} < {MIN_PAIRS}) to tell {r.op} from {baseline}",
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -346,8 +445,10 @@ def unpaired_ratios(df: pd.DataFrame, a: tuple, b: tuple = ("nccl", "cuda"), op:
     ranges (p25-p75) do not overlap, the only points where the text names a winner.
     """
     part, keys = df[df["op"] == op], ["world_size", "size_bytes"]
-    side = {name: part[(part["backend"] == be) & (part["device"] == dev)].set_index(keys)[["time_s", "p25_s", "p75_s"]]
-            for name, (be, dev) in (("a", a), ("b", b))}
+    side = {
+        name: part[(part["backend"] == be) & (part["device"] == dev)].set_index(keys)[["time_s", "p25_s", "p75_s"]]
+        for name, (be, dev) in (("a", a), ("b", b))
+    }
     both = side["a"].merge(side["b"], left_index=True, right_index=True, suffixes=("_a", "_b"))  # inner join
     both["ratio"] = both["time_s_a"] / both["time_s_b"]
     both["apart"] = (both["p25_s_a"] > both["p75_s_b"]) | (both["p75_s_a"] < both["p25_s_b"])
@@ -359,12 +460,31 @@ def unpaired_ratios(df: pd.DataFrame, a: tuple, b: tuple = ("nccl", "cuda"), op:
 NCCL_BENCH_ARGS = ("bench", "collectives", "--backend", "nccl", "--device", "cuda", "--reference")
 
 
-def two_node_recipe(endpoint: str = "HEAD_NODE:29500", nproc_per_node: int = 8,
-                    bench_args=NCCL_BENCH_ARGS) -> list[str]:
+def two_node_recipe(
+    endpoint: str = "HEAD_NODE:29500", nproc_per_node: int = 8, bench_args=NCCL_BENCH_ARGS
+) -> list[str]:
     """Notebook 03: the torchrun command to run on each of two real nodes (node-rank 0 on HEAD_NODE, then 1)."""
-    return [shlex.join(["torchrun", "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", str(nproc_per_node),
-                        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "-m", "helpers", *bench_args])
-            for rank in (0, 1)]
+    return [
+        shlex.join(
+            [
+                "torchrun",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--nproc-per-node",
+                str(nproc_per_node),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                endpoint,
+                "-m",
+                "helpers",
+                *bench_args,
+            ]
+        )
+        for rank in (0, 1)
+    ]
 
 
 def two_node_rehearsal(sizes, out_dir=None, profile: str = "cpu", timeout_s: float = 300) -> pd.DataFrame:
@@ -375,13 +495,32 @@ def two_node_rehearsal(sizes, out_dir=None, profile: str = "cpu", timeout_s: flo
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = str(out_dir or tmp)
-        runs = L.run_simulated_nodes(["bench", "collectives", "--profile", profile, "--backend", "gloo", "--device", "cpu",
-                                      "--ops", "all_reduce", "--sizes", *[str(s) for s in sizes], "--out", out],
-                                     nodes=2, timeout_s=timeout_s)
+        runs = L.run_simulated_nodes(
+            [
+                "bench",
+                "collectives",
+                "--profile",
+                profile,
+                "--backend",
+                "gloo",
+                "--device",
+                "cpu",
+                "--ops",
+                "all_reduce",
+                "--sizes",
+                *[str(s) for s in sizes],
+                "--out",
+                out,
+            ],
+            nodes=2,
+            timeout_s=timeout_s,
+        )
         failed = [(rank, r) for rank, r in enumerate(runs) if r.returncode != 0]
         if failed:
-            raise RuntimeError("two-node rehearsal failed:\n" + "\n".join(
-                f"agent {rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for rank, r in failed))
+            raise RuntimeError(
+                "two-node rehearsal failed:\n"
+                + "\n".join(f"agent {rank} (exit {r.returncode}):\n{r.stderr[-3000:]}" for rank, r in failed)
+            )
         saved = load_results(os.path.join(out, f"{RESULTS_NAME}.jsonl"))
     df = saved.frame().assign(topology=saved.provenance.get("topology"))
     df.attrs["commands"] = [shlex.join(r.args) for r in runs]
@@ -389,6 +528,7 @@ def two_node_rehearsal(sizes, out_dir=None, profile: str = "cpu", timeout_s: flo
 
 
 # ---- command line: python -m helpers bench collectives (spawned grid, or the torchrun world) ----
+
 
 def bench_main(argv: list[str]) -> int:
     """Run the benchmark from the command line and save the rows with provenance; 1 if any result was wrong."""
@@ -414,8 +554,18 @@ def bench_main(argv: list[str]) -> int:
     topology = {"topology": "1 node, spawned ranks", "nodes": 1}
     if L._under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
-        per_rank = L.launch(bench_worker, world, tuple(args.ops), tuple(sizes), warmup, iters, None, budget_s,
-                            backend=args.backend, device=args.device)
+        per_rank = L.launch(
+            bench_worker,
+            world,
+            tuple(args.ops),
+            tuple(sizes),
+            warmup,
+            iters,
+            None,
+            budget_s,
+            backend=args.backend,
+            device=args.device,
+        )
         backend, device = dist.get_backend(), L.device().type
         topology = L.torchrun_topology()
         dist.destroy_process_group()
@@ -424,14 +574,23 @@ def bench_main(argv: list[str]) -> int:
         df, skipped = pd.DataFrame(summarize(per_rank, backend, device, topology["nodes"])), None
     else:
         combos = [tuple(b.split(":")) for b in args.backends] if args.backends else grid["combos"]
-        df, todo = run_grid(sizes, args.ops, args.world_sizes or grid["world_sizes"], combos, warmup, iters, None, budget_s)
+        df, todo = run_grid(
+            sizes, args.ops, args.world_sizes or grid["world_sizes"], combos, warmup, iters, None, budget_s
+        )
         skipped = todo[~todo["run"]]
     if df.empty:
         print("nothing ran here:\n" + skipped.to_string(index=False))
         return 2
-    path = save_results(df, args.name, profile=profile, kind="reference" if args.reference else "local",
-                        directory=args.out, method=METHOD, warmup=warmup,
-                        topology=topology["topology"])
+    path = save_results(
+        df,
+        args.name,
+        profile=profile,
+        kind="reference" if args.reference else "local",
+        directory=args.out,
+        method=METHOD,
+        warmup=warmup,
+        topology=topology["topology"],
+    )
     print(df.drop(columns=["size_bytes", "calls_s"]).to_string(index=False))
     if skipped is not None and len(skipped):
         print("skipped:\n" + skipped.to_string(index=False))

@@ -7,6 +7,7 @@ step, the slowest-rank summary and the bench commands' argument parser.
     train_step(model, opt, x, y, grad_sync=ddp, times=t)   # one step; t gets the phases' seconds
     slowest_rank([rank0_samples, rank1_samples])        # per step: the slowest rank's time
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,8 +114,9 @@ def cpu_state(model: nn.Module) -> dict:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
-def train_step(model, optimizer, x, y, grad_sync=None, autocast_dtype=None, optimizer_step: bool = True,
-               times: dict | None = None) -> torch.Tensor:
+def train_step(
+    model, optimizer, x, y, grad_sync=None, autocast_dtype=None, optimizer_step: bool = True, times: dict | None = None
+) -> torch.Tensor:
     """One training step: zero grads, forward (through `grad_sync`, a DDP wrapper, when given), backward, gradient
     sync, optimizer step. Returns the loss (detached). `times` gets the backward's (start, end) perf_counter pair and
     seconds of forward+backward+sync ('fwd_bwd'), of waiting for the gradient sync ('grad_comm'), of step() ('step')
@@ -130,7 +132,9 @@ def train_step(model, optimizer, x, y, grad_sync=None, autocast_dtype=None, opti
     ctx = torch.autocast(dev.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     with ctx:
         loss = lm_loss((grad_sync or model)(x), y)
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if times is not None and dev.type == "cuda" else []
+    events = (
+        [torch.cuda.Event(enable_timing=True) for _ in range(2)] if times is not None and dev.type == "cuda" else []
+    )
     b0 = time.perf_counter()
     if events:
         events[0].record()
@@ -148,9 +152,14 @@ def train_step(model, optimizer, x, y, grad_sync=None, autocast_dtype=None, opti
         optimizer.step()
     if times is not None:
         sync(dev)
-        times.update(backward=(b0, b1), backward_events=tuple(events), fwd_bwd=t1 - t0, step=time.perf_counter() - t1,
-                     grad_comm=getattr(grad_sync, "comm_s", 0.0) - grad_comm0,
-                     step_comm=getattr(optimizer, "comm_s", 0.0) - step_comm0)
+        times.update(
+            backward=(b0, b1),
+            backward_events=tuple(events),
+            fwd_bwd=t1 - t0,
+            step=time.perf_counter() - t1,
+            grad_comm=getattr(grad_sync, "comm_s", 0.0) - grad_comm0,
+            step_comm=getattr(optimizer, "comm_s", 0.0) - step_comm0,
+        )
     return loss.detach()
 
 

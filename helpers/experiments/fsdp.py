@@ -13,6 +13,7 @@ ring all-reduces), activation checkpointing in this process, the tables built fr
 
     python -m helpers bench fsdp [--model small/cpu --steps 30]   # our FSDP vs torch fully_shard, gloo, 2 ranks
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,14 +44,46 @@ from helpers.profiling import label_modules, quiet_profiler
 from helpers.timing import interleaved, paired_ratio, sync
 
 PROFILES = {  # what notebook 07 runs per profile
-    "cpu": dict(check_model="small/cpu", check_layers=2, check_batch=4, check_context=16, model="small/cpu", batch=8,
-                context=64, steps=8, warmup=2, ckpt_model="small/cpu", ckpt_layers=12, ckpt_batch=4, ckpt_context=64,
-                segments=[0, 1, 2, 3, 4, 6, 12], ckpt_steps=3, ring_worlds=[2, 4], ring_sizes=[2**8, 2**14, 2**18],
-                ring_steps=5),
-    "gpu": dict(check_model="small/cpu", check_layers=2, check_batch=4, check_context=16, model="small", batch=8,
-                context=128, steps=10, warmup=3, ckpt_model="xl", ckpt_layers=None, ckpt_batch=4, ckpt_context=1024,
-                segments=[0, 1, 2, 3, 4, 6, 8, 12, 16], ckpt_steps=5, ring_worlds=[2, 4], ring_sizes=[2**10, 2**16, 2**20, 2**23],
-                ring_steps=6),
+    "cpu": dict(
+        check_model="small/cpu",
+        check_layers=2,
+        check_batch=4,
+        check_context=16,
+        model="small/cpu",
+        batch=8,
+        context=64,
+        steps=8,
+        warmup=2,
+        ckpt_model="small/cpu",
+        ckpt_layers=12,
+        ckpt_batch=4,
+        ckpt_context=64,
+        segments=[0, 1, 2, 3, 4, 6, 12],
+        ckpt_steps=3,
+        ring_worlds=[2, 4],
+        ring_sizes=[2**8, 2**14, 2**18],
+        ring_steps=5,
+    ),
+    "gpu": dict(
+        check_model="small/cpu",
+        check_layers=2,
+        check_batch=4,
+        check_context=16,
+        model="small",
+        batch=8,
+        context=128,
+        steps=10,
+        warmup=3,
+        ckpt_model="xl",
+        ckpt_layers=None,
+        ckpt_batch=4,
+        ckpt_context=1024,
+        segments=[0, 1, 2, 3, 4, 6, 8, 12, 16],
+        ckpt_steps=5,
+        ring_worlds=[2, 4],
+        ring_sizes=[2**10, 2**16, 2**20, 2**23],
+        ring_steps=6,
+    ),
 }
 DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 EPS = {k: torch.finfo(v or torch.float32).eps for k, v in DTYPES.items()}
@@ -71,9 +104,11 @@ def build(name: str, n_layers=None, seed: int = 0, context_length=None) -> nn.Mo
 
 # ---- 1 · correctness: one process on the whole batch, with a derived bound ----
 
+
 @dataclass
 class EquivalenceRun:
     """One dtype trained by equivalence_worker on one rank: per step the full weights before it and the gradients."""
+
     dtype: str
     world: int
     weights: list  # per step: {name: tensor}
@@ -87,6 +122,7 @@ class EquivalenceRun:
 class FsdpImpl:
     """An FSDP implementation as the course's adapters call it (ours by default): wrap(module, compute_dtype),
     on_after_backward(model, optimizer), gather_full_params(model) -> {name: full tensor}."""
+
     wrap: Callable = FSDP
     on_after_backward: Callable = lambda model, optimizer: model.finish_gradient_synchronization()  # noqa: E731
     gather_full_params: Callable = lambda model: model.gather_full_params()  # noqa: E731
@@ -108,8 +144,9 @@ class ImplSync:
         self.impl.on_after_backward(self.model, self.optimizer)
 
 
-def equivalence_worker(*, model, n_layers, dtypes, steps, batch_size, context_length,
-                       impl: FsdpImpl | None = None) -> dict:
+def equivalence_worker(
+    *, model, n_layers, dtypes, steps, batch_size, context_length, impl: FsdpImpl | None = None
+) -> dict:
     """Per dtype: FSDP (or `impl`; rank-seeded: the broadcast must fix it) trains with SGD on this rank's rows of each
     batch. EquivalenceRun.weights has steps + 1 entries (the last: after the last step); grads, replicated and logs
     only where the implementation has ours' gather_full_grads, replicated and comm_log."""
@@ -158,12 +195,14 @@ def reference_grads(net: nn.Module, x, y, dtype: str) -> dict:
         params = {n: p.to(DTYPES[dtype]) if id(p) in cast else p for n, p in net.named_parameters()}
         for m in net.modules():
             if isinstance(m, SHARD_TYPES):
-                m.register_forward_pre_hook(lambda m, a: tuple(t.to(DTYPES[dtype]) if t.is_floating_point() else t
-                                                               for t in a))
+                m.register_forward_pre_hook(
+                    lambda m, a: tuple(t.to(DTYPES[dtype]) if t.is_floating_point() else t for t in a)
+                )
         logits = torch.func.functional_call(net, params, (x,))
     (lm_loss(logits, y) * LOSS_SCALE[dtype]).backward()
-    return {n: p.grad / LOSS_SCALE[dtype] if p.grad is not None else torch.zeros_like(p)
-            for n, p in net.named_parameters()}
+    return {
+        n: p.grad / LOSS_SCALE[dtype] if p.grad is not None else torch.zeros_like(p) for n, p in net.named_parameters()
+    }
 
 
 def ranks_reference(load, shares: list, dtype: str) -> dict:
@@ -231,14 +270,21 @@ def equivalence_table(per_rank: list[dict], *, model, n_layers, steps, batch_siz
             ref = whole if dtype == "fp32" else _on_cpu(ranks_reference(load, shares, dtype))
             lim = _on_cpu(bound(load(), x, y, dtype))
             diff = {n: (run.grads[s][n] - ref[n]).abs().detach() for n in ref}
-            rows.append({"ranks": run.world, "dtype": dtype, "step": s,
-                         "reference": "whole batch" if dtype == "fp32" else "each rank's rows, averaged",
-                         "max_abs_diff": max(float(d.max()) for d in diff.values()),
-                         "whole batch max_abs_diff": max(float((run.grads[s][n] - whole[n]).abs().max()) for n in whole),
-                         "max_diff/bound": max(float((d / lim[n].clamp_min(1e-30)).max().detach()) for n, d in diff.items()),
-                         "bitwise": all(torch.equal(run.grads[s][n], ref[n]) for n in ref),
-                         "replicated_equal": all(torch.equal(a, b) for r in per_rank
-                                                 for a, b in zip(r[dtype].replicated[s], run.replicated[s]))})
+            rows.append(
+                {
+                    "ranks": run.world,
+                    "dtype": dtype,
+                    "step": s,
+                    "reference": "whole batch" if dtype == "fp32" else "each rank's rows, averaged",
+                    "max_abs_diff": max(float(d.max()) for d in diff.values()),
+                    "whole batch max_abs_diff": max(float((run.grads[s][n] - whole[n]).abs().max()) for n in whole),
+                    "max_diff/bound": max(float((d / lim[n].clamp_min(1e-30)).max().detach()) for n, d in diff.items()),
+                    "bitwise": all(torch.equal(run.grads[s][n], ref[n]) for n in ref),
+                    "replicated_equal": all(
+                        torch.equal(a, b) for r in per_rank for a, b in zip(r[dtype].replicated[s], run.replicated[s])
+                    ),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -248,6 +294,7 @@ def _on_cpu(tensors: dict) -> dict:
 
 
 # ---- 2-4 · memory, bytes and trace, speed: one launch ----
+
 
 class TrackedFSDP(FSDP):
     """helpers.fsdp.FSDP that reports its gathers and frees to helpers.memory.track (same behaviour otherwise)."""
@@ -285,6 +332,7 @@ def build_kind(kind: str, name: str, seed: int = 0, impl: FsdpImpl | None = None
         return net, net, cls(net.parameters(), **kwargs)
     if kind == "torch_fsdp":
         from torch.distributed.fsdp import fully_shard
+
         for block in net.blocks:
             fully_shard(block)
         fully_shard(net)
@@ -307,6 +355,7 @@ def step(net, grad_sync, opt, x, y, optimizer_step: bool = True) -> None:
 @dataclass
 class FsdpMemory:
     """fsdp_memory's result on one rank: S.MemoryPoint list and the largest gathered bytes alive at once."""
+
     model: str
     rank: int
     world: int
@@ -327,13 +376,16 @@ def fsdp_memory(*, model, batch_size, context_length, steps=2, impl: FsdpImpl | 
     init.result = None
     points, peak = [S.MemoryPoint("after init", 0, init.current_bytes, init.peak_bytes, None)], init.peak_bytes
     for i in range(1, steps + 1):
-        for point, fn in (("before step", lambda: step(net, sync_, opt, x, y, optimizer_step=False)),
-                          ("after step", opt.step)):
+        for point, fn in (
+            ("before step", lambda: step(net, sync_, opt, x, y, optimizer_step=False)),
+            ("after step", opt.step),
+        ):
             live = iter(M.model_state(net, opt, x, y) + [p.grad for p in net.parameters()])  # released once read:
             trace = track(fn, existing=live, device=dev)  # zero_grad's old gradients may die
             peak = max(peak, trace.peak_bytes)
-            points.append(S.MemoryPoint(point, i, trace.current_bytes, peak, None, trace.baseline_bytes,
-                                        trace.peak_bytes))
+            points.append(
+                S.MemoryPoint(point, i, trace.current_bytes, peak, None, trace.baseline_bytes, trace.peak_bytes)
+            )
     return FsdpMemory(model, rank, world, x.shape[0], context_length, points, getattr(net, "peak_gathered_bytes", None))
 
 
@@ -348,6 +400,7 @@ def _settled(result):
 class Traced:
     """One traced FSDP step's forward on one rank (profiler µs): per sharded module call, its gathers' end, the
     previous module's forward end (when a prefetched gather should be done), its own start."""
+
     rows: list  # [{"module", "gather_end", "needed_at", "start"}]
     forward_us: float
 
@@ -361,30 +414,46 @@ def traced_forward(fsdp: FSDP, opt, x, y) -> Traced:
         sync(L.device())
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     names = {m: n for n, m in fsdp.module.named_modules()}
-    ranges = [e for e in events if " (" in e.name and e.name.split(" (")[0] in
-              {names[m] for m in fsdp._order}]
-    ranges = ranges[:len(fsdp._order)]  # the forward calls, in call order
-    spans = ([(r.time_range.start, r.time_range.end) for r in ranges] if dist.get_backend() != "nccl"
-             else [kernel_span(events, r) for r in ranges])
-    return gather_rows([names[m] for m in fsdp._order][:len(ranges)], [len(fsdp._units[m]) for m in fsdp._order],
-                       spans, [e.time_range.end for e in events if is_gather(e)])
+    ranges = [e for e in events if " (" in e.name and e.name.split(" (")[0] in {names[m] for m in fsdp._order}]
+    ranges = ranges[: len(fsdp._order)]  # the forward calls, in call order
+    spans = (
+        [(r.time_range.start, r.time_range.end) for r in ranges]
+        if dist.get_backend() != "nccl"
+        else [kernel_span(events, r) for r in ranges]
+    )
+    return gather_rows(
+        [names[m] for m in fsdp._order][: len(ranges)],
+        [len(fsdp._units[m]) for m in fsdp._order],
+        spans,
+        [e.time_range.end for e in events if is_gather(e)],
+    )
 
 
 def is_gather(e) -> bool:
     """An all-gather's own event: gloo's host event, or NCCL's kernel on the GPU (ncclDevKernel_AllGather_...)."""
     device = e.device_type == torch.autograd.DeviceType.CUDA
-    return (e.name.startswith("gloo:") and "gather" in e.name) or (device and "allgather" in e.name.lower()
-                                                                    and "nccl" in e.name.lower())
+    return (e.name.startswith("gloo:") and "gather" in e.name) or (
+        device and "allgather" in e.name.lower() and "nccl" in e.name.lower()
+    )
 
 
 def kernel_span(events, r) -> tuple[float, float]:
     """(first start, last end) on the GPU of the kernels launched by the ops inside the host range `r`, NCCL's
     aside (the profiler links each kernel to its op: linked_correlation_id); r's own times when it launched none."""
     cpu = torch.autograd.DeviceType.CPU
-    ops = {e.id for e in events if e.device_type == cpu and e.thread == r.thread
-           and r.time_range.start <= e.time_range.start and e.time_range.end <= r.time_range.end}
-    kernels = [e.time_range for e in events if e.device_type != cpu and e.linked_correlation_id in ops
-               and "nccl" not in e.name.lower()]
+    ops = {
+        e.id
+        for e in events
+        if e.device_type == cpu
+        and e.thread == r.thread
+        and r.time_range.start <= e.time_range.start
+        and e.time_range.end <= r.time_range.end
+    }
+    kernels = [
+        e.time_range
+        for e in events
+        if e.device_type != cpu and e.linked_correlation_id in ops and "nccl" not in e.name.lower()
+    ]
     if not kernels:
         return r.time_range.start, r.time_range.end
     return min(k.start for k in kernels), max(k.end for k in kernels)
@@ -395,10 +464,16 @@ def gather_rows(modules: list, gathers_per_call: list, spans: list, gather_ends:
     gathers should end by the time the previous call ends (when its prefetch is needed)."""
     rows, g = [], 0
     for i, (name, k, (start, _)) in enumerate(zip(modules, gathers_per_call, spans)):
-        ends = gather_ends[g:g + k]
+        ends = gather_ends[g : g + k]
         g += k
-        rows.append({"module": name, "gather_end": max(ends) if ends else float("nan"),
-                     "needed_at": spans[i - 1][1] if i else start, "start": start})
+        rows.append(
+            {
+                "module": name,
+                "gather_end": max(ends) if ends else float("nan"),
+                "needed_at": spans[i - 1][1] if i else start,
+                "start": start,
+            }
+        )
     return Traced(rows, spans[-1][1] - spans[0][0] if spans else 0.0)
 
 
@@ -423,6 +498,7 @@ def step_peak(kind: str, fn) -> float:
 @dataclass
 class MeasureRun:
     """measure_worker's result on one rank."""
+
     memory: list  # S.MemoryRun (ddp, zero1) + FsdpMemory
     fsdp_log: list  # one step's [(op, bytes)]
     traced: Traced | None
@@ -431,15 +507,26 @@ class MeasureRun:
     same_weights: dict = field(default_factory=dict)  # kind -> final weights equal to fsdp's within 1e-4
 
 
-def measure_worker(*, model, batch_size, context_length, steps, warmup, kinds=("fsdp", "ddp", "zero1", "torch_fsdp"),
-                   memory=True, trace=True, impls: dict | None = None) -> MeasureRun:
+def measure_worker(
+    *,
+    model,
+    batch_size,
+    context_length,
+    steps,
+    warmup,
+    kinds=("fsdp", "ddp", "zero1", "torch_fsdp"),
+    memory=True,
+    trace=True,
+    impls: dict | None = None,
+) -> MeasureRun:
     """Memory (FSDP, and DDP / ZeRO-1 by notebook 05's worker), one FSDP step's bytes and trace, then every kind
     trained step by step, interleaved, from the same weights on the same batches. impls: kind -> FsdpImpl (a
     student's FSDP as one more kind, e.g. {"yours": ...})."""
     mem = []
     if memory:
-        runs = S.memory_worker(model=model, kinds=["unsharded", "zero1"], batch_size=batch_size,
-                               context_length=context_length, steps=2)
+        runs = S.memory_worker(
+            model=model, kinds=["unsharded", "zero1"], batch_size=batch_size, context_length=context_length, steps=2
+        )
         mem = list(runs.values()) + [fsdp_memory(model=model, batch_size=batch_size, context_length=context_length)]
     built = {k: build_kind(k, model, impl=(impls or {}).get(k)) for k in kinds}
     batches = [rank_share(b) for b in make_batches(model, 4, batch_size, context_length, 0)]
@@ -461,6 +548,7 @@ def measure_worker(*, model, batch_size, context_length, steps, warmup, kinds=("
             step(*built[kind], *batches[i % len(batches)])
             sync(L.device())
             return time.perf_counter() - t0
+
         return one
 
     samples = interleaved({k: timed(k) for k in kinds}, steps, warmup)
@@ -474,8 +562,15 @@ def memory_table(per_rank: list[MeasureRun]) -> pd.DataFrame:
         for run in r.memory:
             kind = {"unsharded": "ddp"}.get(getattr(run, "kind", "fsdp"), getattr(run, "kind", "fsdp"))
             for p in run.points:
-                rows.append({"kind": kind, "rank": run.rank, "point": p.label, "live_MiB": p.live / MiB,
-                             "peak_MiB": p.peak / MiB})
+                rows.append(
+                    {
+                        "kind": kind,
+                        "rank": run.rank,
+                        "point": p.label,
+                        "live_MiB": p.live / MiB,
+                        "peak_MiB": p.peak / MiB,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -486,18 +581,32 @@ def fsdp_memory_check(per_rank: list[MeasureRun]) -> pd.DataFrame:
     for r in per_rank:
         run = r.memory[-1]
         for p in run.points:
-            live = sum(F.fsdp_live_bytes(run.model, run.world, run.batch_per_rank, run.context_length, p.point,
-                                         p.step).values())
+            live = sum(
+                F.fsdp_live_bytes(
+                    run.model, run.world, run.batch_per_rank, run.context_length, p.point, p.step
+                ).values()
+            )
             tol = PEAK_TOL if p.point == "before step" else 0.0  # after init / after step: exact
             row = {"rank": run.rank, "point": p.label, "measured": p.live, "formula": live, "tolerance": tol}
             rows.append({**row, "within": abs(p.live - live) <= tol * live})
             if p.point == "before step":
                 acts = sum(F.activation_bytes(run.model, run.batch_per_rank, run.context_length).values())
-                peak = (p.phase_start + acts + F.loss_grad_bytes(run.model, run.batch_per_rank, run.context_length)
-                        + F.fsdp_gathered_peak_bytes(run.model, run.world, modules=1))  # the LM head, regathered
-                rows.append({"rank": run.rank, "point": f"fwd/bwd peak {p.step}", "measured": p.phase_peak,
-                             "formula": peak, "tolerance": PEAK_TOL,
-                             "within": abs(p.phase_peak - peak) <= PEAK_TOL * peak})
+                peak = (
+                    p.phase_start
+                    + acts
+                    + F.loss_grad_bytes(run.model, run.batch_per_rank, run.context_length)
+                    + F.fsdp_gathered_peak_bytes(run.model, run.world, modules=1)
+                )  # the LM head, regathered
+                rows.append(
+                    {
+                        "rank": run.rank,
+                        "point": f"fwd/bwd peak {p.step}",
+                        "measured": p.phase_peak,
+                        "formula": peak,
+                        "tolerance": PEAK_TOL,
+                        "within": abs(p.phase_peak - peak) <= PEAK_TOL * peak,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -513,9 +622,16 @@ def zero_check(per_rank: list[MeasureRun]) -> pd.DataFrame:
             last = run.points[-1]
             other = F.token_bytes(run.batch_per_rank, run.context_length) + F.buffer_bytes(run.model)
             measured = last.live - other
-            rows.append({"kind": {"unsharded": "ddp"}.get(kind, kind), "stage": stage, "rank": run.rank,
-                         "measured_MiB": measured / MiB, "zero_MiB": calc["total"] / MiB,
-                         "measured/zero": measured / calc["total"]})
+            rows.append(
+                {
+                    "kind": {"unsharded": "ddp"}.get(kind, kind),
+                    "stage": stage,
+                    "rank": run.rank,
+                    "measured_MiB": measured / MiB,
+                    "zero_MiB": calc["total"] / MiB,
+                    "measured/zero": measured / calc["total"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -529,9 +645,18 @@ def bytes_table(per_rank: list[MeasureRun], model: str) -> pd.DataFrame:
     sent = bytes_sent(log, world)
     formula = fsdp_bytes_per_step(psi, world, 4, 4, rep)
     ddp = ddp_bytes_per_step(psi + rep, world)
-    return pd.DataFrame([{**{f"{op} MiB": b / MiB for op, b in by_op.items()}, "sent MiB": sent / MiB,
-                          "formula MiB": formula / MiB, "equal": sent == formula, "DDP formula MiB": ddp / MiB,
-                          "FSDP / DDP": sent / ddp}])
+    return pd.DataFrame(
+        [
+            {
+                **{f"{op} MiB": b / MiB for op, b in by_op.items()},
+                "sent MiB": sent / MiB,
+                "formula MiB": formula / MiB,
+                "equal": sent == formula,
+                "DDP formula MiB": ddp / MiB,
+                "FSDP / DDP": sent / ddp,
+            }
+        ]
+    )
 
 
 def gather_timeliness(per_rank: list[MeasureRun]) -> pd.DataFrame:
@@ -541,8 +666,16 @@ def gather_timeliness(per_rank: list[MeasureRun]) -> pd.DataFrame:
     for rank, r in enumerate(per_rank):
         for i, row in enumerate(r.traced.rows):
             stall = max(0.0, row["gather_end"] - row["needed_at"]) if i else row["start"] - row["needed_at"]
-            rows.append({"rank": rank, "call": i, "module": row["module"], "prefetched": i > 0,
-                         "in_time": i > 0 and row["gather_end"] <= row["needed_at"], "stall_us": stall})
+            rows.append(
+                {
+                    "rank": rank,
+                    "call": i,
+                    "module": row["module"],
+                    "prefetched": i > 0,
+                    "in_time": i > 0 and row["gather_end"] <= row["needed_at"],
+                    "stall_us": stall,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -555,13 +688,24 @@ def speed_table(per_rank: list[MeasureRun], baseline: str = "fsdp") -> pd.DataFr
     for k in kinds:
         ratio = paired_ratio(slow[k], slow[baseline])
         p25, p50, p75 = np.percentile(slow[k], [25, 50, 75])
-        rows.append({"kind": k, "median_ms": p50 * 1e3, "p25_ms": p25 * 1e3, "p75_ms": p75 * 1e3,
-                     f"/ {baseline}": ratio.median, "low": ratio.low, "high": ratio.high, "measurable": ratio.differs,
-                     "peak_MiB": max(r.peaks[k] for r in per_rank) / MiB})
+        rows.append(
+            {
+                "kind": k,
+                "median_ms": p50 * 1e3,
+                "p25_ms": p25 * 1e3,
+                "p75_ms": p75 * 1e3,
+                f"/ {baseline}": ratio.median,
+                "low": ratio.low,
+                "high": ratio.high,
+                "measurable": ratio.differs,
+                "peak_MiB": max(r.peaks[k] for r in per_rank) / MiB,
+            }
+        )
     return pd.DataFrame(rows).set_index("kind")
 
 
 # ---- 5 · activation checkpointing (this process) ----
+
 
 class CheckpointedLM(nn.Module):
     """A TransformerLM whose blocks run in segments of `segment` under torch.utils.checkpoint (0: no checkpointing):
@@ -606,9 +750,16 @@ def checkpoint_sweep(model, *, n_layers, batch_size, context_length, segments, s
     rows = []
     for k in segments:
         r = paired_ratio(times[k], times[base])
-        rows.append({"segment": k, "peak_MiB": (peaks[k].peak_bytes - peaks[k].baseline_bytes) / MiB,
-                     "median_ms": float(np.median(times[k])) * 1e3, "time / none": r.median, "low": r.low,
-                     "high": r.high})
+        rows.append(
+            {
+                "segment": k,
+                "peak_MiB": (peaks[k].peak_bytes - peaks[k].baseline_bytes) / MiB,
+                "median_ms": float(np.median(times[k])) * 1e3,
+                "time / none": r.median,
+                "low": r.low,
+                "high": r.high,
+            }
+        )
     return pd.DataFrame(rows).set_index("segment")
 
 
@@ -635,9 +786,11 @@ def checkpoint_model(model, *, n_layers, batch_size, context_length, segments) -
 
 # ---- 6 · ring all-reduce by hand ----
 
+
 @dataclass
 class RingRun:
     """ring_worker's result on one rank: per size, exact agreement with dist.all_reduce and seconds per method."""
+
     world: int
     exact: dict  # size -> bool
     sent: dict  # size -> {method: bytes this rank sent}
@@ -654,8 +807,11 @@ def ring_backend(worlds) -> tuple[str, str]:
     return ("nccl", "cuda") if choices == {("nccl", "cuda")} else ("gloo", "cpu")
 
 
-METHODS = {"dist.all_reduce": lambda t: dist.all_reduce(t), "ring": R.ring_all_reduce,
-           "alternate ring": R.alternate_ring_all_reduce}
+METHODS = {
+    "dist.all_reduce": lambda t: dist.all_reduce(t),
+    "ring": R.ring_all_reduce,
+    "alternate ring": R.alternate_ring_all_reduce,
+}
 
 
 def ring_worker(*, sizes, steps, warmup) -> RingRun:
@@ -680,7 +836,9 @@ def ring_worker(*, sizes, steps, warmup) -> RingRun:
                 METHODS[name](t)
                 sync(dev)  # NCCL's wait() only orders the stream
                 return time.perf_counter() - t0
+
             return one
+
         samples[n] = interleaved({k: timed(k) for k in METHODS}, steps, warmup)
     return RingRun(world, exact, sent, samples, on=f"{dist.get_backend()} on {dev.type}")
 
@@ -695,12 +853,22 @@ def ring_table(per_launch: list[list[RingRun]]) -> pd.DataFrame:
             for method in by:
                 t = float(np.median(slowest_rank([r.samples[n][method] for r in per_rank])))
                 sent = [r.sent[n].get(method) for r in per_rank]
-                formula = {"ring": R.ring_bytes_sent(S_, world), "alternate ring": R.alternate_ring_bytes_sent(S_, world)
-                           }.get(method)
-                rows.append({"N": world, "on": per_rank[0].on, "S_bytes": S_, "method": method,
-                             "exact": all(r.exact[n] for r in per_rank),
-                             "sent/S": np.mean(sent) / S_ if formula else np.nan,
-                             "formula/S": formula / S_ if formula else np.nan, "median_us": t * 1e6})
+                formula = {
+                    "ring": R.ring_bytes_sent(S_, world),
+                    "alternate ring": R.alternate_ring_bytes_sent(S_, world),
+                }.get(method)
+                rows.append(
+                    {
+                        "N": world,
+                        "on": per_rank[0].on,
+                        "S_bytes": S_,
+                        "method": method,
+                        "exact": all(r.exact[n] for r in per_rank),
+                        "sent/S": np.mean(sent) / S_ if formula else np.nan,
+                        "formula/S": formula / S_ if formula else np.nan,
+                        "median_us": t * 1e6,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -713,15 +881,19 @@ def ring_fit(table: pd.DataFrame) -> dict:
     alpha, W = max(float(alpha), 1e-9), 1 / max(float(inv_w), 1e-15)
     model = {"ring": R.ring_time, "alternate ring": R.alternate_ring_time}
     out = table.copy()
-    out["model_us"] = [model[m](s, n, alpha, W) * 1e6 if m in model else np.nan
-                       for m, s, n in zip(out["method"], out["S_bytes"], out["N"])]
+    out["model_us"] = [
+        model[m](s, n, alpha, W) * 1e6 if m in model else np.nan
+        for m, s, n in zip(out["method"], out["S_bytes"], out["N"])
+    ]
     return {"alpha_s": alpha, "W_Bps": W, "table": out}
 
 
 # ---- 7 · calculators ----
 
-def strategies_table(model, world_size: int, gpu_bytes: float, batch_size: int = 4, context_length=None,
-                     precision: str = "mixed") -> pd.DataFrame:
+
+def strategies_table(
+    model, world_size: int, gpu_bytes: float, batch_size: int = 4, context_length=None, precision: str = "mixed"
+) -> pd.DataFrame:
     """Per strategy (DDP, ZeRO-1, ZeRO-2, FSDP = ZeRO-3): GB (10⁹ bytes) of model states + saved activations per rank,
     what is left of `gpu_bytes` and whether they fit, and the GB each rank sends per step (ring) (notebook 07's table
     and calculator)."""
@@ -730,38 +902,60 @@ def strategies_table(model, world_size: int, gpu_bytes: float, batch_size: int =
     for stage, name in enumerate(["DDP", "ZeRO-1", "ZeRO-2", "FSDP (ZeRO-3)"]):
         z = F.zero_memory(model, world_size, stage, precision)
         total = z["total"] + acts
-        rows.append({"strategy": name, "model states (GB)": z["total"] / 1e9, "activations (GB)": acts / 1e9,
-                     "total (GB)": total / 1e9, "left on GPU (GB)": (gpu_bytes - total) / 1e9,
-                     "fits": total <= gpu_bytes, "sent per step (GB)": z["communication"] / 1e9})
+        rows.append(
+            {
+                "strategy": name,
+                "model states (GB)": z["total"] / 1e9,
+                "activations (GB)": acts / 1e9,
+                "total (GB)": total / 1e9,
+                "left on GPU (GB)": (gpu_bytes - total) / 1e9,
+                "fits": total <= gpu_bytes,
+                "sent per step (GB)": z["communication"] / 1e9,
+            }
+        )
     return pd.DataFrame(rows).set_index("strategy").round(4)
 
 
 def ffn_table(*, tokens, d, f, n, C, W, n_tp) -> pd.DataFrame:
     """formulas.gated_ffn for DP, FSDP, TP and FSDP×TP side by side (per device)."""
-    rows = [{"strategy": s, **F.gated_ffn(s, tokens=tokens, d=d, f=f, n=n, C=C, W=W, n_tp=n_tp)}
-            for s in ("dp", "fsdp", "tp", "fsdp_tp")]
+    rows = [
+        {"strategy": s, **F.gated_ffn(s, tokens=tokens, d=d, f=f, n=n, C=C, W=W, n_tp=n_tp)}
+        for s in ("dp", "fsdp", "tp", "fsdp_tp")
+    ]
     return pd.DataFrame(rows).set_index("strategy")
 
 
 # ---- python -m helpers bench fsdp ----
 
+
 def bench_main(argv: list[str]) -> int:
     """`python -m helpers bench fsdp`: helpers.fsdp.FSDP vs torch's fully_shard, gloo, 2 ranks, interleaved steps."""
     args = bench_parser("python -m helpers bench fsdp", bench_main.__doc__).parse_args(argv)
-    worker = functools.partial(measure_worker, model=args.model, batch_size=args.batch_size,
-                               context_length=args.context_length, steps=args.steps, warmup=args.warmup,
-                               kinds=("fsdp", "torch_fsdp"), memory=False, trace=False)
+    worker = functools.partial(
+        measure_worker,
+        model=args.model,
+        batch_size=args.batch_size,
+        context_length=args.context_length,
+        steps=args.steps,
+        warmup=args.warmup,
+        kinds=("fsdp", "torch_fsdp"),
+        memory=False,
+        trace=False,
+    )
     per_rank = L.launch(worker, 2, backend="gloo", device=args.device)
     table = speed_table(per_rank, baseline="torch_fsdp")
     ours, theirs = table.loc["fsdp"], table.loc["torch_fsdp"]
-    print(f"{args.model}, gloo on {args.device}, 2 ranks, {args.steps} interleaved steps: FSDP / fully_shard step time "
-          f"{ours['/ torch_fsdp']:.3f}x (95% CI {ours['low']:.3f}-{ours['high']:.3f}; claimed: at most 1.10), "
-          f"{ours['median_ms']:.1f} vs {theirs['median_ms']:.1f} ms; per-rank peak {ours['peak_MiB']:.2f} vs "
-          f"{theirs['peak_MiB']:.2f} MiB (helpers.memory.track)")
+    print(
+        f"{args.model}, gloo on {args.device}, 2 ranks, {args.steps} interleaved steps: FSDP / fully_shard step time "
+        f"{ours['/ torch_fsdp']:.3f}x (95% CI {ours['low']:.3f}-{ours['high']:.3f}; claimed: at most 1.10), "
+        f"{ours['median_ms']:.1f} vs {theirs['median_ms']:.1f} ms; per-rank peak {ours['peak_MiB']:.2f} vs "
+        f"{theirs['peak_MiB']:.2f} MiB (helpers.memory.track)"
+    )
     return 0
 
 
 # ---- 8 · the 2026 leaderboard as a plan (formulas.leaderboard_plan), with the published marks ----
+
 
 def plan_table(plan: list[dict], marks=()) -> pd.DataFrame:
     """One row per strategy × checkpointing × LM head × optimizer precision: GB per GPU, fits per GPU (with the plan's
@@ -769,8 +963,14 @@ def plan_table(plan: list[dict], marks=()) -> pd.DataFrame:
     plan would reach on the B200 (notebook 07 §8)."""
     rows = []
     for r in plan:
-        row = {"strategy": r["strategy"], "checkpointing": r["checkpointing"], "head": r["head"],
-               "precision": r["precision"], "GB per GPU": r["memory_GB"], "TFLOP per step": r["flops"] / 1e12}
+        row = {
+            "strategy": r["strategy"],
+            "checkpointing": r["checkpointing"],
+            "head": r["head"],
+            "precision": r["precision"],
+            "GB per GPU": r["memory_GB"],
+            "TFLOP per step": r["flops"] / 1e12,
+        }
         row.update({f"fits {g}": ok for g, ok in r["fits"].items()})
         row.update({f"step s, {g}": s for g, s in r["step_s"].items()})
         b200 = next(g for g in r["step_s"] if g.startswith("B200"))
@@ -789,9 +989,14 @@ def plot_plan(plan: list[dict], marks=(), gpu: str = "B200 ~180 GB", title: str 
     colors = ["#4a7" if r["fits"][gpu] else "#ccc" for r in plan]
     steps = [r["step_s"][gpu] for r in plan]
     band = [sorted(r["step_band_s"][gpu].values()) for r in plan]  # fastest (highest MFU) to slowest
-    ax.bar(range(len(plan)), steps, color=colors, edgecolor="#555",
-           yerr=[[s - b[0] for s, b in zip(steps, band)], [b[-1] - s for s, b in zip(steps, band)]],
-           error_kw=dict(elinewidth=0.6, capsize=0))  # whiskers: the band over formulas.PLAN_MFUS
+    ax.bar(
+        range(len(plan)),
+        steps,
+        color=colors,
+        edgecolor="#555",
+        yerr=[[s - b[0] for s, b in zip(steps, band)], [b[-1] - s for s, b in zip(steps, band)]],
+        error_kw=dict(elinewidth=0.6, capsize=0),
+    )  # whiskers: the band over formulas.PLAN_MFUS
     for m, style in zip(marks, ("--", ":", "-.")):
         ax.axhline(m.value / 1e3, color="#c33", linestyle=style, label=m.label)
     ax.set_xticks(range(len(plan)), labels, fontsize=5, rotation=90)

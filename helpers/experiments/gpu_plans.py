@@ -13,6 +13,7 @@ What coexists in each run (read from the experiment code):
     04  per rank: the base model, a copy per variant with its gradients (or bucket buffers); 2 ranks on one GPU (gloo)
     05  per rank: each kind's model, gradient buckets and (sharded) AdamW state; 2 ranks on one GPU (gloo)
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -38,19 +39,23 @@ def peak_per_gpu(tensor_bytes: float, ranks_per_gpu: int) -> float:
 
 
 def _row(notebook: str, run: str, tensor_bytes: float, ranks_per_gpu: int = 1) -> dict:
-    return {"notebook": notebook, "run": run, "ranks_per_gpu": ranks_per_gpu,
-            "peak_per_gpu_GB": peak_per_gpu(tensor_bytes, ranks_per_gpu) / GB}
+    return {
+        "notebook": notebook,
+        "run": run,
+        "ranks_per_gpu": ranks_per_gpu,
+        "peak_per_gpu_GB": peak_per_gpu(tensor_bytes, ranks_per_gpu) / GB,
+    }
 
 
 # ---- notebook 01: one model per pass; the profiled one stays ----
+
 
 def retained_graph_bytes(size, batch_size: int, context_length: int, autocast: bool = False) -> int:
     """Forward + backward with no optimizer and the graph kept (nb01's "backward" pass): parameters, gradients,
     saved activations, the loss gradients and the token ids all at once; autocast adds bf16 copies of the weights."""
     parts = F.step_breakdown(size, batch_size, context_length)
     casts = 2 * F.matmul_params(get_config(size)) if autocast else 0
-    return (sum(parts.values()) - parts["optimizer state"] + F.loss_grad_bytes(size, batch_size, context_length)
-            + casts)
+    return sum(parts.values()) - parts["optimizer state"] + F.loss_grad_bytes(size, batch_size, context_length) + casts
 
 
 def step_peak_bytes(size, batch_size: int, context_length: int, foreach: bool = True, autocast: bool = False) -> int:
@@ -59,8 +64,14 @@ def step_peak_bytes(size, batch_size: int, context_length: int, foreach: bool = 
     start = sum(F.peak_breakdown(size, batch_size, context_length).values())
     start += 2 * F.matmul_params(get_config(size)) if autocast else 0
     parts = F.step_breakdown(size, batch_size, context_length)
-    step = (parts["parameters"] + parts["buffers"] + parts["gradients"] + parts["optimizer state"]
-            + parts["token ids"] + (ADAMW_FOREACH_TEMPS * parts["parameters"] if foreach else 0))
+    step = (
+        parts["parameters"]
+        + parts["buffers"]
+        + parts["gradients"]
+        + parts["optimizer state"]
+        + parts["token ids"]
+        + (ADAMW_FOREACH_TEMPS * parts["parameters"] if foreach else 0)
+    )
     return max(start, step)
 
 
@@ -71,13 +82,18 @@ def plan_01(profile: str = "gpu") -> list[dict]:
     B, T = c["batch"], c["context"]
     rows = [_row("01", f"timing {s} (fresh model per pass)", retained_graph_bytes(s, B, T)) for s in sizes_for(profile)]
     rows.append(_row("01", f"profiled step {c['profile_size']}", step_peak_bytes(c["profile_size"], B, T)))
-    rows += [_row("01", f"mixed precision {s}", retained_graph_bytes(s, B, T, autocast=True)) for s in sizes_for(profile)]
-    rows += [_row("01", f"memory peaks {s}", max(step_peak_bytes(s, B, T), step_peak_bytes(s, B, T, autocast=True)))
-             for s in sizes_for(profile)]
+    rows += [
+        _row("01", f"mixed precision {s}", retained_graph_bytes(s, B, T, autocast=True)) for s in sizes_for(profile)
+    ]
+    rows += [
+        _row("01", f"memory peaks {s}", max(step_peak_bytes(s, B, T), step_peak_bytes(s, B, T, autocast=True)))
+        for s in sizes_for(profile)
+    ]
     return rows
 
 
 # ---- notebook 02: norms on (rows, H), then the model per size ----
+
 
 def norm_peak_bytes(rows: int, H: int) -> int:
     """Peak of one norm's fwd+bwd on (rows, H): NORM_PEAK_TENSORS fp32 tensors of that shape (bf16 needs less)."""
@@ -89,12 +105,15 @@ def plan_02(profile: str = "gpu") -> list[dict]:
     c = rmsnorm.PROFILES[profile]
     rows = [_row("02", f"norms {c['rows']} x {H} fwd+bwd", norm_peak_bytes(c["rows"], H)) for H in c["hidden"]]
     T = lambda s: get_config(s).context_length  # noqa: E731  (bench_model uses the model's context)
-    rows += [_row("02", f"model {s} fwd+bwd, batch {c['batch']}", retained_graph_bytes(s, c["batch"], T(s)))
-             for s in c["compile_model_sizes"]]
+    rows += [
+        _row("02", f"model {s} fwd+bwd, batch {c['batch']}", retained_graph_bytes(s, c["batch"], T(s)))
+        for s in c["compile_model_sizes"]
+    ]
     return rows
 
 
 # ---- notebook 03: message buffers per rank; gloo+cuda puts every rank on the one GPU ----
+
 
 def collective_bytes(size_bytes: int) -> int:
     """One rank's tensors while timing a message of size_bytes (COLLECTIVE_BUFFERS message-sized buffers)."""
@@ -110,19 +129,27 @@ def plan_03(profile: str = "gpu", gpus: int = 1) -> list[dict]:
             continue
         for n in grid["world_sizes"]:
             per_gpu = 1 if backend == "nccl" else -(-n // gpus)  # NCCL: one GPU per rank (it runs where there are n)
-            rows.append(_row("03", f"{backend}+cuda, {n} ranks, {collectives.format_size(size)} messages",
-                             collective_bytes(size), per_gpu))
+            rows.append(
+                _row(
+                    "03",
+                    f"{backend}+cuda, {n} ranks, {collectives.format_size(size)} messages",
+                    collective_bytes(size),
+                    per_gpu,
+                )
+            )
     return rows
 
 
 # ---- notebook 04: a model copy per variant on each rank, 2 ranks on one GPU ----
 
+
 def ddp_rank_bytes(size, variants: int, batch_size: int, context_length: int) -> int:
     """One speed_worker rank: the base model, per variant a copy with its gradients (or the bucket buffers they
     view), and the step in flight (activations + loss gradients, or FlatDDP's flat copy, whichever is larger)."""
     psi, masks = F.param_bytes(size), F.buffer_bytes(size)
-    act = sum(F.activation_bytes(size, batch_size, context_length).values()) + F.loss_grad_bytes(size, batch_size,
-                                                                                                  context_length)
+    act = sum(F.activation_bytes(size, batch_size, context_length).values()) + F.loss_grad_bytes(
+        size, batch_size, context_length
+    )
     return (psi + masks) + variants * (2 * psi + masks) + max(act, psi) + 4 * F.token_bytes(batch_size, context_length)
 
 
@@ -138,11 +165,19 @@ def ddp_variants(size, profile: str = "gpu") -> int:
 def plan_04(profile: str = "gpu", ranks_per_gpu: int = 2) -> list[dict]:
     """Notebook 04: one speed launch per size (2 ranks, each with its half of the batch)."""
     c = ddp.PROFILES[profile]
-    return [_row("04", f"speed {s}, {ddp_variants(s, profile)} variants", ddp_rank_bytes(
-        s, ddp_variants(s, profile), c["batch"] // 2, c["context"]), ranks_per_gpu) for s in c["sizes"]]
+    return [
+        _row(
+            "04",
+            f"speed {s}, {ddp_variants(s, profile)} variants",
+            ddp_rank_bytes(s, ddp_variants(s, profile), c["batch"] // 2, c["context"]),
+            ranks_per_gpu,
+        )
+        for s in c["sizes"]
+    ]
 
 
 # ---- notebook 05: each kind's model states (sharded or not), 2 ranks on one GPU ----
+
 
 def kind_state_bytes(kind: str, size, world: int = 2, rank: int = 0) -> int:
     """One kind's resting model states on a rank (formulas.live_bytes after a step; torch_zero as sharded)."""
@@ -155,8 +190,9 @@ def kind_peak_bytes(kind: str, size, batch_per_rank: int, context_length: int, w
     loss gradients) and the step's temporaries (foreach sqrt(v) over the owned state, a Ψ-sized broadcast buffer)."""
     states = max(kind_state_bytes(kind, size, world, r) for r in range(world))
     owned = max(F.state_bytes("sharded" if kind == "torch_zero" else kind, size, world, r) for r in range(world)) // 2
-    act = (sum(F.activation_bytes(size, batch_per_rank, context_length).values())
-           + F.loss_grad_bytes(size, batch_per_rank, context_length))
+    act = sum(F.activation_bytes(size, batch_per_rank, context_length).values()) + F.loss_grad_bytes(
+        size, batch_per_rank, context_length
+    )
     step = ADAMW_FOREACH_TEMPS * owned + (0 if kind == "unsharded" else F.param_bytes(size))
     return states + max(act, step) + F.token_bytes(batch_per_rank, context_length)
 
@@ -167,11 +203,23 @@ def plan_05(profile: str = "gpu", ranks_per_gpu: int = 2, world: int = 2) -> lis
     c = sharding.PROFILES[profile]
     b, check = c["batch"] // world, c["check_model"]
     ref = 3 * F.param_bytes(check)  # equivalence: 3 steps of the unsharded run's averaged gradients
-    rows = [_row("05", f"equivalence {check}", ref + 2 * max(kind_peak_bytes(k, check, b, 64, world)
-                                                             for k in sharding.KINDS), ranks_per_gpu)]
-    rows += [_row("05", f"memory {m}", max(kind_peak_bytes(k, m, b, c["context"], world)
-                                           for k in ("unsharded", "sharded", "zero1")), ranks_per_gpu)
-             for m in c["memory_models"]]
+    rows = [
+        _row(
+            "05",
+            f"equivalence {check}",
+            ref + 2 * max(kind_peak_bytes(k, check, b, 64, world) for k in sharding.KINDS),
+            ranks_per_gpu,
+        )
+    ]
+    rows += [
+        _row(
+            "05",
+            f"memory {m}",
+            max(kind_peak_bytes(k, m, b, c["context"], world) for k in ("unsharded", "sharded", "zero1")),
+            ranks_per_gpu,
+        )
+        for m in c["memory_models"]
+    ]
     for kinds in c["speed_launches"]:
         m = c["speed_model"]
         held = sum(kind_state_bytes(k, m, world) for k in kinds)
@@ -190,8 +238,10 @@ def gpu_plan(gpu_bytes: float = H100_BYTES, profile: str = "gpu") -> pd.DataFram
     plan = pd.DataFrame([row for fn in PLANS.values() for row in fn(profile)])
     plan["budget_GB"] = gpu_bytes / GB
     plan["fits"] = plan["peak_per_gpu_GB"] <= plan["budget_GB"]
-    plan["needs"] = [("" if ok else f"+{peak - budget:.1f} GB") for peak, budget, ok in
-                     zip(plan["peak_per_gpu_GB"], plan["budget_GB"], plan["fits"])]
+    plan["needs"] = [
+        ("" if ok else f"+{peak - budget:.1f} GB")
+        for peak, budget, ok in zip(plan["peak_per_gpu_GB"], plan["budget_GB"], plan["fits"])
+    ]
     return plan
 
 
@@ -208,7 +258,12 @@ def fit_summary(notebook: str, gpu_bytes: float) -> str:
     plan = fits_here(notebook, gpu_bytes)
     short = plan[~plan["fits"]]
     if short.empty:
-        return (f"gpu plan: all {len(plan)} runs of notebook {notebook} fit this GPU's {gpu_bytes / GB:.1f} GB "
-                f"(largest {plan['peak_per_gpu_GB'].max():.1f} GB, with a {ALLOCATOR_MARGIN:.0%} margin)")
-    return "\n".join(f"warning: {r.run} needs about {r.peak_per_gpu_GB:.1f} GB per GPU ({r.needs} over this GPU's "
-                     f"{r.budget_GB:.1f} GB): expect an OOM there" for r in short.itertuples())
+        return (
+            f"gpu plan: all {len(plan)} runs of notebook {notebook} fit this GPU's {gpu_bytes / GB:.1f} GB "
+            f"(largest {plan['peak_per_gpu_GB'].max():.1f} GB, with a {ALLOCATOR_MARGIN:.0%} margin)"
+        )
+    return "\n".join(
+        f"warning: {r.run} needs about {r.peak_per_gpu_GB:.1f} GB per GPU ({r.needs} over this GPU's "
+        f"{r.budget_GB:.1f} GB): expect an OOM there"
+        for r in short.itertuples()
+    )

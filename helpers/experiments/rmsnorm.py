@@ -6,6 +6,7 @@ the copy bandwidth, and inside the model; `python -m helpers bench rmsnorm`.
     check_against_spec(RMSNormTritonFunction.apply, (2, 3, 37), torch.bfloat16)  # y, dx, dg within TOL[dtype]
     python -m helpers bench rmsnorm --rows 50000 --hidden 1024 4096 --dtype bfloat16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,22 +26,40 @@ from helpers.rmsnorm import EPS, RMSNormPyTorchFunction, RMSNormTritonFunction, 
 from helpers.timing import Comparison, benchmark, compare, paired_ratio, pairwise_ratios, verdict
 
 # tolerances of every check against the spec (notebook 02 and tests/test_rmsnorm.py)
-TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5),  # fp32: a few ulps of the O(1) outputs
-       torch.float16: dict(rtol=1e-3, atol=1e-3),  # about 1 fp16 ulp on O(1) values
-       torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}  # about 2 bf16 ulps (8 mantissa bits)
+TOL = {
+    torch.float32: dict(rtol=1e-4, atol=1e-5),  # fp32: a few ulps of the O(1) outputs
+    torch.float16: dict(rtol=1e-3, atol=1e-3),  # about 1 fp16 ulp on O(1) values
+    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
+}  # about 2 bf16 ulps (8 mantissa bits)
 DERIVED_TOL = dict(rtol=1e-10, atol=1e-12)  # hand-derived gradients vs autograd, float64: rounding error
 GRADCHECK = dict(eps=1e-6, atol=1e-6)  # torch.autograd.gradcheck of RMSNormPyTorchFunction, float64
 RRMS_TOL = dict(rtol=1e-5, atol=1e-6)  # the saved 1/rms (fp32)
 LOSS_TOL = dict(rtol=1e-5, atol=0.0)  # the tiny model's loss with another norm implementation
 TINY = ModelConfig("tiny", 32, 64, 2, 4, vocab_size=50, context_length=16)  # the model the norms are swapped into
 PROFILES = {  # what notebook 02 measures per profile
-    "gpu": dict(rows=50_000, hidden=[1024, 2048, 4096, 8192], dtypes=[torch.float32, torch.bfloat16],
-                warmup=10, steps=50, batch=4, compile_hidden=[1024, 2048, 4096, 8192],
-                # three sizes span the range: compiling all five would cost minutes of a GPU lease for little more
-                triton_shape=None, compile_model_sizes=["small", "large", "2.7B"]),
-    "cpu": dict(rows=4096, hidden=[256, 512, 1024, 2048], dtypes=[torch.float32],
-                warmup=2, steps=6, batch=4, compile_hidden=[1024],  # steps >= timing.MIN_PAIRS
-                triton_shape=(64, 256), compile_model_sizes=["small/cpu"]),
+    "gpu": dict(
+        rows=50_000,
+        hidden=[1024, 2048, 4096, 8192],
+        dtypes=[torch.float32, torch.bfloat16],
+        warmup=10,
+        steps=50,
+        batch=4,
+        compile_hidden=[1024, 2048, 4096, 8192],
+        # three sizes span the range: compiling all five would cost minutes of a GPU lease for little more
+        triton_shape=None,
+        compile_model_sizes=["small", "large", "2.7B"],
+    ),
+    "cpu": dict(
+        rows=4096,
+        hidden=[256, 512, 1024, 2048],
+        dtypes=[torch.float32],
+        warmup=2,
+        steps=6,
+        batch=4,
+        compile_hidden=[1024],  # steps >= timing.MIN_PAIRS
+        triton_shape=(64, 256),
+        compile_model_sizes=["small/cpu"],
+    ),
 }
 
 
@@ -72,7 +91,9 @@ def check_against_spec(fn, shape, dtype=torch.float32, device="cpu", seed=0) -> 
 
 def tiny_model_runs(norms, device="cpu", batch_size: int = 2) -> dict:
     """norm -> (loss, {name: grad}) of the TINY model with that norm, same seed and batch for all."""
-    return {norm: (loss, grads) for norm, (_, loss, grads) in variant_runs(TINY, "norm", norms, device, batch_size).items()}
+    return {
+        norm: (loss, grads) for norm, (_, loss, grads) in variant_runs(TINY, "norm", norms, device, batch_size).items()
+    }
 
 
 def check_model_norms(runs: dict, ref: str = "rmsnorm") -> None:
@@ -121,14 +142,25 @@ MAX_FRACTION_OF_COPY = 1.05  # a norm moves at least norm_bytes: it cannot beat 
 
 def check_fraction_of_copy(rows) -> None:
     """Assert the physical bound: no implementation moves its minimum bytes faster than the copy does."""
-    for r in (rows.to_dict("records") if hasattr(rows, "to_dict") else rows):
+    for r in rows.to_dict("records") if hasattr(rows, "to_dict") else rows:
         if r["frac_of_copy"] > MAX_FRACTION_OF_COPY:
-            raise AssertionError(f"{r['impl']} {r['pass']} H={r['H']}: {r['frac_of_copy']:.2f} of the copy bandwidth "
-                                 f"(> {MAX_FRACTION_OF_COPY}): the yardstick or the byte count is wrong")
+            raise AssertionError(
+                f"{r['impl']} {r['pass']} H={r['H']}: {r['frac_of_copy']:.2f} of the copy bandwidth "
+                f"(> {MAX_FRACTION_OF_COPY}): the yardstick or the byte count is wrong"
+            )
 
 
-def bench_norm(name: str, n_rows: int, H: int, dtype=torch.float32, device="cpu", backward=False,
-               warmup: int = 3, steps: int = 10, fn=None) -> dict:
+def bench_norm(
+    name: str,
+    n_rows: int,
+    H: int,
+    dtype=torch.float32,
+    device="cpu",
+    backward=False,
+    warmup: int = 3,
+    steps: int = 10,
+    fn=None,
+) -> dict:
     """Time one norm on (n_rows, H): forward, or forward+backward; GB/s and fraction of clone bandwidth (notebook 02)."""
     gen = torch.Generator(device=device).manual_seed(0)  # drawn on the device: 50,000 x 8192 is slow on a CPU
     x = torch.randn(n_rows, H, generator=gen, device=device).to(dtype).requires_grad_(backward)  # (N, H)
@@ -140,13 +172,28 @@ def bench_norm(name: str, n_rows: int, H: int, dtype=torch.float32, device="cpu"
     moved = norm_bytes(n_rows, H, dtype, backward)
     copy_gbps = copy_bandwidth(x.detach(), warmup, steps)
     gbps = moved / t.median / 1e9
-    return t.as_row(impl=name, rows=n_rows, H=H, dtype=str(dtype).replace("torch.", ""),
-                    bytes=moved, GBps=gbps, copy_GBps=copy_gbps,
-                    frac_of_copy=gbps / copy_gbps, **{"pass": "fwd+bwd" if backward else "fwd"})
+    return t.as_row(
+        impl=name,
+        rows=n_rows,
+        H=H,
+        dtype=str(dtype).replace("torch.", ""),
+        bytes=moved,
+        GBps=gbps,
+        copy_GBps=copy_gbps,
+        frac_of_copy=gbps / copy_gbps,
+        **{"pass": "fwd+bwd" if backward else "fwd"},
+    )
 
 
-def bench_model(size: str, norm: str = "rmsnorm", device="cpu", batch_size: int = 4, warmup: int = 3,
-                steps: int = 10, compile: bool = False) -> list[dict]:
+def bench_model(
+    size: str,
+    norm: str = "rmsnorm",
+    device="cpu",
+    batch_size: int = 4,
+    warmup: int = 3,
+    steps: int = 10,
+    compile: bool = False,
+) -> list[dict]:
     """Time a TransformerLM with `norm` (notebook 02): forward and forward+backward rows; compile=True uses torch.compile."""
     torch.manual_seed(0)
     model = build_model(size, norm=norm, device=device)
@@ -154,9 +201,11 @@ def bench_model(size: str, norm: str = "rmsnorm", device="cpu", batch_size: int 
         torch._dynamo.reset()  # every size shares TransformerLM.forward's code: keep under the recompile limit
     run = torch.compile(model) if compile else model
     x, y = random_batch(model.cfg, batch_size, device=device, generator=torch.Generator().manual_seed(0))
+
     def both():
         model.zero_grad(set_to_none=True)
         lm_loss(run(x), y).backward()
+
     rows = []
     for name, step in (("fwd", lambda: run(x)), ("fwd+bwd", both)):
         t = benchmark(step, warmup=warmup, steps=steps, device=device, label=f"{size} {norm} {name}")
@@ -167,8 +216,10 @@ def bench_model(size: str, norm: str = "rmsnorm", device="cpu", batch_size: int 
 def triton_timing_note(triton_shape) -> str:
     """Why (and how) Triton is timed on this machine (notebook 02)."""
     if triton_mode() == "interpreter":
-        return (f"Triton runs in its interpreter here, so it is timed only on a tiny {triton_shape} tensor, to show it "
-                "runs: the interpreter executes each program in Python and its time says nothing about the kernels.")
+        return (
+            f"Triton runs in its interpreter here, so it is timed only on a tiny {triton_shape} tensor, to show it "
+            "runs: the interpreter executes each program in Python and its time says nothing about the kernels."
+        )
     return "Triton kernels are compiled for this GPU and timed on every shape."
 
 
@@ -179,7 +230,11 @@ def bench_kernels(*, rows, hidden, dtypes, device, warmup, steps, compile_hidden
     for dtype in dtypes:
         for backward in (False, True):
             for H in hidden:
-                names = ["torchfn"] + (["compiled"] if H in compile_hidden else []) + (["triton"] if triton_shape is None else [])
+                names = (
+                    ["torchfn"]
+                    + (["compiled"] if H in compile_hidden else [])
+                    + (["triton"] if triton_shape is None else [])
+                )
                 out += [bench_norm(name, rows, H, dtype, device, backward, warmup, steps) for name in names]
             if triton_shape is not None:
                 out.append(bench_norm("triton", *triton_shape, dtype, device, backward, warmup=1, steps=3))
@@ -192,8 +247,16 @@ PASSES = {False: "fwd", True: "fwd+bwd"}
 COPY = "copy|into a preallocated buffer"  # timed with the norms, then set apart as their yardstick
 
 
-def compare_shape(names, n_rows: int, H: int, dtype=torch.float32, device="cpu", warmup: int = 3,
-                  steps: int = 10, fns: dict | None = None) -> tuple[list[dict], object]:
+def compare_shape(
+    names,
+    n_rows: int,
+    H: int,
+    dtype=torch.float32,
+    device="cpu",
+    warmup: int = 3,
+    steps: int = 10,
+    fns: dict | None = None,
+) -> tuple[list[dict], object]:
     """Every norm of `names`, forward and forward+backward, timed in ONE interleaved loop on (n_rows, H): rows as
     bench_norm's (plus p25_s) and the Comparison, labels "impl|pass" (baseline: the first name's forward). A name of
     `fns` ({label: f(x, g)}, e.g. a student's apply) is timed as that function."""
@@ -215,10 +278,25 @@ def compare_shape(names, n_rows: int, H: int, dtype=torch.float32, device="cpu",
         name, pass_ = label.split("|")
         moved = norm_bytes(n_rows, H, dtype, pass_ == "fwd+bwd")
         q25, med = (float(v) for v in np.percentile(samples, [25, 50]))
-        rows.append({"label": label, "device": str(device), "warmup": warmup, "steps": len(samples), "median_s": med,
-                     "p25_s": q25, "impl": name, "rows": n_rows, "H": H, "dtype": str(dtype).replace("torch.", ""),
-                     "bytes": moved, "GBps": moved / med / 1e9, "copy_GBps": copy_gbps,
-                     "frac_of_copy": moved / med / 1e9 / copy_gbps, "pass": pass_})
+        rows.append(
+            {
+                "label": label,
+                "device": str(device),
+                "warmup": warmup,
+                "steps": len(samples),
+                "median_s": med,
+                "p25_s": q25,
+                "impl": name,
+                "rows": n_rows,
+                "H": H,
+                "dtype": str(dtype).replace("torch.", ""),
+                "bytes": moved,
+                "GBps": moved / med / 1e9,
+                "copy_GBps": copy_gbps,
+                "frac_of_copy": moved / med / 1e9 / copy_gbps,
+                "pass": pass_,
+            }
+        )
     return rows, comp
 
 
@@ -228,8 +306,9 @@ def compare_shapes(names_for, *, rows, hidden, dtypes, device, warmup, steps, fn
     out, comps = [], {}
     for dtype in dtypes:
         for H in hidden:
-            r, comps[(str(dtype).replace("torch.", ""), H)] = compare_shape(names_for(H), rows, H, dtype, device, warmup,
-                                                                            steps, fns)
+            r, comps[(str(dtype).replace("torch.", ""), H)] = compare_shape(
+                names_for(H), rows, H, dtype, device, warmup, steps, fns
+            )
             out += r
     return out, comps
 
@@ -250,8 +329,10 @@ def ratio_lines(comps, names, baseline: str = "layernorm", dtype: str = "float32
     for (dt, H), comp in comps.items():
         for pass_ in PASSES.values():
             if dt == dtype:
-                lines += [f"{pass_:>7}, H={H}: " + "; ".join(
-                    verdict(n, baseline, comp.ratio(f"{n}|{pass_}", f"{baseline}|{pass_}")) for n in names)]
+                lines += [
+                    f"{pass_:>7}, H={H}: "
+                    + "; ".join(verdict(n, baseline, comp.ratio(f"{n}|{pass_}", f"{baseline}|{pass_}")) for n in names)
+                ]
     return "\n".join(lines)
 
 
@@ -274,20 +355,27 @@ def fastest_lines(rows, comps) -> str:
     for (dt, pass_, H), part in df.groupby(["dtype", "pass", "H"], sort=False):
         first, second = part.sort_values("median_s").iloc[:2].itertuples()
         r = comps[(dt, H)].ratio(f"{first.impl}|{pass_}", f"{second.impl}|{pass_}")
-        head = (f"fastest is {first.impl} ({r.median:.2f}x {second.impl}'s time, {r})" if r.differs else
-                f"no measurable fastest: {verdict(first.impl, second.impl, r)}")
-        lines.append(f"{dt:>8} {pass_:>7} H={H:<5}: {head}; {first.impl} at {first.median_s * 1e3:.3f} ms, "
-                     f"{first.GBps:.0f} GB/s = {first.frac_of_copy:.0%} of copy")
+        head = (
+            f"fastest is {first.impl} ({r.median:.2f}x {second.impl}'s time, {r})"
+            if r.differs
+            else f"no measurable fastest: {verdict(first.impl, second.impl, r)}"
+        )
+        lines.append(
+            f"{dt:>8} {pass_:>7} H={H:<5}: {head}; {first.impl} at {first.median_s * 1e3:.3f} ms, "
+            f"{first.GBps:.0f} GB/s = {first.frac_of_copy:.0%} of copy"
+        )
     return "\n".join(lines)
 
 
 def plan_model_norms(budget, sizes, norms, batch_size: int, warmup: int, steps: int, run=None):
     """Section 2's model sizes within the budget (the smallest always): per size `warmup + steps` rounds of every
     norm's forward (a third of a step) and forward+backward, at the model's own context length."""
+
     def cost(size):
         cfg = get_config(size)
         t = budget.calibration.step_s(formulas.train_flops(cfg, batch_size, cfg.context_length))
         return (warmup + steps) * len(norms) * (t / 3 + t)
+
     return budget.fit(sizes, cost, what="the whole model's norms at", keep_first=True, run=run)
 
 
@@ -308,14 +396,24 @@ def compare_model_norms(size: str, norms, device="cpu", batch_size: int = 4, war
     def both():
         model.zero_grad(set_to_none=True)
         lm_loss(model(x), y).backward()
+
     calls = {}
     for n in norms:
         calls[f"{n}|fwd"] = lambda n=n: (use(n), model(x))
         calls[f"{n}|fwd+bwd"] = lambda n=n: (use(n), both())
     comp = compare(calls, steps=steps, warmup=warmup, device=device)
-    rows = [{"size": size, "norm": label.split("|")[0], "pass": label.split("|")[1], "compiled": False,
-             "median_s": float(np.median(s)), "p25_s": float(np.percentile(s, 25)), "steps": len(s)}
-            for label, s in comp.samples.items()]
+    rows = [
+        {
+            "size": size,
+            "norm": label.split("|")[0],
+            "pass": label.split("|")[1],
+            "compiled": False,
+            "median_s": float(np.median(s)),
+            "p25_s": float(np.percentile(s, 25)),
+            "steps": len(s),
+        }
+        for label, s in comp.samples.items()
+    ]
     return rows, comp
 
 
@@ -328,8 +426,10 @@ def model_lines(comps, norms) -> str:
             first, second = sorted(med, key=med.get)[:2]
             r = comp.ratio(f"{first}|{pass_}", f"{second}|{pass_}")
             best = f"fastest {first} ({r})" if r.differs else "no measurable fastest"
-            lines.append(f"{size:>9} {pass_:>7}: {best}; "
-                         + verdict("RMSNorm (PyTorch ops)", "LayerNorm", comp.ratio(f"rmsnorm|{pass_}", f"layernorm|{pass_}")))
+            lines.append(
+                f"{size:>9} {pass_:>7}: {best}; "
+                + verdict("RMSNorm (PyTorch ops)", "LayerNorm", comp.ratio(f"rmsnorm|{pass_}", f"layernorm|{pass_}"))
+            )
     return "\n".join(lines)
 
 
@@ -345,19 +445,35 @@ def compare_compiled(size: str, device="cpu", batch_size: int = 4, warmup: int =
     def both(run):
         model.zero_grad(set_to_none=True)
         lm_loss(run(x), y).backward()
-    calls = {f"{c}|{p}": (lambda run=run: run(x)) if p == "fwd" else (lambda run=run: both(run))
-             for c, run in runs.items() for p in PASSES.values()}
+
+    calls = {
+        f"{c}|{p}": (lambda run=run: run(x)) if p == "fwd" else (lambda run=run: both(run))
+        for c, run in runs.items()
+        for p in PASSES.values()
+    }
     comp = compare(calls, steps=steps, warmup=warmup, device=device)
-    rows = [{"size": size, "norm": "rmsnorm", "compiled": label.startswith("True"), "pass": label.split("|")[1],
-             "median_s": float(np.median(s)), "p25_s": float(np.percentile(s, 25)), "steps": len(s)}
-            for label, s in comp.samples.items()]
+    rows = [
+        {
+            "size": size,
+            "norm": "rmsnorm",
+            "compiled": label.startswith("True"),
+            "pass": label.split("|")[1],
+            "median_s": float(np.median(s)),
+            "p25_s": float(np.percentile(s, 25)),
+            "steps": len(s),
+        }
+        for label, s in comp.samples.items()
+    ]
     return rows, comp
 
 
 def compiled_lines(comps) -> str:
     """Per size and pass: compiled vs eager, paired per round, named only outside the noise."""
-    return "\n".join(f"{size:>9} {p:>7}: " + verdict("compiled", "eager", comp.ratio(f"True|{p}", f"False|{p}"))
-                     for size, comp in comps.items() for p in PASSES.values())
+    return "\n".join(
+        f"{size:>9} {p:>7}: " + verdict("compiled", "eager", comp.ratio(f"True|{p}", f"False|{p}"))
+        for size, comp in comps.items()
+        for p in PASSES.values()
+    )
 
 
 def bench_main(argv: list[str]) -> int:
@@ -367,17 +483,27 @@ def bench_main(argv: list[str]) -> int:
     p.add_argument("--rows", type=positive_int, default=50_000 if cuda else 2048)
     p.add_argument("--hidden", type=positive_int, nargs="+", default=[1024, 2048, 4096, 8192] if cuda else [256, 1024])
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--impls", nargs="+", choices=list(NORM_FUNCTIONS) + ["compiled"], default=list(NORM_FUNCTIONS) + ["compiled"] if cuda
-                   else ["layernorm", "torch", "F.rms_norm", "torchfn"])
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        choices=list(NORM_FUNCTIONS) + ["compiled"],
+        default=list(NORM_FUNCTIONS) + ["compiled"] if cuda else ["layernorm", "torch", "F.rms_norm", "torchfn"],
+    )
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=positive_int, default=20)
     args = p.parse_args(argv)
     device, dtype = ("cuda" if cuda else "cpu"), getattr(torch, args.dtype)
     if not cuda:
-        print("no CUDA: Triton would run in its interpreter (correct, far too slow to time); "
-              "it is left out unless --impls names it")
-    rows = [bench_norm(name, args.rows, H, dtype, device, backward, args.warmup, args.steps)
-            for backward in (False, True) for H in args.hidden for name in args.impls]
+        print(
+            "no CUDA: Triton would run in its interpreter (correct, far too slow to time); "
+            "it is left out unless --impls names it"
+        )
+    rows = [
+        bench_norm(name, args.rows, H, dtype, device, backward, args.warmup, args.steps)
+        for backward in (False, True)
+        for H in args.hidden
+        for name in args.impls
+    ]
     df = pd.DataFrame(rows)
     df["median_ms"] = df["median_s"] * 1e3
     cols = ["pass", "H", "impl", "median_ms", "GBps", "copy_GBps", "frac_of_copy"]
@@ -387,6 +513,7 @@ def bench_main(argv: list[str]) -> int:
 
 
 # ---- the published mark: what the best memory-bound kernels reach on an H100 (notebook 02) ----
+
 
 def plot_bandwidth_mark(big: pd.DataFrame, mark, comparable: bool, title: str = ""):
     """Achieved GB/s per implementation vs H (float32, forward and forward+backward), with the published mark drawn

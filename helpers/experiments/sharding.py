@@ -13,6 +13,7 @@ prints. The tests call the same functions.
 
     python -m helpers bench sharding [--model small/cpu --steps 30]   # vs torch's ZeroRedundancyOptimizer, gloo, 2 ranks
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,17 +30,30 @@ from helpers import formulas as F
 from helpers import launch as L
 from helpers import memory as M
 from helpers.comm import count_collectives
-from helpers.experiments.common import (bench_parser, cpu_state, make_batches, make_model, rank_share,
-                                        slowest_rank, train_step)
+from helpers.experiments.common import (
+    bench_parser,
+    cpu_state,
+    make_batches,
+    make_model,
+    rank_share,
+    slowest_rank,
+    train_step,
+)
 from helpers.formulas import MiB, zero_memory
 from helpers.model import count_parameters
 from helpers.sharding import NaiveShardedOptimizer, ShardedOptimizer, Zero1Optimizer, _rank_world
 from helpers.timing import Ratio, interleaved, paired_ratio, pairwise_ratios, verdict
 
-OPTIMIZERS = {"adamw": (torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.1)),
-              "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9))}
-KINDS = {"unsharded": None, "sharded": ShardedOptimizer, "naive_sharded": NaiveShardedOptimizer,
-         "zero1": Zero1Optimizer}
+OPTIMIZERS = {
+    "adamw": (torch.optim.AdamW, dict(lr=1e-3, weight_decay=0.1)),
+    "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
+}
+KINDS = {
+    "unsharded": None,
+    "sharded": ShardedOptimizer,
+    "naive_sharded": NaiveShardedOptimizer,
+    "zero1": Zero1Optimizer,
+}
 PEAK_TOL = 0.01  # forward/backward peak vs live bytes + activations + loss gradients (live bytes: exact)
 CALC_TOL = 1e-3  # measured model states vs the ZeRO calculator, relative: AdamW's 4-byte step per tensor, padding
 
@@ -49,17 +63,36 @@ def whole_tensor_slack(model) -> int:
     keeps every rank within one largest tensor (8 bytes per element) of the mean, plus a 4-byte step per tensor."""
     sizes = F.meta_sizes(model)
     return 8 * max(sizes) + 4 * len(sizes)
+
+
 PROFILES = {  # notebook 05 per profile: the models for memory and speed, the global batch and context, timed steps
-    "cpu": dict(memory_models=["small/cpu", "xl/cpu"], speed_model="xl/cpu", check_model="small/cpu", batch=8, context=128,
-                warmup=3, steps=10, speed_launches=[["unsharded", "naive_sharded", "sharded", "zero1", "torch_zero"]]),
+    "cpu": dict(
+        memory_models=["small/cpu", "xl/cpu"],
+        speed_model="xl/cpu",
+        check_model="small/cpu",
+        batch=8,
+        context=128,
+        warmup=3,
+        steps=10,
+        speed_launches=[["unsharded", "naive_sharded", "sharded", "zero1", "torch_zero"]],
+    ),
     # XL on one GPU shared by 2 ranks: one launch per variant, so only one copy of the model states per rank at a time
-    "gpu": dict(memory_models=["xl"], speed_model="xl", check_model="small", batch=4, context=128, warmup=2, steps=5,
-                speed_launches=[["unsharded"], ["sharded"], ["zero1"], ["torch_zero"]]),
+    "gpu": dict(
+        memory_models=["xl"],
+        speed_model="xl",
+        check_model="small",
+        batch=4,
+        context=128,
+        warmup=2,
+        steps=5,
+        speed_launches=[["unsharded"], ["sharded"], ["zero1"], ["torch_zero"]],
+    ),
 }
 
 
-def plan_speed_steps(budget, model: str, kinds, warmup: int, steps: int, batch_size: int, context_length: int,
-                     world: int = 2) -> int:
+def plan_speed_steps(
+    budget, model: str, kinds, warmup: int, steps: int, batch_size: int, context_length: int, world: int = 2
+) -> int:
     """Section 4's timed steps within the budget, never fewer than timing.MIN_PAIRS (a verdict needs them): each
     round trains every kind once on each rank (one thread per rank: its share of the batch, the gradients'
     all-reduce, AdamW over the parameters). Returns the steps to run; the plan (budget.plans[-1]) names the rest."""
@@ -75,16 +108,22 @@ def plan_speed_steps(budget, model: str, kinds, warmup: int, steps: int, batch_s
 
     first = f"warm-up and steps 1-{MIN_PAIRS}"
     items = [first] + [f"step {i}" for i in range(MIN_PAIRS + 1, steps + 1)]
-    plan = budget.fit(items, lambda item: (warmup + MIN_PAIRS if item == first else 1) * round_s(),
-                      what=f"{model}'s timed", keep_first=True)
+    plan = budget.fit(
+        items,
+        lambda item: (warmup + MIN_PAIRS if item == first else 1) * round_s(),
+        what=f"{model}'s timed",
+        keep_first=True,
+    )
     return MIN_PAIRS + len(plan.kept) - 1 if steps >= MIN_PAIRS else steps
 
 
 # ---- what the workers return ----
 
+
 @dataclass
 class KindRun:
     """One kind trained by equivalence_worker on one rank."""
+
     kind: str
     rank: int
     weights: dict  # name -> tensor (CPU)
@@ -96,6 +135,7 @@ class KindRun:
 @dataclass
 class Checkpoint:
     """checkpoint_worker's result: the weights and, on rank 0, the consolidated state dict."""
+
     weights: dict
     state_dict: dict | None
 
@@ -103,6 +143,7 @@ class Checkpoint:
 @dataclass
 class MemoryPoint:
     """Bytes at one point: live at its end, peak so far; phase_* for the phase that led there (None after init)."""
+
     point: str  # "after init" | "before step" | "after step"
     step: int  # 0 for "after init"
     live: int
@@ -119,6 +160,7 @@ class MemoryPoint:
 @dataclass
 class MemoryRun:
     """memory_worker's result for one kind on one rank: its points and what is live after the last step, by part."""
+
     model: str
     kind: str
     rank: int
@@ -132,6 +174,7 @@ class MemoryRun:
 @dataclass
 class SpeedRun:
     """speed_worker's result on one rank: per kind the per-step phase seconds, the state bytes, equal final weights."""
+
     samples: dict  # kind -> [{"fwd_bwd", "grad_comm", "step", "step_comm"}]
     state_bytes: dict  # kind -> bytes
     same_weights: dict  # kind -> bool (vs the first kind)
@@ -139,17 +182,27 @@ class SpeedRun:
 
 # ---- building and running ----
 
+
 def param_groups(model: nn.Module, groups: bool | str):
     """All parameters in one group, or two: matrices with weight decay, the rest without and at twice the lr."""
     params = list(model.parameters())
     if not groups:
         return params
-    return [{"params": [p for p in params if p.dim() >= 2]},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr": 2 * OPTIMIZERS["adamw"][1]["lr"]}]
+    return [
+        {"params": [p for p in params if p.dim() >= 2]},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr": 2 * OPTIMIZERS["adamw"][1]["lr"]},
+    ]
 
 
-def build(kind: str, name: str, optimizer: str = "adamw", seed: int = 0, groups: bool | str = False, bucket_mb=25,
-          impl: Callable | None = None):
+def build(
+    kind: str,
+    name: str,
+    optimizer: str = "adamw",
+    seed: int = 0,
+    groups: bool | str = False,
+    bucket_mb=25,
+    impl: Callable | None = None,
+):
     """(model, gradient sync or None, optimizer) for a kind in KINDS or "torch_zero", on this rank's device; with
     `impl` (called as KINDS' classes are: impl(params, optimizer_cls, **kwargs), e.g. a student's sharded optimizer)
     any kind name builds that implementation.
@@ -164,6 +217,7 @@ def build(kind: str, name: str, optimizer: str = "adamw", seed: int = 0, groups:
         opt = impl(params, cls, **kwargs)
     elif kind == "torch_zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
+
         opt = ZeroRedundancyOptimizer(params, cls, **kwargs)
     else:
         opt = KINDS[kind](params, cls, **kwargs) if KINDS[kind] else cls(params, **kwargs)
@@ -188,15 +242,16 @@ def averaged_grads(model, opt) -> dict:
     """name -> (offset, values): the averaged gradient elements this rank's update reads, as flat CPU tensors.
     DDP kinds: every element (offset 0); Zero1Optimizer (after its step): its slice of each param group's buffer."""
     if not isinstance(opt, Zero1Optimizer):
-        return {n: (0, p.grad.detach().flatten().cpu().clone()) for n, p in model.named_parameters()
-                if p.grad is not None}
+        return {
+            n: (0, p.grad.detach().flatten().cpu().clone()) for n, p in model.named_parameters() if p.grad is not None
+        }
     names, out = {id(p): n for n, p in model.named_parameters()}, {}
     for f in opt.flats:
         lo, hi, start = opt.rank * len(f["shard"]), (opt.rank + 1) * len(f["shard"]), 0
         for p in f["params"]:
             a, b = max(lo, start), min(hi, start + p.numel())
             if a < b:
-                out[names[id(p)]] = (a - start, f["shard"].grad[a - lo:b - lo].cpu().clone())
+                out[names[id(p)]] = (a - start, f["shard"].grad[a - lo : b - lo].cpu().clone())
             start += p.numel()
     return out
 
@@ -204,12 +259,14 @@ def averaged_grads(model, opt) -> dict:
 def _same(grads: dict, ref: dict) -> bool:
     """True when every element in `grads` equals the same element of the reference (full) gradients, bit for bit.
     A parameter the reference has no gradient for (unused, no DDP to zero-fill) counts as zeros: Zero1's buffer."""
-    return all(torch.equal(v, ref[n][1][o:o + len(v)] if n in ref else torch.zeros_like(v))
-               for n, (o, v) in grads.items())
+    return all(
+        torch.equal(v, ref[n][1][o : o + len(v)] if n in ref else torch.zeros_like(v)) for n, (o, v) in grads.items()
+    )
 
 
-def equivalence_worker(*, model, kinds, steps, batch_size, context_length, optimizer="adamw", groups=False,
-                       impls: dict | None = None) -> dict:
+def equivalence_worker(
+    *, model, kinds, steps, batch_size, context_length, optimizer="adamw", groups=False, impls: dict | None = None
+) -> dict:
     """Train each kind on this rank's share of the same batches: {kind: KindRun}. With "unsharded" first in
     `kinds`, the others' averaged gradients are compared with its own, step by step (KindRun.same_grads).
     impls: kind -> an implementation for build's `impl` (e.g. {"yours": a student's get_sharded_optimizer})."""
@@ -232,8 +289,17 @@ def equivalence_worker(*, model, kinds, steps, batch_size, context_length, optim
     return out
 
 
-def checkpoint_worker(*, model, steps, batch_size, context_length, resume: Checkpoint | None = None, start=0,
-                      optimizer="adamw", groups=True) -> Checkpoint:
+def checkpoint_worker(
+    *,
+    model,
+    steps,
+    batch_size,
+    context_length,
+    resume: Checkpoint | None = None,
+    start=0,
+    optimizer="adamw",
+    groups=True,
+) -> Checkpoint:
     """ShardedOptimizer training on batches start..start+steps, from `resume` if given; returns the weights and,
     from rank 0, the consolidated state dict."""
     net, grad_sync, opt = build("sharded", model, optimizer, groups=groups)
@@ -251,8 +317,9 @@ def run_all(calls: list[Callable]) -> list:
     return [call() for call in calls]
 
 
-def memory_worker(*, model, kinds, batch_size, context_length, steps=1, optimizer="adamw",
-                  impls: dict | None = None) -> dict:
+def memory_worker(
+    *, model, kinds, batch_size, context_length, steps=1, optimizer="adamw", impls: dict | None = None
+) -> dict:
     """Per kind a MemoryRun: bytes live and peak so far after init, before and after each optimizer step
     (helpers.memory.track), and what is live after the last step by part. impls: as equivalence_worker's."""
     dev, out, (rank, world), impls = L.device(), {}, _rank_world(), impls or {}
@@ -270,18 +337,36 @@ def memory_worker(*, model, kinds, batch_size, context_length, steps=1, optimize
             return M.model_state(net, opt, x, y) + [p.grad for p in net.parameters()] + inner + buckets
 
         for step in range(1, steps + 1):
-            for point, fn in (("before step", lambda: forward_backward(net, grad_sync, opt, x, y)),
-                              ("after step", opt.step)):
+            for point, fn in (
+                ("before step", lambda: forward_backward(net, grad_sync, opt, x, y)),
+                ("after step", opt.step),
+            ):
                 trace = M.track(fn, existing=live(), device=dev)
                 peak = max(peak, trace.peak_bytes)
-                points.append(MemoryPoint(point, step, trace.current_bytes, peak, trace.allocator_peak_bytes,
-                                          trace.baseline_bytes, trace.peak_bytes))
+                points.append(
+                    MemoryPoint(
+                        point,
+                        step,
+                        trace.current_bytes,
+                        peak,
+                        trace.allocator_peak_bytes,
+                        trace.baseline_bytes,
+                        trace.peak_bytes,
+                    )
+                )
         params = list(net.parameters()) + list(net.buffers())
-        grads = [p.grad for p in net.parameters()] + [p.grad for g in getattr(opt, "local", opt).param_groups
-                                                       for p in g["params"]]
+        grads = [p.grad for p in net.parameters()] + [
+            p.grad for g in getattr(opt, "local", opt).param_groups for p in g["params"]
+        ]
         state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
-        parts = {k: _storage_bytes(v, exclude) for k, v, exclude in
-                 (("parameters", params, []), ("gradients", grads, params), ("optimizer state", state, params + grads))}
+        parts = {
+            k: _storage_bytes(v, exclude)
+            for k, v, exclude in (
+                ("parameters", params, []),
+                ("gradients", grads, params),
+                ("optimizer state", state, params + grads),
+            )
+        }
         out[kind] = MemoryRun(model, kind, rank, world, x.shape[0], context_length, points, parts)
         if grad_sync is not None:
             grad_sync.close()  # hooks off the parameters: this kind's states are freed before the next kind's build
@@ -301,8 +386,9 @@ def _storage_bytes(tensors, exclude=()) -> int:
     return total
 
 
-def speed_worker(*, model, kinds, steps, warmup, batch_size, context_length, optimizer="adamw",
-                 impls: dict | None = None) -> SpeedRun:
+def speed_worker(
+    *, model, kinds, steps, warmup, batch_size, context_length, optimizer="adamw", impls: dict | None = None
+) -> SpeedRun:
     """Time every kind step by step, interleaved (the order alternates), from the same weights on the same batches.
     impls: as equivalence_worker's."""
     runs = {k: build(k, model, optimizer, impl=(impls or {}).get(k)) for k in kinds}
@@ -314,6 +400,7 @@ def speed_worker(*, model, kinds, steps, warmup, batch_size, context_length, opt
             times = {}
             train_step(net, opt, *batches[i % len(batches)], grad_sync=grad_sync, times=times)
             return {k: times[k] for k in ("fwd_bwd", "grad_comm", "step", "step_comm")}
+
         return one
 
     samples = interleaved({k: step(k) for k in kinds}, steps, warmup)
@@ -324,19 +411,25 @@ def speed_worker(*, model, kinds, steps, warmup, batch_size, context_length, opt
 
 # ---- tables (notebook 05 and tests/test_sharding.py) ----
 
+
 def partition_balance(models: list[str], world: int) -> pd.DataFrame:
     """Largest per-rank share of the fp32 state relative to Ψ/N, split by tensor count vs by bytes (meta device)."""
     from helpers.sharding import partition_by_bytes, partition_by_count
+
     rows = []
     for name in models:
         sizes = [4 * n for n in F.meta_sizes(name)]  # fp32 bytes per tensor
-        for how, owner in (("by count", partition_by_count(len(sizes), world)),
-                           ("by bytes", partition_by_bytes(sizes, world))):
+        for how, owner in (
+            ("by count", partition_by_count(len(sizes), world)),
+            ("by bytes", partition_by_bytes(sizes, world)),
+        ):
             loads = [sum(s for s, r in zip(sizes, owner) if r == k) for k in range(world)]
             rows.append({"model": name, "partition": how, "worst rank / (Ψ/N)": max(loads) / (sum(sizes) / world)})
         # largest first to the least-loaded rank: the rank that ends worst got its last tensor while it was the least
         # loaded (≤ Ψ/N), so it ends within one tensor of the mean: worst ≤ Ψ/N + largest
-        rows.append({"model": name, "partition": "bound, by bytes", "worst rank / (Ψ/N)": 1 + world * max(sizes) / sum(sizes)})
+        rows.append(
+            {"model": name, "partition": "bound, by bytes", "worst rank / (Ψ/N)": 1 + world * max(sizes) / sum(sizes)}
+        )
     return pd.DataFrame(rows).pivot(index="model", columns="partition", values="worst rank / (Ψ/N)").loc[models]
 
 
@@ -347,10 +440,17 @@ def equivalence_table(per_rank: list[dict]) -> pd.DataFrame:
     for rank, runs in enumerate(per_rank):
         ref = runs["unsharded"].weights
         for kind, run in runs.items():
-            rows.append({"rank": rank, "kind": kind, "same_weights": all(torch.equal(run.weights[k], ref[k]) for k in ref),
-                         "same_grads": all(run.same_grads) and (kind == "unsharded" or len(run.same_grads) > 0),
-                         "max_abs_diff": max(float((run.weights[k] - ref[k]).abs().max()) for k in ref),
-                         "state_MiB": run.state_bytes / MiB, "calls_per_step": len(run.collectives[-1])})
+            rows.append(
+                {
+                    "rank": rank,
+                    "kind": kind,
+                    "same_weights": all(torch.equal(run.weights[k], ref[k]) for k in ref),
+                    "same_grads": all(run.same_grads) and (kind == "unsharded" or len(run.same_grads) > 0),
+                    "max_abs_diff": max(float((run.weights[k] - ref[k]).abs().max()) for k in ref),
+                    "state_MiB": run.state_bytes / MiB,
+                    "calls_per_step": len(run.collectives[-1]),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -364,12 +464,22 @@ def collectives_table(runs: dict, model: str, world: int, n_groups: int) -> pd.D
         size = psi if kind != "zero1" else totals[-1]["all_gather"]
         expected = F.expected_collectives(kind, size, world)
         wire = sum(F.wire_factor(op, world) * b for op, b in run.collectives[-1])
-        ok = (all(t == expected for t in totals) and 0 <= size - psi <= 4 * (world - 1) * n_groups
-              and wire == sum(F.wire_factor(op, world) * b for op, b in expected.items()))
-        rows.append({"kind": kind, "calls": len(run.collectives[-1]), **{f"{op} MiB": b / MiB for op, b in totals[-1].items()},
-                     "padding B": size - psi, "per-rank traffic / Ψ": wire / psi,
-                     "state / (Ψ_state/N)": run.state_bytes / (runs["unsharded"].state_bytes / world),
-                     "matches formula": ok})
+        ok = (
+            all(t == expected for t in totals)
+            and 0 <= size - psi <= 4 * (world - 1) * n_groups
+            and wire == sum(F.wire_factor(op, world) * b for op, b in expected.items())
+        )
+        rows.append(
+            {
+                "kind": kind,
+                "calls": len(run.collectives[-1]),
+                **{f"{op} MiB": b / MiB for op, b in totals[-1].items()},
+                "padding B": size - psi,
+                "per-rank traffic / Ψ": wire / psi,
+                "state / (Ψ_state/N)": run.state_bytes / (runs["unsharded"].state_bytes / world),
+                "matches formula": ok,
+            }
+        )
     return pd.DataFrame(rows).set_index("kind").fillna(0)
 
 
@@ -386,25 +496,40 @@ def _memory_runs(nested):
     if isinstance(nested, MemoryRun):
         yield nested
     else:
-        for item in (nested.values() if isinstance(nested, dict) else nested):
+        for item in nested.values() if isinstance(nested, dict) else nested:
             yield from _memory_runs(item)
 
 
 def memory_frame(per_rank) -> pd.DataFrame:
     """One row per model, kind, rank and point: live, peak so far, the phase's peak, the allocator's peak (bytes)."""
-    return pd.DataFrame([{"model": r.model, "kind": r.kind, "rank": r.rank, "point": p.point, "step": p.step,
-                          "label": p.label, "live_bytes": p.live, "peak_bytes": p.peak,
-                          "phase_peak_bytes": p.phase_peak if p.phase_peak is not None else p.peak,
-                          "allocator_peak_bytes": p.allocator_peak}
-                         for r in _memory_runs(per_rank) for p in r.points])
+    return pd.DataFrame(
+        [
+            {
+                "model": r.model,
+                "kind": r.kind,
+                "rank": r.rank,
+                "point": p.point,
+                "step": p.step,
+                "label": p.label,
+                "live_bytes": p.live,
+                "peak_bytes": p.peak,
+                "phase_peak_bytes": p.phase_peak if p.phase_peak is not None else p.peak,
+                "allocator_peak_bytes": p.allocator_peak,
+            }
+            for r in _memory_runs(per_rank)
+            for p in r.points
+        ]
+    )
 
 
 def memory_table(mem: pd.DataFrame) -> pd.DataFrame:
     """MiB live and peak per model and point (rows) by kind and rank (columns)."""
     order = pd.MultiIndex.from_frame(mem[["model", "label"]].drop_duplicates())
-    return (mem.assign(live=mem.live_bytes / MiB, peak=mem.peak_bytes / MiB)
-            .pivot_table(index=["model", "label"], columns=["kind", "rank"], values=["live", "peak"], sort=False)
-            .reindex(order)).round(2)
+    return (
+        mem.assign(live=mem.live_bytes / MiB, peak=mem.peak_bytes / MiB)
+        .pivot_table(index=["model", "label"], columns=["kind", "rank"], values=["live", "peak"], sort=False)
+        .reindex(order)
+    ).round(2)
 
 
 def memory_breakdown(per_rank) -> pd.DataFrame:
@@ -423,8 +548,17 @@ def memory_breakdown(per_rank) -> pd.DataFrame:
                 # where .grad already exists, autograd forms each new gradient before adding it in: one
                 # parameter-sized temporary (at most the largest) may sit on top of backward's start
                 slack = 4 * max(F.meta_sizes(r.model)) if parts["gradients"] else 0
-                rows.append({**key, "point": f"peak in fwd/bwd {p.step}", **parts, "activations": acts,
-                             "measured": p.phase_peak, "tolerance": PEAK_TOL, "slack": slack})
+                rows.append(
+                    {
+                        **key,
+                        "point": f"peak in fwd/bwd {p.step}",
+                        **parts,
+                        "activations": acts,
+                        "measured": p.phase_peak,
+                        "tolerance": PEAK_TOL,
+                        "slack": slack,
+                    }
+                )
     out = pd.DataFrame(rows).fillna({"slack": 0})
     out["analytic"] = out[["parameters", "gradients", "optimizer state", "other", "activations"]].sum(axis=1)
     out["within"] = (out["measured"] - out["analytic"]).abs() <= out["tolerance"] * out["measured"] + out["slack"]
@@ -438,15 +572,19 @@ def memory_summary(mem: pd.DataFrame) -> str:
     for name, g in mem.groupby("model", sort=False):
         m = g[g["label"] == f"after step {last}"].groupby("kind")[["live_bytes", "peak_bytes"]].max() / MiB
         u, s, z = m.loc["unsharded"], m.loc["sharded"], m.loc["zero1"]
-        lines.append(f"{name} (Ψ = {count_parameters(name) * 4 / MiB:.1f} MiB of fp32 parameters): after the optimizer "
-                     f"step the worst rank holds {u.live_bytes:.1f} MiB unsharded, {s.live_bytes:.1f} MiB with "
-                     f"ShardedOptimizer ({1 - s.live_bytes / u.live_bytes:.0%} less) and {z.live_bytes:.1f} MiB with "
-                     f"Zero1Optimizer; the peak over {last} steps falls from {u.peak_bytes:.1f} to {s.peak_bytes:.1f} "
-                     f"MiB ({1 - s.peak_bytes / u.peak_bytes:.0%}).")
+        lines.append(
+            f"{name} (Ψ = {count_parameters(name) * 4 / MiB:.1f} MiB of fp32 parameters): after the optimizer "
+            f"step the worst rank holds {u.live_bytes:.1f} MiB unsharded, {s.live_bytes:.1f} MiB with "
+            f"ShardedOptimizer ({1 - s.live_bytes / u.live_bytes:.0%} less) and {z.live_bytes:.1f} MiB with "
+            f"Zero1Optimizer; the peak over {last} steps falls from {u.peak_bytes:.1f} to {s.peak_bytes:.1f} "
+            f"MiB ({1 - s.peak_bytes / u.peak_bytes:.0%})."
+        )
         first = g[(g["label"] == "after step 1") & (g["rank"] == 0)].set_index("kind")
         extra = (first["phase_peak_bytes"] - first["live_bytes"]) / MiB
-        lines.append("    transient inside the first step() on rank 0 (its peak minus what stays): "
-                     + ", ".join(f"{k} {v:.2f} MiB" for k, v in extra.items()))
+        lines.append(
+            "    transient inside the first step() on rank 0 (its peak minus what stays): "
+            + ", ".join(f"{k} {v:.2f} MiB" for k, v in extra.items())
+        )
     return "\n".join(lines)
 
 
@@ -458,14 +596,24 @@ def calculator_table(per_rank) -> pd.DataFrame:
     for r in _memory_runs(per_rank):
         stage = 0 if r.kind == "unsharded" else 1
         calc = zero_memory(r.model, r.world, stage, "fp32")
-        got = {"parameters": r.parts["parameters"] - F.buffer_bytes(r.model), "gradients": r.parts["gradients"],
-               "optimizer state": r.parts["optimizer state"]}
+        got = {
+            "parameters": r.parts["parameters"] - F.buffer_bytes(r.model),
+            "gradients": r.parts["gradients"],
+            "optimizer state": r.parts["optimizer state"],
+        }
         tol = {k: CALC_TOL * calc[k] for k in got}
         if r.kind == "sharded":
             tol["optimizer state"] = whole_tensor_slack(r.model)
-        rows.append({"model": r.model, "kind": r.kind, "stage": stage, "rank": r.rank,
-                     **{f"{k} measured/calc": got[k] / calc[k] for k in got},
-                     "within": all(abs(got[k] - calc[k]) <= tol[k] for k in got)})
+        rows.append(
+            {
+                "model": r.model,
+                "kind": r.kind,
+                "stage": stage,
+                "rank": r.rank,
+                **{f"{k} measured/calc": got[k] / calc[k] for k in got},
+                "within": all(abs(got[k] - calc[k]) <= tol[k] for k in got),
+            }
+        )
     return pd.DataFrame(rows).set_index(["model", "kind", "rank"])
 
 
@@ -477,20 +625,51 @@ def summarize_speed(per_rank: list[SpeedRun]) -> list[dict]:
         per = lambda key: slowest_rank([[s[key] for s in r.samples[kind]] for r in per_rank])  # noqa: E731
         med = {k: float(np.median(per(k))) for k in ("fwd_bwd", "grad_comm", "step", "step_comm")}
         total = slowest_rank([[s["fwd_bwd"] + s["step"] for s in r.samples[kind]] for r in per_rank])
-        rows.append({"kind": kind, "iteration_s": float(np.median(total)), "fwd_bwd_s": med["fwd_bwd"],
-                     "grad_comm_s": med["grad_comm"], "step_s": med["step"], "step_comm_s": med["step_comm"],
-                     "steps": len(per_rank[0].samples[kind])})
+        rows.append(
+            {
+                "kind": kind,
+                "iteration_s": float(np.median(total)),
+                "fwd_bwd_s": med["fwd_bwd"],
+                "grad_comm_s": med["grad_comm"],
+                "step_s": med["step"],
+                "step_comm_s": med["step_comm"],
+                "steps": len(per_rank[0].samples[kind]),
+            }
+        )
     return rows
 
 
-def speed_runs(launches, *, model, steps: int, warmup: int, batch_size: int, context_length: int, world: int,
-               backend: str, device: str) -> list[list[SpeedRun]]:
+def speed_runs(
+    launches,
+    *,
+    model,
+    steps: int,
+    warmup: int,
+    batch_size: int,
+    context_length: int,
+    world: int,
+    backend: str,
+    device: str,
+) -> list[list[SpeedRun]]:
     """Notebook 05's timing: one launch per group of kinds (those timed together in one interleaved loop), each rank's
     SpeedRun per launch."""
-    return [L.launch(functools.partial(speed_worker, model=model, kinds=kinds, steps=steps, warmup=warmup,
-                                       batch_size=batch_size, context_length=context_length),
-                     world, backend=backend, device=device)
-            for kinds in launches]
+    return [
+        L.launch(
+            functools.partial(
+                speed_worker,
+                model=model,
+                kinds=kinds,
+                steps=steps,
+                warmup=warmup,
+                batch_size=batch_size,
+                context_length=context_length,
+            ),
+            world,
+            backend=backend,
+            device=device,
+        )
+        for kinds in launches
+    ]
 
 
 def speed_table(per_launch: list[list[SpeedRun]]) -> pd.DataFrame:
@@ -511,8 +690,11 @@ def ratio_rows(per_launch: list[list[SpeedRun]]) -> list[dict]:
 
 def iteration_samples(per_launch: list[list[SpeedRun]]) -> dict[str, tuple[int, np.ndarray]]:
     """kind -> (its launch's index, the slowest rank's seconds per iteration, step by step) (notebook 05)."""
-    return {kind: (i, slowest_rank([[s["fwd_bwd"] + s["step"] for s in r.samples[kind]] for r in per_rank]))
-            for i, per_rank in enumerate(per_launch) for kind in per_rank[0].samples}
+    return {
+        kind: (i, slowest_rank([[s["fwd_bwd"] + s["step"] for s in r.samples[kind]] for r in per_rank]))
+        for i, per_rank in enumerate(per_launch)
+        for kind in per_rank[0].samples
+    }
 
 
 def paired_iterations(per_launch, a: str, b: str) -> Ratio | None:
@@ -527,13 +709,20 @@ def compare_text(per_launch, a: str, b: str, names: dict) -> str:
     """verdict() for a vs b per iteration, or why there is no paired ratio."""
     r = paired_iterations(per_launch, a, b)
     if r is None:
-        return (f"{names[a]} and {names[b]} ran in separate launches here: their medians are not paired, so no "
-                "difference is claimed")
+        return (
+            f"{names[a]} and {names[b]} ran in separate launches here: their medians are not paired, so no "
+            "difference is claimed"
+        )
     return verdict(names[a], names[b], r, "time per iteration")
 
 
-SPEED_NAMES = {"unsharded": "unsharded", "sharded": "ShardedOptimizer", "naive_sharded": "naive sharding",
-               "torch_zero": "torch ZeroRedundancyOptimizer", "zero1": "Zero1Optimizer"}
+SPEED_NAMES = {
+    "unsharded": "unsharded",
+    "sharded": "ShardedOptimizer",
+    "naive_sharded": "naive sharding",
+    "torch_zero": "torch ZeroRedundancyOptimizer",
+    "zero1": "Zero1Optimizer",
+}
 
 
 def speed_summary(speed: pd.DataFrame, per_launch=None) -> str:
@@ -542,44 +731,64 @@ def speed_summary(speed: pd.DataFrame, per_launch=None) -> str:
     u, s = speed.loc["unsharded"], speed.loc["sharded"]
     delta = s["iteration_s"] - u["iteration_s"]
     vs = (lambda a, b: "; " + compare_text(per_launch, a, b, SPEED_NAMES)) if per_launch else (lambda a, b: "")
-    lines = [f"ShardedOptimizer vs unsharded: {delta * 1e3:+.2f} ms per iteration between medians "
-             f"({delta / u['iteration_s']:+.1%}){vs('sharded', 'unsharded')}.",
-             f"ShardedOptimizer's broadcasts take {s['step_comm_s'] * 1e3:.2f} ms, its update {s['update_s'] * 1e3:.2f}"
-             f" ms vs {u['update_s'] * 1e3:.2f} ms for the full unsharded update; forward+backward without the "
-             f"all-reduce wait {(s['fwd_bwd_s'] - s['grad_comm_s']) * 1e3:.2f} vs "
-             f"{(u['fwd_bwd_s'] - u['grad_comm_s']) * 1e3:.2f} ms (the same computation in both: any gap is noise)."]
+    lines = [
+        f"ShardedOptimizer vs unsharded: {delta * 1e3:+.2f} ms per iteration between medians "
+        f"({delta / u['iteration_s']:+.1%}){vs('sharded', 'unsharded')}.",
+        f"ShardedOptimizer's broadcasts take {s['step_comm_s'] * 1e3:.2f} ms, its update {s['update_s'] * 1e3:.2f}"
+        f" ms vs {u['update_s'] * 1e3:.2f} ms for the full unsharded update; forward+backward without the "
+        f"all-reduce wait {(s['fwd_bwd_s'] - s['grad_comm_s']) * 1e3:.2f} vs "
+        f"{(u['fwd_bwd_s'] - u['grad_comm_s']) * 1e3:.2f} ms (the same computation in both: any gap is noise).",
+    ]
     if "naive_sharded" in speed.index:
-        lines.append(f"one broadcast per owner instead of one per tensor: "
-                     f"{speed.loc['naive_sharded', 'step_comm_s'] * 1e3:.2f} → {s['step_comm_s'] * 1e3:.2f} ms"
-                     f"{vs('sharded', 'naive_sharded')}")
+        lines.append(
+            f"one broadcast per owner instead of one per tensor: "
+            f"{speed.loc['naive_sharded', 'step_comm_s'] * 1e3:.2f} → {s['step_comm_s'] * 1e3:.2f} ms"
+            f"{vs('sharded', 'naive_sharded')}"
+        )
     t, z = speed.loc["torch_zero"], speed.loc["zero1"]
-    lines.append(f"ShardedOptimizer / torch ZeroRedundancyOptimizer (ratio of medians): step "
-                 f"{s['step_s'] / t['step_s']:.2f}, iteration {s['iteration_s'] / t['iteration_s']:.2f}"
-                 f"{vs('sharded', 'torch_zero')}")
-    lines.append(f"Zero1Optimizer: no all-reduce in backward; its reduce-scatter + all-gather take "
-                 f"{z['step_comm_s'] * 1e3:.2f} ms vs {u['grad_comm_s'] * 1e3:.2f} ms waiting for the unsharded "
-                 f"all-reduce (which partly overlaps backward); iteration {z['iteration_s'] * 1e3:.2f} ms "
-                 f"({z['iteration_s'] / u['iteration_s'] - 1:+.1%} between medians){vs('zero1', 'unsharded')}")
+    lines.append(
+        f"ShardedOptimizer / torch ZeroRedundancyOptimizer (ratio of medians): step "
+        f"{s['step_s'] / t['step_s']:.2f}, iteration {s['iteration_s'] / t['iteration_s']:.2f}"
+        f"{vs('sharded', 'torch_zero')}"
+    )
+    lines.append(
+        f"Zero1Optimizer: no all-reduce in backward; its reduce-scatter + all-gather take "
+        f"{z['step_comm_s'] * 1e3:.2f} ms vs {u['grad_comm_s'] * 1e3:.2f} ms waiting for the unsharded "
+        f"all-reduce (which partly overlaps backward); iteration {z['iteration_s'] * 1e3:.2f} ms "
+        f"({z['iteration_s'] / u['iteration_s'] - 1:+.1%} between medians){vs('zero1', 'unsharded')}"
+    )
     return "\n".join(lines)
 
 
 def zero_table(model="xl", world_size: int = 8, precision: str = "mixed") -> pd.DataFrame:
     """Per-rank GB (10⁹ bytes) of model states, and sent per step (ring), for ZeRO stages 0-3 (notebook 05's table and
     calculator)."""
-    names = {"parameters": "parameters (GB)", "gradients": "gradients (GB)", "optimizer state": "optimizer state (GB)",
-             "total": "total (GB)", "communication": "sent per step (GB)"}
-    rows = [{"stage": s, **{names[k]: v / 1e9 for k, v in zero_memory(model, world_size, s, precision).items()}}
-            for s in range(4)]
+    names = {
+        "parameters": "parameters (GB)",
+        "gradients": "gradients (GB)",
+        "optimizer state": "optimizer state (GB)",
+        "total": "total (GB)",
+        "communication": "sent per step (GB)",
+    }
+    rows = [
+        {"stage": s, **{names[k]: v / 1e9 for k, v in zero_memory(model, world_size, s, precision).items()}}
+        for s in range(4)
+    ]
     return pd.DataFrame(rows).set_index("stage").round(4)
 
 
 def zero_plot(model="xl", world_sizes=(1, 2, 4, 8, 16, 32, 64), precision: str = "mixed"):
     """GB (10⁹ bytes) of model states per rank vs ranks for ZeRO stages 0-3 (calculator only); returns the figure."""
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for stage in range(4):
-        ax.plot(world_sizes, [zero_memory(model, n, stage, precision)["total"] / 1e9 for n in world_sizes], "o-",
-                label=f"stage {stage}")
+        ax.plot(
+            world_sizes,
+            [zero_memory(model, n, stage, precision)["total"] / 1e9 for n in world_sizes],
+            "o-",
+            label=f"stage {stage}",
+        )
     ax.set_xscale("log", base=2)
     ax.set(xlabel="ranks N", ylabel="GB per rank (model states; GB = 10⁹ bytes)")
     ax.set_title(f"{model}, {precision} precision + Adam, calculator (meta device; no measurement)", fontsize=9)
@@ -591,8 +800,15 @@ def bench_main(argv: list[str]) -> int:
     """`python -m helpers bench sharding`: ShardedOptimizer vs torch's ZeroRedundancyOptimizer, gloo, 2 ranks."""
     args = bench_parser("python -m helpers bench sharding", bench_main.__doc__).parse_args(argv)
     kinds = ["unsharded", "sharded", "torch_zero"]
-    worker = functools.partial(speed_worker, model=args.model, kinds=kinds, steps=args.steps, warmup=args.warmup,
-                               batch_size=args.batch_size, context_length=args.context_length)
+    worker = functools.partial(
+        speed_worker,
+        model=args.model,
+        kinds=kinds,
+        steps=args.steps,
+        warmup=args.warmup,
+        batch_size=args.batch_size,
+        context_length=args.context_length,
+    )
     per_rank = L.launch(worker, 2, backend="gloo", device=args.device)
     rows = speed_table([per_rank])
     ours, theirs = rows.loc["sharded"], rows.loc["torch_zero"]
@@ -600,9 +816,13 @@ def bench_main(argv: list[str]) -> int:
     same = all(all(r.same_weights.values()) for r in per_rank)
     print(f"{args.model}, gloo on {args.device}, 2 ranks, {args.steps} interleaved steps (median of the slowest rank):")
     for k, r in rows.iterrows():
-        print(f"  {k:>10}: iteration {r['iteration_s'] * 1e3:.2f} ms, optimizer step {r['step_s'] * 1e3:.2f} ms "
-              f"(communicating {r['step_comm_s'] * 1e3:.2f} ms)")
-    print(f"ShardedOptimizer / ZeroRedundancyOptimizer: step {ours['step_s'] / theirs['step_s']:.3f}, iteration "
-          f"{ours['iteration_s'] / theirs['iteration_s']:.3f} (claimed: at most 1.05); per-rank state / "
-          f"(unsharded / 2): {state:.4f} (claimed: at most 1.02); identical weights in all three: {same}")
+        print(
+            f"  {k:>10}: iteration {r['iteration_s'] * 1e3:.2f} ms, optimizer step {r['step_s'] * 1e3:.2f} ms "
+            f"(communicating {r['step_comm_s'] * 1e3:.2f} ms)"
+        )
+    print(
+        f"ShardedOptimizer / ZeroRedundancyOptimizer: step {ours['step_s'] / theirs['step_s']:.3f}, iteration "
+        f"{ours['iteration_s'] / theirs['iteration_s']:.3f} (claimed: at most 1.05); per-rank state / "
+        f"(unsharded / 2): {state:.4f} (claimed: at most 1.02); identical weights in all three: {same}"
+    )
     return 0 if same else 1

@@ -10,12 +10,49 @@ is one row with both years: answered once, in the first edition's section, and l
 problem id and letter -> the answer's anchor -> the notebook section's anchor). The header counts each status: measured
 here, closed form, partial (with what is missing), needs a GPU, not run yet.
 """
+
 from helpers.course.answers import nb01, nb02, nb03, nb04, nb05, nb06, nb07  # noqa: F401  (each registers its rows)
-from helpers.course.answers.core import (ANSWERS, BY_NUMBER, QUESTIONS, STATUSES, WRITEUP, ZERO1, Answer, Answered,
-                                         NeedsGPU, NotMeasured,
-                                         Question, Reference, Saved, answer, answers, compare_text, series_text)
+from helpers.course.answers.core import (
+    ANSWERS,
+    BY_NUMBER,
+    QUESTIONS,
+    STATUSES,
+    WRITEUP,
+    ZERO1,
+    Answer,
+    Answered,
+    NeedsGPU,
+    NotMeasured,
+    Question,
+    Reference,
+    Saved,
+    answer,
+    answers,
+    compare_text,
+    series_text,
+)
 from helpers.course.answers.page import EDITIONS, NOTEBOOKS, render, write_page
 
-__all__ = ["ANSWERS", "BY_NUMBER", "EDITIONS", "NOTEBOOKS", "QUESTIONS", "WRITEUP", "ZERO1", "Answer", "Answered",
-           "NeedsGPU", "NotMeasured", "Question", "Reference", "STATUSES", "Saved", "answer", "answers", "compare_text", "render",
-           "series_text", "write_page"]
+__all__ = [
+    "ANSWERS",
+    "BY_NUMBER",
+    "EDITIONS",
+    "NOTEBOOKS",
+    "QUESTIONS",
+    "WRITEUP",
+    "ZERO1",
+    "Answer",
+    "Answered",
+    "NeedsGPU",
+    "NotMeasured",
+    "Question",
+    "Reference",
+    "STATUSES",
+    "Saved",
+    "answer",
+    "answers",
+    "compare_text",
+    "render",
+    "series_text",
+    "write_page",
+]

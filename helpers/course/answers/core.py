@@ -4,6 +4,7 @@ results (`Saved`), and the sentences a comparison gives (one copy, used by every
 A comparison is answered only from rows that carry a paired ratio and its interval (`timing.pairwise_ratios`, saved by
 the notebook that timed both sides in one interleaved loop): inside the noise the text says so and names no winner.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -21,6 +22,7 @@ WRITEUP = "004_7287c5c69baef1ef.txt"  # the published full writeup of the 2024 e
 ZERO1 = "000_6835ed27c4bcad4a.txt"  # the published ZeRO-1 accounting commentary (H100s)
 
 # ---- comparisons: the rows a notebook saves, and the sentence they give ---------------------------------------------
+
 
 def compare_text(a: str, b: str, r: Ratio, what: str = "time") -> str:
     """One clause: the measurably faster of a and b with the ratio, or no winner inside the noise."""
@@ -48,8 +50,7 @@ def series_text(rows: pd.DataFrame, a: str, b: str, over: str, names: dict | Non
     faster = [k for k, r in ratios if r.differs and r.median < 1]
     slower = [k for k, r in ratios if r.differs and r.median > 1]
     same = [k for k, r in ratios if not r.differs]
-    every, any_ = ((f"for every {over}", f"for any {over}") if len(ratios) > 1 else
-                   (f"for {over} {ratios[0][0]}",) * 2)
+    every, any_ = (f"for every {over}", f"for any {over}") if len(ratios) > 1 else (f"for {over} {ratios[0][0]}",) * 2
     if len(faster) == len(ratios):
         head = f"{na} is measurably faster than {nb} {every}"
     elif len(slower) == len(ratios):
@@ -57,21 +58,32 @@ def series_text(rows: pd.DataFrame, a: str, b: str, over: str, names: dict | Non
     elif len(same) == len(ratios):
         head = f"no measurable difference between {na} and {nb} {any_} on this machine"
     else:
-        head = "; ".join(text for keys, text in (
-            (faster, f"{na} is measurably faster than {nb} for {over} {', '.join(faster)}"),
-            (slower, f"{nb} is measurably faster than {na} for {over} {', '.join(slower)}"),
-            (same, f"no measurable difference between them for {over} {', '.join(same)}")) if keys)
+        head = "; ".join(
+            text
+            for keys, text in (
+                (faster, f"{na} is measurably faster than {nb} for {over} {', '.join(faster)}"),
+                (slower, f"{nb} is measurably faster than {na} for {over} {', '.join(slower)}"),
+                (same, f"no measurable difference between them for {over} {', '.join(same)}"),
+            )
+            if keys
+        )
     collecting = INTERVALS.get()
     if collecting is not None:
-        collecting += [{"comparison": f"{na}'s {what} over {nb}'s", over: key,
-                        "median of paired ratios [95% interval]": f"{r.median:.2f}x [{r.low:.2f}-{r.high:.2f}]",
-                        "measurable": "faster" if r.differs and r.median < 1 else "slower" if r.differs else "no"}
-                       for key, r in ratios]
+        collecting += [
+            {
+                "comparison": f"{na}'s {what} over {nb}'s",
+                over: key,
+                "median of paired ratios [95% interval]": f"{r.median:.2f}x [{r.low:.2f}-{r.high:.2f}]",
+                "measurable": "faster" if r.differs and r.median < 1 else "slower" if r.differs else "no",
+            }
+            for key, r in ratios
+        ]
         return f"{head} (ratios in the table below)"
     return f"{head} ({na}'s {what} over {nb}'s, median of paired ratios [95% interval] per {over}: {items})"
 
 
 # ---- reading what this machine saved ---------------------------------------------------------------------------------
+
 
 class NotMeasured(Exception):
     """A saved result an answer reads is missing, empty, or was saved by the other profile."""
@@ -95,10 +107,15 @@ class Saved:
             path = self.folder / f"{name}.jsonl"
             run = load_results(path) if path.is_file() else None
             saved_by = None if run is None else run.provenance.get("profile")
-            self._cache[name] = (NotMeasured(f"nothing saved as {name}") if run is None else
-                                 NotMeasured(f"{name} was saved by a {saved_by}-profile run")
-                                 if saved_by not in (None, self.profile) else
-                                 run if run.rows else NotMeasured(f"{name} has no rows"))
+            self._cache[name] = (
+                NotMeasured(f"nothing saved as {name}")
+                if run is None
+                else NotMeasured(f"{name} was saved by a {saved_by}-profile run")
+                if saved_by not in (None, self.profile)
+                else run
+                if run.rows
+                else NotMeasured(f"{name} has no rows")
+            )
         return self._cache[name]
 
     def run(self, name: str) -> Results:
@@ -150,7 +167,7 @@ def cap(text: str) -> str:
 
 
 def coverage(ran, profile: str) -> str:
-    """"" when every size of the profile ran; else a clause naming how many of them the time budget ran."""
+    """ "" when every size of the profile ran; else a clause naming how many of them the time budget ran."""
     from helpers.model import sizes_for
 
     planned = sizes_for(profile) if profile in ("cpu", "gpu") else []
@@ -158,22 +175,26 @@ def coverage(ran, profile: str) -> str:
     missing = [s for s in planned if s not in ran]
     if not missing:
         return ""
-    return (f" (the time budget ran {len(ran)} of the {len(planned)} sizes: {', '.join(ran)}; "
-            f"{', '.join(missing)} {'was' if len(missing) == 1 else 'were'} not timed, so \"every\" means every size "
-            "timed)")
+    return (
+        f" (the time budget ran {len(ran)} of the {len(planned)} sizes: {', '.join(ran)}; "
+        f'{", ".join(missing)} {"was" if len(missing) == 1 else "were"} not timed, so "every" means every size '
+        "timed)"
+    )
 
 
 def span(values, digits: int = 1) -> str:
-    """"1.2x to 1.9x" over the values, or "1.5x" when they agree to `digits`."""
+    """ "1.2x to 1.9x" over the values, or "1.5x" when they agree to `digits`."""
     lo, hi = f"{min(values):.{digits}f}x", f"{max(values):.{digits}f}x"
     return lo if lo == hi else f"{lo} to {hi}"
 
 
 # ---- the questions and their answers ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Reference:
     """A published figure, cited by its source (a file of the reference writeups, or a source and year)."""
+
     value: str
     source: str
 
@@ -184,13 +205,25 @@ class Reference:
 
 
 PROBLEMS = {  # the 2024 edition's name for each numbered problem
-    "2.1.1": "benchmarking_script", "2.1.2": "function_call_table", "2.1.3": "flame_graph",
-    "2.1.4": "benchmarking_mixed_precision", "2.1.5": "pytorch_layernorm", "2.2.1": "rmsnorm_forward_benchmarking",
-    "2.2.2": "rmsnorm_jvp_g", "2.2.3": "rmsnorm_jvp_x", "2.2.4": "rmsnorm_benchmarking", "2.3.1": "torch_compile",
-    "2.4.1": "memory_profiling", "3.1.1": "distributed_communication_single_node",
-    "3.2.1": "distributed_communication_multi_node", "3.3.1": "naive_ddp", "3.3.2": "naive_ddp_benchmarking",
-    "3.4.1": "minimal_ddp_flat_benchmarking", "3.4.2": "minimal_ddp_benchmarking",
-    "3.4.3": "ddp_overlap_individual_parameters_benchmarking", "3.4.4": "ddp_bucketed_benchmarking",
+    "2.1.1": "benchmarking_script",
+    "2.1.2": "function_call_table",
+    "2.1.3": "flame_graph",
+    "2.1.4": "benchmarking_mixed_precision",
+    "2.1.5": "pytorch_layernorm",
+    "2.2.1": "rmsnorm_forward_benchmarking",
+    "2.2.2": "rmsnorm_jvp_g",
+    "2.2.3": "rmsnorm_jvp_x",
+    "2.2.4": "rmsnorm_benchmarking",
+    "2.3.1": "torch_compile",
+    "2.4.1": "memory_profiling",
+    "3.1.1": "distributed_communication_single_node",
+    "3.2.1": "distributed_communication_multi_node",
+    "3.3.1": "naive_ddp",
+    "3.3.2": "naive_ddp_benchmarking",
+    "3.4.1": "minimal_ddp_flat_benchmarking",
+    "3.4.2": "minimal_ddp_benchmarking",
+    "3.4.3": "ddp_overlap_individual_parameters_benchmarking",
+    "3.4.4": "ddp_bucketed_benchmarking",
     "3.4.5": "optimizer_state_sharding_accounting",
 }
 
@@ -198,6 +231,7 @@ PROBLEMS = {  # the 2024 edition's name for each numbered problem
 @dataclass(frozen=True)
 class Question:
     """One question of the course: what it asks, where it is answered, what it reads, how it carries over."""
+
     number: str  # the key: "2.1.1(b)" in 2024's numbering; "pytorch_attention(a)" for the later editions
     ask: str  # the question in our words
     notebook: str  # "01"
@@ -238,6 +272,7 @@ class Answer:
     """What an answer function may return instead of a str: its text, the GPU line its measurement chose, a small table
     shown under the text (rows of {column: value}), and a status when it is not a plain measured/closed-form answer
     ("partial" or "needs a GPU", with `missing` saying what is left)."""
+
     text: str
     gpu: str = ""
     table: tuple = ()
@@ -249,6 +284,7 @@ class Answer:
 class Answered:
     """An answer on the page: its text, whether it came from this run's results, the GPU line, its table, its status
     (a key of STATUSES) and what is missing when partial."""
+
     text: str
     measured: bool
     gpu: str
@@ -274,12 +310,14 @@ def register(questions) -> None:
 
 def answers(*numbers: str):
     """Register a function as the answer to these question numbers (called with the question and the saved data)."""
+
     def add(fn):
         for n in numbers:
             if n not in BY_NUMBER:
                 raise ValueError(f"{fn.__name__} answers {n!r}, which is not in QUESTIONS")
             ANSWERS[n] = fn
         return fn
+
     return add
 
 
@@ -297,8 +335,13 @@ def answer(q: Question, saved: Saved) -> Answered:
     except NotMeasured as why:
         return Answered(f"Not measured in this run (run notebook {q.notebook}; {why}).", False, q.gpu, status="not run")
     except READ_ERRORS as err:
-        return Answered(f"Not measured in this run (run notebook {q.notebook}: its saved results lack what this answer "
-                        f"reads, {type(err).__name__}: {err}).", False, q.gpu, status="not run")
+        return Answered(
+            f"Not measured in this run (run notebook {q.notebook}: its saved results lack what this answer "
+            f"reads, {type(err).__name__}: {err}).",
+            False,
+            q.gpu,
+            status="not run",
+        )
     finally:
         INTERVALS.reset(token)
     got = got if isinstance(got, Answer) else Answer(got)

@@ -1,5 +1,6 @@
 """Notebook 01's questions (timing, profiling, mixed precision, memory: 2024's 2.1.1-2.1.4 and 2.4.1) and their
 answers from what notebook 01 saved."""
+
 from __future__ import annotations
 
 import math
@@ -7,111 +8,238 @@ import math
 import pandas as pd
 
 from helpers import formulas
-from helpers.course.answers.core import (Answer, answers, coverage, fmt_mib, fmt_s, NotMeasured, pct, Question, ref, register,
-                                         Saved, series_text, span)
+from helpers.course.answers.core import (
+    Answer,
+    answers,
+    coverage,
+    fmt_mib,
+    fmt_s,
+    NotMeasured,
+    pct,
+    Question,
+    ref,
+    register,
+    Saved,
+    series_text,
+    span,
+)
 from helpers.model import get_config
 from helpers.timing import ratio_of
 
 Q = Question
 QUESTIONS = [
-    Q("2.1.1(a)", "How is a forward / backward pass timed: model built, warm-up, synchronised steps?",
-      notebook="01", section="§1 Timing", reads=("01_timing",),
-      gpu="The same code runs; each step is then timed by a pair of CUDA events."),
-    Q("2.1.1(b)", "How long do forward, backward and both take per model size after warm-up, and how much do the "
-      "steps vary?",
-      notebook="01", section="§1 Timing", reads=("01_timing",),
-      gpu="Absolute times do not carry over: a GPU runs the reference sizes, and small models there are bound by "
-          "kernel launches rather than arithmetic.",
-      references=ref("xl forward+backward 180 ms, 2.7B 213 ms (H100, 1 warm-up, 5 steps)")),
-    Q("2.1.1(c)", "Without warm-up, what changes and why?",
-      notebook="01", section="§1 Timing", reads=("01_timing",),
-      gpu="The effect is larger there (CUDA context, kernel loading, cuBLAS heuristics on the first call).",
-      references=ref("small forward without warm-up: mean 79.8 ms with std 103 ms, against 13.6 ms warmed up (H100)")),
-    Q("2.1.2(a)", "How long is a forward pass according to the profiler, against the timing script?",
-      notebook="01", section="§2 Profiler tables", reads=("01_profile", "01_timing"),
-      gpu="The profiler then reports CUDA kernel time, not CPU time: rerun with `make writeup PROFILE=gpu`.",
-      references=ref("xl forward: about 90 ms in the profiler against 81 ms timed (H100)")),
-    Q("2.1.2(b)", "Which op (kernel) takes the most time in the forward pass, how often is it called, and is it the "
-      "same once backward runs too?",
-      notebook="01", section="§2 Profiler tables", reads=("01_profile",),
-      gpu="The table then lists CUDA kernels (cuBLAS GEMMs); matmuls usually still lead.",
-      references=ref("a TF32 cuBLAS GEMM, 192 calls per xl forward; another GEMM leads forward+backward (H100)")),
-    Q("2.1.2(c)", "Besides matrix multiplies, which ops take a non-trivial share of the forward pass?",
-      notebook="01", section="§2 Profiler tables", reads=("01_profile",),
-      gpu="Elementwise ops are memory-bound on both; their share is typically larger there, where matmuls are much "
-          "faster.",
-      references=ref("aten::mul, add_, div, sum, copy_ and clone (H100)")),
-    Q("2.1.2(d)", "With the optimizer step included, how does the matmul share change?",
-      notebook="01", section="§2 Profiler tables", reads=("01_profile",),
-      gpu="Direction carries over (AdamW is all elementwise); the shares do not.",
-      references=ref("aten::mm share falls from 30% to 18% once AdamW runs (H100)")),
-    Q("2.1.3(a)", "What does the full training step look like as a flame graph?",
-      notebook="01", section="§3 Flame graph", reads=("01_flame",),
-      gpu="The stack structure is the same; the widths become kernel times."),
-    Q("2.1.3(b)", "What share of the step goes to RMSNorm?",
-      notebook="01", section="§3 Flame graph", reads=("01_flame",),
-      gpu="The shares move: matmuls speed up more than the norms' elementwise work.",
-      references=ref("2.91% for xl, 97 norm layers (H100)")),
-    Q("2.1.3(c)", "What share of the step goes to softmax?",
-      notebook="01", section="§3 Flame graph", reads=("01_flame",),
-      gpu="As for RMSNorm: the shares move.",
-      references=ref("2.88% for xl, 48 calls (H100)")),
-    Q("2.1.3(d)", "Does the graph match expectations; what is surprising?",
-      notebook="01", section="§3 Flame graph", reads=("01_flame", "01_profile"),
-      gpu="The lesson (FLOPs are not time) holds on both; the numbers differ."),
-    Q("2.1.4(a)", "Is forward+backward faster under autocast (bf16/fp16) than in fp32, per size?",
-      notebook="01", section="§4 Mixed precision", reads=("01_precision_ratios",),
-      gpu="Does not carry over: GPU tensor cores run bf16/fp16 matmuls many times faster than fp32, while a CPU "
-          "without bf16 instructions only adds casts.",
-      references=ref("2.7B forward+backward 213 ms fp32 vs 197 ms mixed; small 24.1 vs 30.6 ms (H100)")),
-    Q("2.1.4(b)", "Under autocast, which dtype do the parameters, fc1's output, the norm's output, the logits, the "
-      "loss and the gradients get?",
-      notebook="01", section="§4 Mixed precision", reads=("01_autocast_dtypes",),
-      gpu="Partly: CUDA autocast keeps layer_norm in fp32, CPU autocast does not; the rest agree.",
-      references=ref("fc1 output fp16, LayerNorm output fp32, logits fp16 (H100, fp16 autocast)")),
-    Q("2.1.4(c)", "Why keep the norm in fp32, and does that change with bf16?",
-      notebook="01", section="§4 Mixed precision", reads=("01_norm_precision",),
-      gpu="Carries over exactly: rounding is the same arithmetic everywhere."),
-    Q("2.4.1(a)", "How does memory move through a forward-only pass and through a full step?",
-      notebook="01", section="§5 Memory", reads=("01_memory_peaks",),
-      gpu="The shape of the timeline carries over; the CUDA caching allocator keeps its own reserve on top."),
-    Q("2.4.1(b)", "What is the peak memory per size, forward only and full step?",
-      notebook="01", section="§5 Memory", reads=("01_memory_peaks",),
-      gpu="Scales with the model: the reference sizes need GiB, not MiB.",
-      references=ref("full-step peak: small 2.81 GiB, 2.7B 38.56 GiB (H100)")),
-    Q("2.4.1(c)", "Does mixed precision change the peak?",
-      notebook="01", section="§5 Memory", reads=("01_memory_peaks",),
-      gpu="Carries over: autocast keeps fp32 parameters and adds 16-bit copies on every device.",
-      references=ref("2.7B with autocast: forward 14.63 GiB (from 10.07), full step 43.30 GiB (from 38.56) (H100)")),
-    Q("2.4.1(d)", "How large is the residual stream's activation?",
-      notebook="01", section="§5 Memory", reads=("01_memory_peaks",),
-      gpu="A formula: B·T·d_model·4 bytes on any device.",
-      references=ref("20 MiB for 2.7B at batch 16 × context 128")),
-    Q("2.4.1(e)", "Which tensors are largest at the peak, and where were they allocated?",
-      notebook="01", section="§5 Memory", reads=("01_largest_tensors",),
-      gpu="The kinds of tensor carry over; their sizes scale with the model.",
-      references=ref("100 MiB tensors: the 2.7B feed-forward weights (H100)")),
-    Q("mixed_precision_accumulation", "0.01 added a thousand times into fp32, fp16, and fp32 fed fp16 values (cast up "
-      "or not): what does each give, and why?",
-      notebook="01", section="§4 Mixed precision: accumulating in 16 bits", reads=(), editions=(2025,),
-      name="mixed_precision_accumulation",
-      gpu="Carries over exactly: scalar IEEE rounding is the same on every device (computed here, not timed)."),
-    Q("memory_profiling(f)", "What does one TransformerBlock save for backward, which 5 ops contribute most and with "
-      "what share, and how large are one block's gradients (the 2026 Table 1 sizes)?",
-      notebook="01", section="§5 Memory", reads=(), editions=(2026,), name="memory_profiling",
-      gpu="The bytes are the same on every device (fp32, the same ops); the handout reads them from NVTX-labelled CUDA "
-          "memory profiles."),
-    Q("nsys_profile", "Forward, backward and optimizer per size: which kernels dominate, and how does softmax's time "
-      "compare with the matmuls' against their FLOPs?",
-      notebook="01", section="§2 Profiler tables and §3 Flame graph", reads=("01_profile", "01_flame", "01_timing"),
-      editions=(2025,), name="nsys_profile",
-      gpu="nsys needs a GPU; here the torch profiler stands in with CPU op times. On a GPU: `nsys profile --trace="
-          "cuda,nvtx python -m helpers writeup --profile gpu notebooks/01_benchmarking_and_profiling.ipynb` (its "
-          "profiler tables then list CUDA kernels)."),
+    Q(
+        "2.1.1(a)",
+        "How is a forward / backward pass timed: model built, warm-up, synchronised steps?",
+        notebook="01",
+        section="§1 Timing",
+        reads=("01_timing",),
+        gpu="The same code runs; each step is then timed by a pair of CUDA events.",
+    ),
+    Q(
+        "2.1.1(b)",
+        "How long do forward, backward and both take per model size after warm-up, and how much do the steps vary?",
+        notebook="01",
+        section="§1 Timing",
+        reads=("01_timing",),
+        gpu="Absolute times do not carry over: a GPU runs the reference sizes, and small models there are bound by "
+        "kernel launches rather than arithmetic.",
+        references=ref("xl forward+backward 180 ms, 2.7B 213 ms (H100, 1 warm-up, 5 steps)"),
+    ),
+    Q(
+        "2.1.1(c)",
+        "Without warm-up, what changes and why?",
+        notebook="01",
+        section="§1 Timing",
+        reads=("01_timing",),
+        gpu="The effect is larger there (CUDA context, kernel loading, cuBLAS heuristics on the first call).",
+        references=ref("small forward without warm-up: mean 79.8 ms with std 103 ms, against 13.6 ms warmed up (H100)"),
+    ),
+    Q(
+        "2.1.2(a)",
+        "How long is a forward pass according to the profiler, against the timing script?",
+        notebook="01",
+        section="§2 Profiler tables",
+        reads=("01_profile", "01_timing"),
+        gpu="The profiler then reports CUDA kernel time, not CPU time: rerun with `make writeup PROFILE=gpu`.",
+        references=ref("xl forward: about 90 ms in the profiler against 81 ms timed (H100)"),
+    ),
+    Q(
+        "2.1.2(b)",
+        "Which op (kernel) takes the most time in the forward pass, how often is it called, and is it the "
+        "same once backward runs too?",
+        notebook="01",
+        section="§2 Profiler tables",
+        reads=("01_profile",),
+        gpu="The table then lists CUDA kernels (cuBLAS GEMMs); matmuls usually still lead.",
+        references=ref("a TF32 cuBLAS GEMM, 192 calls per xl forward; another GEMM leads forward+backward (H100)"),
+    ),
+    Q(
+        "2.1.2(c)",
+        "Besides matrix multiplies, which ops take a non-trivial share of the forward pass?",
+        notebook="01",
+        section="§2 Profiler tables",
+        reads=("01_profile",),
+        gpu="Elementwise ops are memory-bound on both; their share is typically larger there, where matmuls are much "
+        "faster.",
+        references=ref("aten::mul, add_, div, sum, copy_ and clone (H100)"),
+    ),
+    Q(
+        "2.1.2(d)",
+        "With the optimizer step included, how does the matmul share change?",
+        notebook="01",
+        section="§2 Profiler tables",
+        reads=("01_profile",),
+        gpu="Direction carries over (AdamW is all elementwise); the shares do not.",
+        references=ref("aten::mm share falls from 30% to 18% once AdamW runs (H100)"),
+    ),
+    Q(
+        "2.1.3(a)",
+        "What does the full training step look like as a flame graph?",
+        notebook="01",
+        section="§3 Flame graph",
+        reads=("01_flame",),
+        gpu="The stack structure is the same; the widths become kernel times.",
+    ),
+    Q(
+        "2.1.3(b)",
+        "What share of the step goes to RMSNorm?",
+        notebook="01",
+        section="§3 Flame graph",
+        reads=("01_flame",),
+        gpu="The shares move: matmuls speed up more than the norms' elementwise work.",
+        references=ref("2.91% for xl, 97 norm layers (H100)"),
+    ),
+    Q(
+        "2.1.3(c)",
+        "What share of the step goes to softmax?",
+        notebook="01",
+        section="§3 Flame graph",
+        reads=("01_flame",),
+        gpu="As for RMSNorm: the shares move.",
+        references=ref("2.88% for xl, 48 calls (H100)"),
+    ),
+    Q(
+        "2.1.3(d)",
+        "Does the graph match expectations; what is surprising?",
+        notebook="01",
+        section="§3 Flame graph",
+        reads=("01_flame", "01_profile"),
+        gpu="The lesson (FLOPs are not time) holds on both; the numbers differ.",
+    ),
+    Q(
+        "2.1.4(a)",
+        "Is forward+backward faster under autocast (bf16/fp16) than in fp32, per size?",
+        notebook="01",
+        section="§4 Mixed precision",
+        reads=("01_precision_ratios",),
+        gpu="Does not carry over: GPU tensor cores run bf16/fp16 matmuls many times faster than fp32, while a CPU "
+        "without bf16 instructions only adds casts.",
+        references=ref("2.7B forward+backward 213 ms fp32 vs 197 ms mixed; small 24.1 vs 30.6 ms (H100)"),
+    ),
+    Q(
+        "2.1.4(b)",
+        "Under autocast, which dtype do the parameters, fc1's output, the norm's output, the logits, the "
+        "loss and the gradients get?",
+        notebook="01",
+        section="§4 Mixed precision",
+        reads=("01_autocast_dtypes",),
+        gpu="Partly: CUDA autocast keeps layer_norm in fp32, CPU autocast does not; the rest agree.",
+        references=ref("fc1 output fp16, LayerNorm output fp32, logits fp16 (H100, fp16 autocast)"),
+    ),
+    Q(
+        "2.1.4(c)",
+        "Why keep the norm in fp32, and does that change with bf16?",
+        notebook="01",
+        section="§4 Mixed precision",
+        reads=("01_norm_precision",),
+        gpu="Carries over exactly: rounding is the same arithmetic everywhere.",
+    ),
+    Q(
+        "2.4.1(a)",
+        "How does memory move through a forward-only pass and through a full step?",
+        notebook="01",
+        section="§5 Memory",
+        reads=("01_memory_peaks",),
+        gpu="The shape of the timeline carries over; the CUDA caching allocator keeps its own reserve on top.",
+    ),
+    Q(
+        "2.4.1(b)",
+        "What is the peak memory per size, forward only and full step?",
+        notebook="01",
+        section="§5 Memory",
+        reads=("01_memory_peaks",),
+        gpu="Scales with the model: the reference sizes need GiB, not MiB.",
+        references=ref("full-step peak: small 2.81 GiB, 2.7B 38.56 GiB (H100)"),
+    ),
+    Q(
+        "2.4.1(c)",
+        "Does mixed precision change the peak?",
+        notebook="01",
+        section="§5 Memory",
+        reads=("01_memory_peaks",),
+        gpu="Carries over: autocast keeps fp32 parameters and adds 16-bit copies on every device.",
+        references=ref("2.7B with autocast: forward 14.63 GiB (from 10.07), full step 43.30 GiB (from 38.56) (H100)"),
+    ),
+    Q(
+        "2.4.1(d)",
+        "How large is the residual stream's activation?",
+        notebook="01",
+        section="§5 Memory",
+        reads=("01_memory_peaks",),
+        gpu="A formula: B·T·d_model·4 bytes on any device.",
+        references=ref("20 MiB for 2.7B at batch 16 × context 128"),
+    ),
+    Q(
+        "2.4.1(e)",
+        "Which tensors are largest at the peak, and where were they allocated?",
+        notebook="01",
+        section="§5 Memory",
+        reads=("01_largest_tensors",),
+        gpu="The kinds of tensor carry over; their sizes scale with the model.",
+        references=ref("100 MiB tensors: the 2.7B feed-forward weights (H100)"),
+    ),
+    Q(
+        "mixed_precision_accumulation",
+        "0.01 added a thousand times into fp32, fp16, and fp32 fed fp16 values (cast up "
+        "or not): what does each give, and why?",
+        notebook="01",
+        section="§4 Mixed precision: accumulating in 16 bits",
+        reads=(),
+        editions=(2025,),
+        name="mixed_precision_accumulation",
+        gpu="Carries over exactly: scalar IEEE rounding is the same on every device (computed here, not timed).",
+    ),
+    Q(
+        "memory_profiling(f)",
+        "What does one TransformerBlock save for backward, which 5 ops contribute most and with "
+        "what share, and how large are one block's gradients (the 2026 Table 1 sizes)?",
+        notebook="01",
+        section="§5 Memory",
+        reads=(),
+        editions=(2026,),
+        name="memory_profiling",
+        gpu="The bytes are the same on every device (fp32, the same ops); the handout reads them from NVTX-labelled CUDA "
+        "memory profiles.",
+    ),
+    Q(
+        "nsys_profile",
+        "Forward, backward and optimizer per size: which kernels dominate, and how does softmax's time "
+        "compare with the matmuls' against their FLOPs?",
+        notebook="01",
+        section="§2 Profiler tables and §3 Flame graph",
+        reads=("01_profile", "01_flame", "01_timing"),
+        editions=(2025,),
+        name="nsys_profile",
+        gpu="nsys needs a GPU; here the torch profiler stands in with CPU op times. On a GPU: `nsys profile --trace="
+        "cuda,nvtx python -m helpers writeup --profile gpu notebooks/01_benchmarking_and_profiling.ipynb` (its "
+        "profiler tables then list CUDA kernels).",
+    ),
 ]
 register(QUESTIONS)
 
 # ---- 2.1 timing, profiling, mixed precision (notebook 01) -----------------------------------------------------------
+
 
 def _warm_cold(saved: Saved) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     """01_timing's rows that ran, indexed by (size, pass): cold (no warm-up), warm, and the warm-up count."""
@@ -129,12 +257,14 @@ def timing_script(q, saved):
     _, warm, warmup = _warm_cold(saved)
     prov = saved.run("01_timing").provenance
     sizes = list(dict.fromkeys(warm.index.get_level_values("size")))
-    return (f"`benchmarking.time_sizes` builds one model per size and times forward, backward and forward+backward "
-            f"on it interleaved in one loop (`helpers.timing.compare`): {warmup} untimed warm-up rounds, then "
-            f"{int(warm['steps'].iloc[0])} rounds, each call between device synchronisations; a cold run builds a fresh "
-            f"model per pass and times it with no warm-up. Here it timed {len(sizes)} sizes "
-            f"({', '.join(sizes)}) × forward, backward and forward+backward at batch {prov.get('batch')} × context "
-            f"{prov.get('context')}.")
+    return (
+        f"`benchmarking.time_sizes` builds one model per size and times forward, backward and forward+backward "
+        f"on it interleaved in one loop (`helpers.timing.compare`): {warmup} untimed warm-up rounds, then "
+        f"{int(warm['steps'].iloc[0])} rounds, each call between device synchronisations; a cold run builds a fresh "
+        f"model per pass and times it with no warm-up. Here it timed {len(sizes)} sizes "
+        f"({', '.join(sizes)}) × forward, backward and forward+backward at batch {prov.get('batch')} × context "
+        f"{prov.get('context')}."
+    )
 
 
 @answers("2.1.1(b)")
@@ -142,12 +272,15 @@ def warm_timings(q, saved):
     _, warm, warmup = _warm_cold(saved)
     order = list(dict.fromkeys(warm.index.get_level_values("size")))
     per = warm["mean_s"].unstack("pass").reindex(index=order, columns=["forward", "backward", "both"])
-    spread = (warm["std_s"] / warm["mean_s"])
-    sizes = ", ".join(f"{s} {fmt_s(r['forward'])} / {fmt_s(r['backward'])} / {fmt_s(r['both'])}"
-                      for s, r in per.iterrows())
-    return (f"Mean forward / backward / forward+backward after {warmup} warm-up steps: {sizes}. Step-to-step spread "
-            f"(std/mean): {pct(spread.median())} in the median run, at most {pct(spread.max())} "
-            f"({spread.idxmax()[0]} {spread.idxmax()[1]}).")
+    spread = warm["std_s"] / warm["mean_s"]
+    sizes = ", ".join(
+        f"{s} {fmt_s(r['forward'])} / {fmt_s(r['backward'])} / {fmt_s(r['both'])}" for s, r in per.iterrows()
+    )
+    return (
+        f"Mean forward / backward / forward+backward after {warmup} warm-up steps: {sizes}. Step-to-step spread "
+        f"(std/mean): {pct(spread.median())} in the median run, at most {pct(spread.max())} "
+        f"({spread.idxmax()[0]} {spread.idxmax()[1]})."
+    )
 
 
 @answers("2.1.1(c)")
@@ -157,19 +290,27 @@ def cold_timings(q, saved):
     noise = (warm["std_s"] / warm["mean_s"]).median()
     spread = ((cold["std_s"] / cold["mean_s"]) / (warm["std_s"] / warm["mean_s"])).median()
     worst = first.idxmax()
-    text = (f"Without warm-up the first call takes {first.median():.1f}x the warm median (median over sizes and "
-            f"passes; up to {first.max():.1f}x for {worst[0]} {worst[1]}), and the cold runs' relative spread is "
-            f"{spread:.1f}x the warm runs'. ")
+    text = (
+        f"Without warm-up the first call takes {first.median():.1f}x the warm median (median over sizes and "
+        f"passes; up to {first.max():.1f}x for {worst[0]} {worst[1]}), and the cold runs' relative spread is "
+        f"{spread:.1f}x the warm runs'. "
+    )
     if first.median() <= 1 + 2 * noise:
         if first.max() > 1 + 2 * noise:
             costly = [f"{s} {p_} {v:.1f}x" for (s, p_), v in first.items() if v > 1 + 2 * noise]
-            return text + (f"The median is within twice the warm steps' own spread ({pct(noise)} std/mean), but "
-                           f"{len(costly)} of {len(first)} first calls are not ({', '.join(costly)}): a first-call "
-                           "cost that shows only for some sizes and passes in this run.")
-        return text + (f"Every first call is within twice the warm steps' own spread ({pct(noise)} std/mean): no "
-                       "measurable first-call cost on this machine in this run.")
-    return text + ("The first call pays one-time work (allocating every buffer, lazy initialisation; on a GPU also the "
-                   "CUDA context and kernel selection), so a mean without warm-up mixes two different things.")
+            return text + (
+                f"The median is within twice the warm steps' own spread ({pct(noise)} std/mean), but "
+                f"{len(costly)} of {len(first)} first calls are not ({', '.join(costly)}): a first-call "
+                "cost that shows only for some sizes and passes in this run."
+            )
+        return text + (
+            f"Every first call is within twice the warm steps' own spread ({pct(noise)} std/mean): no "
+            "measurable first-call cost on this machine in this run."
+        )
+    return text + (
+        "The first call pays one-time work (allocating every buffer, lazy initialisation; on a GPU also the "
+        "CUDA context and kernel selection), so a mean without warm-up mixes two different things."
+    )
 
 
 def _profile(saved: Saved, run: str) -> pd.DataFrame:
@@ -189,22 +330,30 @@ def profiled_forward(q, saved):
     _, warm, _ = _warm_cold(saved)
     timed = warm.loc[(size, "forward"), "median_s"] * 1e3
     ratio, steps = total_ms / timed, saved.run("01_profile").provenance.get("steps")
-    return (f"The profiler puts a forward pass of {size} at {total_ms:.3g} ms of op self time; the timing script's "
-            f"warm forward has a median of {timed:.3g} ms, so the profiler's figure is {ratio:.2f}x the timed one. "
-            "They differ in what they include: the profiled pass builds no autograd graph, the timed one does, and "
-            "the profiler adds its own overhead per op."
-            + ("" if 0.5 <= ratio <= 2 else f" A factor this large is more than those differences: the profiler "
-               f"averaged only {steps} steps, so a change in the machine's load between the two runs is the likely "
-               "cause; re-run notebook 01 on a quiet machine to compare them."))
+    return (
+        f"The profiler puts a forward pass of {size} at {total_ms:.3g} ms of op self time; the timing script's "
+        f"warm forward has a median of {timed:.3g} ms, so the profiler's figure is {ratio:.2f}x the timed one. "
+        "They differ in what they include: the profiled pass builds no autograd graph, the timed one does, and "
+        "the profiler adds its own overhead per op."
+        + (
+            ""
+            if 0.5 <= ratio <= 2
+            else f" A factor this large is more than those differences: the profiler "
+            f"averaged only {steps} steps, so a change in the machine's load between the two runs is the likely "
+            "cause; re-run notebook 01 on a quiet machine to compare them."
+        )
+    )
 
 
 @answers("2.1.2(b)")
 def top_op(q, saved):
     fwd, both = _profile(saved, "forward").iloc[0], _profile(saved, "forward+backward").iloc[0]
     same = "the same op" if fwd["op"] == both["op"] else f"a different op, {both['op']}"
-    return (f"In the forward pass {fwd['op']} takes the most time: {pct(fwd['share'])} of it, "
-            f"{fwd['calls/step']:g} calls per pass. With backward too, {same} leads with {pct(both['share'])} "
-            f"({both['calls/step']:g} calls per step).")
+    return (
+        f"In the forward pass {fwd['op']} takes the most time: {pct(fwd['share'])} of it, "
+        f"{fwd['calls/step']:g} calls per pass. With backward too, {same} leads with {pct(both['share'])} "
+        f"({both['calls/step']:g} calls per step)."
+    )
 
 
 @answers("2.1.2(c)")
@@ -212,19 +361,23 @@ def non_matmul_ops(q, saved):
     fwd = _profile(saved, "forward")
     other = fwd[fwd["class"] != "matmul"]
     listed = ", ".join(f"{r['op']} {pct(r['share'])}" for _, r in other.head(5).iterrows())
-    return (f"Outside matrix multiplies, the forward pass's largest ops are {listed or 'none among the top ops'}; all "
-            f"non-matmul ops together take {pct(1 - fwd['matmul_share'].iloc[0])} of it. They do few FLOPs but read "
-            "and write whole tensors, so memory bandwidth sets their time.")
+    return (
+        f"Outside matrix multiplies, the forward pass's largest ops are {listed or 'none among the top ops'}; all "
+        f"non-matmul ops together take {pct(1 - fwd['matmul_share'].iloc[0])} of it. They do few FLOPs but read "
+        "and write whole tensors, so memory bandwidth sets their time."
+    )
 
 
 @answers("2.1.2(d)")
 def matmul_share(q, saved):
     share = {run: _profile(saved, run)["matmul_share"].iloc[0] for run in ("forward", "forward+backward", "full step")}
     top = _profile(saved, "full step").iloc[0]
-    return (f"Matrix multiplies take {pct(share['forward'])} of the forward pass, {pct(share['forward+backward'])} of "
-            f"forward+backward and {pct(share['full step'])} of the full step with AdamW, whose update is all "
-            f"elementwise (mul_, lerp_, addcdiv_, sqrt over every parameter); the full step's top op is {top['op']} "
-            f"({pct(top['share'])}).")
+    return (
+        f"Matrix multiplies take {pct(share['forward'])} of the forward pass, {pct(share['forward+backward'])} of "
+        f"forward+backward and {pct(share['full step'])} of the full step with AdamW, whose update is all "
+        f"elementwise (mul_, lerp_, addcdiv_, sqrt over every parameter); the full step's top op is {top['op']} "
+        f"({pct(top['share'])})."
+    )
 
 
 def _flame(saved: Saved) -> pd.DataFrame:
@@ -237,10 +390,12 @@ def flame_stages(q, saved):
     f = _flame(saved)
     stages = f[f["kind"] == "stage"]["share"]
     size = saved.run("01_flame").provenance.get("size")
-    return (f"The flame graph of one full step of {size} is drawn in notebook 01 §3 (stacks: step part → module → op; "
-            "backward ops attributed to the module whose forward recorded them). The step splits into "
-            + ", ".join(f"{k} {pct(v)}" for k, v in stages.items())
-            + "; every block repeats the same pattern, one tower per layer.")
+    return (
+        f"The flame graph of one full step of {size} is drawn in notebook 01 §3 (stacks: step part → module → op; "
+        "backward ops attributed to the module whose forward recorded them). The step splits into "
+        + ", ".join(f"{k} {pct(v)}" for k, v in stages.items())
+        + "; every block repeats the same pattern, one tower per layer."
+    )
 
 
 @answers("2.1.3(b)", "2.1.3(c)")
@@ -248,8 +403,10 @@ def flame_part(q, saved):
     part, what = ("RMSNorm", "norm layers") if q.number == "2.1.3(b)" else ("softmax", "calls")
     f = _flame(saved)
     share, count = float(f.loc[part, "share"]), f.loc[part, "count"]
-    return (f"{part} (forward and backward) takes {pct(share)} of the full step here, over {int(count)} {what}: "
-            f"{share / count:.2%} each.")
+    return (
+        f"{part} (forward and backward) takes {pct(share)} of the full step here, over {int(count)} {what}: "
+        f"{share / count:.2%} each."
+    )
 
 
 @answers("2.1.3(d)")
@@ -258,10 +415,12 @@ def flame_surprise(q, saved):
     stages = f[f["kind"] == "stage"]["share"]
     mm = _profile(saved, "full step")["matmul_share"].iloc[0]
     backward = stages.get("backward", 0.0) / stages.get("forward", float("nan"))
-    return (f"Matmuls carry nearly all the FLOPs yet take {pct(mm)} of the full step; the rest is elementwise work "
-            "(norms, GELU, softmax, AdamW), and the optimizer step alone takes "
-            f"{pct(stages.get('optimizer step', 0.0))}. Backward takes {backward:.1f}x the forward's time, against "
-            "the 2x its two matmuls per forward matmul predict.")
+    return (
+        f"Matmuls carry nearly all the FLOPs yet take {pct(mm)} of the full step; the rest is elementwise work "
+        "(norms, GELU, softmax, AdamW), and the optimizer step alone takes "
+        f"{pct(stages.get('optimizer step', 0.0))}. Backward takes {backward:.1f}x the forward's time, against "
+        "the 2x its two matmuls per forward matmul predict."
+    )
 
 
 @answers("2.1.4(a)")
@@ -277,47 +436,69 @@ def autocast_speed(q, saved):
     note = coverage(ran, saved.profile)
     every = "at every size here" if not note else f"at each of the {len(ran)} sizes timed here"
     if all(faster):
-        gpu = (f"Carries over in direction: autocast was measurably faster {every}, because this CPU "
-               "multiplies 16-bit numbers natively; GPU tensor cores do so at several times their fp32 rate, so the "
-               "gain there is typically larger for the big sizes, while the small ones stay bound by kernel launches.")
+        gpu = (
+            f"Carries over in direction: autocast was measurably faster {every}, because this CPU "
+            "multiplies 16-bit numbers natively; GPU tensor cores do so at several times their fp32 rate, so the "
+            "gain there is typically larger for the big sizes, while the small ones stay bound by kernel launches."
+        )
     elif all(slower):
-        gpu = (f"Does not carry over: autocast was measurably slower {every}, where this CPU multiplies 16-bit "
-               "numbers slower than fp32; GPU tensor cores run bf16/fp16 matmuls several times faster than fp32, so "
-               "there it pays for all but the smallest models.")
+        gpu = (
+            f"Does not carry over: autocast was measurably slower {every}, where this CPU multiplies 16-bit "
+            "numbers slower than fp32; GPU tensor cores run bf16/fp16 matmuls several times faster than fp32, so "
+            "there it pays for all but the smallest models."
+        )
     else:
-        gpu = ("Mixed here (faster at some sizes, slower or inside the noise at others); on a GPU, tensor cores run "
-               "bf16/fp16 matmuls several times faster than fp32, so the large sizes gain there.")
+        gpu = (
+            "Mixed here (faster at some sizes, slower or inside the noise at others); on a GPU, tensor cores run "
+            "bf16/fp16 matmuls several times faster than fp32, so the large sizes gain there."
+        )
     slow = run.provenance.get("bf16_slowdown")
-    factor = (f" This CPU's calibration: a bf16 matmul takes {float(slow):.1f}x an fp32 one." if slow and float(slow) >= 2
-              else f" This CPU's calibration: bf16 matmuls run at {1 / float(slow):.1f}x fp32's speed." if slow else "")
+    factor = (
+        f" This CPU's calibration: a bf16 matmul takes {float(slow):.1f}x an fp32 one."
+        if slow and float(slow) >= 2
+        else f" This CPU's calibration: bf16 matmuls run at {1 / float(slow):.1f}x fp32's speed."
+        if slow
+        else ""
+    )
     caps = run.provenance.get("cpu_caps") or {}
-    capped = (f" This run capped the CPU's instruction set ({', '.join(f'{k}={v}' for k, v in caps.items())}), which "
-              "sends bf16 matmuls to a slow path." if caps else "")
-    return Answer("Forward+backward: " + "; ".join(parts) + f"{note}. Autocast pays only where the hardware multiplies "
-                  "16-bit numbers faster than 32-bit ones (GPU tensor cores, CPUs with avx512_bf16 or AMX). Where it "
-                  "does not, a slowdown comes mostly from the matmuls themselves, not from the casts: without a fast "
-                  "bf16 path a bf16 matmul takes many times an fp32 one (notebook 01 prints this CPU's factor from its "
-                  "calibration), while the casts are a few elementwise passes." + factor + capped, gpu)
+    capped = (
+        f" This run capped the CPU's instruction set ({', '.join(f'{k}={v}' for k, v in caps.items())}), which "
+        "sends bf16 matmuls to a slow path."
+        if caps
+        else ""
+    )
+    return Answer(
+        "Forward+backward: " + "; ".join(parts) + f"{note}. Autocast pays only where the hardware multiplies "
+        "16-bit numbers faster than 32-bit ones (GPU tensor cores, CPUs with avx512_bf16 or AMX). Where it "
+        "does not, a slowdown comes mostly from the matmuls themselves, not from the casts: without a fast "
+        "bf16 path a bf16 matmul takes many times an fp32 one (notebook 01 prints this CPU's factor from its "
+        "calibration), while the casts are a few elementwise passes." + factor + capped,
+        gpu,
+    )
 
 
 @answers("2.1.4(b)")
 def autocast_dtypes(q, saved):
     d = saved.frame("01_autocast_dtypes").set_index("tensor")
-    return " ".join(f"Under {col}: " + ", ".join(f"{t} {str(v).replace('torch.', '')}" for t, v in d[col].items()) + "."
-                    for col in d.columns)
+    return " ".join(
+        f"Under {col}: " + ", ".join(f"{t} {str(v).replace('torch.', '')}" for t, v in d[col].items()) + "."
+        for col in d.columns
+    )
 
 
 @answers("2.1.4(c)")
 def norm_precision(q, saved):
     err = saved.frame("01_norm_precision").set_index("dtype")["max_rel_error"]
-    return (f"The mean of squares over 4096 values, rounded in each dtype, is off by at most {err['float32']:.1e} "
-            f"(fp32), {err['bfloat16']:.1e} (bf16) and {err['float16']:.1e} (fp16) relative to fp64, and the norm "
-            "scales every activation by it. bf16 has fp32's range (no overflow above 65,504 as fp16 has) but only 8 "
-            "significant bits, so its error stays large: keep norms and their reductions in fp32 with either.")
-
+    return (
+        f"The mean of squares over 4096 values, rounded in each dtype, is off by at most {err['float32']:.1e} "
+        f"(fp32), {err['bfloat16']:.1e} (bf16) and {err['float16']:.1e} (fp16) relative to fp64, and the norm "
+        "scales every activation by it. bf16 has fp32's range (no overflow above 65,504 as fp16 has) but only 8 "
+        "significant bits, so its error stays large: keep norms and their reductions in fp32 with either."
+    )
 
 
 # ---- 2.4 memory (notebook 01) ----------------------------------------------------------------------------------------
+
 
 def _peaks(saved: Saved, precision: str = "fp32") -> pd.DataFrame:
     """01_memory_peaks: peak MiB per size (rows, in run order) and pass (columns) for one precision."""
@@ -332,17 +513,22 @@ def _peaks(saved: Saved, precision: str = "fp32") -> pd.DataFrame:
 def memory_timeline(q, saved):
     p = _peaks(saved)
     ratio = p["full step"] / p["forward"]
-    return ("Forward-only (no graph) stays nearly flat: each block's intermediates are freed once used. A full step "
-            "climbs through forward as every block saves tensors for backward, peaks as backward starts, falls as "
-            f"backward frees them and stays flat through AdamW (plot in notebook 01 §5). Here the full step's peak is "
-            f"{span(ratio)} the forward-only peak over the sizes.")
+    return (
+        "Forward-only (no graph) stays nearly flat: each block's intermediates are freed once used. A full step "
+        "climbs through forward as every block saves tensors for backward, peaks as backward starts, falls as "
+        f"backward frees them and stays flat through AdamW (plot in notebook 01 §5). Here the full step's peak is "
+        f"{span(ratio)} the forward-only peak over the sizes."
+    )
 
 
 @answers("2.4.1(b)")
 def memory_peaks(q, saved):
     p = _peaks(saved)
-    return ("Peak live tensor memory, forward only / full step (fp32, parameters and AdamW state included): "
-            + ", ".join(f"{s} {fmt_mib(r['forward'])} / {fmt_mib(r['full step'])}" for s, r in p.iterrows()) + ".")
+    return (
+        "Peak live tensor memory, forward only / full step (fp32, parameters and AdamW state included): "
+        + ", ".join(f"{s} {fmt_mib(r['forward'])} / {fmt_mib(r['full step'])}" for s, r in p.iterrows())
+        + "."
+    )
 
 
 @answers("2.4.1(c)")
@@ -355,9 +541,13 @@ def memory_autocast(q, saved):
         parts.append(f"{precision}: forward peak {span(r['forward'], 2)} fp32's, full step {span(r['full step'], 2)}")
     if not parts:
         raise NotMeasured("01_memory_peaks has no autocast rows")
-    return ("; ".join(parts) + coverage(list(fp32.index), saved.profile) + ". Autocast keeps the fp32 parameters, gradients and AdamW state and adds 16-bit copies "
-            "of the weights and 16-bit activations beside the fp32 ones it keeps (norms, softmax, loss), so the peak "
-            "is not halved.")
+    return (
+        "; ".join(parts)
+        + coverage(list(fp32.index), saved.profile)
+        + ". Autocast keeps the fp32 parameters, gradients and AdamW state and adds 16-bit copies "
+        "of the weights and 16-bit activations beside the fp32 ones it keeps (norms, softmax, loss), so the peak "
+        "is not halved."
+    )
 
 
 @answers("2.4.1(d)")
@@ -367,20 +557,27 @@ def residual_stream(q, saved):
     sizes = list(_peaks(saved).index)
     here = formulas.residual_stream_bytes(batch, context, get_config(sizes[-1]).d_model)
     ref_ = formulas.residual_stream_bytes(16, 128, get_config("2.7B").d_model)
-    return (f"One (B, T, d_model) fp32 tensor: B·T·d·4 bytes, {fmt_mib(here / 2**20)} for {sizes[-1]} at {batch} × "
-            f"{context} here and {fmt_mib(ref_ / 2**20)} for 2.7B at 16 × 128. Notebook 01 §5 checks the formula "
-            "against the block output a forward hook sees, byte for byte.")
+    return (
+        f"One (B, T, d_model) fp32 tensor: B·T·d·4 bytes, {fmt_mib(here / 2**20)} for {sizes[-1]} at {batch} × "
+        f"{context} here and {fmt_mib(ref_ / 2**20)} for 2.7B at 16 × 128. Notebook 01 §5 checks the formula "
+        "against the block output a forward hook sees, byte for byte."
+    )
 
 
 @answers("2.4.1(e)")
 def largest_tensors(q, saved):
     run = saved.run("01_largest_tensors")
     top = run.frame().groupby(["MiB", "op", "module"], sort=False).size().reset_index(name="n")
-    where = lambda r: ("already live when the step began (parameters, AdamW state or the batch)"  # noqa: E731
-                       if r["op"] == "existing" else f"allocated by {r['op']} in {r['module']}")
+    where = lambda r: (
+        "already live when the step began (parameters, AdamW state or the batch)"  # noqa: E731
+        if r["op"] == "existing"
+        else f"allocated by {r['op']} in {r['module']}"
+    )
     listed = "; ".join(f"{r['n']} × {fmt_mib(r['MiB'])} {where(r)}" for _, r in top.iterrows())
-    return (f"At the full step's peak ({run.provenance.get('size')}, {fmt_mib(run.provenance.get('peak_MiB', 0))} in "
-            f"all) the {int(top['n'].sum())} largest live storages are: {listed}.")
+    return (
+        f"At the full step's peak ({run.provenance.get('size')}, {fmt_mib(run.provenance.get('peak_MiB', 0))} in "
+        f"all) the {int(top['n'].sum())} largest live storages are: {listed}."
+    )
 
 
 @answers("memory_profiling(f)")
@@ -394,22 +591,32 @@ def block_memory(q, saved):
         total = sum(parts.values())
         top = list(parts.items())[:5]
         grads = sum(math.prod(shape) for k, shape in parameter_shapes(cfg).items() if k.startswith("blocks.0."))
-        rows.append({"size (2026)": name.removesuffix("-2026"), "saved per block": fmt_mib(total / 2**20),
-                     "top 5 ops' share": pct(sum(v for _, v in top) / total),
-                     "gradients per block": fmt_mib(4 * grads / 2**20)})
+        rows.append(
+            {
+                "size (2026)": name.removesuffix("-2026"),
+                "saved per block": fmt_mib(total / 2**20),
+                "top 5 ops' share": pct(sum(v for _, v in top) / total),
+                "gradients per block": fmt_mib(4 * grads / 2**20),
+            }
+        )
     xl = SIZES_2026["xl-2026"]
     parts = formulas.block_saved_parts(xl, B, T)
     total = sum(parts.values())
     top = "; ".join(f"{k} {fmt_mib(v / 2**20)} ({pct(v / total)})" for k, v in list(parts.items())[:5])
     assert total * xl.n_layers == formulas.activation_bytes(xl, B, T)["blocks"]
-    return Answer(f"Closed form for this project's block (fp32, naive attention keeping its probabilities; `formulas."
-                  f"block_saved_parts`), batch {B} × {T}: the 2026 xl's block saves {fmt_mib(total / 2**20)} for "
-                  f"backward; the 5 largest contributions: {top}. One block's gradients are its parameters' bytes "
-                  "(fp32): the backward's per-block rise in a memory profile. Every 2026 size:", table=tuple(rows),
-                  status="partial", missing="the same read off NVTX-labelled CUDA memory profiles needs a GPU")
+    return Answer(
+        f"Closed form for this project's block (fp32, naive attention keeping its probabilities; `formulas."
+        f"block_saved_parts`), batch {B} × {T}: the 2026 xl's block saves {fmt_mib(total / 2**20)} for "
+        f"backward; the 5 largest contributions: {top}. One block's gradients are its parameters' bytes "
+        "(fp32): the backward's per-block rise in a memory profile. Every 2026 size:",
+        table=tuple(rows),
+        status="partial",
+        missing="the same read off NVTX-labelled CUDA memory profiles needs a GPU",
+    )
 
 
 # ---- 2025: mixed_precision_accumulation, nsys_profile ---------------------------------------------------------------
+
 
 @answers("mixed_precision_accumulation")
 def accumulation(q, saved):
@@ -417,9 +624,12 @@ def accumulation(q, saved):
 
     acc = accumulation_demo()
     values = "; ".join(f"{case}: {v:.10g}" for case, v in acc["value"].items())
-    return (f"{values} (the answer should be 10). " + accumulation_text(acc).replace("\n", " ")
-            + " Hence master weights, optimizer state and reductions stay in fp32, and tensor cores accumulate "
-            "16-bit products in fp32.")
+    return (
+        f"{values} (the answer should be 10). "
+        + accumulation_text(acc).replace("\n", " ")
+        + " Hence master weights, optimizer state and reductions stay in fp32, and tensor cores accumulate "
+        "16-bit products in fp32."
+    )
 
 
 @answers("nsys_profile")
@@ -438,22 +648,33 @@ def kernels_and_softmax(q, saved):
     fwd = _profile(saved, "forward").set_index("op")["share"]
     soft_fwd = float(fwd[[o for o in fwd.index if "softmax" in o]].sum())
     bmm_fwd = float(fwd.get("aten::bmm", 0.0))  # QKᵀ and PV: the model's only batched (4-D) matmuls
-    within = (f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
-              f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes {soft_fwd / bmm_fwd:.2f}x their "
-              f"time here ({pct(soft_fwd)} against {pct(bmm_fwd)} of the forward)" if soft_fwd and bmm_fwd else
-              f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
-              f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes more time: {pct(soft_fwd)} of the "
-              f"forward, while aten::bmm (QKᵀ and PV together) falls below the smallest op saved ({pct(fwd.min())})"
-              if soft_fwd and soft_fwd > fwd.min() else
-              f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
-              "matmuls (5 per score against 4·d_head); their times are not both among the forward's saved top ops "
-              "here, so the time ratio is not shown")
+    within = (
+        f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
+        f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes {soft_fwd / bmm_fwd:.2f}x their "
+        f"time here ({pct(soft_fwd)} against {pct(bmm_fwd)} of the forward)"
+        if soft_fwd and bmm_fwd
+        else f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
+        f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes more time: {pct(soft_fwd)} of the "
+        f"forward, while aten::bmm (QKᵀ and PV together) falls below the smallest op saved ({pct(fwd.min())})"
+        if soft_fwd and soft_fwd > fwd.min()
+        else f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
+        "matmuls (5 per score against 4·d_head); their times are not both among the forward's saved top ops "
+        "here, so the time ratio is not shown"
+    )
     on_gpu = saved.run("01_profile").provenance.get("device_type") == "cuda"
-    where = ("The torch profiler's CUDA kernels, as nsys would list them" if on_gpu
-             else "Torch profiler standing in for nsys (no GPU here)")
-    text = (f"{where}, {size}: the leading op per stage is {lead}. "
-            f"{within}: time follows bytes moved, not FLOPs, for the elementwise softmax. Over the whole step, "
-            f"softmax takes {pct(soft)} while doing about {softmax_flops / matmul_flops:.2%} of the forward's FLOPs, "
-            f"and matmuls take {pct(mm)} of the step.")
-    return text if on_gpu else Answer(text, status="partial", missing="nsys with NVTX ranges on a GPU; the torch "
-                                                                      "profiler stands in")
+    where = (
+        "The torch profiler's CUDA kernels, as nsys would list them"
+        if on_gpu
+        else "Torch profiler standing in for nsys (no GPU here)"
+    )
+    text = (
+        f"{where}, {size}: the leading op per stage is {lead}. "
+        f"{within}: time follows bytes moved, not FLOPs, for the elementwise softmax. Over the whole step, "
+        f"softmax takes {pct(soft)} while doing about {softmax_flops / matmul_flops:.2%} of the forward's FLOPs, "
+        f"and matmuls take {pct(mm)} of the step."
+    )
+    return (
+        text
+        if on_gpu
+        else Answer(text, status="partial", missing="nsys with NVTX ranges on a GPU; the torch profiler stands in")
+    )

@@ -1,58 +1,121 @@
 """Notebook 04's questions (DDP: 2024's 3.3.1-3.4.4; kept by the 2025 edition) and their answers."""
+
 from __future__ import annotations
 
 import pandas as pd
 
 from helpers import formulas
-from helpers.course.answers.core import (Answer, answers, cap, fmt_s, pct, Question, ref, register, Saved, series_text,
-                                         shown)
+from helpers.course.answers.core import (
+    Answer,
+    answers,
+    cap,
+    fmt_s,
+    pct,
+    Question,
+    ref,
+    register,
+    Saved,
+    series_text,
+    shown,
+)
 from helpers.timing import ratio_of
 
 Q = Question
 QUESTIONS = [
-    Q("3.3.1", "Does naive DDP (one all-reduce per parameter after backward) train exactly like one process on "
-      "the full batch?",
-      notebook="04", section="§1 Correctness", reads=("04_ddp_checks",),
-      gpu="Carries over: the bound is float arithmetic and covers any reduction order, NCCL's included."),
-    Q("3.3.2", "How long is a naive DDP step, and how much of it is communication?",
-      notebook="04", section="§2 Speed", reads=("04_ddp_speed", "04_ddp_ratios"),
-      gpu="Does not carry over: two gloo ranks share this CPU's cores; NCCL over NVLink is orders of magnitude "
-          "faster.",
-      references=ref("xl naive DDP step 201 ms on one node, 334 ms over two nodes (H100s)")),
-    Q("3.4.1", "Does one all-reduce of all gradients (flattened) beat one per parameter?",
-      notebook="04", section="§2 Speed", reads=("04_ddp_ratios",),
-      gpu="The per-call start-up cost α is smaller with NCCL, so flattening saves less there.",
-      references=ref("xl step 195 ms flat vs 201 ms naive, one node (H100s)")),
-    Q("3.4.2", "With the gradients batched into one call, how much communication time is left?",
-      notebook="04", section="§2 Speed", reads=("04_ddp_speed", "04_ddp_ratios"),
-      gpu="As 3.4.1.",
-      references=ref("xl step 197 ms with batched gradients, one node (H100s)")),
-    Q("3.4.3(a)", "Does overlapping each parameter's all-reduce with backward make the step faster?",
-      notebook="04", section="§2 Speed", reads=("04_ddp_ratios",),
-      gpu="Does not carry over: NCCL runs on its own stream and copy engines, gloo here shares the CPU cores with "
-          "backward.",
-      references=ref("xl overlapped 216 ms vs 201 ms naive, one node (H100s)")),
-    Q("3.4.3(b)", "What do traces show for overlapped vs naive communication?",
-      notebook="04", section="§3 Overlap", reads=("04_ddp_overlap",),
-      gpu="Use NCCL and a CUDA trace there; the gloo events recorded here do not exist with NCCL."),
-    Q("3.4.3(c)", "What fraction of the communication overlaps backward?",
-      notebook="04", section="§3 Overlap", reads=("04_ddp_overlap",),
-      gpu="The fraction depends on the backend and its streams.",
-      references=ref("12.5% on rank 0, 9.1% on rank 1; naive 0% (H100s)")),
-    Q("3.4.4(a)", "How does the step time change with the bucket size?",
-      notebook="04", section="§4 The bucket-size model", reads=("04_ddp_bucket_sweep", "04_ddp_ratios"),
-      gpu="The optimum moves with α, β and the backward time, all different there.",
-      references=ref("NCCL, large: 128-130 ms for every bucket size from 5 to 500 MB (H100s)")),
-    Q("3.4.4(b)", "What bucket size minimises the overhead, from α, β, the gradient bytes and the backward time?",
-      notebook="04", section="§4 The bucket-size model", reads=("04_ddp_bucket_sweep",),
-      gpu="The formula carries over; plug in the GPU's α, β and backward time."),
+    Q(
+        "3.3.1",
+        "Does naive DDP (one all-reduce per parameter after backward) train exactly like one process on "
+        "the full batch?",
+        notebook="04",
+        section="§1 Correctness",
+        reads=("04_ddp_checks",),
+        gpu="Carries over: the bound is float arithmetic and covers any reduction order, NCCL's included.",
+    ),
+    Q(
+        "3.3.2",
+        "How long is a naive DDP step, and how much of it is communication?",
+        notebook="04",
+        section="§2 Speed",
+        reads=("04_ddp_speed", "04_ddp_ratios"),
+        gpu="Does not carry over: two gloo ranks share this CPU's cores; NCCL over NVLink is orders of magnitude "
+        "faster.",
+        references=ref("xl naive DDP step 201 ms on one node, 334 ms over two nodes (H100s)"),
+    ),
+    Q(
+        "3.4.1",
+        "Does one all-reduce of all gradients (flattened) beat one per parameter?",
+        notebook="04",
+        section="§2 Speed",
+        reads=("04_ddp_ratios",),
+        gpu="The per-call start-up cost α is smaller with NCCL, so flattening saves less there.",
+        references=ref("xl step 195 ms flat vs 201 ms naive, one node (H100s)"),
+    ),
+    Q(
+        "3.4.2",
+        "With the gradients batched into one call, how much communication time is left?",
+        notebook="04",
+        section="§2 Speed",
+        reads=("04_ddp_speed", "04_ddp_ratios"),
+        gpu="As 3.4.1.",
+        references=ref("xl step 197 ms with batched gradients, one node (H100s)"),
+    ),
+    Q(
+        "3.4.3(a)",
+        "Does overlapping each parameter's all-reduce with backward make the step faster?",
+        notebook="04",
+        section="§2 Speed",
+        reads=("04_ddp_ratios",),
+        gpu="Does not carry over: NCCL runs on its own stream and copy engines, gloo here shares the CPU cores with "
+        "backward.",
+        references=ref("xl overlapped 216 ms vs 201 ms naive, one node (H100s)"),
+    ),
+    Q(
+        "3.4.3(b)",
+        "What do traces show for overlapped vs naive communication?",
+        notebook="04",
+        section="§3 Overlap",
+        reads=("04_ddp_overlap",),
+        gpu="Use NCCL and a CUDA trace there; the gloo events recorded here do not exist with NCCL.",
+    ),
+    Q(
+        "3.4.3(c)",
+        "What fraction of the communication overlaps backward?",
+        notebook="04",
+        section="§3 Overlap",
+        reads=("04_ddp_overlap",),
+        gpu="The fraction depends on the backend and its streams.",
+        references=ref("12.5% on rank 0, 9.1% on rank 1; naive 0% (H100s)"),
+    ),
+    Q(
+        "3.4.4(a)",
+        "How does the step time change with the bucket size?",
+        notebook="04",
+        section="§4 The bucket-size model",
+        reads=("04_ddp_bucket_sweep", "04_ddp_ratios"),
+        gpu="The optimum moves with α, β and the backward time, all different there.",
+        references=ref("NCCL, large: 128-130 ms for every bucket size from 5 to 500 MB (H100s)"),
+    ),
+    Q(
+        "3.4.4(b)",
+        "What bucket size minimises the overhead, from α, β, the gradient bytes and the backward time?",
+        notebook="04",
+        section="§4 The bucket-size model",
+        reads=("04_ddp_bucket_sweep",),
+        gpu="The formula carries over; plug in the GPU's α, β and backward time.",
+    ),
 ]
 register(QUESTIONS)
 
 # ---- 3.3-3.4 DDP (notebook 04) ---------------------------------------------------------------------------------------
 
-DDP_NAMES = {"naive": "naive DDP", "flat": "flat DDP", "per_parameter": "overlapped per-parameter DDP",
-             "local": "compute alone", "torch_ddp 25 MB": "torch DDP (25 MB)", "bucketed 25 MB": "bucketed (25 MB)"}
+DDP_NAMES = {
+    "naive": "naive DDP",
+    "flat": "flat DDP",
+    "per_parameter": "overlapped per-parameter DDP",
+    "local": "compute alone",
+    "torch_ddp 25 MB": "torch DDP (25 MB)",
+    "bucketed 25 MB": "bucketed (25 MB)",
+}
 
 
 def _ddp_ratios(saved: Saved, field: str = "step") -> pd.DataFrame:
@@ -67,21 +130,27 @@ def ddp_correct(q, saved):
     naive = c[c["variant"] == "naive"]
     ok = naive["start_equal"].all() and naive["ranks_equal"].all() and (naive["grad_ratio"] <= 1).all()
     verdict_ = "Yes" if ok else "No"
-    return (f"{verdict_}: on {', '.join(naive['model'])} (tied weights, a frozen and an unused parameter in the toy "
-            f"model), after the broadcast both ranks start from one process's weights, end bit-identical, and every "
-            f"averaged gradient is within {naive['grad_ratio'].max():.2g} of the float32 rounding bound of one "
-            f"process's full-batch gradient (≤ 1 required). All {len(c)} wrapper runs pass the same check: "
-            f"{'yes' if (c['grad_ratio'] <= 1).all() else 'no'}.")
+    return (
+        f"{verdict_}: on {', '.join(naive['model'])} (tied weights, a frozen and an unused parameter in the toy "
+        f"model), after the broadcast both ranks start from one process's weights, end bit-identical, and every "
+        f"averaged gradient is within {naive['grad_ratio'].max():.2g} of the float32 rounding bound of one "
+        f"process's full-batch gradient (≤ 1 required). All {len(c)} wrapper runs pass the same check: "
+        f"{'yes' if (c['grad_ratio'] <= 1).all() else 'no'}."
+    )
 
 
 @answers("3.3.2")
 def ddp_naive_speed(q, saved):
     speed = saved.frame("04_ddp_speed")
     naive = speed[speed["variant"] == "naive"]
-    shares = ", ".join(f"{row.model} {fmt_s(row.step_s)} ({pct(row.comm_s / row.step_s)} communicating)"
-                       for row in naive.itertuples())
-    return (f"Naive DDP step (slowest rank's median) and its share spent in the after-backward all-reduces: {shares}. "
-            + cap(series_text(_ddp_ratios(saved), "naive", "local", "model", DDP_NAMES, "step time")) + ".")
+    shares = ", ".join(
+        f"{row.model} {fmt_s(row.step_s)} ({pct(row.comm_s / row.step_s)} communicating)" for row in naive.itertuples()
+    )
+    return (
+        f"Naive DDP step (slowest rank's median) and its share spent in the after-backward all-reduces: {shares}. "
+        + cap(series_text(_ddp_ratios(saved), "naive", "local", "model", DDP_NAMES, "step time"))
+        + "."
+    )
 
 
 @answers("3.4.1")
@@ -93,12 +162,15 @@ def ddp_flat(q, saved):
 def ddp_flat_comm(q, saved):
     s = saved.frame("04_ddp_speed").set_index(["model", "variant"])
     models = list(dict.fromkeys(s.index.get_level_values("model")))
-    calls = ", ".join(f"{m} {fmt_s(s.loc[(m, 'naive'), 'comm_s'])} → {fmt_s(s.loc[(m, 'flat'), 'comm_s'])}"
-                      for m in models)
-    return (f"Time waiting for communication after backward, naive (one call per parameter) → flat (one call): "
-            f"{calls}. "
-            + cap(series_text(_ddp_ratios(saved, "comm"), "flat", "naive", "model", DDP_NAMES, "communication time"))
-            + ".")
+    calls = ", ".join(
+        f"{m} {fmt_s(s.loc[(m, 'naive'), 'comm_s'])} → {fmt_s(s.loc[(m, 'flat'), 'comm_s'])}" for m in models
+    )
+    return (
+        f"Time waiting for communication after backward, naive (one call per parameter) → flat (one call): "
+        f"{calls}. "
+        + cap(series_text(_ddp_ratios(saved, "comm"), "flat", "naive", "model", DDP_NAMES, "communication time"))
+        + "."
+    )
 
 
 @answers("3.4.3(a)")
@@ -109,17 +181,23 @@ def ddp_overlap_speed(q, saved):
     models = list(r[(r["a"] == "per_parameter") & (r["b"] == "naive")]["model"])
     quicker = [m for m, x in zip(models, vs_naive) if x.differs and x.median < 1]
     if vs_naive and len(quicker) == len(vs_naive):
-        gpu = ("The direction carries over: overlapping was measurably faster here even with gloo sharing the CPU "
-               "cores with backward; NCCL runs on its own stream, so on GPUs the overlap is usually larger, though "
-               "per-parameter calls pay NCCL's launch cost once per tensor (the published H100 run was slower).")
+        gpu = (
+            "The direction carries over: overlapping was measurably faster here even with gloo sharing the CPU "
+            "cores with backward; NCCL runs on its own stream, so on GPUs the overlap is usually larger, though "
+            "per-parameter calls pay NCCL's launch cost once per tensor (the published H100 run was slower)."
+        )
     elif quicker:
-        gpu = (f"Partly: overlapping was measurably faster here for {', '.join(quicker)} but not for "
-               f"{', '.join(m for m in models if m not in quicker)}, with gloo sharing the CPU cores with backward; "
-               "NCCL runs on its own stream and copy engines, so on GPUs the overlap can pay more widely, though "
-               "per-parameter calls pay NCCL's launch cost once per tensor (the published H100 run was slower).")
+        gpu = (
+            f"Partly: overlapping was measurably faster here for {', '.join(quicker)} but not for "
+            f"{', '.join(m for m in models if m not in quicker)}, with gloo sharing the CPU cores with backward; "
+            "NCCL runs on its own stream and copy engines, so on GPUs the overlap can pay more widely, though "
+            "per-parameter calls pay NCCL's launch cost once per tensor (the published H100 run was slower)."
+        )
     else:
-        gpu = ("Does not carry over: overlapping was not measurably faster here, where gloo shares the CPU cores with "
-               "backward; NCCL runs on its own stream and copy engines, so on GPUs the overlap can pay.")
+        gpu = (
+            "Does not carry over: overlapping was not measurably faster here, where gloo shares the CPU cores with "
+            "backward; NCCL runs on its own stream and copy engines, so on GPUs the overlap can pay."
+        )
     return Answer("; ".join(texts) + ".", gpu)
 
 
@@ -127,23 +205,30 @@ def ddp_overlap_speed(q, saved):
 def ddp_traces(q, saved):
     o = saved.frame("04_ddp_overlap")
     model = saved.run("04_ddp_overlap").provenance.get("model")
-    where = ("profiler traces (gloo's own all-reduce events)" if any(c.startswith("trace") for c in o.columns)
-             else "launch → done intervals")
+    where = (
+        "profiler traces (gloo's own all-reduce events)"
+        if any(c.startswith("trace") for c in o.columns)
+        else "launch → done intervals"
+    )
     traces = saved.folder / "04_traces"
     folder = f" under `{shown(traces)}/`" if traces.is_dir() else ""
-    return (f"Notebook 04 §3 draws, for {model}, each variant's backward and its all-reduces from {where}; one Chrome "
-            f"trace per variant and rank is saved{folder} (open it in Perfetto). Naive DDP's all-reduces all start "
-            "after backward ends; the per-parameter ones start from the gradient hooks, inside backward.")
+    return (
+        f"Notebook 04 §3 draws, for {model}, each variant's backward and its all-reduces from {where}; one Chrome "
+        f"trace per variant and rank is saved{folder} (open it in Perfetto). Naive DDP's all-reduces all start "
+        "after backward ends; the per-parameter ones start from the gradient hooks, inside backward."
+    )
 
 
 @answers("3.4.3(c)")
 def ddp_overlap_fraction(q, saved):
     o = saved.frame("04_ddp_overlap").set_index("variant")
     col = "trace overlap" if "trace overlap" in o.columns else "launch→done overlap"
-    return (f"Share of communication time inside backward ({col.split(' overlap')[0]}, mean over ranks and steps): "
-            + ", ".join(f"{DDP_NAMES.get(v, v)} {pct(x)}" for v, x in o[col].items())
-            + ". Naive is 0 by construction; torch DDP waits for its last bucket inside backward, so its share says "
-            "little about how much it overlapped.")
+    return (
+        f"Share of communication time inside backward ({col.split(' overlap')[0]}, mean over ranks and steps): "
+        + ", ".join(f"{DDP_NAMES.get(v, v)} {pct(x)}" for v, x in o[col].items())
+        + ". Naive is 0 by construction; torch DDP waits for its last bucket inside backward, so its share says "
+        "little about how much it overlapped."
+    )
 
 
 @answers("3.4.4(a)")
@@ -153,14 +238,22 @@ def bucket_sweep(q, saved):
     best = sweep.loc[sweep["step_s"].idxmin()]
     r = _ddp_ratios(saved)
     r = r[(r["model"] == model) & (r["b"] == best["variant"]) & r["a"].isin(sweep["variant"])]
-    tied = [f"{mb:g}" for v, mb in zip(sweep["variant"], sweep["bucket_MB"])
-            if v != best["variant"] and not ratio_of(r[r["a"] == v].iloc[0]).differs]
-    return (f"{model}, {len(sweep)} bucket sizes from {sweep['bucket_MB'].min():g} to {sweep['bucket_MB'].max():g} MB: "
-            f"step medians from {fmt_s(sweep['step_s'].min())} to {fmt_s(sweep['step_s'].max())}; the lowest median is "
-            f"{best['bucket_MB']:g} MB ({int(best['buckets'])} bucket{'s' if best['buckets'] != 1 else ''}), and "
-            + (f"no measurable difference from it for {', '.join(tied)} MB (paired interval of the step-time ratio "
-               "includes 1), so the sweep cannot rank those." if tied else
-               "every other size is measurably slower (paired per step)."))
+    tied = [
+        f"{mb:g}"
+        for v, mb in zip(sweep["variant"], sweep["bucket_MB"])
+        if v != best["variant"] and not ratio_of(r[r["a"] == v].iloc[0]).differs
+    ]
+    return (
+        f"{model}, {len(sweep)} bucket sizes from {sweep['bucket_MB'].min():g} to {sweep['bucket_MB'].max():g} MB: "
+        f"step medians from {fmt_s(sweep['step_s'].min())} to {fmt_s(sweep['step_s'].max())}; the lowest median is "
+        f"{best['bucket_MB']:g} MB ({int(best['buckets'])} bucket{'s' if best['buckets'] != 1 else ''}), and "
+        + (
+            f"no measurable difference from it for {', '.join(tied)} MB (paired interval of the step-time ratio "
+            "includes 1), so the sweep cannot rank those."
+            if tied
+            else "every other size is measurably slower (paired per step)."
+        )
+    )
 
 
 @answers("3.4.4(b)")
@@ -170,10 +263,16 @@ def bucket_model(q, saved):
     S, Tb, a, b, n = (float(p[k]) for k in ("grad_bytes", "backward_s", "alpha_s", "beta_Bps", "n_star"))
     best = sweep.loc[sweep["step_s"].idxmin(), "bucket_MB"]
     tensors = formulas.param_tensor_count(run.provenance["model"])
-    finest = (f" That is more buckets than {run.provenance['model']} has gradient tensors ({tensors}): the finest "
-              "split DDPBucketed can build is one tensor per bucket." if n > tensors else "")
-    return (f"With n equal buckets of S/n bytes, each all-reduce costing α + S/(nβ), the overhead after backward is "
-            f"max(α + S/(nβ), nα + S/β − T_b(1 − 1/n)), minimised at n* = max((T_b − S/β)/α, √(T_b/α)) and "
-            f"b* = S/n* (derived and checked numerically in notebook 04 §4). Here S = {S / 2**20:.3g} MiB, "
-            f"T_b = {fmt_s(Tb)}, α = {a * 1e6:.0f} µs, β = {b / 1e9:.2f} GB/s give n* = {n:.1f} and b* = "
-            f"{S / n / 2**20:.3g} MiB; the sweep's lowest median was at {best:g} MB." + finest)
+    finest = (
+        f" That is more buckets than {run.provenance['model']} has gradient tensors ({tensors}): the finest "
+        "split DDPBucketed can build is one tensor per bucket."
+        if n > tensors
+        else ""
+    )
+    return (
+        f"With n equal buckets of S/n bytes, each all-reduce costing α + S/(nβ), the overhead after backward is "
+        f"max(α + S/(nβ), nα + S/β − T_b(1 − 1/n)), minimised at n* = max((T_b − S/β)/α, √(T_b/α)) and "
+        f"b* = S/n* (derived and checked numerically in notebook 04 §4). Here S = {S / 2**20:.3g} MiB, "
+        f"T_b = {fmt_s(Tb)}, α = {a * 1e6:.0f} µs, β = {b / 1e9:.2f} GB/s give n* = {n:.1f} and b* = "
+        f"{S / n / 2**20:.3g} MiB; the sweep's lowest median was at {best:g} MB." + finest
+    )

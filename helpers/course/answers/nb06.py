@@ -1,12 +1,24 @@
 """Notebook 06's questions (attention and FlashAttention-2: the 2025 edition's, kept by 2026, and the 2025
 leaderboard) and their answers from what notebook 06 saved."""
+
 from __future__ import annotations
 
 import torch
 
 from helpers import attention as A
-from helpers.course.answers.core import (ANSWERS, Answer, NeedsGPU, NotMeasured, Question, Reference, answers, compare_text,
-                                         fmt_mib, fmt_s, register)
+from helpers.course.answers.core import (
+    ANSWERS,
+    Answer,
+    NeedsGPU,
+    NotMeasured,
+    Question,
+    Reference,
+    answers,
+    compare_text,
+    fmt_mib,
+    fmt_s,
+    register,
+)
 from helpers.published import MARKS
 from helpers.timing import ratio_of
 
@@ -16,48 +28,114 @@ HANDOUT_GRID = dict(batch=8, head_dims=(16, 32, 64, 128), seq_lens=(256, 1024, 4
 
 Q = Question
 QUESTIONS = [
-    Q("pytorch_attention(a)", "Naive attention, batch 8 and one head, per head dim and sequence length: how long do "
-      "forward and backward take, and where does it run out of memory?",
-      notebook="06", section="§1 Naive attention's cost", reads=("06_naive_attention",), editions=BOTH,
-      name="pytorch_attention",
-      gpu="The handout's grid (batch 8, d 16-128, T 256-16,384) runs on a GPU: `make writeup PROFILE=gpu`."),
-    Q("pytorch_attention(b)", "How much memory does the smallest configuration keep for backward, how does it grow "
-      "with the sequence, and what removes it?",
-      notebook="06", section="§1 and §5 Memory", reads=("06_naive_memory",), editions=BOTH, name="pytorch_attention",
-      gpu="Carries over exactly: the bytes are the same arithmetic on any device (checked byte for byte here)."),
-    Q("torch_compile(a)", "Is torch.compile of naive attention faster than the eager version?",
-      notebook="06", section="§1 torch.compile", reads=("06_compile_ratios",), editions=BOTH, name="torch_compile",
-      gpu="Inductor emits C++ loops for a CPU and Triton kernels for a GPU: `make writeup PROFILE=gpu` times the "
-          "GPU case."),
-    Q("torch_compile(b)", "Is the whole model faster compiled, forward and forward+backward+optimizer?",
-      notebook="02", section="§5 torch.compile of the whole model", reads=("rmsnorm_model_ratios",), editions=BOTH,
-      name="torch_compile",
-      gpu="Fusion there saves memory traffic and kernel launches; the gain is usually larger."),
-    Q("flash_forward(a)", "A tiled PyTorch FlashAttention-2 forward (online softmax, saves L): is it exact?",
-      notebook="06", section="§2 The algorithm, step by step", reads=("06_checks",), editions=BOTH,
-      name="flash_forward", gpu="Carries over: the same arithmetic; checked in float64 and float32 here."),
-    Q("flash_forward(b)", "The Triton forward kernel (grid of query tiles × batch, one loop over key tiles, fp32 "
-      "on-chip buffers): does it match its spec?",
-      notebook="06", section="§3 Triton kernels", reads=("06_checks",), editions=BOTH, name="flash_forward",
-      gpu="Checked here in Triton's interpreter; `python -m helpers kernels` compiles it for sm_80/sm_90a (registers, "
-          "spills); it is timed only on a GPU (`make writeup PROFILE=gpu`)."),
-    Q("flash_forward(c)", "Causal masking inside the tile: is it right?",
-      notebook="06", section="§3 Triton kernels", reads=("06_checks",), editions=BOTH, name="flash_forward",
-      gpu="As (b): checked here in the interpreter, causal and not."),
-    Q("flash_backward", "The backward by recomputation from L with D = rowsum(dO ∘ O): is it exact?",
-      notebook="06", section="§2 and §3", reads=("06_checks",), editions=BOTH, name="flash_backward",
-      gpu="As flash_forward(b): the Triton backward kernels are checked here in the interpreter, timed on a GPU."),
-    Q("flash_benchmarking", "Forward, backward and end-to-end latency of the FlashAttention kernels against plain "
-      "PyTorch attention, per sequence length, head dim and dtype (batch 1, causal)?",
-      notebook="06", section="§4 Benchmarks", reads=("attention_bench",), editions=BOTH, name="flash_benchmarking",
-      gpu="The Triton kernel is timed only on a GPU: `make writeup PROFILE=gpu`, or `python -m helpers bench attention "
-          "--seq 128 1024 8192 65536 --head-dim 64`."),
-    Q("2025 leaderboard", "FlashAttention-2 forward+backward, bf16, causal, 16 heads × d 64, sequence 16,384 on one "
-      "H100: how fast?",
-      notebook="06", section="The leaderboard configuration", reads=("06_leaderboard",), editions=(2025,),
-      name="leaderboard",
-      gpu="Only on a GPU: " + LEADERBOARD_CMD + ".",
-      references=(Reference.of(MARKS["leaderboard_2025_best"]), Reference.of(MARKS["leaderboard_2025_naive"]))),
+    Q(
+        "pytorch_attention(a)",
+        "Naive attention, batch 8 and one head, per head dim and sequence length: how long do "
+        "forward and backward take, and where does it run out of memory?",
+        notebook="06",
+        section="§1 Naive attention's cost",
+        reads=("06_naive_attention",),
+        editions=BOTH,
+        name="pytorch_attention",
+        gpu="The handout's grid (batch 8, d 16-128, T 256-16,384) runs on a GPU: `make writeup PROFILE=gpu`.",
+    ),
+    Q(
+        "pytorch_attention(b)",
+        "How much memory does the smallest configuration keep for backward, how does it grow "
+        "with the sequence, and what removes it?",
+        notebook="06",
+        section="§1 and §5 Memory",
+        reads=("06_naive_memory",),
+        editions=BOTH,
+        name="pytorch_attention",
+        gpu="Carries over exactly: the bytes are the same arithmetic on any device (checked byte for byte here).",
+    ),
+    Q(
+        "torch_compile(a)",
+        "Is torch.compile of naive attention faster than the eager version?",
+        notebook="06",
+        section="§1 torch.compile",
+        reads=("06_compile_ratios",),
+        editions=BOTH,
+        name="torch_compile",
+        gpu="Inductor emits C++ loops for a CPU and Triton kernels for a GPU: `make writeup PROFILE=gpu` times the "
+        "GPU case.",
+    ),
+    Q(
+        "torch_compile(b)",
+        "Is the whole model faster compiled, forward and forward+backward+optimizer?",
+        notebook="02",
+        section="§5 torch.compile of the whole model",
+        reads=("rmsnorm_model_ratios",),
+        editions=BOTH,
+        name="torch_compile",
+        gpu="Fusion there saves memory traffic and kernel launches; the gain is usually larger.",
+    ),
+    Q(
+        "flash_forward(a)",
+        "A tiled PyTorch FlashAttention-2 forward (online softmax, saves L): is it exact?",
+        notebook="06",
+        section="§2 The algorithm, step by step",
+        reads=("06_checks",),
+        editions=BOTH,
+        name="flash_forward",
+        gpu="Carries over: the same arithmetic; checked in float64 and float32 here.",
+    ),
+    Q(
+        "flash_forward(b)",
+        "The Triton forward kernel (grid of query tiles × batch, one loop over key tiles, fp32 "
+        "on-chip buffers): does it match its spec?",
+        notebook="06",
+        section="§3 Triton kernels",
+        reads=("06_checks",),
+        editions=BOTH,
+        name="flash_forward",
+        gpu="Checked here in Triton's interpreter; `python -m helpers kernels` compiles it for sm_80/sm_90a (registers, "
+        "spills); it is timed only on a GPU (`make writeup PROFILE=gpu`).",
+    ),
+    Q(
+        "flash_forward(c)",
+        "Causal masking inside the tile: is it right?",
+        notebook="06",
+        section="§3 Triton kernels",
+        reads=("06_checks",),
+        editions=BOTH,
+        name="flash_forward",
+        gpu="As (b): checked here in the interpreter, causal and not.",
+    ),
+    Q(
+        "flash_backward",
+        "The backward by recomputation from L with D = rowsum(dO ∘ O): is it exact?",
+        notebook="06",
+        section="§2 and §3",
+        reads=("06_checks",),
+        editions=BOTH,
+        name="flash_backward",
+        gpu="As flash_forward(b): the Triton backward kernels are checked here in the interpreter, timed on a GPU.",
+    ),
+    Q(
+        "flash_benchmarking",
+        "Forward, backward and end-to-end latency of the FlashAttention kernels against plain "
+        "PyTorch attention, per sequence length, head dim and dtype (batch 1, causal)?",
+        notebook="06",
+        section="§4 Benchmarks",
+        reads=("attention_bench",),
+        editions=BOTH,
+        name="flash_benchmarking",
+        gpu="The Triton kernel is timed only on a GPU: `make writeup PROFILE=gpu`, or `python -m helpers bench attention "
+        "--seq 128 1024 8192 65536 --head-dim 64`.",
+    ),
+    Q(
+        "2025 leaderboard",
+        "FlashAttention-2 forward+backward, bf16, causal, 16 heads × d 64, sequence 16,384 on one H100: how fast?",
+        notebook="06",
+        section="The leaderboard configuration",
+        reads=("06_leaderboard",),
+        editions=(2025,),
+        name="leaderboard",
+        gpu="Only on a GPU: " + LEADERBOARD_CMD + ".",
+        references=(Reference.of(MARKS["leaderboard_2025_best"]), Reference.of(MARKS["leaderboard_2025_naive"])),
+    ),
 ]
 register(QUESTIONS)
 
@@ -74,22 +152,41 @@ def naive_times(q, saved):
         if not part["fwd+bwd"].is_monotonic_increasing:
             flat.append(str(d))
         lo, hi = part.index.min(), part.index.max()
-        lines.append(f"d {d}: forward+backward {fmt_s(part.loc[lo, 'fwd+bwd'])} at T {lo}, "
-                     f"{fmt_s(part.loc[hi, 'fwd+bwd'])} at T {hi}: {part.loc[hi, 'fwd+bwd'] / part.loc[lo, 'fwd+bwd']:.0f}x "
-                     f"for {hi // lo}x the length ({(hi // lo) ** 2}x the T² scores)")
-        rows += [{"d": int(d), "T": int(T), "forward": fmt_s(r["fwd"]), "backward": fmt_s(r["bwd"]),
-                  "forward+backward": fmt_s(r["fwd+bwd"])} for T, r in part.iterrows()]
+        lines.append(
+            f"d {d}: forward+backward {fmt_s(part.loc[lo, 'fwd+bwd'])} at T {lo}, "
+            f"{fmt_s(part.loc[hi, 'fwd+bwd'])} at T {hi}: {part.loc[hi, 'fwd+bwd'] / part.loc[lo, 'fwd+bwd']:.0f}x "
+            f"for {hi // lo}x the length ({(hi // lo) ** 2}x the T² scores)"
+        )
+        rows += [
+            {
+                "d": int(d),
+                "T": int(T),
+                "forward": fmt_s(r["fwd"]),
+                "backward": fmt_s(r["bwd"]),
+                "forward+backward": fmt_s(r["fwd+bwd"]),
+            }
+            for T, r in part.iterrows()
+        ]
     b = int(t["batch"].iloc[0])
-    where = (f"It ran out of memory first at T {int(oom['T'].min())} (d {int(oom.sort_values('T')['d'].iloc[0])})."
-             if len(oom) else "Nothing ran out of memory on this machine's grid.")
+    where = (
+        f"It ran out of memory first at T {int(oom['T'].min())} (d {int(oom.sort_values('T')['d'].iloc[0])})."
+        if len(oom)
+        else "Nothing ran out of memory on this machine's grid."
+    )
     B, d, T = HANDOUT_GRID["batch"], max(HANDOUT_GRID["head_dims"]), max(HANDOUT_GRID["seq_lens"])
     kept = B * T * T * 4 + B * T * d * 4  # P + O, fp32 (experiments.attention.saved_bytes_formula)
-    noise = (f" For d {', '.join(flat)} a longer sequence was not always slower: there the machine's load, not "
-             "attention, set the times (rerun notebook 06 on a quiet machine)." if flat else "")
-    return Answer(f"Median of the timed steps, batch {b}, one head, fp32: " + "; ".join(lines) + f".{noise} {where} "
-                  f"For the handout's largest shape (batch {B}, T {T}, d {d}) the forward alone keeps P + O = "
-                  f"{fmt_mib(kept / 2**20)} for backward, before backward's own T × T gradients. Every timing:",
-                  table=tuple(rows))
+    noise = (
+        f" For d {', '.join(flat)} a longer sequence was not always slower: there the machine's load, not "
+        "attention, set the times (rerun notebook 06 on a quiet machine)."
+        if flat
+        else ""
+    )
+    return Answer(
+        f"Median of the timed steps, batch {b}, one head, fp32: " + "; ".join(lines) + f".{noise} {where} "
+        f"For the handout's largest shape (batch {B}, T {T}, d {d}) the forward alone keeps P + O = "
+        f"{fmt_mib(kept / 2**20)} for backward, before backward's own T × T gradients. Every timing:",
+        table=tuple(rows),
+    )
 
 
 @answers("pytorch_attention(b)")
@@ -102,12 +199,14 @@ def naive_memory(q, saved):
     d0 = ran[ran["d"] == small["d"]].set_index("T")["saved_bytes"]
     growth = ", ".join(f"T {a}→{b}: {d0[b] / d0[a]:.2f}x" for a, b in zip(d0.index, d0.index[1:]))
     B, T, d = int(small["batch"]), int(small["T"]), int(small["d"])
-    return (f"Smallest configuration (batch {B}, T {T}, d {d}, fp32): {int(small['saved_bytes']):,} bytes live for "
-            f"backward beyond q, k, v, exactly the softmax output P (B·T²·4 = {int(small['score_matrix_bytes']):,}) "
-            f"plus the output O (B·T·d·4 = {B * T * d * 4:,}); every configuration that ran matched that formula byte "
-            f"for byte. With the sequence it grows towards 4x per doubling as P takes over ({growth}). FlashAttention "
-            "removes it: it never stores P, keeps O and one logsumexp per row, and recomputes the scores tile by tile "
-            "in backward, so what it keeps grows as O(T) (§5 measures both).")
+    return (
+        f"Smallest configuration (batch {B}, T {T}, d {d}, fp32): {int(small['saved_bytes']):,} bytes live for "
+        f"backward beyond q, k, v, exactly the softmax output P (B·T²·4 = {int(small['score_matrix_bytes']):,}) "
+        f"plus the output O (B·T·d·4 = {B * T * d * 4:,}); every configuration that ran matched that formula byte "
+        f"for byte. With the sequence it grows towards 4x per doubling as P takes over ({growth}). FlashAttention "
+        "removes it: it never stores P, keeps O and one logsumexp per row, and recomputes the scores tile by tile "
+        "in backward, so what it keeps grows as O(T) (§5 measures both)."
+    )
 
 
 @answers("torch_compile(a)")
@@ -120,11 +219,13 @@ def compiled_attention(q, saved):
         parts.append(f"{row['pass']}: " + compare_text("compiled", "eager naive", ratio, f"{row['pass']} time"))
         faster.append(ratio.differs and ratio.median < 1)
     shape = saved.run("06_compile_ratios").provenance.get("shape")
-    gpu = ("Compiled was measurably faster here; on a GPU inductor fuses the scale, mask and softmax into Triton "
-           "kernels around the two matmuls, which usually helps more, but the T × T matrices remain."
-           if all(faster) else
-           "Compiled was not measurably faster here in every pass; on a GPU inductor's fused Triton softmax usually "
-           "helps, though the T × T matrices remain: `make writeup PROFILE=gpu` measures it.")
+    gpu = (
+        "Compiled was measurably faster here; on a GPU inductor fuses the scale, mask and softmax into Triton "
+        "kernels around the two matmuls, which usually helps more, but the T × T matrices remain."
+        if all(faster)
+        else "Compiled was not measurably faster here in every pass; on a GPU inductor's fused Triton softmax usually "
+        "helps, though the T × T matrices remain: `make writeup PROFILE=gpu` measures it."
+    )
     return Answer(f"Shape (B, H, T, d) = {shape}, interleaved: " + "; ".join(parts) + ".", gpu)
 
 
@@ -150,29 +251,35 @@ def _listed(rows) -> str:
 @answers("flash_forward(a)")
 def flash_pytorch(q, saved):
     rows = _checks(saved, "online softmax", "FlashAttentionPyTorch")
-    return ("`helpers.attention.FlashAttentionPyTorch` loops over query tiles and, inside, key tiles, keeping a "
-            "running max m, a rescaled running sum l and an unnormalised output; it returns O and saves L = m + log l "
-            "(one number per row) with q, k, v and O. Checked in this run: " + _listed(rows) + ".")
+    return (
+        "`helpers.attention.FlashAttentionPyTorch` loops over query tiles and, inside, key tiles, keeping a "
+        "running max m, a rescaled running sum l and an unnormalised output; it returns O and saves L = m + log l "
+        "(one number per row) with q, k, v and O. Checked in this run: " + _listed(rows) + "."
+    )
 
 
 @answers("flash_forward(b)", "flash_forward(c)")
 def flash_triton(q, saved):
     rows = _checks(saved, "Triton forward", "FlashAttentionTriton")
     mode = saved.run("06_checks").provenance.get("triton_mode")
-    what = ("`helpers.attention.attn_fwd_kernel`: one program per (query tile, batch·head), one loop over key tiles "
-            "with fp32 accumulators on chip, P̃ cast to V's dtype before the second matmul"
-            if q.number.endswith("(b)") else
-            "Causal masking compares query and key indices inside the tile and sets masked scores to -1e6 (key tiles "
-            "wholly above the diagonal are skipped)")
+    what = (
+        "`helpers.attention.attn_fwd_kernel`: one program per (query tile, batch·head), one loop over key tiles "
+        "with fp32 accumulators on chip, P̃ cast to V's dtype before the second matmul"
+        if q.number.endswith("(b)")
+        else "Causal masking compares query and key indices inside the tile and sets masked scores to -1e6 (key tiles "
+        "wholly above the diagonal are skipped)"
+    )
     return f"{what}. Checked in this run (Triton {mode}), causal and not: " + _listed(rows) + "."
 
 
 @answers("flash_backward")
 def flash_backward(q, saved):
     rows = _checks(saved, "backward from L", "Triton backward", "FlashAttentionPyTorch", "FlashAttentionTriton")
-    return ("The backward recomputes S = QKᵀ/√d and P = exp(S − L) tile by tile from the saved L, with D = rowsum(dO ∘ "
-            "O) so that dS = P ∘ (dP − D); one kernel accumulates dK, dV over query tiles, another dQ over key tiles. "
-            "Checked in this run: " + _listed(rows) + ".")
+    return (
+        "The backward recomputes S = QKᵀ/√d and P = exp(S − L) tile by tile from the saved L, with D = rowsum(dO ∘ "
+        "O) so that dS = P ∘ (dP − D); one kernel accumulates dK, dV over query tiles, another dQ over key tiles. "
+        "Checked in this run: " + _listed(rows) + "."
+    )
 
 
 @answers("flash_benchmarking")
@@ -182,34 +289,49 @@ def flash_bench(q, saved):
     parts = []
     for (dtype, T, d), g in b.groupby(["dtype", "T", "d"]):
         per = g.pivot_table(index="impl", columns="pass", values="median_s")
-        parts.append(f"{dtype} T {T} d {d}: " + ", ".join(
-            f"{impl} {fmt_s(r['fwd'])} / {fmt_s(r['bwd'])} / {fmt_s(r['fwd+bwd'])}" for impl, r in per.iterrows()))
+        parts.append(
+            f"{dtype} T {T} d {d}: "
+            + ", ".join(
+                f"{impl} {fmt_s(r['fwd'])} / {fmt_s(r['bwd'])} / {fmt_s(r['fwd+bwd'])}" for impl, r in per.iterrows()
+            )
+        )
     timed = set(b["impl"])
-    triton = ("" if "flash_triton" in timed else
-              " The Triton kernel was not timed on this machine (it runs in the interpreter here); "
-              + q.gpu.split("only on a GPU: ")[-1])
-    text = ("Forward / backward / forward+backward medians, causal, from separate loops (a table, not a ranking; "
-            "the paired comparison is the leaderboard's): " + "; ".join(parts) + "." + triton)
+    triton = (
+        ""
+        if "flash_triton" in timed
+        else " The Triton kernel was not timed on this machine (it runs in the interpreter here); "
+        + q.gpu.split("only on a GPU: ")[-1]
+    )
+    text = (
+        "Forward / backward / forward+backward medians, causal, from separate loops (a table, not a ranking; "
+        "the paired comparison is the leaderboard's): " + "; ".join(parts) + "." + triton
+    )
     return Answer(text, status="partial", missing="the Triton kernel timed on a GPU") if triton else text
 
 
 @answers("2025 leaderboard")
 def leaderboard_2025(q, saved):
     cfg = {"batch": 1, "heads": 16, "T": 16384, "d": 64}
-    flops = sum(A.attention_flops(cfg["batch"] * cfg["heads"], cfg["T"], cfg["T"], cfg["d"], True, backward=bw)
-                for bw in (False, True))
+    flops = sum(
+        A.attention_flops(cfg["batch"] * cfg["heads"], cfg["T"], cfg["T"], cfg["d"], True, backward=bw)
+        for bw in (False, True)
+    )
     p_bytes = A.score_matrix_bytes(cfg["batch"] * cfg["heads"], cfg["T"], cfg["T"], torch.bfloat16)
-    facts = (f"The configuration is {flops / 1e12:.2f} TFLOP per forward+backward (causal half) and naive attention's "
-             f"P alone is {fmt_mib(p_bytes / 2**20)} in bf16.")
+    facts = (
+        f"The configuration is {flops / 1e12:.2f} TFLOP per forward+backward (causal half) and naive attention's "
+        f"P alone is {fmt_mib(p_bytes / 2**20)} in bf16."
+    )
     if not saved.has("06_leaderboard"):
         raise NeedsGPU(f"{facts} It needs a GPU: run {LEADERBOARD_CMD}, or notebook 06 with PROFILE=gpu")
     lb = saved.frame("06_leaderboard").set_index("impl")
     best, naive = MARKS["leaderboard_2025_best"], MARKS["leaderboard_2025_naive"]
     ours = lb.loc["flash_triton"]
-    vs = "; ".join(compare_text(impl, "flash_triton", ratio_of(row)) for impl, row in lb.iterrows()
-                   if impl != "flash_triton")
+    vs = "; ".join(
+        compare_text(impl, "flash_triton", ratio_of(row)) for impl, row in lb.iterrows() if impl != "flash_triton"
+    )
     device = saved.run("06_leaderboard").provenance.get("device")
-    return (f"On {device}: flash_triton {ours['median_ms']:.2f} ms ({ours['TFLOPs']:.0f} TFLOP/s), "
-            f"{best.share(ours['median_ms']):.0%} of the best class entry's speed ({best.value:g} ms) and "
-            f"{naive.value / ours['median_ms']:.1f}x faster than the published naive ({naive.value:g} ms). {vs}. "
-            + facts)
+    return (
+        f"On {device}: flash_triton {ours['median_ms']:.2f} ms ({ours['TFLOPs']:.0f} TFLOP/s), "
+        f"{best.share(ours['median_ms']):.0%} of the best class entry's speed ({best.value:g} ms) and "
+        f"{naive.value / ours['median_ms']:.1f}x faster than the published naive ({naive.value:g} ms). {vs}. " + facts
+    )

@@ -1,5 +1,6 @@
 """Notebook 07's questions (the 2026 edition's activation checkpointing, FSDP, ring all-reduce, the four calculators and
 the leaderboard plan; the 2025 edition's communication accounting) and their answers from what notebook 07 saved."""
+
 from __future__ import annotations
 
 import math
@@ -10,78 +11,188 @@ from helpers.published import MARKS
 
 Q = Question
 QUESTIONS = [
-    Q("communication_accounting(a)", "The FFN-only XXL model (d 16,384, d_ff 53,248, 126 blocks), fp32 states and "
-      "bf16 activations: how much memory on one device, and how many 80 GB H100s for the states alone?",
-      notebook="07", section="§7 The 2025 XXL accounting", reads=(), editions=(2025,), name="communication_accounting",
-      gpu="A closed form (`formulas.xxl_memory`): the same on every machine."),
-    Q("communication_accounting(b)", "With FSDP over N devices and half the activations sharded, what does each "
-      "device hold, and what N fits 95 GB?",
-      notebook="07", section="§7 The 2025 XXL accounting", reads=(), editions=(2025,), name="communication_accounting",
-      gpu="A closed form (`formulas.xxl_min_fsdp`): the same on every machine."),
-    Q("communication_accounting(c)", "With FSDP over X = 16 × TP over Y = 4 on a TPU-v5p mesh (M_X = 2, M_Y = 1), "
-      "forward only: from what per-device batch is it compute-bound, and what is the overall batch?",
-      notebook="07", section="§7 The 2025 XXL accounting", reads=(), editions=(2025,), name="communication_accounting",
-      gpu="A closed form with the handout's C and W (`formulas.xxl_compute_bound`); plug in another device's figures."),
-    Q("communication_accounting(d)", "Which tricks lower that batch while staying compute-bound?",
-      notebook="07", section="§7 The 2025 XXL accounting", reads=(), editions=(2025,), name="communication_accounting",
-      gpu="Reasoning from the same closed form; the same on every machine."),
-    Q("gradient_checkpointing(a)", "With nesting allowed, which checkpointing strategy minimises peak activation "
-      "memory for N identical blocks, and what are its memory and compute?",
-      notebook="07", section="§5 Activation checkpointing", reads=("07_checkpoint",), editions=(2026,),
-      name="gradient_checkpointing",
-      gpu="The asymptotics carry over; the measured one-level sweep here is a CPU preset."),
-    Q("gradient_checkpointing(b)", "One level of recomputation only: the best checkpoint block size, measured against "
-      "the next smaller and larger (the handout: xl at batch 4 × 2048)?",
-      notebook="07", section="§5 Activation checkpointing", reads=("07_checkpoint",), editions=(2026,),
-      name="gradient_checkpointing",
-      gpu="The gpu profile measures the 2024/2025 xl at batch 4 × 1024 (`make writeup PROFILE=gpu`); the closed form "
-          "covers the 2026 handout's xl (Table 1: 2560/10240/32 layers/32 heads) at 4 × 2048."),
-    Q("fsdp", "A wrapper that shards every Linear and Embedding weight, gathers with bounded prefetch, reduce-scatters "
-      "gradients, keeps fp32 master weights under a compute dtype: does it train like one process?",
-      notebook="07", section="§1 Correctness", reads=("07_equivalence",), editions=(2026,), name="fsdp",
-      gpu="Carries over: the bound is float arithmetic and covers any reduction order, NCCL's included."),
-    Q("fsdp_accounting(a)", "What peak-memory saving does FSDP give, against DDP and ZeRO-1 (the handout's xl on two "
-      "GPUs)?",
-      notebook="07", section="§2 Memory per rank", reads=("07_zero_check", "07_memory"), editions=(2026,),
-      name="fsdp_accounting",
-      gpu="The accounting carries over exactly; the sizes scale with the model."),
-    Q("fsdp_accounting(b)", "Does each weight's all-gather finish in time for its forward (trace evidence)?",
-      notebook="07", section="§3 Bytes and timeliness", reads=("07_gather_timeliness",), editions=(2026,),
-      name="fsdp_accounting",
-      gpu="Does not carry over: gloo on CPU shares cores with compute; xl on two GPUs with NCCL needs "
-          "`make writeup PROFILE=gpu` on a two-GPU machine."),
-    Q("alternate_ring_all_reduce", "An all-reduce that forwards each original chunk instead of a partial sum: its "
-      "time in S, N, W, against the ring's 2(N−1)/N · S/W?",
-      notebook="07", section="§6 Ring all-reduce by hand", reads=("07_ring",), editions=(2026,),
-      name="alternate_ring_all_reduce",
-      gpu="The formulas carry over; the fitted α and W here are gloo on one host's loopback."),
-    Q("data_parallel_calcs", "One gated FFN (x W1, x W2, f(x1) ∗ x2, z W3), 16-bit, data-parallel over N_DP devices: "
-      "FLOPs and communication per device in B, D, D_FF, N_DP, and the inequality in N_DP that keeps it compute-bound?",
-      notebook="07", section="§7 Calculators", reads=(), editions=(2026,), name="data_parallel_calcs",
-      gpu="Closed forms in C and W; the worked example uses H100-like figures (plug in a B200's for the 2026 handout)."),
-    Q("fsdp_calcs", "The same FFN under FSDP over N_FSDP devices: FLOPs, communication and the compute-bound "
-      "inequality, forward and backward?",
-      notebook="07", section="§7 Calculators", reads=(), editions=(2026,), name="fsdp_calcs",
-      gpu="Closed forms in C and W; the worked example uses H100-like figures."),
-    Q("tp_calcs(a)", "The same FFN under tensor parallelism (W1, W2 by columns, W3 by rows): the backward equations, "
-      "and FLOPs and communication per device, forward and backward?",
-      notebook="07", section="§7 Calculators", reads=(), editions=(2026,), name="tp_calcs",
-      gpu="Closed forms in C and W; the worked example uses H100-like figures."),
-    Q("tp_calcs(b)", "Up to how many TP devices does it stay compute-bound, forward and backward?",
-      notebook="07", section="§7 Calculators", reads=(), editions=(2026,), name="tp_calcs",
-      gpu="Closed forms in C and W; the worked example uses H100-like figures."),
-    *[Q(f"fsdp_tp_calcs{part}", ask, notebook="07", section="§7 Calculators", reads=(), editions=(2026,),
-        name="fsdp_tp_calcs", gpu="Closed forms in C and W; the worked example uses H100-like figures.")
-      for part, ask in (("(a)", "FSDP × TP (N = N_FSDP · N_TP), forward pass: FLOPs per device?"),
-                        ("(b)", "Forward communication time per device?"),
-                        ("(c)", "With communication overlapped: the most devices N that stay compute-bound?"),
-                        ("(d)", "Without overlap: the most devices N that stay compute-bound?"))],
-    Q("2026 leaderboard", "The fastest full AdamW step of the ~8B model (d 4096, d_ff 11,008, 34 layers, vocabulary "
-      "151,936, batch 2 × 32,768) on two GPUs: which plan fits, and how fast can it be?",
-      notebook="07", section="§8 The 2026 leaderboard as a plan", reads=(), editions=(2026,), name="leaderboard",
-      gpu="A plan from closed forms at a stated MFU and link bandwidth; timing it needs two GPUs with a trainer of "
-          "this model, which the companion does not ship.",
-      references=(Reference.of(MARKS["leaderboard_2026_best"]), Reference.of(MARKS["leaderboard_2026_baseline"]))),
+    Q(
+        "communication_accounting(a)",
+        "The FFN-only XXL model (d 16,384, d_ff 53,248, 126 blocks), fp32 states and "
+        "bf16 activations: how much memory on one device, and how many 80 GB H100s for the states alone?",
+        notebook="07",
+        section="§7 The 2025 XXL accounting",
+        reads=(),
+        editions=(2025,),
+        name="communication_accounting",
+        gpu="A closed form (`formulas.xxl_memory`): the same on every machine.",
+    ),
+    Q(
+        "communication_accounting(b)",
+        "With FSDP over N devices and half the activations sharded, what does each device hold, and what N fits 95 GB?",
+        notebook="07",
+        section="§7 The 2025 XXL accounting",
+        reads=(),
+        editions=(2025,),
+        name="communication_accounting",
+        gpu="A closed form (`formulas.xxl_min_fsdp`): the same on every machine.",
+    ),
+    Q(
+        "communication_accounting(c)",
+        "With FSDP over X = 16 × TP over Y = 4 on a TPU-v5p mesh (M_X = 2, M_Y = 1), "
+        "forward only: from what per-device batch is it compute-bound, and what is the overall batch?",
+        notebook="07",
+        section="§7 The 2025 XXL accounting",
+        reads=(),
+        editions=(2025,),
+        name="communication_accounting",
+        gpu="A closed form with the handout's C and W (`formulas.xxl_compute_bound`); plug in another device's figures.",
+    ),
+    Q(
+        "communication_accounting(d)",
+        "Which tricks lower that batch while staying compute-bound?",
+        notebook="07",
+        section="§7 The 2025 XXL accounting",
+        reads=(),
+        editions=(2025,),
+        name="communication_accounting",
+        gpu="Reasoning from the same closed form; the same on every machine.",
+    ),
+    Q(
+        "gradient_checkpointing(a)",
+        "With nesting allowed, which checkpointing strategy minimises peak activation "
+        "memory for N identical blocks, and what are its memory and compute?",
+        notebook="07",
+        section="§5 Activation checkpointing",
+        reads=("07_checkpoint",),
+        editions=(2026,),
+        name="gradient_checkpointing",
+        gpu="The asymptotics carry over; the measured one-level sweep here is a CPU preset.",
+    ),
+    Q(
+        "gradient_checkpointing(b)",
+        "One level of recomputation only: the best checkpoint block size, measured against "
+        "the next smaller and larger (the handout: xl at batch 4 × 2048)?",
+        notebook="07",
+        section="§5 Activation checkpointing",
+        reads=("07_checkpoint",),
+        editions=(2026,),
+        name="gradient_checkpointing",
+        gpu="The gpu profile measures the 2024/2025 xl at batch 4 × 1024 (`make writeup PROFILE=gpu`); the closed form "
+        "covers the 2026 handout's xl (Table 1: 2560/10240/32 layers/32 heads) at 4 × 2048.",
+    ),
+    Q(
+        "fsdp",
+        "A wrapper that shards every Linear and Embedding weight, gathers with bounded prefetch, reduce-scatters "
+        "gradients, keeps fp32 master weights under a compute dtype: does it train like one process?",
+        notebook="07",
+        section="§1 Correctness",
+        reads=("07_equivalence",),
+        editions=(2026,),
+        name="fsdp",
+        gpu="Carries over: the bound is float arithmetic and covers any reduction order, NCCL's included.",
+    ),
+    Q(
+        "fsdp_accounting(a)",
+        "What peak-memory saving does FSDP give, against DDP and ZeRO-1 (the handout's xl on two GPUs)?",
+        notebook="07",
+        section="§2 Memory per rank",
+        reads=("07_zero_check", "07_memory"),
+        editions=(2026,),
+        name="fsdp_accounting",
+        gpu="The accounting carries over exactly; the sizes scale with the model.",
+    ),
+    Q(
+        "fsdp_accounting(b)",
+        "Does each weight's all-gather finish in time for its forward (trace evidence)?",
+        notebook="07",
+        section="§3 Bytes and timeliness",
+        reads=("07_gather_timeliness",),
+        editions=(2026,),
+        name="fsdp_accounting",
+        gpu="Does not carry over: gloo on CPU shares cores with compute; xl on two GPUs with NCCL needs "
+        "`make writeup PROFILE=gpu` on a two-GPU machine.",
+    ),
+    Q(
+        "alternate_ring_all_reduce",
+        "An all-reduce that forwards each original chunk instead of a partial sum: its "
+        "time in S, N, W, against the ring's 2(N−1)/N · S/W?",
+        notebook="07",
+        section="§6 Ring all-reduce by hand",
+        reads=("07_ring",),
+        editions=(2026,),
+        name="alternate_ring_all_reduce",
+        gpu="The formulas carry over; the fitted α and W here are gloo on one host's loopback.",
+    ),
+    Q(
+        "data_parallel_calcs",
+        "One gated FFN (x W1, x W2, f(x1) ∗ x2, z W3), 16-bit, data-parallel over N_DP devices: "
+        "FLOPs and communication per device in B, D, D_FF, N_DP, and the inequality in N_DP that keeps it compute-bound?",
+        notebook="07",
+        section="§7 Calculators",
+        reads=(),
+        editions=(2026,),
+        name="data_parallel_calcs",
+        gpu="Closed forms in C and W; the worked example uses H100-like figures (plug in a B200's for the 2026 handout).",
+    ),
+    Q(
+        "fsdp_calcs",
+        "The same FFN under FSDP over N_FSDP devices: FLOPs, communication and the compute-bound "
+        "inequality, forward and backward?",
+        notebook="07",
+        section="§7 Calculators",
+        reads=(),
+        editions=(2026,),
+        name="fsdp_calcs",
+        gpu="Closed forms in C and W; the worked example uses H100-like figures.",
+    ),
+    Q(
+        "tp_calcs(a)",
+        "The same FFN under tensor parallelism (W1, W2 by columns, W3 by rows): the backward equations, "
+        "and FLOPs and communication per device, forward and backward?",
+        notebook="07",
+        section="§7 Calculators",
+        reads=(),
+        editions=(2026,),
+        name="tp_calcs",
+        gpu="Closed forms in C and W; the worked example uses H100-like figures.",
+    ),
+    Q(
+        "tp_calcs(b)",
+        "Up to how many TP devices does it stay compute-bound, forward and backward?",
+        notebook="07",
+        section="§7 Calculators",
+        reads=(),
+        editions=(2026,),
+        name="tp_calcs",
+        gpu="Closed forms in C and W; the worked example uses H100-like figures.",
+    ),
+    *[
+        Q(
+            f"fsdp_tp_calcs{part}",
+            ask,
+            notebook="07",
+            section="§7 Calculators",
+            reads=(),
+            editions=(2026,),
+            name="fsdp_tp_calcs",
+            gpu="Closed forms in C and W; the worked example uses H100-like figures.",
+        )
+        for part, ask in (
+            ("(a)", "FSDP × TP (N = N_FSDP · N_TP), forward pass: FLOPs per device?"),
+            ("(b)", "Forward communication time per device?"),
+            ("(c)", "With communication overlapped: the most devices N that stay compute-bound?"),
+            ("(d)", "Without overlap: the most devices N that stay compute-bound?"),
+        )
+    ],
+    Q(
+        "2026 leaderboard",
+        "The fastest full AdamW step of the ~8B model (d 4096, d_ff 11,008, 34 layers, vocabulary "
+        "151,936, batch 2 × 32,768) on two GPUs: which plan fits, and how fast can it be?",
+        notebook="07",
+        section="§8 The 2026 leaderboard as a plan",
+        reads=(),
+        editions=(2026,),
+        name="leaderboard",
+        gpu="A plan from closed forms at a stated MFU and link bandwidth; timing it needs two GPUs with a trainer of "
+        "this model, which the companion does not ship.",
+        references=(Reference.of(MARKS["leaderboard_2026_best"]), Reference.of(MARKS["leaderboard_2026_baseline"])),
+    ),
 ]
 register(QUESTIONS)
 
@@ -91,13 +202,15 @@ def xxl_memory(q, saved):
     m = formulas.xxl_memory(tokens=0)
     per_token = formulas.xxl_activation_bytes_per_token()
     x = formulas.XXL
-    return (f"Ψ = 126 · 2 · d · d_ff = {m['params'] / 1e9:.1f} B parameters; fp32 weights, gradients and two AdamW "
-            f"moments are 16Ψ = {m['states'] / 1e12:.2f} TB on one device, {math.ceil(m['states'] / 80e9)} H100s of "
-            f"80 GB. Saved for backward (bf16): each block's two matmul inputs, 2(d + d_ff) = "
-            f"{2 * (x['d_model'] + x['d_ff']):,} bytes per token, {per_token / 1e6:.1f} MB per token over the "
-            f"126 blocks; for a batch of T tokens, T · {per_token / 1e6:.1f} MB "
-            f"(e.g. {formulas.xxl_memory(2048)['activations'] / 1e9:.1f} GB at 2,048 tokens, "
-            f"{math.ceil(formulas.xxl_memory(2048)['total'] / 80e9)} H100s with the states).")
+    return (
+        f"Ψ = 126 · 2 · d · d_ff = {m['params'] / 1e9:.1f} B parameters; fp32 weights, gradients and two AdamW "
+        f"moments are 16Ψ = {m['states'] / 1e12:.2f} TB on one device, {math.ceil(m['states'] / 80e9)} H100s of "
+        f"80 GB. Saved for backward (bf16): each block's two matmul inputs, 2(d + d_ff) = "
+        f"{2 * (x['d_model'] + x['d_ff']):,} bytes per token, {per_token / 1e6:.1f} MB per token over the "
+        f"126 blocks; for a batch of T tokens, T · {per_token / 1e6:.1f} MB "
+        f"(e.g. {formulas.xxl_memory(2048)['activations'] / 1e9:.1f} GB at 2,048 tokens, "
+        f"{math.ceil(formulas.xxl_memory(2048)['total'] / 80e9)} H100s with the states)."
+    )
 
 
 @answers("communication_accounting(b)")
@@ -107,38 +220,50 @@ def xxl_fsdp(q, saved):
     rows = []
     for tokens in (1024, 2048, 4096, 8192, 10_240):
         n = formulas.xxl_min_fsdp(tokens)
-        rows.append({"tokens per device": f"{tokens:,}", "smallest N": n,
-                     "GB per device at that N": round(formulas.xxl_memory(tokens, n)["total"] / 1e9, 1)})
-    return Answer(f"Per device, for T tokens per device: M(N) = 16Ψ/N + A(1 + 1/N)/2 with A = T · "
-                  f"{per_token / 1e6:.2f} MB, i.e. {16 * formulas.xxl_memory(0)['params'] / 1e12:.2f} TB/N + T · "
-                  f"{per_token / 2e6:.2f} MB · (1 + 1/N). It fits 95 GB when N ≥ (16Ψ + A/2)/(95 GB − A/2); as N grows "
-                  f"M(N) falls to A/2, so no N fits above T = 2 · 95 GB / {per_token / 1e6:.2f} MB ≈ {cap:,.0f} "
-                  "tokens per device. The smallest N for a few batches:", table=tuple(rows))
+        rows.append(
+            {
+                "tokens per device": f"{tokens:,}",
+                "smallest N": n,
+                "GB per device at that N": round(formulas.xxl_memory(tokens, n)["total"] / 1e9, 1),
+            }
+        )
+    return Answer(
+        f"Per device, for T tokens per device: M(N) = 16Ψ/N + A(1 + 1/N)/2 with A = T · "
+        f"{per_token / 1e6:.2f} MB, i.e. {16 * formulas.xxl_memory(0)['params'] / 1e12:.2f} TB/N + T · "
+        f"{per_token / 2e6:.2f} MB · (1 + 1/N). It fits 95 GB when N ≥ (16Ψ + A/2)/(95 GB − A/2); as N grows "
+        f"M(N) falls to A/2, so no N fits above T = 2 · 95 GB / {per_token / 1e6:.2f} MB ≈ {cap:,.0f} "
+        "tokens per device. The smallest N for a few batches:",
+        table=tuple(rows),
+    )
 
 
 @answers("communication_accounting(c)")
 def xxl_compute_bound(q, saved):
     t, mesh = formulas.TPU_V5P_LIKE, formulas.MESH_2025
     b = formulas.xxl_compute_bound(**mesh)
-    return (f"Per layer (the Scaling Book's mixed FSDP/TP): T_math = 4BDF/(XYC), the FSDP all-gather "
-            f"4DF/(Y·W·M_X), the TP collective 4BD/(X·W·M_Y). FSDP side: compute-bound once B/X ≥ C/(W·M_X) = "
-            f"{t['C']:.2g}/({t['W']:.2g} · {mesh['M_X']}) = {b['per_fsdp_shard']:,.0f} tokens per FSDP shard, i.e. "
-            f"{b['per_device']:,.0f} tokens per device (B/(XY), Y = {mesh['Y']}); the overall batch is "
-            f"B = {mesh['X']} · {b['per_fsdp_shard']:,.0f} ≈ {b['overall']:,.0f} tokens. TP side: compute-bound "
-            f"whatever the batch when F ≥ Y·C/(W·M_Y) = {b['tp_min_d_ff']:,.0f}; F = {formulas.XXL['d_ff']:,} "
-            f"{'satisfies' if b['tp_ok'] else 'does not satisfy'} it.")
+    return (
+        f"Per layer (the Scaling Book's mixed FSDP/TP): T_math = 4BDF/(XYC), the FSDP all-gather "
+        f"4DF/(Y·W·M_X), the TP collective 4BD/(X·W·M_Y). FSDP side: compute-bound once B/X ≥ C/(W·M_X) = "
+        f"{t['C']:.2g}/({t['W']:.2g} · {mesh['M_X']}) = {b['per_fsdp_shard']:,.0f} tokens per FSDP shard, i.e. "
+        f"{b['per_device']:,.0f} tokens per device (B/(XY), Y = {mesh['Y']}); the overall batch is "
+        f"B = {mesh['X']} · {b['per_fsdp_shard']:,.0f} ≈ {b['overall']:,.0f} tokens. TP side: compute-bound "
+        f"whatever the batch when F ≥ Y·C/(W·M_Y) = {b['tp_min_d_ff']:,.0f}; F = {formulas.XXL['d_ff']:,} "
+        f"{'satisfies' if b['tp_ok'] else 'does not satisfy'} it."
+    )
 
 
 @answers("communication_accounting(d)")
 def xxl_tricks(q, saved):
     b = formulas.xxl_compute_bound(**formulas.MESH_2025)
     more = formulas.xxl_compute_bound(**{**formulas.MESH_2025, "Y": 8})
-    return (f"The bound is B/X ≥ C/(W·M_X), per device C/(W·M_X·Y). To lower the batch and stay compute-bound: "
-            f"more TP (Y = 8 halves the per-device threshold to {more['per_device']:,.0f} tokens, while "
-            f"F = {formulas.XXL['d_ff']:,} ≥ {more['tp_min_d_ff']:,.0f} keeps the TP side compute-bound); more links on "
-            f"the FSDP axis (a larger M_X, e.g. a wraparound torus axis); gather the weights in a lower precision "
-            f"(int8/fp8 halves the bytes, halving {b['per_fsdp_shard']:,.0f}); overlap each layer's gather with the "
-            "previous layer's compute; or keep the weights resident (pure TP or pipeline stages) instead of gathering.")
+    return (
+        f"The bound is B/X ≥ C/(W·M_X), per device C/(W·M_X·Y). To lower the batch and stay compute-bound: "
+        f"more TP (Y = 8 halves the per-device threshold to {more['per_device']:,.0f} tokens, while "
+        f"F = {formulas.XXL['d_ff']:,} ≥ {more['tp_min_d_ff']:,.0f} keeps the TP side compute-bound); more links on "
+        f"the FSDP axis (a larger M_X, e.g. a wraparound torus axis); gather the weights in a lower precision "
+        f"(int8/fp8 halves the bytes, halving {b['per_fsdp_shard']:,.0f}); overlap each layer's gather with the "
+        "previous layer's compute; or keep the weights resident (pure TP or pipeline stages) instead of gathering."
+    )
 
 
 def _checkpoint(saved):
@@ -153,22 +278,38 @@ def nested(q, saved):
     strat = formulas.checkpoint_strategies(L)
     least = min(strat, key=lambda k: strat[k]["memory_blocks"])
     best = int(s.loc[s.index > 0, "peak_MiB"].idxmin())
-    names = {"none": "no checkpointing", "sqrt": "one level, √N segments", "nested": "nested halving",
-             "prefix": "recursive prefix checkpointing"}
-    rows = tuple({"strategy": names[k], "memory (blocks)": v["memory_blocks"],
-                  "forward passes": round(v["forward_passes"], 2),
-                  "asymptotics": {"none": "O(N) memory, O(N)", "sqrt": "O(√N) memory, O(N)",
-                                  "nested": "O(log N) memory, O(N log N)", "prefix": "O(1) memory, O(N²)"}[k]}
-                 for k, v in strat.items())
-    return Answer(f"Ignoring compute, as the question asks, the least memory is recursive prefix checkpointing: keep "
-                  "only the model's input; before each block's backward (last first) re-run the forward from that "
-                  "input up to the block, holding one running tensor, then the block's own activations. Peak: O(1) "
-                  "blocks; compute: N(N+1)/2 block forwards, O(N²). Nested halving (O(log N) memory, O(N log N) "
-                  f"compute) and one level of √N segments (O(√N), one extra forward) trade less compute for more "
-                  f"memory. For N = {L} the least is {names[least]} ({strat[least]['memory_blocks']} blocks); the "
-                  f"counts below. Measured here, one level ({p.get('model')}, {L} blocks): "
-                  f"{fmt_mib(s.loc[0, 'peak_MiB'])} without, {fmt_mib(s.loc[best, 'peak_MiB'])} at the best segment "
-                  f"size {best}.", table=rows)
+    names = {
+        "none": "no checkpointing",
+        "sqrt": "one level, √N segments",
+        "nested": "nested halving",
+        "prefix": "recursive prefix checkpointing",
+    }
+    rows = tuple(
+        {
+            "strategy": names[k],
+            "memory (blocks)": v["memory_blocks"],
+            "forward passes": round(v["forward_passes"], 2),
+            "asymptotics": {
+                "none": "O(N) memory, O(N)",
+                "sqrt": "O(√N) memory, O(N)",
+                "nested": "O(log N) memory, O(N log N)",
+                "prefix": "O(1) memory, O(N²)",
+            }[k],
+        }
+        for k, v in strat.items()
+    )
+    return Answer(
+        f"Ignoring compute, as the question asks, the least memory is recursive prefix checkpointing: keep "
+        "only the model's input; before each block's backward (last first) re-run the forward from that "
+        "input up to the block, holding one running tensor, then the block's own activations. Peak: O(1) "
+        "blocks; compute: N(N+1)/2 block forwards, O(N²). Nested halving (O(log N) memory, O(N log N) "
+        f"compute) and one level of √N segments (O(√N), one extra forward) trade less compute for more "
+        f"memory. For N = {L} the least is {names[least]} ({strat[least]['memory_blocks']} blocks); the "
+        f"counts below. Measured here, one level ({p.get('model')}, {L} blocks): "
+        f"{fmt_mib(s.loc[0, 'peak_MiB'])} without, {fmt_mib(s.loc[best, 'peak_MiB'])} at the best segment "
+        f"size {best}.",
+        table=rows,
+    )
 
 
 @answers("gradient_checkpointing(b)")
@@ -176,32 +317,45 @@ def best_block(q, saved):
     s, p = _checkpoint(saved)
     used = [k for k in s.index if k > 0]
     best = int(s.loc[used, "peak_MiB"].idxmin())
-    near = [k for k in (max([k for k in used if k < best], default=None), min([k for k in used if k > best],
-                                                                            default=None)) if k is not None]
-    rows = tuple({"segment size k": int(k), "peak": fmt_mib(s.loc[k, "peak_MiB"]),
-                  "median step": fmt_s(s.loc[k, "median_ms"] / 1e3),
-                  "step time / none [95% interval]": f"{s.loc[k, 'time / none']:.2f}x "
-                                                     f"[{s.loc[k, 'low']:.2f}-{s.loc[k, 'high']:.2f}]"}
-                 for k in [0, best] + near)
+    near = [
+        k
+        for k in (max([k for k in used if k < best], default=None), min([k for k in used if k > best], default=None))
+        if k is not None
+    ]
+    rows = tuple(
+        {
+            "segment size k": int(k),
+            "peak": fmt_mib(s.loc[k, "peak_MiB"]),
+            "median step": fmt_s(s.loc[k, "median_ms"] / 1e3),
+            "step time / none [95% interval]": f"{s.loc[k, 'time / none']:.2f}x "
+            f"[{s.loc[k, 'low']:.2f}-{s.loc[k, 'high']:.2f}]",
+        }
+        for k in [0, best] + near
+    )
     slower = s.loc[best, "low"] > 1
     flops_say = 4 / 3  # one more forward on a step of three forwards' FLOPs
-    against = ("above" if s.loc[best, "low"] > flops_say else "below" if s.loc[best, "high"] < flops_say else
-               "consistent with")
+    against = (
+        "above" if s.loc[best, "low"] > flops_say else "below" if s.loc[best, "high"] < flops_say else "consistent with"
+    )
     xl = formulas.get_config("xl-2026", context_length=2048)
     I = formulas.residual_stream_bytes(4, 2048, xl.d_model)
     A = formulas.activation_bytes(xl, 4, 2048)["blocks"] / xl.n_layers
     k_cont, k_int = formulas.best_segment(xl.n_layers, I, A)
-    return Answer(f"The 2026 handout's xl (Table 1: d {xl.d_model}, d_ff {xl.d_ff}, {xl.n_layers} layers, "
-                  f"{xl.n_heads} heads) at batch 4 × 2048, fp32, with this project's block (I = one block input, A = "
-                  f"its saved activations): k* = √(L·I/A) = {k_cont:.2f}, best integer k = {k_int}, since one block's "
-                  f"activations outweigh its input. Measured here ({p.get('model')}, {p.get('n_blocks')} blocks, batch "
-                  f"{p.get('batch')} × {p.get('context')}): the lowest peak is at k = {best} (the model's optimum there "
-                  f"{float(p['k_continuous']):.2f}). The price is one more forward, about a third of a step in FLOPs; "
-                  f"measured at k = {best} it is {s.loc[best, 'time / none']:.2f}x the step "
-                  f"[{s.loc[best, 'low']:.2f}-{s.loc[best, 'high']:.2f}], "
-                  f"{'measurably slower' if slower else 'inside the noise of this machine'}, {against} the "
-                  f"{flops_say:.2f}x the FLOPs predict. k against its neighbours:", table=rows, status="partial",
-                  missing="the handout's xl measured at 4 × 2048 needs a GPU; here a CPU preset and the closed form")
+    return Answer(
+        f"The 2026 handout's xl (Table 1: d {xl.d_model}, d_ff {xl.d_ff}, {xl.n_layers} layers, "
+        f"{xl.n_heads} heads) at batch 4 × 2048, fp32, with this project's block (I = one block input, A = "
+        f"its saved activations): k* = √(L·I/A) = {k_cont:.2f}, best integer k = {k_int}, since one block's "
+        f"activations outweigh its input. Measured here ({p.get('model')}, {p.get('n_blocks')} blocks, batch "
+        f"{p.get('batch')} × {p.get('context')}): the lowest peak is at k = {best} (the model's optimum there "
+        f"{float(p['k_continuous']):.2f}). The price is one more forward, about a third of a step in FLOPs; "
+        f"measured at k = {best} it is {s.loc[best, 'time / none']:.2f}x the step "
+        f"[{s.loc[best, 'low']:.2f}-{s.loc[best, 'high']:.2f}], "
+        f"{'measurably slower' if slower else 'inside the noise of this machine'}, {against} the "
+        f"{flops_say:.2f}x the FLOPs predict. k against its neighbours:",
+        table=rows,
+        status="partial",
+        missing="the handout's xl measured at 4 × 2048 needs a GPU; here a CPU preset and the closed form",
+    )
 
 
 @answers("fsdp")
@@ -209,12 +363,14 @@ def fsdp_equivalence(q, saved):
     e = saved.frame("07_equivalence")
     ok = (e["max_diff/bound"] <= 1).all() and e["replicated_equal"].all()
     one = e[e["ranks"] == 1]["bitwise"].all()
-    return (f"{'Yes' if ok else 'No'}: `helpers.fsdp.FSDP` over {', '.join(sorted(set(e['dtype'])))} on "
-            f"{int(e['ranks'].max())} ranks stays within the derived rounding bound of one process (largest "
-            f"diff/bound {e['max_diff/bound'].max():.2g}), the replicated gains end equal on every rank, and with one "
-            f"rank it is {'bitwise' if one else 'not bitwise'} plain PyTorch. Forward gathers the next layer only once "
-            "the one two before has finished (bounded prefetch); backward gathers again and reduce-scatters each "
-            "gradient when it is ready; fp32 master weights with a stock AdamW on each shard.")
+    return (
+        f"{'Yes' if ok else 'No'}: `helpers.fsdp.FSDP` over {', '.join(sorted(set(e['dtype'])))} on "
+        f"{int(e['ranks'].max())} ranks stays within the derived rounding bound of one process (largest "
+        f"diff/bound {e['max_diff/bound'].max():.2g}), the replicated gains end equal on every rank, and with one "
+        f"rank it is {'bitwise' if one else 'not bitwise'} plain PyTorch. Forward gathers the next layer only once "
+        "the one two before has finished (bounded prefetch); backward gathers again and reduce-scatters each "
+        "gradient when it is ready; fp32 master weights with a stock AdamW on each shard."
+    )
 
 
 def fall_text(peak_fall: float, states_fall: float, tolerance: float = 0.005) -> str:
@@ -230,34 +386,51 @@ def fsdp_saving(q, saved):
     z = saved.frame("07_zero_check").groupby("kind")[["measured_MiB", "zero_MiB"]].max()
     m = saved.frame("07_memory")
     peak = m.groupby("kind")["peak_MiB"].max()
-    rows = tuple({"strategy": k, "states per rank": fmt_mib(z.loc[k, "measured_MiB"]),
-                  "ZeRO formula": fmt_mib(z.loc[k, "zero_MiB"]), "peak per rank": fmt_mib(peak[k]),
-                  "peak fall vs DDP": fmt_mib(peak["ddp"] - peak[k]) if "ddp" in peak else "",
-                  "states saved vs DDP": fmt_mib(z.loc["ddp", "measured_MiB"] - z.loc[k, "measured_MiB"])
-                  if "ddp" in z.index else ""} for k in z.index if k in peak)
-    falls = [f"{k}: the peak falls {fall_text(peak['ddp'] - peak[k], z.loc['ddp', 'measured_MiB'] - z.loc[k, 'measured_MiB'])}"
-             f" ({fmt_mib(peak['ddp'] - peak[k])} against {fmt_mib(z.loc['ddp', 'measured_MiB'] - z.loc[k, 'measured_MiB'])})"
-             for k in z.index if k != "ddp" and k in peak and "ddp" in peak and "ddp" in z.index]
+    rows = tuple(
+        {
+            "strategy": k,
+            "states per rank": fmt_mib(z.loc[k, "measured_MiB"]),
+            "ZeRO formula": fmt_mib(z.loc[k, "zero_MiB"]),
+            "peak per rank": fmt_mib(peak[k]),
+            "peak fall vs DDP": fmt_mib(peak["ddp"] - peak[k]) if "ddp" in peak else "",
+            "states saved vs DDP": fmt_mib(z.loc["ddp", "measured_MiB"] - z.loc[k, "measured_MiB"])
+            if "ddp" in z.index
+            else "",
+        }
+        for k in z.index
+        if k in peak
+    )
+    falls = [
+        f"{k}: the peak falls {fall_text(peak['ddp'] - peak[k], z.loc['ddp', 'measured_MiB'] - z.loc[k, 'measured_MiB'])}"
+        f" ({fmt_mib(peak['ddp'] - peak[k])} against {fmt_mib(z.loc['ddp', 'measured_MiB'] - z.loc[k, 'measured_MiB'])})"
+        for k in z.index
+        if k != "ddp" and k in peak and "ddp" in peak and "ddp" in z.index
+    ]
     xl = "xl-2026"
     psi = formulas.basics_params(xl)
     st = formulas.sharded_state_bytes(psi, 2)
-    return Answer(f"Expected with fp32 AdamW (4 + 4 + 8 bytes per parameter): 16Ψ (DDP) → 8Ψ + 8Ψ/N (ZeRO-1) → 16Ψ/N "
-                  f"(FSDP); activations are not sharded. For the handout's model (cs336_basics: SwiGLU, RoPE, untied "
-                  f"head) at the 2026 xl, Ψ = {psi / 1e9:.2f} B; on 2 GPUs FSDP keeps {st['FSDP'] / 1e9:.1f} GB of "
-                  f"states per GPU against DDP's {st['DDP'] / 1e9:.1f} GB and ZeRO-1's {st['ZeRO-1'] / 1e9:.1f} GB: a "
-                  f"saving of {(st['DDP'] - st['FSDP']) / 1e9:.1f} GB against DDP and "
-                  f"{(st['ZeRO-1'] - st['FSDP']) / 1e9:.1f} GB against ZeRO-1, less up to two gathered layers. "
-                  f"Measured here: {'; '.join(falls) or 'no DDP row to compare with'}.", table=rows)
+    return Answer(
+        f"Expected with fp32 AdamW (4 + 4 + 8 bytes per parameter): 16Ψ (DDP) → 8Ψ + 8Ψ/N (ZeRO-1) → 16Ψ/N "
+        f"(FSDP); activations are not sharded. For the handout's model (cs336_basics: SwiGLU, RoPE, untied "
+        f"head) at the 2026 xl, Ψ = {psi / 1e9:.2f} B; on 2 GPUs FSDP keeps {st['FSDP'] / 1e9:.1f} GB of "
+        f"states per GPU against DDP's {st['DDP'] / 1e9:.1f} GB and ZeRO-1's {st['ZeRO-1'] / 1e9:.1f} GB: a "
+        f"saving of {(st['DDP'] - st['FSDP']) / 1e9:.1f} GB against DDP and "
+        f"{(st['ZeRO-1'] - st['FSDP']) / 1e9:.1f} GB against ZeRO-1, less up to two gathered layers. "
+        f"Measured here: {'; '.join(falls) or 'no DDP row to compare with'}.",
+        table=rows,
+    )
 
 
 @answers("fsdp_accounting(b)")
 def gather_in_time(q, saved):
     t = saved.frame("07_gather_timeliness")
     pre = t[t["prefetched"].astype(bool)]
-    text = (f"Of {len(pre)} prefetched forward all-gathers (all ranks), {pct(pre['in_time'].mean())} ended before "
-            f"the previous module's forward did; the total stall was {fmt_s(pre['stall_us'].sum() / 1e6)} (notebook "
-            "07 §3 draws the trace). That is gloo on CPU cores shared with compute; on two GPUs NCCL runs on its own "
-            "stream.")
+    text = (
+        f"Of {len(pre)} prefetched forward all-gathers (all ranks), {pct(pre['in_time'].mean())} ended before "
+        f"the previous module's forward did; the total stall was {fmt_s(pre['stall_us'].sum() / 1e6)} (notebook "
+        "07 §3 draws the trace). That is gloo on CPU cores shared with compute; on two GPUs NCCL runs on its own "
+        "stream."
+    )
     gpu_run = saved.run("07_gather_timeliness").provenance.get("device_type") == "cuda"
     return text if gpu_run else Answer(text, status="partial", missing="xl on two GPUs with NCCL, as asked")
 
@@ -269,33 +442,51 @@ def alternate_ring(q, saved):
     hand = r[r["method"].isin(["ring", "alternate ring"])]
     t = hand.pivot_table(index=["N", "S_bytes"], columns="method", values=["median_us", "model_us"])
     err = (hand["median_us"] / hand["model_us"] - 1).abs()
-    rows = tuple({"N": int(n), "S": fmt_mib(sz / 2**20),
-                  "ring: measured / model": f"{fmt_s(x[('median_us', 'ring')] / 1e6)} / {fmt_s(x[('model_us', 'ring')] / 1e6)}",
-                  "alternate: measured / model": f"{fmt_s(x[('median_us', 'alternate ring')] / 1e6)} / "
-                                                 f"{fmt_s(x[('model_us', 'alternate ring')] / 1e6)}",
-                  "alternate / ring, measured": f"{x[('median_us', 'alternate ring')] / x[('median_us', 'ring')]:.2f}"}
-                 for (n, sz), x in t.iterrows()
-                 if ("median_us", "ring") in t.columns and ("median_us", "alternate ring") in t.columns)
+    rows = tuple(
+        {
+            "N": int(n),
+            "S": fmt_mib(sz / 2**20),
+            "ring: measured / model": f"{fmt_s(x[('median_us', 'ring')] / 1e6)} / {fmt_s(x[('model_us', 'ring')] / 1e6)}",
+            "alternate: measured / model": f"{fmt_s(x[('median_us', 'alternate ring')] / 1e6)} / "
+            f"{fmt_s(x[('model_us', 'alternate ring')] / 1e6)}",
+            "alternate / ring, measured": f"{x[('median_us', 'alternate ring')] / x[('median_us', 'ring')]:.2f}",
+        }
+        for (n, sz), x in t.iterrows()
+        if ("median_us", "ring") in t.columns and ("median_us", "alternate ring") in t.columns
+    )
     alpha_us = float(p["alpha_s"]) * 1e6
-    fit = (f"Fitted to the ring's times here: α = {alpha_us:.0f} µs, W = {float(p['W_Bps']) / 1e9:.2f} GB/s"
-           if float(p["W_Bps"]) < 1e14 else
-           f"Fitted here: the bandwidth term came out at or below zero (per-call latency and the machine's load "
-           f"dominate these message sizes), so the model is α = {alpha_us:.0f} µs per step alone")
+    fit = (
+        f"Fitted to the ring's times here: α = {alpha_us:.0f} µs, W = {float(p['W_Bps']) / 1e9:.2f} GB/s"
+        if float(p["W_Bps"]) < 1e14
+        else f"Fitted here: the bandwidth term came out at or below zero (per-call latency and the machine's load "
+        f"dominate these message sizes), so the model is α = {alpha_us:.0f} µs per step alone"
+    )
     two = hand[hand["N"] == 2]
     smallest = float(two["median_us"].min()) if len(two) else float("nan")
-    above = (f"; α alone exceeds every measured N = 2 time (the fastest {smallest:.0f} µs), so the fit overstates "
-             "small messages" if len(two) and alpha_us > two["median_us"].max() else
-             f"; α exceeds the fastest measured N = 2 time ({smallest:.0f} µs)" if alpha_us > smallest else "")
+    above = (
+        f"; α alone exceeds every measured N = 2 time (the fastest {smallest:.0f} µs), so the fit overstates "
+        "small messages"
+        if len(two) and alpha_us > two["median_us"].max()
+        else f"; α exceeds the fastest measured N = 2 time ({smallest:.0f} µs)"
+        if alpha_us > smallest
+        else ""
+    )
     at2 = [float(x[("median_us", "alternate ring")] / x[("median_us", "ring")]) for (n, _), x in t.iterrows() if n == 2]
-    n2 = (f" At N = 2 the formulas are equal; the measured medians give the alternate ring {min(at2):.2f}x to "
-          f"{max(at2):.2f}x the ring's time (single medians, no paired interval: not a claim either way)."
-          if at2 else "")
-    return Answer("Each device forwards the original chunks it receives, so every device sends the whole S once per "
-                  "neighbour step: (N − 1)(α + S/W), against the reduce-scatter + all-gather ring's 2(N − 1)(α + S/(NW)) "
-                  "= 2(N − 1)α + 2(N − 1)/N · S/W: half the latency terms, N/2 times the bytes (equal at N = 2). "
-                  f"{fit}{above}. The model is off by {err.median():.0%} in the median and up to {err.max():.0%} "
-                  f"over both rings' timings.{n2} Every result was bitwise dist.all_reduce's: "
-                  f"{'yes' if r['exact'].all() else 'no'}. Both rings, measured against the model:", table=rows)
+    n2 = (
+        f" At N = 2 the formulas are equal; the measured medians give the alternate ring {min(at2):.2f}x to "
+        f"{max(at2):.2f}x the ring's time (single medians, no paired interval: not a claim either way)."
+        if at2
+        else ""
+    )
+    return Answer(
+        "Each device forwards the original chunks it receives, so every device sends the whole S once per "
+        "neighbour step: (N − 1)(α + S/W), against the reduce-scatter + all-gather ring's 2(N − 1)(α + S/(NW)) "
+        "= 2(N − 1)α + 2(N − 1)/N · S/W: half the latency terms, N/2 times the bytes (equal at N = 2). "
+        f"{fit}{above}. The model is off by {err.median():.0%} in the median and up to {err.max():.0%} "
+        f"over both rings' timings.{n2} Every result was bitwise dist.all_reduce's: "
+        f"{'yes' if r['exact'].all() else 'no'}. Both rings, measured against the model:",
+        table=rows,
+    )
 
 
 def _m(text: str) -> str:
@@ -306,8 +497,11 @@ def _m(text: str) -> str:
 def _example(c) -> str:
     """The worked example's inputs, as the handout names them."""
     e = c.example
-    ins = ", ".join(f"{k} {e[k]:,}" if isinstance(e[k], int) else f"{k} {e[k]:.3g}"
-                    for k in ("B", "D", "D_FF", "N_DP", "N_FSDP", "N_TP", "C", "W") if k in e)
+    ins = ", ".join(
+        f"{k} {e[k]:,}" if isinstance(e[k], int) else f"{k} {e[k]:.3g}"
+        for k in ("B", "D", "D_FF", "N_DP", "N_FSDP", "N_TP", "C", "W")
+        if k in e
+    )
     return ins
 
 
@@ -316,48 +510,74 @@ def _calc_rows(parts) -> tuple:
     rows = []
     for c in parts:
         e = c.example
-        value = {"FLOPs per device": f"{e.get('flops', 0) / 1e12:.3g} TFLOP ({fmt_s(e['compute_s'])})",
-                 "forward FLOPs per device": f"{e.get('flops', 0) / 1e12:.3g} TFLOP ({fmt_s(e['compute_s'])})",
-                 "bytes sent per device": f"{e.get('bytes_sent', 0) / 1e9:.3g} GB ({fmt_s(e.get('comm_s', 0))})",
-                 "FSDP all-gather time": fmt_s(e.get("fsdp_comm_s", 0)), "TP all-reduce time": fmt_s(e.get("tp_comm_s", 0)),
-                 "communication time": fmt_s(e.get("comm_s", 0))}
+        value = {
+            "FLOPs per device": f"{e.get('flops', 0) / 1e12:.3g} TFLOP ({fmt_s(e['compute_s'])})",
+            "forward FLOPs per device": f"{e.get('flops', 0) / 1e12:.3g} TFLOP ({fmt_s(e['compute_s'])})",
+            "bytes sent per device": f"{e.get('bytes_sent', 0) / 1e9:.3g} GB ({fmt_s(e.get('comm_s', 0))})",
+            "FSDP all-gather time": fmt_s(e.get("fsdp_comm_s", 0)),
+            "TP all-reduce time": fmt_s(e.get("tp_comm_s", 0)),
+            "communication time": fmt_s(e.get("comm_s", 0)),
+        }
         for quantity, expr in c.expressions:
-            rows.append({"pass / part": c.part, "quantity": quantity, "expression": _m(expr),
-                         "worked example": value.get(quantity, "")})
+            rows.append(
+                {
+                    "pass / part": c.part,
+                    "quantity": quantity,
+                    "expression": _m(expr),
+                    "worked example": value.get(quantity, ""),
+                }
+            )
         if c.inequality != "—":
             bound = e.get("max_devices")
-            rows.append({"pass / part": c.part, "quantity": "compute-bound while", "expression": _m(c.inequality),
-                         "worked example": "always" if bound in (None, math.inf) else f"N ≤ {bound:.1f}"})
+            rows.append(
+                {
+                    "pass / part": c.part,
+                    "quantity": "compute-bound while",
+                    "expression": _m(c.inequality),
+                    "worked example": "always" if bound in (None, math.inf) else f"N ≤ {bound:.1f}",
+                }
+            )
     return tuple(rows)
 
 
 def _calc_answer(parts, head: str) -> Answer:
     """The head sentence, the variables, and the worked example's inputs; the expressions in the table below."""
-    return Answer(f"{head} B is the global batch in tokens, 16-bit weights and activations, C FLOP/s and W bytes/s of "
-                  f"egress per device. Worked example (`formulas.CALC_EXAMPLE`, H100-like): {_example(parts[0])}.",
-                  table=_calc_rows(parts))
+    return Answer(
+        f"{head} B is the global batch in tokens, 16-bit weights and activations, C FLOP/s and W bytes/s of "
+        f"egress per device. Worked example (`formulas.CALC_EXAMPLE`, H100-like): {_example(parts[0])}.",
+        table=_calc_rows(parts),
+    )
 
 
 @answers("data_parallel_calcs")
 def dp_calcs(q, saved):
     parts = [formulas.dp_calc(p, **formulas.CALC_EXAMPLE) for p in ("forward", "backward")]
-    return _calc_answer(parts, f"Forward needs no communication; backward all-reduces the gradients. Compute-bound "
-                               f"while {_m(parts[1].inequality)}.")
+    return _calc_answer(
+        parts,
+        f"Forward needs no communication; backward all-reduces the gradients. Compute-bound "
+        f"while {_m(parts[1].inequality)}.",
+    )
 
 
 @answers("fsdp_calcs")
 def fsdp_calcs(q, saved):
     parts = [formulas.fsdp_calc(p, **formulas.CALC_EXAMPLE) for p in ("forward", "backward")]
-    return _calc_answer(parts, "Forward all-gathers the weights, backward gathers them again and reduce-scatters the "
-                               f"gradients: both passes give {_m('N_FSDP ≤ 1 + B·W/C')}.")
+    return _calc_answer(
+        parts,
+        "Forward all-gathers the weights, backward gathers them again and reduce-scatters the "
+        f"gradients: both passes give {_m('N_FSDP ≤ 1 + B·W/C')}.",
+    )
 
 
 @answers("tp_calcs(a)")
 def tp_equations(q, saved):
     parts = [formulas.tp_calc(p, **formulas.CALC_EXAMPLE) for p in ("forward", "backward")]
     eqs = "; ".join(_m(e) for e in formulas.TP_BACKWARD_EQUATIONS)
-    return _calc_answer(parts, f"Device i holds W1, W2 by columns and W3 by rows. {eqs}. Backward does 12·B·D·D_FF/N_TP "
-                               "FLOPs (two matmuls per forward one) and one all-reduce of dx, forward one of y.")
+    return _calc_answer(
+        parts,
+        f"Device i holds W1, W2 by columns and W3 by rows. {eqs}. Backward does 12·B·D·D_FF/N_TP "
+        "FLOPs (two matmuls per forward one) and one all-reduce of dx, forward one of y.",
+    )
 
 
 @answers("tp_calcs(b)")
@@ -365,9 +585,12 @@ def tp_bounds(q, saved):
     parts = [formulas.tp_calc(p, **formulas.CALC_EXAMPLE) for p in ("forward", "backward")]
     fwd, bwd = (c.example["max_devices"] for c in parts)
     tighter = "forward" if fwd < bwd else "backward"
-    return _calc_answer(parts, f"Forward: {_m(parts[0].inequality)}; backward: {_m(parts[1].inequality)}. The "
-                               f"{tighter} bound is the tighter ({fwd:.1f} against {bwd:.1f} devices in the example): "
-                               "forward does half the FLOPs for the same all-reduce.")
+    return _calc_answer(
+        parts,
+        f"Forward: {_m(parts[0].inequality)}; backward: {_m(parts[1].inequality)}. The "
+        f"{tighter} bound is the tighter ({fwd:.1f} against {bwd:.1f} devices in the example): "
+        "forward does half the FLOPs for the same all-reduce.",
+    )
 
 
 def _fsdp_tp(part):
@@ -377,23 +600,24 @@ def _fsdp_tp(part):
 
 @answers("fsdp_tp_calcs(a)", "fsdp_tp_calcs(b)", "fsdp_tp_calcs(c)", "fsdp_tp_calcs(d)")
 def fsdp_tp_calcs(q, saved):
-    part = q.number[len("fsdp_tp_calcs"):]
+    part = q.number[len("fsdp_tp_calcs") :]
     c = _fsdp_tp(part)
-    head = {"(a)": f"Forward FLOPs per device: {_m(c.expressions[0][1])}.",
-            "(b)": "The FSDP all-gather (over N_FSDP, of the device's 1/N_TP of the weights) and TP's all-reduce (over "
-                   "N_TP, of its B/N_FSDP tokens' output) run on different axes at once, so the forward communication "
-                   f"time is the larger: {_m('max(6·D·D_FF·(N_FSDP−1)/(N_FSDP·N_TP·W), 4·B·D·(N_TP−1)/(N_FSDP·N_TP·W))')}.",
-            "(c)": f"With overlap it is compute-bound while compute outlasts each term: {_m('N_FSDP ≤ B·W/C')} and "
-                   f"{_m('N_TP ≤ 1.5·D_FF·W/C')}, so {_m(c.inequality)} (rings' (N−1)/N taken as 1).",
-            "(d)": "Without overlap compute must outlast their sum; the product N_FSDP·N_TP is largest with each term at "
-                   f"half the compute, so {_m(c.inequality)} (rings' (N−1)/N taken as 1), a quarter of (c)'s."}[part]
+    head = {
+        "(a)": f"Forward FLOPs per device: {_m(c.expressions[0][1])}.",
+        "(b)": "The FSDP all-gather (over N_FSDP, of the device's 1/N_TP of the weights) and TP's all-reduce (over "
+        "N_TP, of its B/N_FSDP tokens' output) run on different axes at once, so the forward communication "
+        f"time is the larger: {_m('max(6·D·D_FF·(N_FSDP−1)/(N_FSDP·N_TP·W), 4·B·D·(N_TP−1)/(N_FSDP·N_TP·W))')}.",
+        "(c)": f"With overlap it is compute-bound while compute outlasts each term: {_m('N_FSDP ≤ B·W/C')} and "
+        f"{_m('N_TP ≤ 1.5·D_FF·W/C')}, so {_m(c.inequality)} (rings' (N−1)/N taken as 1).",
+        "(d)": "Without overlap compute must outlast their sum; the product N_FSDP·N_TP is largest with each term at "
+        f"half the compute, so {_m(c.inequality)} (rings' (N−1)/N taken as 1), a quarter of (c)'s.",
+    }[part]
     return _calc_answer([c], head)
 
 
 def plan_name(r: dict) -> str:
     """A plan row in words."""
-    return (f"{r['strategy']}, {r['checkpointing']} checkpointing, {r['head']} LM head + cross-entropy, "
-            f"{r['precision']}")
+    return f"{r['strategy']}, {r['checkpointing']} checkpointing, {r['head']} LM head + cross-entropy, {r['precision']}"
 
 
 @answers("2026 leaderboard")
@@ -403,8 +627,10 @@ def leaderboard_2026(q, saved):
     b200 = next(g for g in gpus if g.startswith("B200"))
     no_ckpt = formulas.llama_train_flops(**lm)
     ckpt = formulas.llama_train_flops(**lm, segments=lm["n_layers"])
-    implied = [formulas.implied_mfu(best.value / 1e3, fl, peak_flops=gpus[b200]["flops"],
-                                   world_size=lm["world_size"]) for fl in (no_ckpt, ckpt)]
+    implied = [
+        formulas.implied_mfu(best.value / 1e3, fl, peak_flops=gpus[b200]["flops"], world_size=lm["world_size"])
+        for fl in (no_ckpt, ckpt)
+    ]
     mfus = {**{u: f"{u:.0%}" for u in formulas.PLAN_MFUS}, **{u: f"{u:.0%} (best implies)" for u in implied}}
     plan = formulas.leaderboard_plan(mfus=sorted(mfus))
     f = plan[0]
@@ -413,26 +639,44 @@ def leaderboard_2026(q, saved):
         pick = formulas.fastest_plan(plan, gpu, precision="fp32 master")
         if pick is None:
             other = formulas.fastest_plan(plan, gpu)
-            lines.append(f"{gpu}: no fp32-master plan keeps {formulas.PLAN_MARGIN:.0%} of the card free"
-                         + (f"; without masters, {plan_name(other)} does ({other['memory_GB']:.0f} GB, predicted "
-                            f"{other['step_s'][gpu]:.2f} s at MFU {formulas.LEADERBOARD_MFU:.0%})" if other else ""))
+            lines.append(
+                f"{gpu}: no fp32-master plan keeps {formulas.PLAN_MARGIN:.0%} of the card free"
+                + (
+                    f"; without masters, {plan_name(other)} does ({other['memory_GB']:.0f} GB, predicted "
+                    f"{other['step_s'][gpu]:.2f} s at MFU {formulas.LEADERBOARD_MFU:.0%})"
+                    if other
+                    else ""
+                )
+            )
             continue
         band = pick["step_band_s"][gpu]
         lo, hi = min(band.values()), max(band.values())
-        twin = formulas.fastest_plan([r for r in plan if all(r[k] == pick[k] for k in ("strategy", "checkpointing",
-                                                                                          "head"))],
-                                     gpu, precision="bf16 weights")
-        lines.append(f"{gpu}: {plan_name(pick)}: {pick['memory_GB']:.0f} GB per GPU "
-                     f"({pick['headroom_GB'][gpu]:.0f} GB free), predicted {lo:.2f}-{hi:.2f} s over MFU "
-                     f"{min(mfus):.0%}-{max(mfus):.0%} ({band[max(implied)]:.2f}-{band[min(implied)]:.2f} s at the MFU "
-                     "the published best implies)"
-                     + (f"; the bf16-weights variant of it needs {twin['memory_GB']:.0f} GB" if twin else ""))
-        for r in sorted((r for r in plan if r["fits"][gpu]), key=lambda r: (round(r["step_s"][gpu], 2),
-                                                                          r["memory_GB"]))[:4] if gpu == b200 else ():
-            rows.append({"plan (2× B200)": plan_name(r), "GB per GPU": round(r["memory_GB"], 1),
-                         "GB free": round(r["headroom_GB"][gpu], 1),
-                         **{f"s at MFU {mfus[u]}": round(v, 2) for u, v in r["step_band_s"][gpu].items()},
-                         "chosen": "yes" if r is formulas.fastest_plan(plan, gpu, precision="fp32 master") else ""})
+        twin = formulas.fastest_plan(
+            [r for r in plan if all(r[k] == pick[k] for k in ("strategy", "checkpointing", "head"))],
+            gpu,
+            precision="bf16 weights",
+        )
+        lines.append(
+            f"{gpu}: {plan_name(pick)}: {pick['memory_GB']:.0f} GB per GPU "
+            f"({pick['headroom_GB'][gpu]:.0f} GB free), predicted {lo:.2f}-{hi:.2f} s over MFU "
+            f"{min(mfus):.0%}-{max(mfus):.0%} ({band[max(implied)]:.2f}-{band[min(implied)]:.2f} s at the MFU "
+            "the published best implies)"
+            + (f"; the bf16-weights variant of it needs {twin['memory_GB']:.0f} GB" if twin else "")
+        )
+        for r in (
+            sorted((r for r in plan if r["fits"][gpu]), key=lambda r: (round(r["step_s"][gpu], 2), r["memory_GB"]))[:4]
+            if gpu == b200
+            else ()
+        ):
+            rows.append(
+                {
+                    "plan (2× B200)": plan_name(r),
+                    "GB per GPU": round(r["memory_GB"], 1),
+                    "GB free": round(r["headroom_GB"][gpu], 1),
+                    **{f"s at MFU {mfus[u]}": round(v, 2) for u, v in r["step_band_s"][gpu].items()},
+                    "chosen": "yes" if r is formulas.fastest_plan(plan, gpu, precision="fp32 master") else "",
+                }
+            )
     return Answer(
         f"Plan from closed forms (`formulas.leaderboard_plan`): Ψ = {f['params'] / 1e9:.2f} B, {no_ckpt / 1e15:.1f} "
         f"PFLOP per step without recomputation ({ckpt / 1e15:.1f} recomputing every block), bf16 compute, AdamW, 2 GPUs; "
@@ -442,8 +686,12 @@ def leaderboard_2026(q, saved):
         f"GPU; the fused, chunked head + cross-entropy keeps "
         f"{next(r for r in plan if r['head'] == 'chunked')['head + loss (GB)']:.1f} GB. Without fp32 master weights "
         "(bf16 weights updated in place) the states drop from 16 to 12 bytes per parameter, at the risk of losing "
-        "updates below bf16's resolution unless rounded stochastically. Chosen (fp32 masters): " + "; ".join(lines)
+        "updates below bf16's resolution unless rounded stochastically. Chosen (fp32 masters): "
+        + "; ".join(lines)
         + f". The published best, {best.value:g} ms on 2× B200 ({best.source}, {best.year}; {best.status}), implies "
         f"MFU {min(implied):.0%}-{max(implied):.0%} (without / with recomputing every block); the baseline is about "
-        f"{base.value / 1e3:g} s ({base.status}).", table=tuple(rows), status="partial",
-        missing="a plan from closed forms; timing it needs two GPUs and a trainer of this model")
+        f"{base.value / 1e3:g} s ({base.status}).",
+        table=tuple(rows),
+        status="partial",
+        missing="a plan from closed forms; timing it needs two GPUs and a trainer of this model",
+    )

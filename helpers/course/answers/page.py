@@ -1,5 +1,6 @@
 """The answers page itself: every edition's questions grouped by edition and problem, each answer with where its
 details are, the published figures and the GPU line its measurement chose; then the saved results it read."""
+
 from __future__ import annotations
 
 import functools
@@ -13,23 +14,36 @@ from helpers.course.answers.core import QUESTIONS, STATUSES, Answered, Question,
 from helpers.env import machine_facts
 from helpers.results import DATA_DIR, device_slug
 
-NOTEBOOKS = {"01": "01_benchmarking_and_profiling", "02": "02_rmsnorm_triton", "03": "03_collectives",
-             "04": "04_ddp", "05": "05_optimizer_state_sharding", "06": "06_flash_attention",
-             "07": "07_fsdp"}  # number -> file stem (and writeup page)
+NOTEBOOKS = {
+    "01": "01_benchmarking_and_profiling",
+    "02": "02_rmsnorm_triton",
+    "03": "03_collectives",
+    "04": "04_ddp",
+    "05": "05_optimizer_state_sharding",
+    "06": "06_flash_attention",
+    "07": "07_fsdp",
+}  # number -> file stem (and writeup page)
 EDITIONS = {  # year -> (title, what it kept from the one before, as a note)
-    2024: ("2024 edition: profiling, kernels, data-parallel training (numbered as the reference writeup numbers them)",
-           ""),
-    2025: ("2025 edition: FlashAttention-2, communication accounting",
-           "DDP (bucketed included) and optimizer-state sharding are as in 2024: the map lists them and links their "
-           "answers in the 2024 section. RMSNorm in Triton is replaced by FlashAttention-2."),
-    2026: ("2026 edition: activation checkpointing, FSDP, the parallelism calculators",
-           "Attention and FlashAttention-2 are as in 2025: the map lists them and links their answers in the 2025 "
-           "section. Bucketed DDP is removed; the hardware in the handout is a B200; Table 1 redefines the sizes (xl "
-           "is 2560/10240/32 layers/32 heads, and a 10B is added), which these answers use."),
+    2024: (
+        "2024 edition: profiling, kernels, data-parallel training (numbered as the reference writeup numbers them)",
+        "",
+    ),
+    2025: (
+        "2025 edition: FlashAttention-2, communication accounting",
+        "DDP (bucketed included) and optimizer-state sharding are as in 2024: the map lists them and links their "
+        "answers in the 2024 section. RMSNorm in Triton is replaced by FlashAttention-2.",
+    ),
+    2026: (
+        "2026 edition: activation checkpointing, FSDP, the parallelism calculators",
+        "Attention and FlashAttention-2 are as in 2025: the map lists them and links their answers in the 2025 "
+        "section. Bucketed DDP is removed; the hardware in the handout is a B200; Table 1 redefines the sizes (xl "
+        "is 2560/10240/32 layers/32 heads, and a 10B is added), which these answers use.",
+    ),
 }
-SECTIONS_2024 = {"2": "Single-device performance: timing, profiling, mixed precision, norms, kernels, compilation, "
-                      "memory",
-                 "3": "Distributed data-parallel training: collectives, DDP variants, buckets, optimizer-state sharding"}
+SECTIONS_2024 = {
+    "2": "Single-device performance: timing, profiling, mixed precision, norms, kernels, compilation, memory",
+    "3": "Distributed data-parallel training: collectives, DDP variants, buckets, optimizer-state sharding",
+}
 
 
 def default_folder() -> Path:
@@ -75,8 +89,13 @@ def notebook_headings(notebook: str) -> tuple[str, ...]:
     if not path.is_file():
         return ()
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    return tuple(line.lstrip("#").strip() for c in cells if c["cell_type"] == "markdown"
-                 for line in "".join(c["source"]).splitlines() if line.startswith("#"))
+    return tuple(
+        line.lstrip("#").strip()
+        for c in cells
+        if c["cell_type"] == "markdown"
+        for line in "".join(c["source"]).splitlines()
+        if line.startswith("#")
+    )
 
 
 def section_anchor(q: Question) -> str:
@@ -118,8 +137,10 @@ def _reference_runs(q: Question) -> str:
     for name in q.reads:
         ref = reference_rows(name)
         for (device, date, profile), _ in ref.groupby(["device", "date", "profile"]) if len(ref) else ():
-            runs.append(f"<code>{html.escape(name)}</code> on {html.escape(str(device))} ({html.escape(str(date))}, "
-                        f"profile {html.escape(str(profile))})")
+            runs.append(
+                f"<code>{html.escape(name)}</code> on {html.escape(str(device))} ({html.escape(str(date))}, "
+                f"profile {html.escape(str(profile))})"
+            )
     return f"<li>reference runs beside this one: {'; '.join(runs)}</li>" if runs else ""
 
 
@@ -130,16 +151,19 @@ def _entry(q: Question, got: Answered, year: int) -> str:
     anchor = section_anchor(q)
     refs = "".join(f"<li>published reference ({html.escape(r.source)}): {_code(r.value)}</li>" for r in q.references)
     reads = ", ".join(f"<code>{html.escape(n)}</code>" for n in q.reads) or "nothing saved: computed, the same anywhere"
-    shared = (f"; also in the {' and '.join(str(y) for y in q.editions if y != year)} edition"
-              if len(q.editions) > 1 else "")
+    shared = (
+        f"; also in the {' and '.join(str(y) for y in q.editions if y != year)} edition" if len(q.editions) > 1 else ""
+    )
     missing = f" ({html.escape(got.missing)})" if got.missing else ""
-    return (f'<div class="q {slug(got.status)}" id="{answer_id(q)}">'
-            f'<p class="ask"><b>{html.escape(q.number)}</b> {_code(q.ask)}</p>'
-            f'<p class="ans">{_code(got.text)}</p>{_table(got.table)}{_table(got.intervals)}<ul class="meta">'
-            f'<li>status: {html.escape(got.status)}{missing}</li>'
-            f'<li>details: <a href="{page}{"#" + anchor if anchor else ""}">notebook {q.notebook}, '
-            f'{html.escape(q.section)}</a>; reads {reads}{shared}</li>{refs}{_reference_runs(q)}'
-            f"<li>on a GPU: {_code(got.gpu)}</li></ul></div>")
+    return (
+        f'<div class="q {slug(got.status)}" id="{answer_id(q)}">'
+        f'<p class="ask"><b>{html.escape(q.number)}</b> {_code(q.ask)}</p>'
+        f'<p class="ans">{_code(got.text)}</p>{_table(got.table)}{_table(got.intervals)}<ul class="meta">'
+        f"<li>status: {html.escape(got.status)}{missing}</li>"
+        f'<li>details: <a href="{page}{"#" + anchor if anchor else ""}">notebook {q.notebook}, '
+        f"{html.escape(q.section)}</a>; reads {reads}{shared}</li>{refs}{_reference_runs(q)}"
+        f"<li>on a GPU: {_code(got.gpu)}</li></ul></div>"
+    )
 
 
 STYLE = """body{font:15px/1.5 system-ui,sans-serif;max-width:62rem;margin:2rem auto;padding:0 1rem;color:#222}
@@ -155,11 +179,16 @@ text-align:left}"""
 
 def _sources(saved: Saved) -> str:
     """The saved results the answers read: file, device, profile, date, commit."""
-    rows = "".join(f"<tr><td><code>{html.escape(name)}.jsonl</code></td><td>{html.escape(str(r.label))}</td>"
-                   f"<td>{html.escape(str(r.provenance.get('commit')))}</td></tr>"
-                   for name, r in sorted(saved.used.items()))
-    return ("<table><tr><th>result</th><th>device · profile · date</th><th>commit</th></tr>" + rows + "</table>"
-            if rows else "<p>No saved results were found for this profile.</p>")
+    rows = "".join(
+        f"<tr><td><code>{html.escape(name)}.jsonl</code></td><td>{html.escape(str(r.label))}</td>"
+        f"<td>{html.escape(str(r.provenance.get('commit')))}</td></tr>"
+        for name, r in sorted(saved.used.items())
+    )
+    return (
+        "<table><tr><th>result</th><th>device · profile · date</th><th>commit</th></tr>" + rows + "</table>"
+        if rows
+        else "<p>No saved results were found for this profile.</p>"
+    )
 
 
 # What the later editions keep from 2024, under the 2024 numbers (their answers stay in the 2024 section), and the
@@ -189,12 +218,16 @@ def _map(year: int, got: dict[str, Answered]) -> str:
     for q in rows:
         where = "" if min(q.editions) == year else f" (in the {min(q.editions)} section)"
         nb = f"{NOTEBOOKS[q.notebook]}.html" + (f"#{section_anchor(q)}" if section_anchor(q) else "")
-        cells.append(f"<tr><td><code>{html.escape(_handout_id(q, year))}</code></td>"
-                     f'<td><a href="#{answer_id(q)}">{html.escape(q.number)}</a>{where}</td>'
-                     f'<td><a href="{nb}">notebook {q.notebook}, {html.escape(q.section)}</a></td>'
-                     f"<td>{html.escape(got[q.number].status)}</td></tr>")
-    return (f'<table class="map" id="map{year}"><tr><th>{year} handout: problem (part)</th><th>answer</th>'
-            f"<th>notebook section</th><th>status</th></tr>{''.join(cells)}</table>")
+        cells.append(
+            f"<tr><td><code>{html.escape(_handout_id(q, year))}</code></td>"
+            f'<td><a href="#{answer_id(q)}">{html.escape(q.number)}</a>{where}</td>'
+            f'<td><a href="{nb}">notebook {q.notebook}, {html.escape(q.section)}</a></td>'
+            f"<td>{html.escape(got[q.number].status)}</td></tr>"
+        )
+    return (
+        f'<table class="map" id="map{year}"><tr><th>{year} handout: problem (part)</th><th>answer</th>'
+        f"<th>notebook section</th><th>status</th></tr>{''.join(cells)}</table>"
+    )
 
 
 def _edition(year: int, got: dict[str, Answered]) -> list[str]:
@@ -232,16 +265,18 @@ def render(profile: str, data_dir: Path | None = None) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     toc = " · ".join(f'<a href="#e{y}">{y}</a> (<a href="#map{y}">map</a>)' for y in EDITIONS)
     statuses = "".join(f"<li><b>{n}</b> {html.escape(STATUSES[k])}</li>" for k, n in counts.items())
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Answers on this machine</title>'
-            f"<style>{STYLE}</style></head><body><h1>The course's questions, answered on this machine</h1>"
-            f"<p>Device: <b>{html.escape(', '.join(devices))}</b>; profile: <b>{html.escape(profile)}</b>; results "
-            f"read from <code>{html.escape(shown(folder))}/</code>; page built {now}. Of the {len(QUESTIONS)} answers:"
-            f"</p><ul class=\"statuses\">{statuses}</ul><p>Comparisons name a faster side only when the 95% interval "
-            "of the paired ratio excludes 1. Published references are measurements made elsewhere, cited by source; "
-            "they are not ours. Each edition opens with a map from its handout's problem ids to the answers and the "
-            "notebook sections.</p>"
-            f'<p><a href="index.html">All writeups</a> · editions: {toc}</p>{"".join(body)}'
-            f"<h2>Saved results read</h2>{_sources(saved)}</body></html>\n")
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Answers on this machine</title>'
+        f"<style>{STYLE}</style></head><body><h1>The course's questions, answered on this machine</h1>"
+        f"<p>Device: <b>{html.escape(', '.join(devices))}</b>; profile: <b>{html.escape(profile)}</b>; results "
+        f"read from <code>{html.escape(shown(folder))}/</code>; page built {now}. Of the {len(QUESTIONS)} answers:"
+        f'</p><ul class="statuses">{statuses}</ul><p>Comparisons name a faster side only when the 95% interval '
+        "of the paired ratio excludes 1. Published references are measurements made elsewhere, cited by source; "
+        "they are not ours. Each edition opens with a map from its handout's problem ids to the answers and the "
+        "notebook sections.</p>"
+        f'<p><a href="index.html">All writeups</a> · editions: {toc}</p>{"".join(body)}'
+        f"<h2>Saved results read</h2>{_sources(saved)}</body></html>\n"
+    )
 
 
 def write_page(out_path: Path, profile: str, data_dir: Path | None = None) -> None:

@@ -19,6 +19,7 @@ so a crash, a hang or a NaN is reported where it happened and hides nothing else
 (data/local/<device>/yours_*.jsonl) and written as writeups/yours.html; the exit status is 0 only when every check
 of what you implemented, that this environment can run, passed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,6 +38,7 @@ from pathlib import Path
 @dataclass
 class Options:
     """What a run of the checks asks for."""
+
     profile: str = "cpu"  # "cpu": small shapes, gloo; "gpu": the course's shapes
     repeat: int = 1  # distributed checks run this many times (races show up as a differing repeat)
     steps: int = 10  # timed steps per implementation (interleaved; at least 6 pairs for a verdict)
@@ -160,8 +162,17 @@ def run(adapters_path, topics=None, opts: Options | None = None, progress: bool 
             out.append(TopicResult(topic, [Check(topic, "-", "adapters present", SKIPPED, f"none of {names}")]))
             continue
         res = run_topic(path, topic, opts, named)
-        absent = [Check(topic, impl, "adapter present", SKIPPED, f"no {ADAPTERS[topic][impl][0]} in the file (another "
-                        "edition's)") for impl, status in found[topic] if status != "ok" and topic in IN_ONE_RANK]
+        absent = [
+            Check(
+                topic,
+                impl,
+                "adapter present",
+                SKIPPED,
+                f"no {ADAPTERS[topic][impl][0]} in the file (another edition's)",
+            )
+            for impl, status in found[topic]
+            if status != "ok" and topic in IN_ONE_RANK
+        ]
         res.checks = absent + res.checks
         out.append(res)
     return out
@@ -201,8 +212,10 @@ def child(argv: list[str] | None = None) -> None:
     env = {"python": sys.executable, "torch": torch.__version__, "triton": triton}
     try:
         results = run(req["adapters"], req["topics"], Options(**req["opts"]), progress=False)
-        out = {"env": env, "results": [{"topic": r.topic, "checks": [asdict(c) for c in r.checks], "rows": r.rows}
-                                       for r in results]}
+        out = {
+            "env": env,
+            "results": [{"topic": r.topic, "checks": [asdict(c) for c in r.checks], "rows": r.rows} for r in results],
+        }
     except AdaptersError as exc:
         out = {"env": env, "error": str(exc)}
     Path(answer).write_text(json.dumps(out, default=str))
@@ -217,22 +230,40 @@ def run_elsewhere(python: Path, adapters_path, topics, opts: Options) -> tuple[l
     root = Path(__file__).resolve().parents[3]
     with tempfile.TemporaryDirectory(prefix="yours-") as tmp:
         request, answer = Path(tmp) / "request.json", Path(tmp) / "answer.json"
-        request.write_text(json.dumps({"adapters": str(Path(adapters_path).resolve()), "topics": list(topics),
-                                       "opts": asdict(opts), "shim": _shim_dir(Path(tmp))}))
+        request.write_text(
+            json.dumps(
+                {
+                    "adapters": str(Path(adapters_path).resolve()),
+                    "topics": list(topics),
+                    "opts": asdict(opts),
+                    "shim": _shim_dir(Path(tmp)),
+                }
+            )
+        )
         env = {**os.environ, "PYTHONPATH": str(root)}
-        proc = subprocess.run([str(python), "-c", "from helpers.course.yours import child; child()", str(request),
-                               str(answer)], env=env, stdout=sys.stdout, stderr=subprocess.PIPE, text=True,
-                              timeout=opts.timeout_s * 20, check=False)
+        proc = subprocess.run(
+            [str(python), "-c", "from helpers.course.yours import child; child()", str(request), str(answer)],
+            env=env,
+            stdout=sys.stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=opts.timeout_s * 20,
+            check=False,
+        )
         if not answer.exists():
             tail = "\n".join(proc.stderr.strip().splitlines()[-6:])
-            raise AdaptersError(f"{python} could not run the checks (exit {proc.returncode}): {tail}\nIt needs torch "
-                                "(and triton for the Triton checks): is it your assignment's environment?")
+            raise AdaptersError(
+                f"{python} could not run the checks (exit {proc.returncode}): {tail}\nIt needs torch "
+                "(and triton for the Triton checks): is it your assignment's environment?"
+            )
         out = json.loads(answer.read_text())
     if "error" in out:
         raise AdaptersError(out["error"])
     names = {f.name for f in fields(Check)}
-    results = [TopicResult(r["topic"], [Check(**{k: v for k, v in c.items() if k in names}) for c in r["checks"]],
-                           r["rows"]) for r in out["results"]]
+    results = [
+        TopicResult(r["topic"], [Check(**{k: v for k, v in c.items() if k in names}) for c in r["checks"]], r["rows"])
+        for r in out["results"]
+    ]
     return results, out["env"]
 
 
@@ -245,6 +276,7 @@ def default_python(adapters_path) -> Path | None:
 
 
 # ---- the report -----------------------------------------------------------------------------------------------
+
 
 def _wrap(text: str, width: int = 100) -> str:
     return "\n".join(textwrap.wrap(text, width, subsequent_indent="      ")) if text else ""
@@ -280,23 +312,34 @@ def main(argv: list[str]) -> int:
     from helpers.env import resolve_profile
     from helpers.results import save_results
 
-    parser = argparse.ArgumentParser(prog="python -m helpers yours", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 2)[2])
+    parser = argparse.ArgumentParser(
+        prog="python -m helpers yours",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 2)[2],
+    )
     parser.add_argument("adapters", type=Path, help="your assignment's tests/adapters.py")
     parser.add_argument("--topics", default=",".join(RUNNERS), help=f"comma-separated, from {', '.join(RUNNERS)}")
     parser.add_argument("--profile", default="auto", help="auto | cpu | gpu")
-    parser.add_argument("--python", type=Path, default=None,
-                        help="the Python to run your code with (default: <assignment root>/.venv/bin/python when it "
-                             "exists, else this one)")
+    parser.add_argument(
+        "--python",
+        type=Path,
+        default=None,
+        help="the Python to run your code with (default: <assignment root>/.venv/bin/python when it "
+        "exists, else this one)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each distributed check (races)")
     parser.add_argument("--steps", type=int, default=Options.steps, help="timed steps per implementation")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out of the timings")
     parser.add_argument("--no-timing", action="store_true", help="the checks alone (no timing, no side-by-side rows)")
     parser.add_argument("--timeout-s", type=float, default=Options.timeout_s, help="per launched check")
     parser.add_argument("--out", type=Path, default=None, help="the page's folder (default: writeups/)")
-    parser.add_argument("--results", type=Path, default=None,
-                        help="where the rows are saved (default: data/local/<device>/, which the writeup links)")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="where the rows are saved (default: data/local/<device>/, which the writeup links)",
+    )
     args = parser.parse_args(argv)
     topics = [t.strip() for t in args.topics.split(",") if t.strip()]
     unknown = [t for t in topics if t not in RUNNERS]
@@ -307,8 +350,15 @@ def main(argv: list[str]) -> int:
     if not args.adapters.is_file():
         raise ValueError(f"no adapters file at {args.adapters}: pass the path to your assignment's tests/adapters.py")
     profile = resolve_profile(args.profile)
-    opts = replace(Options(), profile=profile, repeat=args.repeat, steps=args.steps, compiled=not args.no_compile,
-                   timed=not args.no_timing, timeout_s=args.timeout_s)
+    opts = replace(
+        Options(),
+        profile=profile,
+        repeat=args.repeat,
+        steps=args.steps,
+        compiled=not args.no_compile,
+        timed=not args.no_timing,
+        timeout_s=args.timeout_s,
+    )
     python = args.python or default_python(args.adapters)
     if python is not None and not Path(python).exists():
         raise ValueError(f"--python {python} does not exist")

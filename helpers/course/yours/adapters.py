@@ -3,6 +3,7 @@
 The course's three editions name their adapters differently (public in each edition's assignment repository);
 ADAPTERS lists every name by topic. An adapter that raises NotImplementedError is "not implemented", not an error.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -61,8 +62,11 @@ def student_frames(frames: list, path: Path | None) -> list:
     """The frames in the student's own files: under the assignment root (or the adapters file's folder), not in an
     installed package or a virtual environment inside the repository."""
     roots = [str(assignment_root(path)), str(Path(path).resolve().parent)] if path else []
-    return [f for f in frames if any(f.filename.startswith(r) for r in roots)
-            and not any(part in f.filename for part in NOT_STUDENT)]
+    return [
+        f
+        for f in frames
+        if any(f.filename.startswith(r) for r in roots) and not any(part in f.filename for part in NOT_STUDENT)
+    ]
 
 
 def where(exc: BaseException, path: Path | None = None) -> str:
@@ -125,8 +129,10 @@ def fix_for(exc: ModuleNotFoundError, root: Path) -> str:
     if venv.exists():
         return f"run with --python {venv} (your assignment's environment)"
     if top.startswith("cs336"):
-        return (f"cd {root} && uv sync, then run with --python {venv} ({top} is not in {root} nor in "
-                f"{root / 'cs336-basics'})")
+        return (
+            f"cd {root} && uv sync, then run with --python {venv} ({top} is not in {root} nor in "
+            f"{root / 'cs336-basics'})"
+        )
     return f"{sys.executable} -m pip install {PIP_NAMES.get(top, top)}"
 
 
@@ -149,8 +155,10 @@ def load(path) -> ModuleType:
         os.chdir(root)
         spec.loader.exec_module(module)
     except ModuleNotFoundError as exc:
-        raise AdaptersError(f"{path} failed to import: No module named {exc.name!r} (at {where(exc, path)}). "
-                            f"To fix: {fix_for(exc, root)}") from None
+        raise AdaptersError(
+            f"{path} failed to import: No module named {exc.name!r} (at {where(exc, path)}). "
+            f"To fix: {fix_for(exc, root)}"
+        ) from None
     except BaseException as exc:  # noqa: BLE001 - SystemExit and friends from a student's file are errors too
         raise AdaptersError(f"{path} failed to import: {type(exc).__name__}: {exc} (at {where(exc, path)})") from None
     finally:
@@ -163,6 +171,7 @@ def load(path) -> ModuleType:
 @dataclass
 class Adapter:
     """One implementation's adapters from the file: the callables, or why there are none."""
+
     topic: str
     impl: str
     status: str = "ok"  # "ok" | NOT_IMPLEMENTED | ABSENT

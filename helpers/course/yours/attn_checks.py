@@ -1,6 +1,7 @@
 """FlashAttention-2 checks (2025/2026 editions): a student's Function against float64 closed forms of FA-2's backward,
 the logsumexp it saves, and which inputs the handout promises.
 """
+
 from __future__ import annotations
 
 import math
@@ -9,15 +10,29 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from helpers.course.yours.numerics import (U32, BackwardMissing, ShapeError, _grads, bounds, constant_factor,
-                                           first_mismatch, matches, saved_tensors, short, unit, worst)
+from helpers.course.yours.numerics import (
+    U32,
+    BackwardMissing,
+    ShapeError,
+    _grads,
+    bounds,
+    constant_factor,
+    first_mismatch,
+    matches,
+    saved_tensors,
+    short,
+    unit,
+    worst,
+)
 
 
 # ---- FlashAttention-2 -------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class AttnCase:
     """One attention input: (batch, Tq, d) as the handout's skeleton has it, or (batch, heads, Tq, d) with heads."""
+
     Tq: int
     Tk: int
     d: int
@@ -28,8 +43,9 @@ class AttnCase:
 
     def __str__(self) -> str:
         lead = f"{self.batch}x{self.heads}" if self.heads else f"batch {self.batch}"
-        return (f"{short(self.dtype)} {lead}, Tq={self.Tq}, Tk={self.Tk}, d={self.d}"
-                f"{', causal' if self.is_causal else ''}")
+        return (
+            f"{short(self.dtype)} {lead}, Tq={self.Tq}, Tk={self.Tk}, d={self.d}{', causal' if self.is_causal else ''}"
+        )
 
 
 # 2025/2026 handouts and tests (flash_forward, flash_backward): fp32, 3-D (batch, N, d), N and d powers of two and at
@@ -37,8 +53,10 @@ class AttnCase:
 # Triton version masks causally (flash_forward (c)), with N_q = N_k there. Exactly one (batch, N_q) logsumexp is
 # saved (the tests look for it).
 ATTN_PYTORCH_CONTRACT = {
-    "output and gradients vs float64, fp32 (batch, N, d)": [AttnCase(128, 128, 64, False, batch=4),
-                                                            AttnCase(16, 16, 16, False)],
+    "output and gradients vs float64, fp32 (batch, N, d)": [
+        AttnCase(128, 128, 64, False, batch=4),
+        AttnCase(16, 16, 16, False),
+    ],
     "N_q != N_k (powers of two)": [AttnCase(64, 128, 32, False), AttnCase(128, 64, 32, False)],
     "head dims 16 to 128": [AttnCase(32, 32, 128, False)],
 }
@@ -52,14 +70,21 @@ ATTN_TRITON_CONTRACT = {  # small batches: the CPU's interpreter runs every prog
     "head dims 16 to 128": [AttnCase(64, 64, 16, True, batch=1), AttnCase(32, 32, 128, False, batch=1)],
 }
 ATTN_BEYOND = {  # probes past the handout: tails, 4-D, bf16
-    "lengths that are not tile multiples": [AttnCase(37, 37, 16, False, batch=1), AttnCase(48, 80, 32, False, batch=1),
-                                            AttnCase(100, 100, 16, True, batch=1)],
+    "lengths that are not tile multiples": [
+        AttnCase(37, 37, 16, False, batch=1),
+        AttnCase(48, 80, 32, False, batch=1),
+        AttnCase(100, 100, 16, True, batch=1),
+    ],
     "4-D (batch, heads, N, d)": [AttnCase(32, 32, 32, True, batch=1, heads=2)],
     "bf16": [AttnCase(32, 32, 32, True, torch.bfloat16, batch=1)],
 }
-ATTN_PYTORCH_BEYOND = {"causal mask applied (optional for the PyTorch version)": [AttnCase(16, 16, 16, True),
-                                                                                  AttnCase(128, 128, 64, True)],
-                       **ATTN_BEYOND}
+ATTN_PYTORCH_BEYOND = {
+    "causal mask applied (optional for the PyTorch version)": [
+        AttnCase(16, 16, 16, True),
+        AttnCase(128, 128, 64, True),
+    ],
+    **ATTN_BEYOND,
+}
 ATTN_PROPERTIES = {**ATTN_PYTORCH_CONTRACT, **ATTN_TRITON_CONTRACT, **ATTN_BEYOND}  # every case a correct one passes
 LSE_CASE = AttnCase(64, 64, 32, False)
 
@@ -72,11 +97,13 @@ def attn_inputs(case: AttnCase, seed: int = 0, device="cpu") -> tuple[Tensor, ..
     def draw(T, grad=True):
         t = torch.randn(*lead, T, case.d, generator=gen).to(device, case.dtype)  # (*lead, T, d)
         return t.requires_grad_(grad)
+
     return draw(case.Tq), draw(case.Tk), draw(case.Tk), draw(case.Tq, grad=False)
 
 
-def attn_float64(q, k, v, do, is_causal: bool, *, shift: int = 0, scaled: bool = True,
-                 keys: int | None = None) -> tuple[dict, dict, float]:
+def attn_float64(
+    q, k, v, do, is_causal: bool, *, shift: int = 0, scaled: bool = True, keys: int | None = None
+) -> tuple[dict, dict, float]:
     """o, lse, dq, dk, dv in float64 (closed forms of FA-2's backward), their scales, and the scores' worst error.
     shift moves the causal diagonal (query i sees keys j <= i + shift); scaled=False drops 1/sqrt(d); keys=n uses
     only the first n keys (their gradients stay zero beyond)."""
@@ -85,7 +112,7 @@ def attn_float64(q, k, v, do, is_causal: bool, *, shift: int = 0, scaled: bool =
     if keys is not None:
         k, v = k[..., :keys, :], v[..., :keys, :]
     d = q.shape[-1]
-    c = d ** -0.5 if scaled else 1.0
+    c = d**-0.5 if scaled else 1.0
     s = q @ k.transpose(-2, -1) * c  # (..., Tq, Tk)
     if is_causal:
         mask = torch.ones(s.shape[-2:], dtype=torch.bool).tril(shift).logical_not()  # (Tq, Tk) True: hidden
@@ -98,8 +125,13 @@ def attn_float64(q, k, v, do, is_causal: bool, *, shift: int = 0, scaled: bool =
     ds = p * (dp - delta)  # (..., Tq, Tk)
     want = {"o": o, "lse": lse, "dq": ds @ k * c, "dk": ds.transpose(-2, -1) @ q * c, "dv": p.transpose(-2, -1) @ do}
     ads = p * (do.abs() @ v.abs().transpose(-2, -1) + (do * o).abs().sum(-1, keepdim=True))  # (..., Tq, Tk)
-    scales = {"o": p @ v.abs(), "lse": torch.ones_like(lse) + lse.abs(), "dq": ads @ k.abs() * c,
-              "dk": ads.transpose(-2, -1) @ q.abs() * c, "dv": p.transpose(-2, -1) @ do.abs()}
+    scales = {
+        "o": p @ v.abs(),
+        "lse": torch.ones_like(lse) + lse.abs(),
+        "dq": ads @ k.abs() * c,
+        "dk": ads.transpose(-2, -1) @ q.abs() * c,
+        "dv": p.transpose(-2, -1) @ do.abs(),
+    }
     if keys is not None and keys < Tk:  # the keys left out get zero gradients (and a zero scale)
         for name in ("dk", "dv"):
             pad = torch.zeros(*want[name].shape[:-2], Tk - keys, d, dtype=torch.float64)
@@ -123,11 +155,17 @@ def attn_mistake(got: dict, q, k, v, do, case: AttnCase) -> str:
     within the same bounds, else ''."""
     variants = [("no 1/sqrt(d) scaling of the scores", dict(is_causal=case.is_causal, scaled=False))]
     if case.Tk > case.Tq:
-        variants.append(("keys beyond the first N_q are ignored (the key loop must run over N_k, not N_q)",
-                         dict(is_causal=case.is_causal, keys=case.Tq)))
+        variants.append(
+            (
+                "keys beyond the first N_q are ignored (the key loop must run over N_k, not N_q)",
+                dict(is_causal=case.is_causal, keys=case.Tq),
+            )
+        )
     if case.is_causal:
-        variants += [("the causal mask is shifted by one: query i also sees key i+1", dict(is_causal=True, shift=1)),
-                     ("is_causal is ignored (no mask applied)", dict(is_causal=False))]
+        variants += [
+            ("the causal mask is shifted by one: query i also sees key i+1", dict(is_causal=True, shift=1)),
+            ("is_causal is ignored (no mask applied)", dict(is_causal=False)),
+        ]
     for label, kwargs in variants:
         want, scales, err = attn_float64(q, k, v, do, **kwargs)
         if matches(got, want, attn_bounds(scales, case, err)):
@@ -182,9 +220,11 @@ def check_lse_saved(apply, case: AttnCase = LSE_CASE, device="cpu") -> str:
     _, saved = saved_tensors(lambda: apply(q, k, v, case.is_causal))
     rows = [t for t in saved if tuple(t.shape) == tuple(q.shape[:-1])]
     if len(rows) != 1:
-        return (f"{case}: {len(rows)} tensors of shape {tuple(q.shape[:-1])} saved for backward, expected exactly one "
-                "(the logsumexp L = m + log(l)); " + ("saving m and l separately?" if len(rows) == 2 else
-                                                      "backward must rebuild P from L"))
+        return (
+            f"{case}: {len(rows)} tensors of shape {tuple(q.shape[:-1])} saved for backward, expected exactly one "
+            "(the logsumexp L = m + log(l)); "
+            + ("saving m and l separately?" if len(rows) == 2 else "backward must rebuild P from L")
+        )
     want, scales, err = attn_float64(q, k, v, do, case.is_causal)
     m = worst("L", rows[0], want["lse"], attn_bounds(scales, case, err)["lse"])
     return "" if m is None else f"{case}: the saved (..., Tq) tensor is not the logsumexp of the scores: {m}"
@@ -195,4 +235,6 @@ def check_nothing_square_saved(apply, case: AttnCase = LSE_CASE, device="cpu") -
     q, k, v, _ = attn_inputs(case, device=device)
     _, saved = saved_tensors(lambda: apply(q, k, v, case.is_causal))
     square = [tuple(t.shape) for t in saved if t.dim() >= 2 and tuple(t.shape[-2:]) == (case.Tq, case.Tk)]
-    return f"{case}: a tensor of shape {square[0]} is saved for backward: O(T^2) memory; save L instead" if square else ""
+    return (
+        f"{case}: a tensor of shape {square[0]} is saved for backward: O(T^2) memory; save L instead" if square else ""
+    )

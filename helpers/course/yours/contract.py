@@ -2,6 +2,7 @@
 the sharded optimizer 2025/2026, FSDP 2026) replayed on the course's models (course_models) with the tolerances the
 tests assert, in a launched rank (the course_* functions) and judged in the parent (the *_checks functions). These
 decide the exit status; helpers.course.yours.distributed adds the probes beyond the handout."""
+
 from __future__ import annotations
 
 import copy
@@ -60,15 +61,27 @@ def course_ddp_run(fns, impl: str, model: str, bucket_mb) -> dict:
         ratios = {n: S.close_ratio(mine[n].detach(), p.detach(), **ALLCLOSE) for n, p in ref.named_parameters()}
         worst = max(ratios, key=lambda n: ratios[n][0])
         i_w = ratios[worst][1]
-        steps.append({
-            "ratio": ratios[worst][0],
-            "where": (f"{worst}[{', '.join(map(str, i_w))}]: yours {float(mine[worst].detach()[i_w]):.6g}, one process "
-                      f"{float(dict(ref.named_parameters())[worst].detach()[i_w]):.6g}"),
-            "finite": all(bool(torch.isfinite(g).all()) for g in grads.values()),
-            "summed": bool(g_ref) and all(n in grads and torch.allclose(grads[n], WORLD * g, **ALLCLOSE)
-                                          and not torch.allclose(grads[n], g, **ALLCLOSE) for n, g in g_ref.items()),
-            "zeros": sorted(n for n, g in g_ref.items() if bool(g.any()) and (n not in grads or not grads[n].any())),
-            "grads": S.digest(grads)})
+        steps.append(
+            {
+                "ratio": ratios[worst][0],
+                "where": (
+                    f"{worst}[{', '.join(map(str, i_w))}]: yours {float(mine[worst].detach()[i_w]):.6g}, one process "
+                    f"{float(dict(ref.named_parameters())[worst].detach()[i_w]):.6g}"
+                ),
+                "finite": all(bool(torch.isfinite(g).all()) for g in grads.values()),
+                "summed": bool(g_ref)
+                and all(
+                    n in grads
+                    and torch.allclose(grads[n], WORLD * g, **ALLCLOSE)
+                    and not torch.allclose(grads[n], g, **ALLCLOSE)
+                    for n, g in g_ref.items()
+                ),
+                "zeros": sorted(
+                    n for n, g in g_ref.items() if bool(g.any()) and (n not in grads or not grads[n].any())
+                ),
+                "grads": S.digest(grads),
+            }
+        )
         x, y = CM.shuffled(i, x, y)
     return {"start_diff": start_diff, "steps": steps}
 
@@ -79,15 +92,24 @@ def course_ddp_checks(impl: str, label: str, per_rank: list[dict]) -> list[Check
     after = A.ADAPTERS["ddp"][impl][1]
     diff = sorted({n for r in per_rank for n in r["start_diff"]})
     ranks = [i for i, r in enumerate(per_rank) if r["start_diff"]]
-    checks = [Check("ddp", impl, f"{label}: rank 0's parameters after construction", FAIL if diff else PASS,
-                    f"rank(s) {ranks} still hold their own {', '.join(diff[:4])} after construction: not broadcast from "
-                    "rank 0" if diff else "every rank starts from rank 0's parameters")]
+    checks = [
+        Check(
+            "ddp",
+            impl,
+            f"{label}: rank 0's parameters after construction",
+            FAIL if diff else PASS,
+            f"rank(s) {ranks} still hold their own {', '.join(diff[:4])} after construction: not broadcast from rank 0"
+            if diff
+            else "every rank starts from rank 0's parameters",
+        )
+    ]
     bad = [(s, rank) for rank, r in enumerate(per_rank) for s, st in enumerate(r["steps"]) if not st["ratio"] <= 1]
     prop = f"{label}: {CM.DDP_STEPS} SGD steps vs one process (allclose)"
     if not bad:
         worst = max(st["ratio"] for r in per_rank for st in r["steps"])
-        checks.append(Check("ddp", impl, prop, PASS, f"every step on every rank; worst |diff| / (atol + rtol |w|) "
-                                                     f"{worst:.3g}"))
+        checks.append(
+            Check("ddp", impl, prop, PASS, f"every step on every rank; worst |diff| / (atol + rtol |w|) {worst:.3g}")
+        )
         return checks
     s, rank = min(bad)
     st = per_rank[rank]["steps"][s]
@@ -101,13 +123,25 @@ def course_ddp_checks(impl: str, label: str, per_rank: list[dict]) -> list[Check
     elif all(r["steps"][s]["summed"] for r in per_rank):
         why = f" - every gradient is {WORLD}x one process's: summed over ranks, not averaged (divide by the world size)"
     elif unsynced:
-        why = (f" - {', '.join(unsynced[:4])}'s gradient is not the same on every rank after {after}: not all-reduced "
-               "before the optimizer step")
+        why = (
+            f" - {', '.join(unsynced[:4])}'s gradient is not the same on every rank after {after}: not all-reduced "
+            "before the optimizer step"
+        )
     elif st["zeros"] and all(r["steps"][s]["zeros"] == st["zeros"] for r in per_rank):
-        why = (f" - {', '.join(st['zeros'][:4])}'s gradient is all zeros after {after} on every rank, one process's is "
-               "not: what was all-reduced and copied back was not this gradient (read before backward produced it?)")
-    checks.append(Check("ddp", impl, prop, FAIL, f"step {s}, rank {rank}: {st['where']}; |diff| / (atol + rtol |w|) "
-                                                 f"{st['ratio']:.3g}, allclose's bound 1{why}"))
+        why = (
+            f" - {', '.join(st['zeros'][:4])}'s gradient is all zeros after {after} on every rank, one process's is "
+            "not: what was all-reduced and copied back was not this gradient (read before backward produced it?)"
+        )
+    checks.append(
+        Check(
+            "ddp",
+            impl,
+            prop,
+            FAIL,
+            f"step {s}, rank {rank}: {st['where']}; |diff| / (atol + rtol |w|) "
+            f"{st['ratio']:.3g}, allclose's bound 1{why}",
+        )
+    )
     return checks
 
 
@@ -145,15 +179,19 @@ def course_state_growth(make) -> dict:
     """Bytes of tensors the first optimizer step leaves alive (the optimizer state it creates) on this rank, unsharded
     AdamW's and yours, on the course's ToyModel; and the smallest trainable tensor's state (2 moments, float32)."""
     out = {}
-    for who, build in (("unsharded", lambda ps: torch.optim.AdamW(ps, **CM.SHARDING_ADAMW)),
-                       ("yours", lambda ps: make(ps, torch.optim.AdamW, **CM.SHARDING_ADAMW))):
+    for who, build in (
+        ("unsharded", lambda ps: torch.optim.AdamW(ps, **CM.SHARDING_ADAMW)),
+        ("yours", lambda ps: make(ps, torch.optim.AdamW, **CM.SHARDING_ADAMW)),
+    ):
         torch.manual_seed(42)
         net = CM.ToyModel()
         opt = build(net.parameters())
         x = torch.rand(CM.SHARDING_ROWS, 10, generator=torch.Generator().manual_seed(0))
         net(x).pow(2).sum().backward()
-        trace = M.track(lambda: (opt.step(), dist.barrier()),  # the barrier: the backend lets go of a broadcast's buffer
-                        existing=list(net.parameters()) + [p.grad for p in net.parameters() if p.grad is not None])
+        trace = M.track(
+            lambda: (opt.step(), dist.barrier()),  # the barrier: the backend lets go of a broadcast's buffer
+            existing=list(net.parameters()) + [p.grad for p in net.parameters() if p.grad is not None],
+        )
         out[who] = trace.current_bytes - trace.baseline_bytes
     out["smallest"] = 2 * 4 * min(p.numel() for p in CM.ToyModel().parameters() if p.requires_grad)
     return out
@@ -169,8 +207,10 @@ def course_sharding_checks(impl: str, model: str, per_rank: list[dict]) -> list[
                 worst = (ratio, rank, n, i, float(r["mine"][n][i]), float(ref[i]))
     ratio, rank, n, i, got, want = worst
     prop = f"{model}: {CM.SHARDING_STEPS} AdamW steps vs unsharded (allclose, rtol 1e-7)"
-    detail = (f"worst rank {rank}, {n}[{', '.join(map(str, i))}]: yours {got:.8g}, unsharded {want:.8g}; |diff| / "
-              f"(rtol |w|) {ratio:.3g}")
+    detail = (
+        f"worst rank {rank}, {n}[{', '.join(map(str, i))}]: yours {got:.8g}, unsharded {want:.8g}; |diff| / "
+        f"(rtol |w|) {ratio:.3g}"
+    )
     return [Check("sharding", impl, prop, PASS if ratio <= 1 else FAIL, detail)]
 
 
@@ -182,15 +222,18 @@ def partition_check(impl: str, per_rank: list[dict]) -> Check:
     worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["yours"])
     held = per_rank[worst]["yours"]
     ok = held <= full - least
-    detail = (f"rank {worst} keeps {held} B of optimizer state after the first step, unsharded AdamW {full} B; "
-              f"partitioned, no rank keeps the state of every parameter (bound {full} - {least} B, the smallest "
-              "tensor's two moments)")
+    detail = (
+        f"rank {worst} keeps {held} B of optimizer state after the first step, unsharded AdamW {full} B; "
+        f"partitioned, no rank keeps the state of every parameter (bound {full} - {least} B, the smallest "
+        "tensor's two moments)"
+    )
     if not ok and held >= full:
         detail += " - every rank keeps the whole state: not partitioned (step only the parameters this rank owns)"
     return Check("sharding", impl, "ToyModel: optimizer state partitioned over ranks", PASS if ok else FAIL, detail)
 
 
 # ---- FSDP within the handout's contract: the 2026 test (tests/test_fsdp.py) on the cs336_basics layers ----
+
 
 class NotAsked(Exception):
     """The launch asked for the probes beyond the handout only."""
@@ -232,12 +275,18 @@ def course_fsdp_run(impl: XF.FsdpImpl, dtype: str) -> dict:
         impl.on_after_backward(model, opt)
         opt.step()
         full = S.aligned(impl.gather_full_params(model), names)
-        ratios = {n: S.close_ratio(full[n], p.detach().cpu(), **COURSE_FSDP_TOL[dtype]) for n, p in ref.named_parameters()}
+        ratios = {
+            n: S.close_ratio(full[n], p.detach().cpu(), **COURSE_FSDP_TOL[dtype]) for n, p in ref.named_parameters()
+        }
         n = max(ratios, key=lambda k: ratios[k][0])
         i = ratios[n][1]
         want = float(dict(ref.named_parameters())[n].detach()[i])
-        steps.append({"ratio": ratios[n][0],
-                      "where": f"{n}[{', '.join(map(str, i))}]: yours {float(full[n][i]):.6g}, one process {want:.6g}"})
+        steps.append(
+            {
+                "ratio": ratios[n][0],
+                "where": f"{n}[{', '.join(map(str, i))}]: yours {float(full[n][i]):.6g}, one process {want:.6g}",
+            }
+        )
         ids, labels = CM.shuffled(s, ids, labels)
     return {"steps": steps}
 
@@ -260,8 +309,14 @@ def course_fsdp_grads(impl: XF.FsdpImpl, dtype: str) -> dict:
             continue
         g = p.grad
         if g is None or g.shape != p.data.shape or g.dtype != p.data.dtype:
-            bad.append(f"{name}: " + ("no gradient" if g is None else f"gradient {tuple(g.shape)} {g.dtype}, data "
-                                      f"{tuple(p.data.shape)} {p.data.dtype}"))
+            bad.append(
+                f"{name}: "
+                + (
+                    "no gradient"
+                    if g is None
+                    else f"gradient {tuple(g.shape)} {g.dtype}, data {tuple(p.data.shape)} {p.data.dtype}"
+                )
+            )
         elif not isinstance(modules[name.rsplit(".", 1)[0]] if "." in name else inner, shard_types):
             replicated[name] = g.detach().float().cpu().clone()
     return {"bad": bad, "replicated": replicated}
@@ -274,12 +329,18 @@ def course_fsdp_memory(impl: XF.FsdpImpl) -> dict:
     torch.manual_seed(42)
     trace = M.track_resizing(lambda: (impl.wrap(CM.FSDPToyModel(layers), None), dist.barrier()), device=L.device())
     trace.result = None
-    sizes = {id(p): (p.numel(), isinstance(m, shard_types)) for m in CM.FSDPToyModel(layers).modules()
-             for p in m.parameters(recurse=False)}
+    sizes = {
+        id(p): (p.numel(), isinstance(m, shard_types))
+        for m in CM.FSDPToyModel(layers).modules()
+        for p in m.parameters(recurse=False)
+    }
     sharded = [n for n, s in sizes.values() if s]
-    return {"live": trace.current_bytes, "full": 4 * sum(n for n, _ in sizes.values()),
-            "share": 4 * (sum(-(-n // WORLD) for n in sharded) + sum(n for n, s in sizes.values() if not s)),
-            "largest": 4 * max(sharded)}
+    return {
+        "live": trace.current_bytes,
+        "full": 4 * sum(n for n, _ in sizes.values()),
+        "share": 4 * (sum(-(-n // WORLD) for n in sharded) + sum(n for n, s in sizes.values() if not s)),
+        "largest": 4 * max(sharded),
+    }
 
 
 def course_fsdp_checks(impl: str, course: dict) -> list[Check]:
@@ -292,11 +353,19 @@ def course_fsdp_checks(impl: str, course: dict) -> list[Check]:
             checks.append(error)
         else:
             tol = COURSE_FSDP_TOL[dtype]
-            (ratio, s, rank), where = max(((st["ratio"], s, rank), st["where"]) for rank, r in enumerate(runs)
-                                          for s, st in enumerate(r["steps"]))
-            checks.append(Check("fsdp", impl, prop, PASS if ratio <= 1 else FAIL,
-                                f"worst: step {s}, rank {rank}, {where}; |diff| / (atol {tol['atol']:g} + rtol "
-                                f"{tol['rtol']:g} |w|) {ratio:.3g}"))
+            (ratio, s, rank), where = max(
+                ((st["ratio"], s, rank), st["where"]) for rank, r in enumerate(runs) for s, st in enumerate(r["steps"])
+            )
+            checks.append(
+                Check(
+                    "fsdp",
+                    impl,
+                    prop,
+                    PASS if ratio <= 1 else FAIL,
+                    f"worst: step {s}, rank {rank}, {where}; |diff| / (atol {tol['atol']:g} + rtol "
+                    f"{tol['rtol']:g} |w|) {ratio:.3g}",
+                )
+            )
         grads, prop = course[f"grads {dtype}"], f"gradients after fsdp_on_after_backward ({dtype})"
         error = S.phase_error("fsdp", impl, prop, grads, beyond=False)
         if error:
@@ -304,12 +373,20 @@ def course_fsdp_checks(impl: str, course: dict) -> list[Check]:
             continue
         bad = [(rank, b) for rank, r in enumerate(grads) for b in r["bad"]]
         first = grads[0]["replicated"]
-        split = [n for r in grads[1:] for n in first if n not in r["replicated"]
-                 or not torch.allclose(first[n], r["replicated"][n], **COURSE_FSDP_GRAD_TOL)]
-        detail = (f"rank {bad[0][0]}: {bad[0][1]} (every parameter that requires a gradient needs one of its data's "
-                  "shape and dtype)" if bad else f"replicated {', '.join(split[:3])}'s gradient differs between ranks: "
-                  "not all-reduced" if split else
-                  f"shapes and dtypes of the data; {len(first)} replicated gradients equal on every rank")
+        split = [
+            n
+            for r in grads[1:]
+            for n in first
+            if n not in r["replicated"] or not torch.allclose(first[n], r["replicated"][n], **COURSE_FSDP_GRAD_TOL)
+        ]
+        detail = (
+            f"rank {bad[0][0]}: {bad[0][1]} (every parameter that requires a gradient needs one of its data's "
+            "shape and dtype)"
+            if bad
+            else f"replicated {', '.join(split[:3])}'s gradient differs between ranks: not all-reduced"
+            if split
+            else f"shapes and dtypes of the data; {len(first)} replicated gradients equal on every rank"
+        )
         checks.append(Check("fsdp", impl, prop, FAIL if bad or split else PASS, detail))
     mem = course["memory"]
     error = S.phase_error("fsdp", impl, "a shard per rank after get_fsdp", mem, beyond=False)
@@ -319,9 +396,11 @@ def course_fsdp_checks(impl: str, course: dict) -> list[Check]:
     m = mem[rank]
     bound = (1 + SHARD_MEMORY_TOL) * m["share"] + m["largest"]  # + one full weight: a gathered or staging buffer a
     #                                                                sharded FSDP may keep (prefetch), not the model
-    detail = (f"rank {rank} holds {m['live']} B after get_fsdp; its shard (1/{WORLD} of the Linear and Embedding "
-              f"weights, norm gains whole) {m['share']} B, bound that + {SHARD_MEMORY_TOL:.0%} + the largest weight "
-              f"{m['largest']} B = {bound:.0f} B; the full model {m['full']} B")
+    detail = (
+        f"rank {rank} holds {m['live']} B after get_fsdp; its shard (1/{WORLD} of the Linear and Embedding "
+        f"weights, norm gains whole) {m['share']} B, bound that + {SHARD_MEMORY_TOL:.0%} + the largest weight "
+        f"{m['largest']} B = {bound:.0f} B; the full model {m['full']} B"
+    )
     if m["live"] > bound and m["live"] >= m["full"]:
         detail += " - the full weights are still live: not sharded at init (keep only this rank's shard)"
     checks.append(Check("fsdp", impl, "a shard per rank after get_fsdp", PASS if m["live"] <= bound else FAIL, detail))

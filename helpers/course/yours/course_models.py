@@ -6,6 +6,7 @@ FSDP on within the handout's contract (helpers.course.yours.distributed). Our ow
     x, y = ddp_data()                                      # 20 rows: 10 per rank
     loss = reference_loss(net, ids, labels, torch.float16, shard_types)   # one process, FSDP's mixed precision
 """
+
 from __future__ import annotations
 
 import torch
@@ -86,8 +87,10 @@ class FSDPToyModel(nn.Module):
 def fsdp_data(seed: int = 123) -> tuple[torch.Tensor, torch.Tensor]:
     """The FSDP test's data: token ids (20, 8) and one label per row (its last position's target)."""
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, FSDP_VOCAB, (FSDP_ROWS, FSDP_SEQ), generator=gen),
-            torch.randint(0, FSDP_VOCAB, (FSDP_ROWS,), generator=gen))
+    return (
+        torch.randint(0, FSDP_VOCAB, (FSDP_ROWS, FSDP_SEQ), generator=gen),
+        torch.randint(0, FSDP_VOCAB, (FSDP_ROWS,), generator=gen),
+    )
 
 
 def last_position_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -100,7 +103,10 @@ def reference_loss(net: nn.Module, ids, labels, compute_dtype, shard_types) -> t
     forward and backward (their gradients come back fp32 through the cast), the others and the master weights fp32."""
     if compute_dtype is None:
         return last_position_loss(net(ids), labels)
-    owners = {f"{m_name}.{p_name}" if m_name else p_name: m for m_name, m in net.named_modules()
-              for p_name, _ in m.named_parameters(recurse=False)}
+    owners = {
+        f"{m_name}.{p_name}" if m_name else p_name: m
+        for m_name, m in net.named_modules()
+        for p_name, _ in m.named_parameters(recurse=False)
+    }
     params = {n: p.to(compute_dtype) if isinstance(owners[n], shard_types) else p for n, p in net.named_parameters()}
     return last_position_loss(torch.func.functional_call(net, params, (ids,)), labels)

@@ -17,6 +17,7 @@ launches of their own, so one broken flavour never hides the others. Two kinds o
 Each phase (a check, the timing, the memory and bytes) runs apart: an exception in one is its own error row, located at
 the deepest frame in the student's files (helpers.course.yours.student_calls calls the adapters).
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,7 +47,9 @@ from helpers.fsdp import bytes_sent, fsdp_bytes_per_step
 from helpers.timing import paired_ratio, ratio_columns, verdict
 
 WORLD = S.WORLD
-TOY = dict(steps=3, batch_size=8, context_length=6)  # DDP and sharding equivalence: the toy model (tied, frozen, unused)
+TOY = dict(
+    steps=3, batch_size=8, context_length=6
+)  # DDP and sharding equivalence: the toy model (tied, frozen, unused)
 SPEED = dict(model="small/cpu", batch_size=8, context_length=32)  # side-by-side timing, small CPU shapes
 FSDP_CHECK = dict(model="small/cpu", n_layers=None, steps=2, batch_size=4, context_length=16)
 FSDP_DTYPES = ("fp32", "bf16")  # without and with a compute dtype
@@ -67,6 +70,7 @@ def _one_step_bytes_and_peak(model, grad_sync, opt, x, y, track=M.track) -> tupl
 
 # ---- in the parent: launches that never crash the driver ----
 
+
 def _where_in(text: str, path: str) -> str:
     """file:line of the deepest frame of the student's files in a traceback's text (S.student_frame)."""
     return S.student_frame(re.findall(r'File "([^"]+)", line (\d+)', text or ""), path)
@@ -75,12 +79,16 @@ def _where_in(text: str, path: str) -> str:
 def _failure_detail(exc: BaseException, path: str) -> str:
     """One paragraph for a launch that failed: the rank and its error (signal, timeout) and where in the student's code."""
     if isinstance(exc, TimeoutError):
-        return (f"hung: {str(exc).split(' and was stopped')[0]} - a rank is waiting in a collective another rank never "
-                "entered (same calls, same order, on every rank?)")
+        return (
+            f"hung: {str(exc).split(' and was stopped')[0]} - a rank is waiting in a collective another rank never "
+            "entered (same calls, same order, on every rank?)"
+        )
     first = str(exc).split("\n")[0]
     if " before or outside the worker's Python code" in first:  # no Python traceback: a signal or os._exit
-        return (first.split(" before or outside")[0] + " while running the student's adapters: a crash outside Python "
-                "(a segfault in native code, out of memory, os._exit), not an exception")
+        return (
+            first.split(" before or outside")[0] + " while running the student's adapters: a crash outside Python "
+            "(a segfault in native code, out of memory, os._exit), not an exception"
+        )
     tb = getattr(exc, "remote_traceback", None)
     return f"{first} (at {_where_in(tb, path)})" if tb else first
 
@@ -93,9 +101,16 @@ def _launch_each(worker, path: str, impls: list[str], opts: Options) -> dict:
     launch; if it fails, each in a launch of its own, so a crash or hang is pinned on the implementation that caused
     it; if that fails too, the course's checks alone, then the probes beyond them alone: a crash or hang beyond the
     handout keeps the contract's results (each rank's dict then has "beyond_failed", what stopped the probes)."""
+
     def launch(names, parts=PARTS):
-        return L.launch(functools.partial(worker, path, names, opts, parts), WORLD, backend="gloo", device="cpu",
-                        timeout_s=opts.timeout_s)
+        return L.launch(
+            functools.partial(worker, path, names, opts, parts),
+            WORLD,
+            backend="gloo",
+            device="cpu",
+            timeout_s=opts.timeout_s,
+        )
+
     try:
         per_rank = launch(impls)
         return {impl: [r[impl] for r in per_rank] for impl in impls}
@@ -126,8 +141,16 @@ def _beyond_failed(topic: str, impl: str, per_rank: list[dict]) -> list[Check]:
     """The ERROR row for probes beyond the handout whose launch crashed or hung (the contract's checks stand)."""
     if not isinstance(per_rank[0], dict) or "beyond_failed" not in per_rank[0]:
         return []
-    return [Check(topic, impl, "beyond the handout: the probes run on 2 ranks", ERROR, per_rank[0]["beyond_failed"],
-                  beyond=True)]
+    return [
+        Check(
+            topic,
+            impl,
+            "beyond the handout: the probes run on 2 ranks",
+            ERROR,
+            per_rank[0]["beyond_failed"],
+            beyond=True,
+        )
+    ]
 
 
 def _status_checks(topic: str, impl: str, got, path: str) -> list[Check] | None:
@@ -144,14 +167,34 @@ def _status_checks(topic: str, impl: str, got, path: str) -> list[Check] | None:
 def _timing_rows(topic: str, impl: str, samples_per_rank: list[dict], labels: dict, unit_scale=1e3) -> list[dict]:
     """Median step time per label (slowest rank), and yours / each other label as a paired ratio with its interval."""
     slow = {k: slowest_rank([r[k] for r in samples_per_rank]) for k in samples_per_rank[0]}
-    rows = [{"topic": topic, "impl": impl, "measure": "step time", "who": labels.get(k, k), "label": k,
-             "value": float(np.median(v)) * unit_scale, "unit": "ms"} for k, v in slow.items()]
+    rows = [
+        {
+            "topic": topic,
+            "impl": impl,
+            "measure": "step time",
+            "who": labels.get(k, k),
+            "label": k,
+            "value": float(np.median(v)) * unit_scale,
+            "unit": "ms",
+        }
+        for k, v in slow.items()
+    ]
     for k in slow:
         if k != "yours" and "yours" in slow:
             r = paired_ratio(slow["yours"], slow[k])
-            rows.append({"topic": topic, "impl": impl, "measure": f"step time, yours / {labels.get(k, k)}",
-                         "who": "yours", "label": k, "value": r.median, "unit": "x", **ratio_columns(r),
-                         "verdict": verdict("yours", labels.get(k, k), r, "step time")})
+            rows.append(
+                {
+                    "topic": topic,
+                    "impl": impl,
+                    "measure": f"step time, yours / {labels.get(k, k)}",
+                    "who": "yours",
+                    "label": k,
+                    "value": r.median,
+                    "unit": "x",
+                    **ratio_columns(r),
+                    "verdict": verdict("yours", labels.get(k, k), r, "step time"),
+                }
+            )
     return rows
 
 
@@ -171,6 +214,7 @@ def ddp_bucket_sizes() -> list[float]:
 # Beyond: the course's toy models have no unused parameter that requires a gradient and no buffer, and the handout
 # asks for the parameters to be broadcast (2024-2026 DDP problems); a float64-derived bound is ours, not the tests'.
 
+
 def _ddp_config(fns, impl: str, bucket_mb) -> dict:
     """One equivalence run of the student's flavour on the toy model (rank-seeded: the broadcast must fix it)."""
     rank = dist.get_rank()
@@ -180,26 +224,43 @@ def _ddp_config(fns, impl: str, bucket_mb) -> dict:
     start_diff = [k for k, v in net.state_dict().items() if not torch.equal(v, start[k])]
     shim.optimizer = opt = XD.make_optimizer(shim.parameters(), "sgd")
     got = XD.gradient_checks("toy", shim, opt, make_batches("toy", **TOY), 0, "sgd")
-    return {"bucket_mb": bucket_mb, "start_diff": start_diff, "steps": got["steps"],
-            "weight_ratio": got["weight_ratio"], "state": got["state"], "synced": shim.synced}
+    return {
+        "bucket_mb": bucket_mb,
+        "start_diff": start_diff,
+        "steps": got["steps"],
+        "weight_ratio": got["weight_ratio"],
+        "state": got["state"],
+        "synced": shim.synced,
+    }
 
 
 def _ddp_speed(fns, impl: str, opts: Options) -> dict:
     """Yours, ours (the same flavour) and torch DDP from the same weights, timed interleaved; then one more step each
     for bytes sent and the step's peak."""
     kind, mb = DDP_OURS[impl]
-    wrappers = {"yours": lambda m: _untracked(S.StudentDDP(fns, impl, m, SPEED_BUCKET_MB)),
-                "ours": lambda m: wrap(kind, m, mb), "pytorch": lambda m: wrap("torch_ddp", m, SPEED_BUCKET_MB)}
+    wrappers = {
+        "yours": lambda m: _untracked(S.StudentDDP(fns, impl, m, SPEED_BUCKET_MB)),
+        "ours": lambda m: wrap(kind, m, mb),
+        "pytorch": lambda m: wrap("torch_ddp", m, SPEED_BUCKET_MB),
+    }
     built = {}
 
     def keep(label):
         def make(m):
             built[label] = w = wrappers[label](m)
             return w
+
         return make
-    run = XD.bench_worker(model=SPEED["model"], bucket_mb=SPEED_BUCKET_MB, steps=opts.steps, warmup=opts.warmup,
-                          batch_size=SPEED["batch_size"], context_length=SPEED["context_length"],
-                          wrappers={k: keep(k) for k in wrappers})
+
+    run = XD.bench_worker(
+        model=SPEED["model"],
+        bucket_mb=SPEED_BUCKET_MB,
+        steps=opts.steps,
+        warmup=opts.warmup,
+        batch_size=SPEED["batch_size"],
+        context_length=SPEED["context_length"],
+        wrappers={k: keep(k) for k in wrappers},
+    )
     x, y = rank_share(make_batches(SPEED["model"], 1, SPEED["batch_size"], SPEED["context_length"], 1)[0])
     sent, peak = {}, {}
     for label, w in built.items():
@@ -207,8 +268,13 @@ def _ddp_speed(fns, impl: str, opts: Options) -> dict:
         sent[label], peak[label] = _one_step_bytes_and_peak(w.module, w, opt, x, y)
     for w in built.values():
         w.close()
-    return {"samples": run.step, "same_weights": run.same_weights, "sent": sent, "peak": peak,
-            "grad_bytes": 4 * sum(p.numel() for p in make_model(SPEED["model"], 0).parameters() if p.requires_grad)}
+    return {
+        "samples": run.step,
+        "same_weights": run.same_weights,
+        "sent": sent,
+        "peak": peak,
+        "grad_bytes": 4 * sum(p.numel() for p in make_model(SPEED["model"], 0).parameters() if p.requires_grad),
+    }
 
 
 def _untracked(shim: S.StudentDDP) -> S.StudentDDP:
@@ -222,17 +288,21 @@ def ddp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
     own (an exception in one is its error, the others still run). {impl: outcome}."""
     out = {}
     for impl in impls:
+
         def run(impl=impl):
             fns = S.adapter_fns(path, "ddp", impl)
             course = beyond = speed = None
             if "course" in parts:
-                course = [S.phase(path, functools.partial(C.course_ddp_run, fns, impl, m, mb))
-                          for m, mb in C.course_ddp_configs(impl)]
+                course = [
+                    S.phase(path, functools.partial(C.course_ddp_run, fns, impl, m, mb))
+                    for m, mb in C.course_ddp_configs(impl)
+                ]
             if "beyond" in parts:
                 sizes = ddp_bucket_sizes() if impl == "bucketed" else [None]
                 beyond = [S.phase(path, functools.partial(_ddp_config, fns, impl, mb)) for mb in sizes]
                 speed = S.phase(path, lambda: _ddp_speed(fns, impl, opts)) if opts.timed and opts.steps else None
             return {"course": course, "configs": beyond, "speed": speed}
+
         out[impl] = S.outcome(run)
     return out
 
@@ -242,19 +312,38 @@ def _ddp_config_checks(impl: str, label: str, per_rank: list[dict]) -> list[Chec
     checks = []
     diff = sorted({k for r in per_rank for k in r["start_diff"]})
     buffers = {n for n, _ in make_model("toy", 0).named_buffers()}
-    checks.append(Check("ddp", impl, f"rank 0's weights at construction, {label}", FAIL if diff else PASS,
-                        f"after construction, rank(s) {[i for i, r in enumerate(per_rank) if r['start_diff']]} still "
-                        f"hold their own {', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''} ("
-                        + ("buffers only: the parameters were broadcast, the buffers not; the handout asks for the "
-                           "parameters, and the course's models have no buffer)" if set(diff) <= buffers else
-                           "not broadcast from rank 0)") if diff else "every rank starts from rank 0's weights"))
+    checks.append(
+        Check(
+            "ddp",
+            impl,
+            f"rank 0's weights at construction, {label}",
+            FAIL if diff else PASS,
+            f"after construction, rank(s) {[i for i, r in enumerate(per_rank) if r['start_diff']]} still "
+            f"hold their own {', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''} ("
+            + (
+                "buffers only: the parameters were broadcast, the buffers not; the handout asks for the "
+                "parameters, and the course's models have no buffer)"
+                if set(diff) <= buffers
+                else "not broadcast from rank 0)"
+            )
+            if diff
+            else "every rank starts from rank 0's weights",
+        )
+    )
     steps = [(rank, s) for rank, r in enumerate(per_rank) for s in r["steps"]]
     bad = [(rank, s) for rank, s in steps if not s.finite or not s.max_ratio <= 1]
     if not bad:
         worst = max(steps, key=lambda t: t[1].max_ratio)[1]
-        checks.append(Check("ddp", impl, f"gradients vs one process, {label}", PASS,
-                            f"{len(per_rank[0]['steps'])} steps, worst |diff| / float32 bound {worst.max_ratio:.3g} "
-                            f"at {worst.worst}"))
+        checks.append(
+            Check(
+                "ddp",
+                impl,
+                f"gradients vs one process, {label}",
+                PASS,
+                f"{len(per_rank[0]['steps'])} steps, worst |diff| / float32 bound {worst.max_ratio:.3g} "
+                f"at {worst.worst}",
+            )
+        )
     else:
         rank, s = min(bad, key=lambda t: (t[1].step, t[0]))
         unsynced = _unsynced(per_rank, s.step)
@@ -263,19 +352,36 @@ def _ddp_config_checks(impl: str, label: str, per_rank: list[dict]) -> list[Chec
         elif diff:
             why = "the ranks did not start from rank 0's weights (the check above)"
         elif s.summed_ratio <= 1:
-            why = f"gradients exactly {WORLD}x one process's: summed over ranks, not averaged (divide by the world size)"
+            why = (
+                f"gradients exactly {WORLD}x one process's: summed over ranks, not averaged (divide by the world size)"
+            )
         elif unsynced:
-            why = (f"{', '.join(unsynced[:4])}'s gradient differs between ranks: not synchronized (a frozen, unused or "
-                   "tied parameter's handling, or a bucket never all-reduced)")
+            why = (
+                f"{', '.join(unsynced[:4])}'s gradient differs between ranks: not synchronized (a frozen, unused or "
+                "tied parameter's handling, or a bucket never all-reduced)"
+            )
         else:
             why = "the synced gradient is not the mean of the ranks' gradients"
-        checks.append(Check("ddp", impl, f"gradients vs one process, {label}", FAIL,
-                            f"step {s.step}, rank {rank}: {s.where}; |diff| / float32 bound {s.max_ratio:.3g} - {why}"))
+        checks.append(
+            Check(
+                "ddp",
+                impl,
+                f"gradients vs one process, {label}",
+                FAIL,
+                f"step {s.step}, rank {rank}: {s.where}; |diff| / float32 bound {s.max_ratio:.3g} - {why}",
+            )
+        )
     states = [r["state"] for r in per_rank]
     differ = [k for k in states[0] if not all(torch.equal(states[0][k], st[k]) for st in states[1:])]
-    checks.append(Check("ddp", impl, f"same weights on every rank after {len(per_rank[0]['steps'])} steps, {label}",
-                        FAIL if differ else PASS,
-                        f"ranks end with different {', '.join(differ[:4])}" if differ else "bitwise equal"))
+    checks.append(
+        Check(
+            "ddp",
+            impl,
+            f"same weights on every rank after {len(per_rank[0]['steps'])} steps, {label}",
+            FAIL if differ else PASS,
+            f"ranks end with different {', '.join(differ[:4])}" if differ else "bitwise equal",
+        )
+    )
     return checks
 
 
@@ -294,13 +400,37 @@ def _ddp_rows(impl: str, speed_per_rank: list[dict]) -> list[dict]:
     first = speed_per_rank[0]
     for label in first["sent"]:
         hidden = label == "pytorch"  # torch DDP's C++ reducer calls the process group directly: nothing to count
-        rows.append({"topic": "ddp", "impl": impl, "measure": "bytes sent per step (rank 0)", "who": label,
-                     "value": float("nan") if hidden else first["sent"][label] / MiB, "unit": "MiB",
-                     **({"note": "not counted: torch DDP's reducer calls the process group from C++"} if hidden else {})})
-        rows.append({"topic": "ddp", "impl": impl, "measure": "peak of a step, worst rank", "who": label,
-                     "value": max(s["peak"][label] for s in speed_per_rank) / MiB, "unit": "MiB"})
-    rows.append({"topic": "ddp", "impl": impl, "measure": "bytes sent per step (rank 0)", "who": "formula",
-                 "value": F.wire_factor("all_reduce", WORLD) * first["grad_bytes"] / MiB, "unit": "MiB"})
+        rows.append(
+            {
+                "topic": "ddp",
+                "impl": impl,
+                "measure": "bytes sent per step (rank 0)",
+                "who": label,
+                "value": float("nan") if hidden else first["sent"][label] / MiB,
+                "unit": "MiB",
+                **({"note": "not counted: torch DDP's reducer calls the process group from C++"} if hidden else {}),
+            }
+        )
+        rows.append(
+            {
+                "topic": "ddp",
+                "impl": impl,
+                "measure": "peak of a step, worst rank",
+                "who": label,
+                "value": max(s["peak"][label] for s in speed_per_rank) / MiB,
+                "unit": "MiB",
+            }
+        )
+    rows.append(
+        {
+            "topic": "ddp",
+            "impl": impl,
+            "measure": "bytes sent per step (rank 0)",
+            "who": "formula",
+            "value": F.wire_factor("all_reduce", WORLD) * first["grad_bytes"] / MiB,
+            "unit": "MiB",
+        }
+    )
     return rows
 
 
@@ -325,8 +455,13 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
             continue
         for configs in zip(*[r["configs"] for r in per_rank]):
             configs = list(configs)
-            error = S.phase_error("ddp", impl, "beyond the handout: our toy model (tied, frozen, unused, buffer) runs",
-                                 configs, beyond=True)
+            error = S.phase_error(
+                "ddp",
+                impl,
+                "beyond the handout: our toy model (tied, frozen, unused, buffer) runs",
+                configs,
+                beyond=True,
+            )
             if error:
                 result.checks.append(error)
                 continue
@@ -343,8 +478,16 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
                 continue
             result.rows += _ddp_rows(impl, speed)
             same = all(r["same_weights"] for r in speed)
-            result.rows.append({"topic": "ddp", "impl": impl, "measure": "same weights as ours and torch DDP after "
-                                "the timed steps", "who": "yours", "value": same, "unit": ""})
+            result.rows.append(
+                {
+                    "topic": "ddp",
+                    "impl": impl,
+                    "measure": "same weights as ours and torch DDP after the timed steps",
+                    "who": "yours",
+                    "value": same,
+                    "unit": "",
+                }
+            )
     return result
 
 
@@ -359,6 +502,7 @@ def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> 
     after one step of small/cpu vs the formula, and the three timed interleaved with torch's ZeRO."""
     out = {}
     for impl in impls:
+
         def run():
             make = S.student_optimizer(S.adapter_fns(path, "sharding", impl))
             course = partition = None
@@ -367,28 +511,59 @@ def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> 
                 partition = S.phase(path, lambda: C.course_state_growth(make))
 
             def beyond():  # bitwise (ours), on our toy (buffer, unused parameter): past the test's allclose
-                runs = XS.equivalence_worker(model="toy", kinds=["unsharded", "sharded", "yours"], optimizer="adamw",
-                                             impls={"yours": make}, **TOY)
-                return {"runs": {k: {"weights": S.digest(r.weights) if dist.get_rank() else r.weights,
-                                     "same_grads": r.same_grads, "collectives": r.collectives[-1]}
-                                 for k, r in runs.items()}}
+                runs = XS.equivalence_worker(
+                    model="toy",
+                    kinds=["unsharded", "sharded", "yours"],
+                    optimizer="adamw",
+                    impls={"yours": make},
+                    **TOY,
+                )
+                return {
+                    "runs": {
+                        k: {
+                            "weights": S.digest(r.weights) if dist.get_rank() else r.weights,
+                            "same_grads": r.same_grads,
+                            "collectives": r.collectives[-1],
+                        }
+                        for k, r in runs.items()
+                    }
+                }
 
             def memory():  # a balanced partition (1/N + a tensor) on small/cpu: the handout asks for a partition
-                mem = XS.memory_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], impls={"yours": make},
-                                       steps=1, **SHARDING_MEMORY)
-                return {"growth": {k: _after(r, "after step") - _after(r, "before step") for k, r in mem.items()},
-                        "peak": {k: max(p.peak for p in r.points) for k, r in mem.items()}}
+                mem = XS.memory_worker(
+                    kinds=["unsharded", "sharded", "torch_zero", "yours"],
+                    impls={"yours": make},
+                    steps=1,
+                    **SHARDING_MEMORY,
+                )
+                return {
+                    "growth": {k: _after(r, "after step") - _after(r, "before step") for k, r in mem.items()},
+                    "peak": {k: max(p.peak for p in r.points) for k, r in mem.items()},
+                }
 
             def timed():
-                speed = XS.speed_worker(kinds=["unsharded", "sharded", "torch_zero", "yours"], steps=opts.steps,
-                                        warmup=opts.warmup, impls={"yours": make}, **SPEED)
-                return {"samples": {k: [s["fwd_bwd"] + s["step"] for s in v] for k, v in speed.samples.items()},
-                        "same_weights": speed.same_weights}
+                speed = XS.speed_worker(
+                    kinds=["unsharded", "sharded", "torch_zero", "yours"],
+                    steps=opts.steps,
+                    warmup=opts.warmup,
+                    impls={"yours": make},
+                    **SPEED,
+                )
+                return {
+                    "samples": {k: [s["fwd_bwd"] + s["step"] for s in v] for k, v in speed.samples.items()},
+                    "same_weights": speed.same_weights,
+                }
+
             if "beyond" not in parts:
                 return {"course": course, "partition": partition, "beyond": None, "memory": None, "speed": None}
-            return {"course": course, "partition": partition, "beyond": S.phase(path, beyond),
-                    "memory": S.phase(path, memory),
-                    "speed": S.phase(path, timed) if opts.timed and opts.steps else None}
+            return {
+                "course": course,
+                "partition": partition,
+                "beyond": S.phase(path, beyond),
+                "memory": S.phase(path, memory),
+                "speed": S.phase(path, timed) if opts.timed and opts.steps else None,
+            }
+
         out[impl] = S.outcome(run)
     return out
 
@@ -440,20 +615,45 @@ def _sharding_checks(impl: str, per_rank: list[dict]) -> list[Check]:
         k = max(differ, key=lambda k: float((ref[k] - mine[k]).abs().max()))
         d = (mine[k] - ref[k]).abs()
         index = tuple(int(i) for i in np.unravel_index(int(torch.nan_to_num(d, nan=float("inf")).argmax()), d.shape))
-        why = ("" if all(per_rank[0]["runs"]["yours"]["same_grads"]) else
-               "; the averaged gradients it read already differed (does it change .grad?)")
-        checks.append(Check("sharding", impl, f"bitwise equal to unsharded AdamW after {steps} steps (toy model)", FAIL,
-                            f"{len(differ)} of {len(ref)} tensors differ on rank 0, most {k}[{', '.join(map(str, index))}]"
-                            f": yours {float(mine[k][index]):.6g}, unsharded {float(ref[k][index]):.6g} (|diff| "
-                            f"{float(d[index]):.3g}, bound 0: the same arithmetic in the same order){why}"))
+        why = (
+            ""
+            if all(per_rank[0]["runs"]["yours"]["same_grads"])
+            else "; the averaged gradients it read already differed (does it change .grad?)"
+        )
+        checks.append(
+            Check(
+                "sharding",
+                impl,
+                f"bitwise equal to unsharded AdamW after {steps} steps (toy model)",
+                FAIL,
+                f"{len(differ)} of {len(ref)} tensors differ on rank 0, most {k}[{', '.join(map(str, index))}]"
+                f": yours {float(mine[k][index]):.6g}, unsharded {float(ref[k][index]):.6g} (|diff| "
+                f"{float(d[index]):.3g}, bound 0: the same arithmetic in the same order){why}",
+            )
+        )
     else:
-        checks.append(Check("sharding", impl, f"bitwise equal to unsharded AdamW after {steps} steps (toy model)", PASS,
-                            f"all {len(ref)} tensors bitwise equal on rank 0"))
+        checks.append(
+            Check(
+                "sharding",
+                impl,
+                f"bitwise equal to unsharded AdamW after {steps} steps (toy model)",
+                PASS,
+                f"all {len(ref)} tensors bitwise equal on rank 0",
+            )
+        )
     digests = [S.digest(mine)] + [r["runs"]["yours"]["weights"] for r in per_rank[1:]]
     split = [k for k in digests[0] if any(d[k] != digests[0][k] for d in digests[1:])]
-    checks.append(Check("sharding", impl, "same weights on every rank", FAIL if split else PASS,
-                        f"ranks hold different {', '.join(split[:4])}: an owner's update not broadcast" if split
-                        else "bitwise equal on every rank"))
+    checks.append(
+        Check(
+            "sharding",
+            impl,
+            "same weights on every rank",
+            FAIL if split else PASS,
+            f"ranks hold different {', '.join(split[:4])}: an owner's update not broadcast"
+            if split
+            else "bitwise equal on every rank",
+        )
+    )
     return [Check(c.topic, c.impl, "beyond the handout: " + c.prop, c.status, c.detail, beyond=True) for c in checks]
 
 
@@ -465,13 +665,24 @@ def _state_check(impl: str, per_rank: list[dict]) -> Check:
     limit = full / WORLD + slack
     worst = max(range(len(per_rank)), key=lambda i: per_rank[i]["growth"]["yours"])
     held = per_rank[worst]["growth"]["yours"]
-    detail = (f"rank {worst} holds {held / MiB:.3f} MiB of optimizer state after the first step ({held / full:.0%} of "
-              f"unsharded AdamW's {full / MiB:.3f} MiB); bound 1/{WORLD} + its largest tensor = {limit / MiB:.3f} MiB")
+    detail = (
+        f"rank {worst} holds {held / MiB:.3f} MiB of optimizer state after the first step ({held / full:.0%} of "
+        f"unsharded AdamW's {full / MiB:.3f} MiB); bound 1/{WORLD} + its largest tensor = {limit / MiB:.3f} MiB"
+    )
     if held > limit:
-        detail += (" - each rank holds all the state: sharded state not partitioned (step only the parameters this "
-                   "rank owns)" if held >= 0.9 * full else " - the partition is unbalanced")
-    return Check("sharding", impl, f"beyond the handout: state per rank <= 1/{WORLD} + largest tensor (small/cpu)",
-                 FAIL if held > limit else PASS, detail, beyond=True)
+        detail += (
+            " - each rank holds all the state: sharded state not partitioned (step only the parameters this rank owns)"
+            if held >= 0.9 * full
+            else " - the partition is unbalanced"
+        )
+    return Check(
+        "sharding",
+        impl,
+        f"beyond the handout: state per rank <= 1/{WORLD} + largest tensor (small/cpu)",
+        FAIL if held > limit else PASS,
+        detail,
+        beyond=True,
+    )
 
 
 def _sharding_rows(impl: str, beyond: list[dict], memory: list[dict], speed: list[dict] | None) -> list[dict]:
@@ -479,26 +690,66 @@ def _sharding_rows(impl: str, beyond: list[dict], memory: list[dict], speed: lis
     rows = []
     per_rank = memory
     for kind in ("yours", "sharded", "torch_zero", "unsharded") if memory[0]["status"] == "ok" else ():
-        rows.append({"topic": "sharding", "impl": impl, "measure": "optimizer state per rank, worst rank",
-                     "who": labels[kind], "value": max(r["growth"][kind] for r in per_rank) / MiB, "unit": "MiB"})
-        rows.append({"topic": "sharding", "impl": impl, "measure": "peak over a step, worst rank", "who": labels[kind],
-                     "value": max(r["peak"][kind] for r in per_rank) / MiB, "unit": "MiB"})
-    rows.append({"topic": "sharding", "impl": impl, "measure": "optimizer state per rank, worst rank", "who": "formula",
-                 "value": max(F.state_bytes("sharded", SHARDING_MEMORY["model"], WORLD, r) for r in range(WORLD)) / MiB,
-                 "unit": "MiB"})
+        rows.append(
+            {
+                "topic": "sharding",
+                "impl": impl,
+                "measure": "optimizer state per rank, worst rank",
+                "who": labels[kind],
+                "value": max(r["growth"][kind] for r in per_rank) / MiB,
+                "unit": "MiB",
+            }
+        )
+        rows.append(
+            {
+                "topic": "sharding",
+                "impl": impl,
+                "measure": "peak over a step, worst rank",
+                "who": labels[kind],
+                "value": max(r["peak"][kind] for r in per_rank) / MiB,
+                "unit": "MiB",
+            }
+        )
+    rows.append(
+        {
+            "topic": "sharding",
+            "impl": impl,
+            "measure": "optimizer state per rank, worst rank",
+            "who": "formula",
+            "value": max(F.state_bytes("sharded", SHARDING_MEMORY["model"], WORLD, r) for r in range(WORLD)) / MiB,
+            "unit": "MiB",
+        }
+    )
     # the optimizer's own collectives: the all-reduce is the shared DDPBucketed's
     for kind in ("yours", "sharded") if beyond[0]["status"] == "ok" else ():
         log = [(op, b) for op, b in beyond[0]["runs"][kind]["collectives"] if op != "all_reduce"]
-        rows.append({"topic": "sharding", "impl": impl, "measure": "bytes sent by step() (rank 0, toy model)",
-                     "who": labels[kind], "value": _sent(log, WORLD) / MiB, "unit": "MiB"})
+        rows.append(
+            {
+                "topic": "sharding",
+                "impl": impl,
+                "measure": "bytes sent by step() (rank 0, toy model)",
+                "who": labels[kind],
+                "value": _sent(log, WORLD) / MiB,
+                "unit": "MiB",
+            }
+        )
     if speed:
         rows += _timing_rows("sharding", impl, [r["samples"] for r in speed], labels)
-        rows.append({"topic": "sharding", "impl": impl, "measure": "same weights as unsharded after the timed steps",
-                     "who": "yours", "value": all(r["same_weights"]["yours"] for r in speed), "unit": ""})
+        rows.append(
+            {
+                "topic": "sharding",
+                "impl": impl,
+                "measure": "same weights as unsharded after the timed steps",
+                "who": "yours",
+                "value": all(r["same_weights"]["yours"] for r in speed),
+                "unit": "",
+            }
+        )
     return rows
 
 
 # ======================================= FSDP =======================================
+
 
 def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
     """One fp32 AdamW step of a fresh model (yours or ours): the collectives it called and its peak above its start."""
@@ -517,6 +768,7 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
     without and with bf16 compute (opts.repeat times), memory and bytes vs the formulas, and the timing."""
     out, cfg, rank = {}, FSDP_CHECK, dist.get_rank()
     for impl_name in impls:
+
         def run():
             impl = S.student_fsdp(S.adapter_fns(path, "fsdp", impl_name))
             course = None
@@ -539,29 +791,59 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
             def equivalence():
                 repeats = []
                 for r in range(max(1, opts.repeat)):
-                    runs = XF.equivalence_worker(model=cfg["model"], n_layers=cfg["n_layers"], dtypes=list(FSDP_DTYPES),
-                                                 steps=cfg["steps"], batch_size=cfg["batch_size"],
-                                                 context_length=cfg["context_length"], impl=impl)
+                    runs = XF.equivalence_worker(
+                        model=cfg["model"],
+                        n_layers=cfg["n_layers"],
+                        dtypes=list(FSDP_DTYPES),
+                        steps=cfg["steps"],
+                        batch_size=cfg["batch_size"],
+                        context_length=cfg["context_length"],
+                        impl=impl,
+                    )
                     full = rank == 0 and r == 0
                     repeats.append({d: [w if full else S.digest(w) for w in run.weights] for d, run in runs.items()})
                 return {"repeats": repeats}
 
             def memory():
-                return {"memory": {k: XF.fsdp_memory(model=cfg["model"], batch_size=cfg["batch_size"],
-                                                      context_length=cfg["context_length"], steps=1, impl=i)
-                                   for k, i in (("yours", impl), ("ours", None))}}
+                return {
+                    "memory": {
+                        k: XF.fsdp_memory(
+                            model=cfg["model"],
+                            batch_size=cfg["batch_size"],
+                            context_length=cfg["context_length"],
+                            steps=1,
+                            impl=i,
+                        )
+                        for k, i in (("yours", impl), ("ours", None))
+                    }
+                }
 
             def logs():
                 return {"logs": {"yours": _fsdp_step_bytes("yours", impl), "ours": _fsdp_step_bytes("fsdp", None)}}
 
             def timed():
-                return {"samples": XF.measure_worker(kinds=("yours", "fsdp", "torch_fsdp"), steps=opts.steps,
-                                                     warmup=opts.warmup, memory=False, trace=False,
-                                                     impls={"yours": impl}, **SPEED).samples}
+                return {
+                    "samples": XF.measure_worker(
+                        kinds=("yours", "fsdp", "torch_fsdp"),
+                        steps=opts.steps,
+                        warmup=opts.warmup,
+                        memory=False,
+                        trace=False,
+                        impls={"yours": impl},
+                        **SPEED,
+                    ).samples
+                }
+
             if "beyond" not in parts:
                 return {"course": course, "equivalence": None, "memory": None, "logs": None, "speed": None}
-            return {"course": course, "equivalence": S.phase(path, equivalence), "memory": S.phase(path, memory),
-                    "logs": S.phase(path, logs), "speed": S.phase(path, timed) if opts.timed and opts.steps else None}
+            return {
+                "course": course,
+                "equivalence": S.phase(path, equivalence),
+                "memory": S.phase(path, memory),
+                "logs": S.phase(path, logs),
+                "speed": S.phase(path, timed) if opts.timed and opts.steps else None,
+            }
+
         out[impl_name] = S.outcome(run)
     return out
 
@@ -589,10 +871,13 @@ def _update_check(before: dict, after: dict, x, y, dtype: str) -> tuple[float, f
         if float(ratio.max()) > worst or not where:
             i = tuple(int(k) for k in np.unravel_index(int(ratio.argmax()), tuple(w.shape)))
             worst = float(ratio.max())
-            where = ("non-finite weights after the step (NaN/inf); " if not bool(torch.isfinite(after[n]).all())
-                     else "") + (f"{n}[{', '.join(map(str, i))}]: yours {float(after[n][i]):.6g}, one process "
-                     f"{float(w[i] - XF.LR * g[i]):.6g} (|diff| {float(diff[i]):.3g}, bound "
-                     f"{float(XF.LR * lim[n][i] + round_[i]):.3g})")
+            where = (
+                "non-finite weights after the step (NaN/inf); " if not bool(torch.isfinite(after[n]).all()) else ""
+            ) + (
+                f"{n}[{', '.join(map(str, i))}]: yours {float(after[n][i]):.6g}, one process "
+                f"{float(w[i] - XF.LR * g[i]):.6g} (|diff| {float(diff[i]):.3g}, bound "
+                f"{float(XF.LR * lim[n][i] + round_[i]):.3g})"
+            )
     return worst, summed, where
 
 
@@ -607,11 +892,19 @@ def _fsdp_equivalence_checks(impl: str, per_rank: list[dict], repeat: int) -> li
     start = {n: p.detach().cpu() for n, p in XF.build(cfg["model"], cfg["n_layers"], seed=0).named_parameters()}
     w0 = full["fp32"][0]
     bad = [n for n in names if w0[n].shape != start[n].shape or not torch.equal(w0[n], start[n])]
-    checks.append(Check("fsdp", impl, "fsdp_gather_full_params after construction is rank 0's model",
-                        FAIL if bad else PASS,
-                        f"{len(bad)} of {len(names)} parameters differ from rank 0's, e.g. {bad[0]} (shape "
-                        f"{tuple(w0[bad[0]].shape)} vs {tuple(start[bad[0]].shape)}): not broadcast from rank 0, or not "
-                        "the full weights" if bad else f"all {len(names)} parameters, full shapes, rank 0's values"))
+    checks.append(
+        Check(
+            "fsdp",
+            impl,
+            "fsdp_gather_full_params after construction is rank 0's model",
+            FAIL if bad else PASS,
+            f"{len(bad)} of {len(names)} parameters differ from rank 0's, e.g. {bad[0]} (shape "
+            f"{tuple(w0[bad[0]].shape)} vs {tuple(start[bad[0]].shape)}): not broadcast from rank 0, or not "
+            "the full weights"
+            if bad
+            else f"all {len(names)} parameters, full shapes, rank 0's values",
+        )
+    )
     batches = make_batches(cfg["model"], cfg["steps"], cfg["batch_size"], cfg["context_length"], 0)
     for dtype, ws in full.items():
         label = "fp32" if dtype == "fp32" else f"compute dtype {dtype}"
@@ -619,27 +912,68 @@ def _fsdp_equivalence_checks(impl: str, per_rank: list[dict], repeat: int) -> li
         fails = [r for r in results if not r[1] <= 1]
         if fails:
             s, ratio, summed, where = fails[0]
-            why = (f" - gradients exactly {WORLD}x one process's: summed over ranks, not averaged" if summed <= 1
-                   else "")
-            checks.append(Check("fsdp", impl, f"SGD steps vs one process ({label})", FAIL,
-                                f"step {s}: {where}; |diff| / bound {ratio:.3g}{why}"))
+            why = f" - gradients exactly {WORLD}x one process's: summed over ranks, not averaged" if summed <= 1 else ""
+            checks.append(
+                Check(
+                    "fsdp",
+                    impl,
+                    f"SGD steps vs one process ({label})",
+                    FAIL,
+                    f"step {s}: {where}; |diff| / bound {ratio:.3g}{why}",
+                )
+            )
         else:
-            checks.append(Check("fsdp", impl, f"SGD steps vs one process ({label})", PASS,
-                                f"{cfg['steps']} steps, worst |diff| / bound {max(r[1] for r in results):.3g}"))
+            checks.append(
+                Check(
+                    "fsdp",
+                    impl,
+                    f"SGD steps vs one process ({label})",
+                    PASS,
+                    f"{cfg['steps']} steps, worst |diff| / bound {max(r[1] for r in results):.3g}",
+                )
+            )
     digests = {d: [S.digest(w) for w in ws] for d, ws in first.items()}
-    split = [(d, s, k) for r in per_rank[1:] for d, ws in r["repeats"][0].items() for s, w in enumerate(ws)
-             for k in w if w[k] != digests[d][s].get(k)]
-    checks.append(Check("fsdp", impl, "every rank gathers the same weights", FAIL if split else PASS,
-                        f"{split[0][0]}, step {split[0][1]}: rank 1's {split[0][2]} differs from rank 0's" if split
-                        else "bitwise equal on every rank"))
-    races = [(i, d, s, k) for rank, r in enumerate(per_rank) for i, rep in enumerate(r["repeats"][1:], 1)
-             for d, ws in rep.items() for s, w in enumerate(ws)
-             for k in w if w[k] != (digests if rank == 0 else r["repeats"][0])[d][s].get(k)]
+    split = [
+        (d, s, k)
+        for r in per_rank[1:]
+        for d, ws in r["repeats"][0].items()
+        for s, w in enumerate(ws)
+        for k in w
+        if w[k] != digests[d][s].get(k)
+    ]
+    checks.append(
+        Check(
+            "fsdp",
+            impl,
+            "every rank gathers the same weights",
+            FAIL if split else PASS,
+            f"{split[0][0]}, step {split[0][1]}: rank 1's {split[0][2]} differs from rank 0's"
+            if split
+            else "bitwise equal on every rank",
+        )
+    )
+    races = [
+        (i, d, s, k)
+        for rank, r in enumerate(per_rank)
+        for i, rep in enumerate(r["repeats"][1:], 1)
+        for d, ws in rep.items()
+        for s, w in enumerate(ws)
+        for k in w
+        if w[k] != (digests if rank == 0 else r["repeats"][0])[d][s].get(k)
+    ]
     if repeat > 1:
-        checks.append(Check("fsdp", impl, f"{repeat} repeats bitwise equal (no races)", FAIL if races else PASS,
-                            f"repeat {races[0][0]} ({races[0][1]}, step {races[0][2]}) differs at {races[0][3]}: a race "
-                            "(a buffer read before its async collective finished?)" if races else
-                            f"all {repeat} repeats bitwise equal"))
+        checks.append(
+            Check(
+                "fsdp",
+                impl,
+                f"{repeat} repeats bitwise equal (no races)",
+                FAIL if races else PASS,
+                f"repeat {races[0][0]} ({races[0][1]}, step {races[0][2]}) differs at {races[0][3]}: a race "
+                "(a buffer read before its async collective finished?)"
+                if races
+                else f"all {repeat} repeats bitwise equal",
+            )
+        )
     return checks
 
 
@@ -651,45 +985,100 @@ def _fsdp_memory_checks(impl: str, per_rank: list[dict]) -> tuple[list[Check], l
     rank, mem = max(enumerate(per_rank), key=lambda r: r[1]["memory"]["yours"].points[0].live)
     live = mem["memory"]["yours"].points[0].live
     ok = live <= (1 + FSDP_MEMORY_TOL) * init_formula
-    detail = (f"rank {rank} holds {live / MiB:.3f} MiB after get_fsdp; formula (1/{WORLD} of the weights, padded, "
-              f"norm gains whole) {init_formula / MiB:.3f} MiB, tolerance {FSDP_MEMORY_TOL:.0%}")
+    detail = (
+        f"rank {rank} holds {live / MiB:.3f} MiB after get_fsdp; formula (1/{WORLD} of the weights, padded, "
+        f"norm gains whole) {init_formula / MiB:.3f} MiB, tolerance {FSDP_MEMORY_TOL:.0%}"
+    )
     if not ok:
-        detail += (" - the full weights are still live: not sharded at init (keep only this rank's shard)"
-                   if live >= 0.9 * full_params else " - more than a shard per rank")
+        detail += (
+            " - the full weights are still live: not sharded at init (keep only this rank's shard)"
+            if live >= 0.9 * full_params
+            else " - more than a shard per rank"
+        )
     checks.append(Check("fsdp", impl, "memory per rank after init vs formula", PASS if ok else FAIL, detail))
     acts = sum(F.activation_bytes(model, b, t).values()) + F.loss_grad_bytes(model, b, t)
     gathered_all = F.fsdp_shard_elements(model, WORLD)["sharded"] * WORLD * 4
     own = F.fsdp_shard_elements(model, WORLD)
     # + this rank's fp32 gradient shards and gains, made in this first backward, and the full-size fp32 inputs of the
     # reduce-scatters still in flight (an async reduce-scatter keeps its input until it is done: all of them, at most)
-    formula = (acts + F.fsdp_gathered_peak_bytes(model, WORLD, modules=2) + 4 * (own["sharded"] + own["replicated"])
-               + gathered_all)
+    formula = (
+        acts
+        + F.fsdp_gathered_peak_bytes(model, WORLD, modules=2)
+        + 4 * (own["sharded"] + own["replicated"])
+        + gathered_all
+    )
     worst = max(range(len(per_rank)), key=lambda i: _fb_peak(per_rank[i]["memory"]["yours"]))
     peak = _fb_peak(per_rank[worst]["memory"]["yours"])
     ok = peak <= (1 + FSDP_MEMORY_TOL) * formula
-    detail = (f"rank {worst}: forward/backward peak {peak / MiB:.3f} MiB above the step's start; formula "
-              f"(activations + loss gradients + 2 modules' gathered weights + gradient shards + reduce-scatter inputs "
-              f"in flight) {formula / MiB:.3f} MiB, tolerance "
-              f"{FSDP_MEMORY_TOL:.0%}")
+    detail = (
+        f"rank {worst}: forward/backward peak {peak / MiB:.3f} MiB above the step's start; formula "
+        f"(activations + loss gradients + 2 modules' gathered weights + gradient shards + reduce-scatter inputs "
+        f"in flight) {formula / MiB:.3f} MiB, tolerance "
+        f"{FSDP_MEMORY_TOL:.0%}"
+    )
     if not ok:
-        detail += (f" - {(peak - formula) / MiB:.3f} MiB more, {(peak - formula) / gathered_all:.0%} of all gathered "
-                   f"weights ({gathered_all / MiB:.3f} MiB): gathered weights never freed (the peak grows by a "
-                   "layer's weights per layer)")
-    checks.append(Check("fsdp", impl, "forward/backward peak vs formula (gathered weights freed)",
-                        PASS if ok else FAIL, detail))
+        detail += (
+            f" - {(peak - formula) / MiB:.3f} MiB more, {(peak - formula) / gathered_all:.0%} of all gathered "
+            f"weights ({gathered_all / MiB:.3f} MiB): gathered weights never freed (the peak grows by a "
+            "layer's weights per layer)"
+        )
+    checks.append(
+        Check("fsdp", impl, "forward/backward peak vs formula (gathered weights freed)", PASS if ok else FAIL, detail)
+    )
     for who in ("yours", "ours"):
-        rows.append({"topic": "fsdp", "impl": impl, "measure": "live after init, worst rank", "who": who,
-                     "value": max(r["memory"][who].points[0].live for r in per_rank) / MiB, "unit": "MiB"})
-        rows.append({"topic": "fsdp", "impl": impl, "measure": "forward/backward peak, worst rank", "who": who,
-                     "value": max(_fb_peak(r["memory"][who]) for r in per_rank) / MiB, "unit": "MiB"})
-    rows.append({"topic": "fsdp", "impl": impl, "measure": "live after init, worst rank", "who": "formula",
-                 "value": init_formula / MiB, "unit": "MiB"})
+        rows.append(
+            {
+                "topic": "fsdp",
+                "impl": impl,
+                "measure": "live after init, worst rank",
+                "who": who,
+                "value": max(r["memory"][who].points[0].live for r in per_rank) / MiB,
+                "unit": "MiB",
+            }
+        )
+        rows.append(
+            {
+                "topic": "fsdp",
+                "impl": impl,
+                "measure": "forward/backward peak, worst rank",
+                "who": who,
+                "value": max(_fb_peak(r["memory"][who]) for r in per_rank) / MiB,
+                "unit": "MiB",
+            }
+        )
+    rows.append(
+        {
+            "topic": "fsdp",
+            "impl": impl,
+            "measure": "live after init, worst rank",
+            "who": "formula",
+            "value": init_formula / MiB,
+            "unit": "MiB",
+        }
+    )
     for measure in ("live after init, worst rank", "forward/backward peak, worst rank"):
-        rows.append({"topic": "fsdp", "impl": impl, "measure": measure, "who": "pytorch", "value": float("nan"),
-                     "unit": "MiB", "note": "not measured: fully_shard's DTensor storages are opaque to helpers.memory's "
-                                            "tracker on CPU (on a GPU the allocator's peak would do)"})
-    rows.append({"topic": "fsdp", "impl": impl, "measure": "forward/backward peak, worst rank", "who": "formula",
-                 "value": formula / MiB, "unit": "MiB"})
+        rows.append(
+            {
+                "topic": "fsdp",
+                "impl": impl,
+                "measure": measure,
+                "who": "pytorch",
+                "value": float("nan"),
+                "unit": "MiB",
+                "note": "not measured: fully_shard's DTensor storages are opaque to helpers.memory's "
+                "tracker on CPU (on a GPU the allocator's peak would do)",
+            }
+        )
+    rows.append(
+        {
+            "topic": "fsdp",
+            "impl": impl,
+            "measure": "forward/backward peak, worst rank",
+            "who": "formula",
+            "value": formula / MiB,
+            "unit": "MiB",
+        }
+    )
     return checks, rows
 
 
@@ -702,22 +1091,43 @@ def _fsdp_bytes_checks(impl: str, per_rank: list[dict]) -> tuple[list[Check], li
     e = F.fsdp_shard_elements(FSDP_CHECK["model"], WORLD)
     formula = fsdp_bytes_per_step(e["sharded"] * WORLD, WORLD, 4, 4, e["replicated"])
     sent = {who: bytes_sent(per_rank[0]["logs"][who], WORLD) for who in ("yours", "ours")}
-    rows = [{"topic": "fsdp", "impl": impl, "measure": "bytes sent per step (rank 0)", "who": who, "value": v / MiB,
-             "unit": "MiB"} for who, v in {**sent, "formula": formula}.items()]
+    rows = [
+        {
+            "topic": "fsdp",
+            "impl": impl,
+            "measure": "bytes sent per step (rank 0)",
+            "who": who,
+            "value": v / MiB,
+            "unit": "MiB",
+        }
+        for who, v in {**sent, "formula": formula}.items()
+    ]
     if not sent["yours"]:
-        return [Check("fsdp", impl, "bytes per step vs formula", SKIPPED,
-                      "no collective seen: calls must go through torch.distributed's functions to be counted")], rows
+        return [
+            Check(
+                "fsdp",
+                impl,
+                "bytes per step vs formula",
+                SKIPPED,
+                "no collective seen: calls must go through torch.distributed's functions to be counted",
+            )
+        ], rows
     ok = abs(sent["yours"] - formula) <= FSDP_BYTES_TOL * formula
     ops = {}
     for op, nbytes in per_rank[0]["logs"]["yours"]:
         ops[op] = ops.get(op, 0) + nbytes
-    detail = (f"{sent['yours'] / MiB:.3f} MiB sent per step by rank 0 vs formula 3(N-1)/N x Psi x 4 B + the norm gains' "
-              f"all-reduce = {formula / MiB:.3f} MiB (tolerance {FSDP_BYTES_TOL:.0%}); by collective: "
-              + ", ".join(f"{op} {b / MiB:.3f} MiB" for op, b in ops.items()))
+    detail = (
+        f"{sent['yours'] / MiB:.3f} MiB sent per step by rank 0 vs formula 3(N-1)/N x Psi x 4 B + the norm gains' "
+        f"all-reduce = {formula / MiB:.3f} MiB (tolerance {FSDP_BYTES_TOL:.0%}); by collective: "
+        + ", ".join(f"{op} {b / MiB:.3f} MiB" for op, b in ops.items())
+    )
     if not ok:
-        detail += (" - more than the formula: gradients all-reduced instead of reduce-scattered, or weights gathered "
-                   "more than twice" if sent["yours"] > formula else
-                   " - less than the formula: weights not gathered again for backward (kept from forward?)")
+        detail += (
+            " - more than the formula: gradients all-reduced instead of reduce-scattered, or weights gathered "
+            "more than twice"
+            if sent["yours"] > formula
+            else " - less than the formula: weights not gathered again for backward (kept from forward?)"
+        )
     return [Check("fsdp", impl, "bytes per step vs formula (fp32)", PASS if ok else FAIL, detail)], rows
 
 
@@ -733,19 +1143,29 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
             result.checks += early
             continue
         if "missing" in per_rank[0]["course"]:  # the course's test cannot run without it either
-            result.checks.append(Check("fsdp", impl, "the 2026 test's model (cs336_basics.model)", SKIPPED,
-                                       f"cs336_basics.model does not import ({per_rank[0]['course']['missing']}): the "
-                                       "course's FSDP test builds its model from it; put your cs336-basics on the path"))
+            result.checks.append(
+                Check(
+                    "fsdp",
+                    impl,
+                    "the 2026 test's model (cs336_basics.model)",
+                    SKIPPED,
+                    f"cs336_basics.model does not import ({per_rank[0]['course']['missing']}): the "
+                    "course's FSDP test builds its model from it; put your cs336-basics on the path",
+                )
+            )
         else:
-            result.checks += C.course_fsdp_checks(impl, {k: [r["course"][k] for r in per_rank]
-                                                        for k in per_rank[0]["course"]})
+            result.checks += C.course_fsdp_checks(
+                impl, {k: [r["course"][k] for r in per_rank] for k in per_rank[0]["course"]}
+            )
         if _beyond_failed("fsdp", impl, per_rank):
             result.checks += _beyond_failed("fsdp", impl, per_rank)
             continue
         beyond = []
-        phases = (("equivalence", lambda ph: _fsdp_equivalence_checks(impl, ph, max(1, opts.repeat)), "runs"),
-                  ("memory", lambda ph: _rows_into(result, _fsdp_memory_checks(impl, ph)), "memory"),
-                  ("logs", lambda ph: _rows_into(result, _fsdp_bytes_checks(impl, ph)), "bytes per step"))
+        phases = (
+            ("equivalence", lambda ph: _fsdp_equivalence_checks(impl, ph, max(1, opts.repeat)), "runs"),
+            ("memory", lambda ph: _rows_into(result, _fsdp_memory_checks(impl, ph)), "memory"),
+            ("logs", lambda ph: _rows_into(result, _fsdp_bytes_checks(impl, ph)), "bytes per step"),
+        )
         for key, checks_of, what in phases:
             ph = [r[key] for r in per_rank]
             error = S.phase_error("fsdp", impl, f"our TransformerLM ({what})", ph, beyond=True)
@@ -785,8 +1205,12 @@ def notebook_tables(topic: str, adapters_path: str, opts: Options | None = None)
     checks = pd.DataFrame(result.as_rows(), columns=CHECK_COLUMNS)  # "beyond": a probe past the handout
     rows = pd.DataFrame(result.rows, columns=sorted({k for r in result.rows for k in r} | {"measure", "who", "value"}))
     is_ratio = rows["measure"].astype(str).str.contains(" / ")
-    side = (rows[~is_ratio].assign(value=lambda d: d["value"].astype(object))
-            .pivot_table(index=["impl", "measure", "unit"], columns="who", values="value", aggfunc="first", sort=False)
-            if (~is_ratio).any() else pd.DataFrame())
+    side = (
+        rows[~is_ratio]
+        .assign(value=lambda d: d["value"].astype(object))
+        .pivot_table(index=["impl", "measure", "unit"], columns="who", values="value", aggfunc="first", sort=False)
+        if (~is_ratio).any()
+        else pd.DataFrame()
+    )
     ratios = rows[is_ratio].reindex(columns=["impl", "measure", "ratio", "ratio_low", "ratio_high", "pairs", "verdict"])
     return checks, side, ratios

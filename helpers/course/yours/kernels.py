@@ -10,6 +10,7 @@ the handout": reported, never in the exit status. A Triton case this environment
 that asks for CUDA, a Triton without block pointers, a case the companion's own kernel fails here) is "needs a GPU" or
 "needs another Triton", not a failure.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,20 +22,47 @@ from torch import Tensor
 
 from helpers.course.yours import Options
 from helpers.course.yours import adapters as A
-from helpers.course.yours.attn_checks import (ATTN_BEYOND, ATTN_CAUSAL_RUNS, ATTN_PROPERTIES,  # noqa: F401
-                                              ATTN_PYTORCH_BEYOND, ATTN_PYTORCH_CONTRACT, ATTN_TRITON_CONTRACT,
-                                              LSE_CASE, AttnCase, attn_inputs, check_attn_function,
-                                              check_lse_saved, check_nothing_square_saved)
-from helpers.course.yours.norm_checks import (NORM_BEYOND, NORM_CONTRACT, NORM_PROPERTIES, NormCase,  # noqa: F401
-                                              check_norm_backward, check_norm_function, norm_inputs)
+from helpers.course.yours.attn_checks import (
+    ATTN_BEYOND,
+    ATTN_CAUSAL_RUNS,
+    ATTN_PROPERTIES,  # noqa: F401
+    ATTN_PYTORCH_BEYOND,
+    ATTN_PYTORCH_CONTRACT,
+    ATTN_TRITON_CONTRACT,
+    LSE_CASE,
+    AttnCase,
+    attn_inputs,
+    check_attn_function,
+    check_lse_saved,
+    check_nothing_square_saved,
+)
+from helpers.course.yours.norm_checks import (
+    NORM_BEYOND,
+    NORM_CONTRACT,
+    NORM_PROPERTIES,
+    NormCase,  # noqa: F401
+    check_norm_backward,
+    check_norm_function,
+    norm_inputs,
+)
 from helpers.course.yours.numerics import EPS, BackwardMissing, ShapeError, saved_tensors, short  # noqa: F401
-from helpers.course.yours.report import (ERROR, FAIL, NEEDS_GPU, NOT_IMPLEMENTED, PASS, SKIPPED, Check, TopicResult,
-                                         passed)
+from helpers.course.yours.report import (
+    ERROR,
+    FAIL,
+    NEEDS_GPU,
+    NOT_IMPLEMENTED,
+    PASS,
+    SKIPPED,
+    Check,
+    TopicResult,
+    passed,
+)
 from helpers.course.yours.triton_runtime import TritonRuntime, block_pointer_probe, triton_runtime, unrunnable  # noqa: F401
 from helpers.timing import MIN_PAIRS, compare, ratio_columns, verdict
 
 
 # ---- running a topic: inside a launched worker (student code never runs in the driver) ---------------------------
+
 
 def _function_class(adapter: A.Adapter, name: str):
     """The autograd.Function subclass an adapter returns, NOT_IMPLEMENTED, or ShapeError naming what came back."""
@@ -42,21 +70,25 @@ def _function_class(adapter: A.Adapter, name: str):
     if cls is A.NOT_IMPLEMENTED:
         return cls
     if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
-        raise ShapeError(f"{name}() returned {cls!r}, expected a torch.autograd.Function subclass (the class itself, "
-                         "not an instance)")
+        raise ShapeError(
+            f"{name}() returned {cls!r}, expected a torch.autograd.Function subclass (the class itself, "
+            "not an instance)"
+        )
     return cls
 
 
 @dataclass
 class Suite:
     """Properties ({name: cases}) checked by check(apply, case, device); beyond: past the handout's promises."""
+
     properties: dict
     check: object
     beyond: bool = False
 
 
-def _function_checks(adapter: A.Adapter, suites: list[Suite], runtime: TritonRuntime | None = None
-                     ) -> tuple[object, list[Check]]:
+def _function_checks(
+    adapter: A.Adapter, suites: list[Suite], runtime: TritonRuntime | None = None
+) -> tuple[object, list[Check]]:
     """An adapter that returns an autograd.Function: (its apply or None, the checks); a wrong return kind is an
     ERROR, NotImplementedError 'not implemented'. runtime: judge a Triton implementation only where ours runs."""
     topic, impl = adapter.topic, adapter.impl
@@ -67,18 +99,34 @@ def _function_checks(adapter: A.Adapter, suites: list[Suite], runtime: TritonRun
     if cls is A.NOT_IMPLEMENTED:
         return None, [Check(topic, impl, "implemented", NOT_IMPLEMENTED)]
     device = runtime.device if runtime else "cpu"
-    checks = [c for suite in suites
-              for c in _run_properties(topic, impl, suite.properties,
-                                       lambda case, check=suite.check: check(cls.apply, case, device),
-                                       beyond=suite.beyond, runtime=runtime)]
+    checks = [
+        c
+        for suite in suites
+        for c in _run_properties(
+            topic,
+            impl,
+            suite.properties,
+            lambda case, check=suite.check: check(cls.apply, case, device),
+            beyond=suite.beyond,
+            runtime=runtime,
+        )
+    ]
     if any(c.detail == FORWARD_ONLY for c in checks):  # a student part-way through: the forward still counts
-        checks.append(Check(topic, impl, "backward implemented", NOT_IMPLEMENTED,
-                            "backward raises NotImplementedError: the gradients were not checked"))
+        checks.append(
+            Check(
+                topic,
+                impl,
+                "backward implemented",
+                NOT_IMPLEMENTED,
+                "backward raises NotImplementedError: the gradients were not checked",
+            )
+        )
     return cls.apply, checks
 
 
-def _run_properties(topic: str, impl: str, properties: dict, check, *, beyond: bool = False,
-                    runtime: TritonRuntime | None = None) -> list[Check]:
+def _run_properties(
+    topic: str, impl: str, properties: dict, check, *, beyond: bool = False, runtime: TritonRuntime | None = None
+) -> list[Check]:
     """One Check per property: the first failing case's detail, or pass; an exception in student code is ERROR;
     a case this environment cannot run (runtime) makes the property NEEDS_GPU / NEEDS_TRITON, not a failure."""
     out, forward_only = [], ""
@@ -101,8 +149,11 @@ def _run_properties(topic: str, impl: str, properties: dict, check, *, beyond: b
                 status, detail = ERROR, f"{case}: raised {type(exc).__name__}: {exc} (at {A.where(exc)})"
             why = runtime.cannot_run(case) if runtime and status != PASS else ""  # judged only where ours runs
             if why:
-                cannot = cannot or (NEEDS_GPU, f"{case}: needs a GPU: this environment cannot run it (the companion's "
-                                               f"own Triton kernel fails it here too: {why[:300]})")
+                cannot = cannot or (
+                    NEEDS_GPU,
+                    f"{case}: needs a GPU: this environment cannot run it (the companion's "
+                    f"own Triton kernel fails it here too: {why[:300]})",
+                )
                 continue
             if status != PASS:
                 failed = (status, detail)
@@ -148,10 +199,21 @@ def timing_rows(topic: str, calls: dict, *, baseline: str, opts: Options, shape:
     for label, samples in comp.samples.items():
         who, impl = label.split(":", 1)
         r = comp.ratio(label)
-        rows.append({"topic": topic, "measure": "fwd+bwd time", "who": who, "impl": impl, "shape": shape,
-                     "value": float(torch.tensor(samples).median()), "unit": "s", "device": comp.device,
-                     "baseline": baseline, **ratio_columns(r),
-                     "verdict": "" if label == baseline else verdict(label, baseline, r)})
+        rows.append(
+            {
+                "topic": topic,
+                "measure": "fwd+bwd time",
+                "who": who,
+                "impl": impl,
+                "shape": shape,
+                "value": float(torch.tensor(samples).median()),
+                "unit": "s",
+                "device": comp.device,
+                "baseline": baseline,
+                **ratio_columns(r),
+                "verdict": "" if label == baseline else verdict(label, baseline, r),
+            }
+        )
     return rows
 
 
@@ -165,12 +227,30 @@ def saved_bytes(fn, inputs) -> int:
 
 def memory_rows(topic: str, fns: dict, inputs, *, shape: str, formula: int | None) -> list[dict]:
     """Bytes each implementation saves for backward beyond its inputs, beside the closed form (FlashAttention: O, L)."""
-    rows = [{"topic": topic, "measure": "saved for backward", "who": label.split(":", 1)[0],
-             "impl": label.split(":", 1)[1], "shape": shape, "value": saved_bytes(f, inputs), "unit": "B"}
-            for label, f in fns.items()]
+    rows = [
+        {
+            "topic": topic,
+            "measure": "saved for backward",
+            "who": label.split(":", 1)[0],
+            "impl": label.split(":", 1)[1],
+            "shape": shape,
+            "value": saved_bytes(f, inputs),
+            "unit": "B",
+        }
+        for label, f in fns.items()
+    ]
     if formula is not None:
-        rows.append({"topic": topic, "measure": "saved for backward", "who": "formula",
-                     "impl": "FlashAttention-2: O and L", "shape": shape, "value": formula, "unit": "B"})
+        rows.append(
+            {
+                "topic": topic,
+                "measure": "saved for backward",
+                "who": "formula",
+                "impl": "FlashAttention-2: O and L",
+                "shape": shape,
+                "value": formula,
+                "unit": "B",
+            }
+        )
     return rows
 
 
@@ -180,8 +260,16 @@ def _timed(res: TopicResult, timing) -> None:
     try:
         res.rows += timing()
     except Exception as exc:  # noqa: BLE001 - one failure hides nothing else
-        res.checks.append(Check(res.topic, "-", "timing runs", ERROR,
-                                f"raised {type(exc).__name__}: {exc} (at {A.where(exc)})", beyond=True))
+        res.checks.append(
+            Check(
+                res.topic,
+                "-",
+                "timing runs",
+                ERROR,
+                f"raised {type(exc).__name__}: {exc} (at {A.where(exc)})",
+                beyond=True,
+            )
+        )
 
 
 def _applies(module, topic: str, impls) -> dict:
@@ -230,8 +318,12 @@ def _backward_checks(adapter: A.Adapter, name: str) -> list[Check]:
     if probe:
         return [Check("rmsnorm", adapter.impl, "implemented", *probe)]
     cases = next(iter(NORM_CONTRACT.values()))
-    return _run_properties("rmsnorm", adapter.impl, {f"{which} vs float64, fp32 (..., H)": cases},
-                           lambda c: check_norm_backward(fn, which, c))
+    return _run_properties(
+        "rmsnorm",
+        adapter.impl,
+        {f"{which} vs float64, fp32 (..., H)": cases},
+        lambda c: check_norm_backward(fn, which, c),
+    )
 
 
 def _tiny_norm_args():
@@ -265,8 +357,9 @@ def norm_timing(yours: dict, *, rows: int, H: int, dtype, opts: Options, ours: d
     calls = {k: _fwd_bwd(f, x, g, grad_out=dy) for k, f in fns.items()}
     shape = f"{short(dtype)} {rows}x{H}"
     eager = {k: f for k, f in fns.items() if not k.endswith("compiled")}
-    return (timing_rows("rmsnorm", calls, baseline="ours:pytorch", opts=opts, shape=shape)
-            + memory_rows("rmsnorm", eager, (x, g), shape=shape, formula=None))
+    return timing_rows("rmsnorm", calls, baseline="ours:pytorch", opts=opts, shape=shape) + memory_rows(
+        "rmsnorm", eager, (x, g), shape=shape, formula=None
+    )
 
 
 def attention_worker(adapters_path: str, opts: Options, impls=None, timed_impls=None) -> TopicResult:
@@ -279,12 +372,21 @@ def attention_worker(adapters_path: str, opts: Options, impls=None, timed_impls=
     square = Suite({"nothing N_q x N_k saved for backward": [LSE_CASE]}, check_nothing_square_saved, beyond=True)
     for adapter, name in _named(module, "attention", res, impls):
         if adapter.impl == "triton":
-            suites = [Suite(ATTN_TRITON_CONTRACT, check_attn_function), lse, Suite(ATTN_BEYOND, check_attn_function,
-                                                                                   beyond=True), square]
+            suites = [
+                Suite(ATTN_TRITON_CONTRACT, check_attn_function),
+                lse,
+                Suite(ATTN_BEYOND, check_attn_function, beyond=True),
+                square,
+            ]
         else:
             runs = functools.partial(check_attn_function, mask_optional=True)
-            suites = [Suite(ATTN_PYTORCH_CONTRACT, check_attn_function), Suite(ATTN_CAUSAL_RUNS, runs), lse,
-                      Suite(ATTN_PYTORCH_BEYOND, check_attn_function, beyond=True), square]
+            suites = [
+                Suite(ATTN_PYTORCH_CONTRACT, check_attn_function),
+                Suite(ATTN_CAUSAL_RUNS, runs),
+                lse,
+                Suite(ATTN_PYTORCH_BEYOND, check_attn_function, beyond=True),
+                square,
+            ]
         runtime = triton_runtime("attention") if adapter.impl == "triton" else None
         apply, checks = _function_checks(adapter, suites, runtime)
         res.checks += checks
@@ -305,8 +407,11 @@ def attn_timing(yours: dict, *, opts: Options, ours: dict) -> list[dict]:
     without Triton (the interpreter times Python), baseline our PyTorch version."""
     gpu = torch.cuda.is_available() and opts.profile == "gpu"
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    case = (AttnCase(16384, 16384, 64, True, torch.bfloat16, batch=16) if gpu
-            else AttnCase(128, 128, 64, False, torch.float32, batch=4))  # the PyTorch version may ignore is_causal
+    case = (
+        AttnCase(16384, 16384, 64, True, torch.bfloat16, batch=16)
+        if gpu
+        else AttnCase(128, 128, 64, False, torch.float32, batch=4)
+    )  # the PyTorch version may ignore is_causal
     q, k, v, do = attn_inputs(case, device=device)
     fns = {f"ours:{k_}": f for k_, f in ours.items()}
     fns.update({f"yours:{k_}": f for k_, f in yours.items()})
@@ -316,5 +421,6 @@ def attn_timing(yours: dict, *, opts: Options, ours: dict) -> list[dict]:
     calls = {k_: _fwd_bwd(f, q, k, v, case.is_causal, grad_out=do) for k_, f in fns.items()}
     formula = case.batch * case.Tq * case.d * case.dtype.itemsize + case.batch * case.Tq * 4  # O, and L in fp32
     baseline = "ours:triton" if gpu else "ours:pytorch"
-    return (timing_rows("attention", calls, baseline=baseline, opts=opts, shape=str(case))
-            + memory_rows("attention", fns, (q, k, v, case.is_causal), shape=str(case), formula=formula))
+    return timing_rows("attention", calls, baseline=baseline, opts=opts, shape=str(case)) + memory_rows(
+        "attention", fns, (q, k, v, case.is_causal), shape=str(case), formula=formula
+    )

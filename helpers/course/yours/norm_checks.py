@@ -1,6 +1,7 @@
 """RMSNorm checks (the 2024 edition): a student's Function against float64 with derived bounds, the likely mistakes
 recognised by their whole signature, and which inputs the handout promises.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,13 +9,25 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from helpers.course.yours.numerics import (EPS, ROUNDINGS, BackwardMissing, ShapeError, _grads, bounds,  # noqa: F401
-                                           constant_factor, first_mismatch, matches, short, worst)
+from helpers.course.yours.numerics import (
+    EPS,
+    ROUNDINGS,
+    BackwardMissing,
+    ShapeError,
+    _grads,
+    bounds,  # noqa: F401
+    constant_factor,
+    first_mismatch,
+    matches,
+    short,
+    worst,
+)
 
 
 @dataclass(frozen=True)
 class NormCase:
     """One RMSNorm input: shape, dtype, memory layout, and the rows' scale (small: mean(x^2) below eps)."""
+
     shape: tuple
     dtype: torch.dtype = torch.float32
     transposed: bool = False  # x is a non-contiguous view (the transpose of a contiguous tensor)
@@ -29,8 +42,11 @@ class NormCase:
 # g of shape (H,), eps = 1e-5 inside the square root. The Triton examples assert contiguous inputs and fit a row in
 # one block: wider rows, views and 16-bit dtypes are probes beyond that.
 NORM_CONTRACT = {
-    "forward and both gradients vs float64, fp32 (..., H)": [NormCase((10, 20, 50)), NormCase((3, 5, 1000)),
-                                                             NormCase((7, 33))],
+    "forward and both gradients vs float64, fp32 (..., H)": [
+        NormCase((10, 20, 50)),
+        NormCase((3, 5, 1000)),
+        NormCase((7, 33)),
+    ],
     "eps = 1e-5 inside the square root (rows with mean(x^2) below eps)": [NormCase((4, 96), scale=1e-3)],
 }
 NORM_BEYOND = {
@@ -53,8 +69,16 @@ def norm_inputs(case: NormCase, seed: int = 0, device="cpu") -> tuple[Tensor, Te
     return x, g, dy
 
 
-def norm_float64(x: Tensor, g: Tensor, dy: Tensor, eps: float = EPS, *, eps_outside: bool = False,
-                 sum_not_mean: bool = False, no_gain: bool = False) -> tuple[dict, dict]:
+def norm_float64(
+    x: Tensor,
+    g: Tensor,
+    dy: Tensor,
+    eps: float = EPS,
+    *,
+    eps_outside: bool = False,
+    sum_not_mean: bool = False,
+    no_gain: bool = False,
+) -> tuple[dict, dict]:
     """y, dx, dg in float64 from the same inputs (closed forms), and their scales (the same on |terms|).
     eps_outside / sum_not_mean / no_gain give the outputs of those mistakes (autograd on their forward), to
     recognise them."""
@@ -72,10 +96,13 @@ def norm_float64(x: Tensor, g: Tensor, dy: Tensor, eps: float = EPS, *, eps_outs
     r = torch.rsqrt(ms + eps)  # (..., 1)
     y = x * r * g  # (..., H)
     dyg = dy * g  # (..., H)
-    dx = r * dyg - x * r ** 3 * (dyg * x).mean(-1, keepdim=True)  # (..., H)
+    dx = r * dyg - x * r**3 * (dyg * x).mean(-1, keepdim=True)  # (..., H)
     dg = (dy * x * r).reshape(-1, H).sum(0)  # (H,)
-    scales = {"y": y.abs(), "dx": r * dyg.abs() + x.abs() * r ** 3 * (dyg * x).abs().mean(-1, keepdim=True),
-              "dg": (dy * x * r).abs().reshape(-1, H).sum(0)}
+    scales = {
+        "y": y.abs(),
+        "dx": r * dyg.abs() + x.abs() * r**3 * (dyg * x).abs().mean(-1, keepdim=True),
+        "dg": (dy * x * r).abs().reshape(-1, H).sum(0),
+    }
     return {"y": y, "dx": dx, "dg": dg}, scales
 
 
@@ -100,8 +127,9 @@ def norm_mistake(got: dict, x, g, dy) -> str:
             return f"likely mistake: {label}"
     eps = [e for e in SMALLER_EPS if matches(got, *_with_bounds(x, norm_float64(x, g, dy, e)))]
     if len(eps) == 1:
-        return ("likely mistake: no eps, 1 / sqrt(mean(x^2))" if eps[0] == 0 else
-                f"likely mistake: eps = {eps[0]:g}") + " (the course's eps is 1e-5, inside the square root)"
+        return (
+            "likely mistake: no eps, 1 / sqrt(mean(x^2))" if eps[0] == 0 else f"likely mistake: eps = {eps[0]:g}"
+        ) + " (the course's eps is 1e-5, inside the square root)"
     if eps:
         return "likely mistake: eps missing or smaller than the course's 1e-5 (these rows cannot tell which)"
     want, bound = _with_bounds(x, norm_float64(x, g, dy))

@@ -12,6 +12,7 @@ The bound of every output element is (k * u + n * u32) * scale + 2 * dS * scale 
 The float64 reference is computed from the very inputs the implementation got (already rounded to its dtype).
 A failure names the tensor, the index, the values, the bound, and the likely mistake when every output matches it.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,6 +38,7 @@ def short(dtype: torch.dtype) -> str:
 @dataclass
 class Mismatch:
     """The worst element of one tensor against its float64 reference and bound."""
+
     tensor: str
     index: tuple
     got: float
@@ -46,8 +48,10 @@ class Mismatch:
     def __str__(self) -> str:
         err = abs(self.got - self.want)
         times = f"{err / self.bound:.3g}x the bound" if self.bound > 0 and math.isfinite(err) else "not finite"
-        return (f"{self.tensor}{list(self.index)} = {self.got:.6g}, float64 says {self.want:.6g}: error {err:.3g} "
-                f"against a bound of {self.bound:.3g} ({times})")
+        return (
+            f"{self.tensor}{list(self.index)} = {self.got:.6g}, float64 says {self.want:.6g}: error {err:.3g} "
+            f"against a bound of {self.bound:.3g} ({times})"
+        )
 
 
 def worst(tensor: str, got: Tensor, want: Tensor, bound: Tensor) -> Mismatch | None:
@@ -99,8 +103,9 @@ def bounds(scales: dict, dtype: torch.dtype, terms: dict, extra: float = 0.0) ->
 
 def matches(got: dict, want: dict, bound: dict) -> bool:
     """Every output in `got` within its bound of `want` (the same shape): the whole signature of a variant."""
-    return bool(got) and all(k in want and got[k].shape == want[k].shape and worst(k, got[k], want[k], bound[k]) is None
-                             for k in got)
+    return bool(got) and all(
+        k in want and got[k].shape == want[k].shape and worst(k, got[k], want[k], bound[k]) is None for k in got
+    )
 
 
 def constant_factor(name: str, got: Tensor, want: Tensor, bound: Tensor) -> str:
@@ -111,7 +116,9 @@ def constant_factor(name: str, got: Tensor, want: Tensor, bound: Tensor) -> str:
     c = float((g * w).sum() / (w * w).sum())
     if abs(c - 1) < 1e-3 or abs(c) < 1e-6 or worst(name, g, c * w, abs(c) * bound) is not None:
         return ""
-    return f"likely mistake: {name} is {c:.4g}x the right value everywhere (a constant factor: a scale missing or extra)"
+    return (
+        f"likely mistake: {name} is {c:.4g}x the right value everywhere (a constant factor: a scale missing or extra)"
+    )
 
 
 def saved_tensors(fn) -> tuple[object, list[Tensor]]:

@@ -1,4 +1,5 @@
 """writeups/yours.html: the last `yours` run's checks and side-by-side rows, from the saved results (offline HTML)."""
+
 from __future__ import annotations
 
 import html
@@ -7,8 +8,15 @@ from pathlib import Path
 from helpers.course.yours.report import FAILED, readable_rows, summary
 from helpers.results import load_results
 
-STATUS_COLOUR = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#cf222e", "not implemented": "#6e7781",
-                 "skipped": "#6e7781", "needs a GPU": "#9a6700", "needs another Triton": "#9a6700"}
+STATUS_COLOUR = {
+    "pass": "#1a7f37",
+    "fail": "#cf222e",
+    "error": "#cf222e",
+    "not implemented": "#6e7781",
+    "skipped": "#6e7781",
+    "needs a GPU": "#9a6700",
+    "needs another Triton": "#9a6700",
+}
 STYLE = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem}
 td,th{padding:.25rem .6rem;text-align:left;vertical-align:top;border-bottom:1px solid #ddd}
 td.num{text-align:right;font-variant-numeric:tabular-nums}.bar{background:#8ab4f8;height:.8rem;display:inline-block}
@@ -20,8 +28,7 @@ def _ratio_bar(ratio: float, low: float, high: float) -> str:
     import math
 
     width = max(1.0, min(100.0, 50 + 25 * math.log2(max(ratio, 1e-3))))
-    return (f"<span class='bar' style='width:{width:.0f}px'></span> {ratio:.2f}x "
-            f"<small>[{low:.2f}, {high:.2f}]</small>")
+    return f"<span class='bar' style='width:{width:.0f}px'></span> {ratio:.2f}x <small>[{low:.2f}, {high:.2f}]</small>"
 
 
 def _checks_table(rows: list[dict], colour: bool = True) -> str:
@@ -30,8 +37,10 @@ def _checks_table(rows: list[dict], colour: bool = True) -> str:
     for r in rows:
         # beyond the handout, a failure is information, not a red line
         shade = STATUS_COLOUR.get(r["status"], "#000") if colour or r["status"] not in FAILED else "#9a6700"
-        out.append(f"<tr><td>{e(r['impl'])}</td><td>{e(r['prop'])}</td><td style='color:{shade}'><b>"
-                   f"{e(r['status'])}</b></td><td class='detail'>{e(r.get('detail') or '')}</td></tr>")
+        out.append(
+            f"<tr><td>{e(r['impl'])}</td><td>{e(r['prop'])}</td><td style='color:{shade}'><b>"
+            f"{e(r['status'])}</b></td><td class='detail'>{e(r.get('detail') or '')}</td></tr>"
+        )
     return "".join(out) + "</table>"
 
 
@@ -39,41 +48,53 @@ def render(checks, rows, provenance: dict, data_dir: Path | None = None) -> str:
     """The page's HTML from the checks' rows and the side-by-side rows."""
     e = html.escape
     python = provenance.get("student_python")
-    head = (f"Device <b>{e(str(provenance.get('device', '?')))}</b>, profile <b>{e(str(provenance.get('profile')))}"
-            f"</b>, {e(str(provenance.get('date', ''))[:16])}, commit {e(str(provenance.get('commit')))[:10]}; "
-            f"adapters: <code>{e(str(provenance.get('adapters', '?')))}</code>"
-            + (f"; your code ran with <code>{e(str(python))}</code>" if python else ""))
+    head = (
+        f"Device <b>{e(str(provenance.get('device', '?')))}</b>, profile <b>{e(str(provenance.get('profile')))}"
+        f"</b>, {e(str(provenance.get('date', ''))[:16])}, commit {e(str(provenance.get('commit')))[:10]}; "
+        f"adapters: <code>{e(str(provenance.get('adapters', '?')))}</code>"
+        + (f"; your code ran with <code>{e(str(python))}</code>" if python else "")
+    )
     text, ok = summary(checks)
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>Yours beside ours</title><style>{STYLE}</style>"
-           f"</head><body><h1>Yours beside ours</h1><p>{head}</p>",
-           f"<p><b style='color:{'#1a7f37' if ok else '#cf222e'}'>{e(text)}.</b> What counts is what your edition's "
-           "handout and tests promise (shapes, dtypes, models); every bound is derived from the dtype and the number of "
-           "terms summed (helpers/course/yours/numerics.py says how). A failure names where, by how much, against which "
-           "bound, and the likely mistake when every output matches its signature. The probes beyond the handout are "
-           "further down: they never change the verdict.</p>"]
+    out = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Yours beside ours</title><style>{STYLE}</style>"
+        f"</head><body><h1>Yours beside ours</h1><p>{head}</p>",
+        f"<p><b style='color:{'#1a7f37' if ok else '#cf222e'}'>{e(text)}.</b> What counts is what your edition's "
+        "handout and tests promise (shapes, dtypes, models); every bound is derived from the dtype and the number of "
+        "terms summed (helpers/course/yours/numerics.py says how). A failure names where, by how much, against which "
+        "bound, and the likely mistake when every output matches its signature. The probes beyond the handout are "
+        "further down: they never change the verdict.</p>",
+    ]
     for topic in dict.fromkeys(r["topic"] for r in checks):
         within = [r for r in checks if r["topic"] == topic and not r.get("beyond")]
         out.append(f"<h2>{e(topic)}</h2>{_checks_table(within)}")
         shown = [r for r in rows if r.get("topic") == topic]
         if shown:
-            out.append("<h3>Side by side</h3><table><tr><th>who</th><th>implementation</th><th>measure</th>"
-                       "<th>value</th><th>ratio (95% interval)</th><th>note</th></tr>")
+            out.append(
+                "<h3>Side by side</h3><table><tr><th>who</th><th>implementation</th><th>measure</th>"
+                "<th>value</th><th>ratio (95% interval)</th><th>note</th></tr>"
+            )
             for r, t in zip(shown, readable_rows(shown).to_dict(orient="records")):
                 bar = _ratio_bar(r["ratio"], r["ratio_low"], r["ratio_high"]) if t["ratio [95% interval]"] else ""
-                out.append(f"<tr><td>{e(str(t['who']))}</td><td>{e(str(t['impl']))}</td><td>{e(str(t['measure']))}"
-                           f"</td><td class='num'>{e(t['value'])}</td><td>{bar}</td>"
-                           f"<td class='detail'>{e(t['note'])}</td></tr>")
+                out.append(
+                    f"<tr><td>{e(str(t['who']))}</td><td>{e(str(t['impl']))}</td><td>{e(str(t['measure']))}"
+                    f"</td><td class='num'>{e(t['value'])}</td><td>{bar}</td>"
+                    f"<td class='detail'>{e(t['note'])}</td></tr>"
+                )
             out.append("</table>")
     beyond = [r for r in checks if r.get("beyond")]
     if beyond:
-        out.append("<h2 id='beyond'>Beyond the handout</h2><p>Deeper probes than the course promises (other lengths, "
-                   "4-D inputs, 16-bit dtypes, unused parameters, buffers, memory formulas): worth reading, never part "
-                   "of the verdict.</p>")
+        out.append(
+            "<h2 id='beyond'>Beyond the handout</h2><p>Deeper probes than the course promises (other lengths, "
+            "4-D inputs, 16-bit dtypes, unused parameters, buffers, memory formulas): worth reading, never part "
+            "of the verdict.</p>"
+        )
         for topic in dict.fromkeys(r["topic"] for r in beyond):
             out.append(f"<h3>{e(topic)}</h3>{_checks_table([r for r in beyond if r['topic'] == topic], False)}")
     folder = str(data_dir) if data_dir else "data/local/&lt;device&gt;"
-    out.append(f"<p>Made by <code>python -m helpers yours</code>; the rows are in {e(folder) if data_dir else folder}/"
-               "yours_checks.jsonl and yours_rows.jsonl.</p></body></html>")
+    out.append(
+        f"<p>Made by <code>python -m helpers yours</code>; the rows are in {e(folder) if data_dir else folder}/"
+        "yours_checks.jsonl and yours_rows.jsonl.</p></body></html>"
+    )
     return "\n".join(out)
 
 

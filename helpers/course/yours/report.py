@@ -1,11 +1,15 @@
 """What a topic's checks found and what it measured: Check rows (pass/fail with what differed) and side-by-side rows
 (yours, ours, PyTorch's), the terminal tables and the saved results."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
 PASS, FAIL, ERROR, NOT_IMPLEMENTED, SKIPPED = "pass", "fail", "error", "not implemented", "skipped"
-NEEDS_GPU, NEEDS_TRITON = "needs a GPU", "needs another Triton"  # the check cannot run in this environment: not a failure
+NEEDS_GPU, NEEDS_TRITON = (
+    "needs a GPU",
+    "needs another Triton",
+)  # the check cannot run in this environment: not a failure
 FAILED = (FAIL, ERROR)
 CANNOT_RUN = (NEEDS_GPU, NEEDS_TRITON)
 
@@ -14,6 +18,7 @@ CANNOT_RUN = (NEEDS_GPU, NEEDS_TRITON)
 class Check:
     """One property of one implementation. `detail` says what differed: where (parameter, index, step), by how much,
     against which bound, and the likely mistake when the signature is recognisable."""
+
     topic: str
     impl: str  # which of the file's implementations ("triton", "bucketed", ...)
     prop: str  # the property checked, named so a failure reads on its own ("forward vs float64, bf16, H=1000")
@@ -27,6 +32,7 @@ class Check:
 class TopicResult:
     """A topic's checks, and its side-by-side rows: dicts with at least topic, measure, who ('yours' | 'ours' |
     'pytorch' | 'formula'), value, unit; timing rows also the paired-ratio columns (timing.ratio_columns)."""
+
     topic: str
     checks: list[Check] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
@@ -72,15 +78,21 @@ def summary(checks: list[dict]) -> tuple[str, bool]:
     """("N implemented: P pass, F fail, G need a GPU or another Triton; M not implemented", ok) over the checks within
     the handout's contract (rows of checks_table); ok only when something was checked and nothing failed."""
     within = [c for c in checks if not c.get("beyond")]
-    count = {s: sum(c["status"] == s for c in within) for s in (PASS, FAIL, ERROR, NEEDS_GPU, NEEDS_TRITON,
-                                                                  NOT_IMPLEMENTED)}
+    count = {
+        s: sum(c["status"] == s for c in within) for s in (PASS, FAIL, ERROR, NEEDS_GPU, NEEDS_TRITON, NOT_IMPLEMENTED)
+    }
     failed, cannot = count[FAIL] + count[ERROR], count[NEEDS_GPU] + count[NEEDS_TRITON]
     implemented = count[PASS] + failed + cannot
     if not implemented:
-        return (f"nothing implemented yet: {count[NOT_IMPLEMENTED]} adapters raise NotImplementedError and the "
-                "others are absent, so there was nothing to check", False)
-    text = (f"{implemented} checks of what you implemented: {count[PASS]} pass, {failed} fail, {cannot} need a GPU "
-            f"or another Triton; {count[NOT_IMPLEMENTED]} not implemented")
+        return (
+            f"nothing implemented yet: {count[NOT_IMPLEMENTED]} adapters raise NotImplementedError and the "
+            "others are absent, so there was nothing to check",
+            False,
+        )
+    text = (
+        f"{implemented} checks of what you implemented: {count[PASS]} pass, {failed} fail, {cannot} need a GPU "
+        f"or another Triton; {count[NOT_IMPLEMENTED]} not implemented"
+    )
     return text, failed == 0
 
 
@@ -121,7 +133,14 @@ def readable_rows(rows: list[dict]):
     out = []
     for r in rows:
         note = "; ".join(str(r[k]) for k in ("shape", "note", "verdict") if _present(r.get(k)) and r.get(k))
-        out.append({"who": r.get("who", ""), "impl": r.get("impl", ""), "measure": r.get("measure", ""),
-                    "value": format_value(r.get("value"), r.get("unit", "")), "ratio [95% interval]": format_ratio(r),
-                    "note": note})
+        out.append(
+            {
+                "who": r.get("who", ""),
+                "impl": r.get("impl", ""),
+                "measure": r.get("measure", ""),
+                "value": format_value(r.get("value"), r.get("unit", "")),
+                "ratio [95% interval]": format_ratio(r),
+                "note": note,
+            }
+        )
     return pd.DataFrame(out)

@@ -3,6 +3,7 @@ and .contract): the adapters file loaded once per process, each adapter called w
 return kinds turned into `Unusable`, the wrappers behind the protocol our experiments use (StudentDDP, the sharded
 optimizer's and FSDP's callables), one phase's exception kept as its result with the student's file:line, and the
 small comparisons the checks share (digests, allclose ratios, parameters paired by position)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -71,8 +72,14 @@ def outcome(fn) -> dict:
         return {"status": ERROR, "detail": str(exc)}
 
 
-_OUTSIDE = ("site-packages", "dist-packages", "/.venv/", sysconfig.get_paths()["stdlib"],
-            str(Path(torch.__file__).parent), str(Path(__file__).parents[2]))  # installed packages (a .venv inside the
+_OUTSIDE = (
+    "site-packages",
+    "dist-packages",
+    "/.venv/",
+    sysconfig.get_paths()["stdlib"],
+    str(Path(torch.__file__).parent),
+    str(Path(__file__).parents[2]),
+)  # installed packages (a .venv inside the
 #                                    repository too), the standard library, torch, the companion: never the student's
 
 
@@ -99,7 +106,9 @@ def phase(path: str, fn) -> dict:
 
 def digest(state: dict) -> dict:
     """name -> sha1 of the tensor's bytes: equality across ranks without sending the tensors back."""
-    return {k: hashlib.sha1(v.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest() for k, v in state.items()}
+    return {
+        k: hashlib.sha1(v.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest() for k, v in state.items()
+    }
 
 
 class StudentDDP:
@@ -134,8 +143,13 @@ class StudentDDP:
     def finish_gradient_synchronization(self) -> None:
         called(self.after, self.ddp, self.optimizer)
         if self.keep:
-            self.synced.append({n: None if p.grad is None else p.grad.detach().clone()
-                                for n, p in self.module.named_parameters() if p.requires_grad})
+            self.synced.append(
+                {
+                    n: None if p.grad is None else p.grad.detach().clone()
+                    for n, p in self.module.named_parameters()
+                    if p.requires_grad
+                }
+            )
 
     def close(self) -> None:
         """Nothing to remove: the student's wrapper owns its hooks."""
@@ -145,8 +159,11 @@ def callable_wrapper(out, ctor):
     """The student's wrapper as the course's tests use it: called on the inputs, .parameters() and .named_parameters()
     read (an nn.Module, or a plain class with __call__ and __getattr__ delegating to the model); Unusable otherwise."""
     if not callable(out) or not callable(getattr(out, "parameters", None)):
-        raise Unusable(ERROR, f"{ctor.__name__} returned {type(out).__name__}, expected a wrapper the course's tests "
-                              "can call on the inputs and read .parameters() / .named_parameters() of")
+        raise Unusable(
+            ERROR,
+            f"{ctor.__name__} returned {type(out).__name__}, expected a wrapper the course's tests "
+            "can call on the inputs and read .parameters() / .named_parameters() of",
+        )
     return out
 
 
@@ -156,8 +173,11 @@ def by_position(model: nn.Module, wrapper) -> dict:
     mine = list(wrapper.parameters())
     names = [n for n, _ in model.named_parameters()]
     if len(mine) != len(names):
-        raise Unusable(ERROR, f"the wrapper's parameters() yields {len(mine)} tensors, the model has {len(names)}: the "
-                              "course's tests read the model's parameters through the wrapper, in the model's order")
+        raise Unusable(
+            ERROR,
+            f"the wrapper's parameters() yields {len(mine)} tensors, the model has {len(names)}: the "
+            "course's tests read the model's parameters through the wrapper, in the model's order",
+        )
     return dict(zip(names, mine))
 
 
@@ -184,9 +204,13 @@ def student_optimizer(fns: dict):
     def make(params, optimizer_cls, **kwargs):  # the course's test calls zero_grad() and step(): nothing else asked
         opt = called(ctor, params, optimizer_cls, **kwargs)
         if not all(callable(getattr(opt, m, None)) for m in ("zero_grad", "step")):
-            raise Unusable(ERROR, f"get_sharded_optimizer returned {type(opt).__name__}, expected an optimizer (the "
-                                  "course's test calls its zero_grad() and step())")
+            raise Unusable(
+                ERROR,
+                f"get_sharded_optimizer returned {type(opt).__name__}, expected an optimizer (the "
+                "course's test calls its zero_grad() and step())",
+            )
         return opt
+
     return make
 
 
@@ -198,18 +222,23 @@ def student_fsdp(fns: dict) -> XF.FsdpImpl:
     def gathered(model):
         out = called(gather, model, expect=dict, what="a dict {parameter name: full tensor}")
         return {k: v.detach().float().cpu().clone() for k, v in out.items()}
-    return XF.FsdpImpl(wrap=lambda module, dtype: callable_wrapper(called(ctor, module, compute_dtype=dtype), ctor),
-                       on_after_backward=lambda model, opt: called(after, model, opt),
-                       gather_full_params=gathered)
+
+    return XF.FsdpImpl(
+        wrap=lambda module, dtype: callable_wrapper(called(ctor, module, compute_dtype=dtype), ctor),
+        on_after_backward=lambda model, opt: called(after, model, opt),
+        gather_full_params=gathered,
+    )
 
 
 def aligned(weights: dict, names: list[str]) -> dict:
     """The gathered weights keyed as the model names its parameters (a "module." prefix dropped); ValueError naming
     the missing and extra keys otherwise."""
     for strip in ("", "module.", "_fsdp_wrapped_module."):
-        got = {k[len(strip):] if k.startswith(strip) else k: v for k, v in weights.items()}
+        got = {k[len(strip) :] if k.startswith(strip) else k: v for k, v in weights.items()}
         if set(names) <= set(got):
             return {n: got[n] for n in names}
     missing, extra = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
-    raise ValueError(f"fsdp_gather_full_params' keys are not the model's parameter names: missing "
-                     f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; extra {', '.join(extra[:3])}")
+    raise ValueError(
+        f"fsdp_gather_full_params' keys are not the model's parameter names: missing "
+        f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; extra {', '.join(extra[:3])}"
+    )

@@ -2,6 +2,7 @@
 companion's own kernel as the proof that a case can run; a kernel that cannot run here is "needs a GPU" or "needs
 another Triton", never a failure.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,15 +24,15 @@ if triton is not None:
     def _block_pointer_row_sums(x_ptr, y_ptr, n_rows, D: tl.constexpr, TILE: tl.constexpr):
         """The handout's style: a (TILE, D) tile through tl.make_block_ptr and tl.advance, summed along D."""
         pid = tl.program_id(0)
-        x_block = tl.make_block_ptr(x_ptr, shape=(n_rows, D), strides=(D, 1), offsets=(pid * TILE, 0),
-                                    block_shape=(TILE, D), order=(1, 0))
-        y_block = tl.make_block_ptr(y_ptr, shape=(n_rows,), strides=(1,), offsets=(pid * TILE,), block_shape=(TILE,),
-                                    order=(0,))
+        x_block = tl.make_block_ptr(
+            x_ptr, shape=(n_rows, D), strides=(D, 1), offsets=(pid * TILE, 0), block_shape=(TILE, D), order=(1, 0)
+        )
+        y_block = tl.make_block_ptr(
+            y_ptr, shape=(n_rows,), strides=(1,), offsets=(pid * TILE,), block_shape=(TILE,), order=(0,)
+        )
         x = tl.load(x_block, boundary_check=(0, 1), padding_option="zero")  # (TILE, D)
         tl.store(y_block, tl.sum(x, axis=1), boundary_check=(0,))
         x_block = tl.advance(x_block, (TILE, 0))  # what a key loop does; unused after
-
-
 
 
 def block_pointer_probe(device: str) -> str:
@@ -51,6 +52,7 @@ def block_pointer_probe(device: str) -> str:
 class TritonRuntime:
     """What this environment's Triton can run: the device its kernels take inputs on, whether block pointers work,
     and, per case, whether the companion's own kernel passes it here (the proof a student's kernel is judged by)."""
+
     device: str
     block_pointers: str  # '' when they work, else why not
     ours: object  # the companion's Function.apply for this topic
@@ -78,8 +80,11 @@ def triton_runtime(topic: str) -> TritonRuntime:
     from helpers.rmsnorm import RMSNormTritonFunction
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    ours, check = ((RMSNormTritonFunction.apply, check_norm_function) if topic == "rmsnorm" else
-                   (FlashAttentionTriton.apply, check_attn_function))
+    ours, check = (
+        (RMSNormTritonFunction.apply, check_norm_function)
+        if topic == "rmsnorm"
+        else (FlashAttentionTriton.apply, check_attn_function)
+    )
     return TritonRuntime(device, block_pointer_probe(device), ours, check)
 
 
@@ -97,14 +102,19 @@ def unrunnable(exc: BaseException, runtime: TritonRuntime) -> tuple[str, str] | 
     if runtime.block_pointers and (isinstance(exc, NotImplementedError) or any(w in text for w in BLOCK_POINTER_WORDS)):
         import triton as _triton
 
-        return NEEDS_TRITON, (f"needs a Triton with block pointers: this environment's Triton {_triton.__version__} "
-                              f"cannot run them ({runtime.block_pointers}); run with --python your assignment's "
-                              ".venv/bin/python, where `uv sync` installs the course's Triton")
+        return NEEDS_TRITON, (
+            f"needs a Triton with block pointers: this environment's Triton {_triton.__version__} "
+            f"cannot run them ({runtime.block_pointers}); run with --python your assignment's "
+            ".venv/bin/python, where `uv sync` installs the course's Triton"
+        )
     if not torch.cuda.is_available():
         line = (frames[-1].line or "").lower() if frames else ""
-        if any(w in str(exc).lower() for w in GPU_WORDS) or (isinstance(exc, AssertionError) and
-                                                            any(w in line for w in ("cuda", "device", "gpu"))):
-            return NEEDS_GPU, (f"needs a GPU: your code asks for CUDA tensors ({type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else line.strip()}), as the course's Triton "
-                               "tests run on one; nothing is wrong with that")
+        if any(w in str(exc).lower() for w in GPU_WORDS) or (
+            isinstance(exc, AssertionError) and any(w in line for w in ("cuda", "device", "gpu"))
+        ):
+            return NEEDS_GPU, (
+                f"needs a GPU: your code asks for CUDA tensors ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else line.strip()}), as the course's Triton "
+                "tests run on one; nothing is wrong with that"
+            )
     return None
