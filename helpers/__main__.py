@@ -61,9 +61,10 @@ def cmd_kernels(argv: list[str]) -> int:
 def cmd_writeup(argv: list[str]) -> int:
     """Execute the notebooks and export HTML writeups, then the answers page and the front page's sentences from what
     they saved."""
-    from helpers.course.yours.page import has_saved_run, write_page as yours_page
     from helpers.course.answers import write_page
     from helpers.course.front import sentence
+    from helpers.course.yours.page import has_saved_run
+    from helpers.course.yours.page import write_page as yours_page
     from helpers.writeup import main
 
     pages = [("Answers, question by question", "answers.html", write_page)]

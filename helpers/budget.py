@@ -23,8 +23,8 @@ import dataclasses
 import math
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -70,7 +70,7 @@ class Calibration:
         """Seconds for `flops` of matmul at the calibrated rate."""
         return flops / (self.bf16_flops if bf16 else self.fp32_flops)
 
-    def per_thread(self) -> "Calibration":
+    def per_thread(self) -> Calibration:
         """The rates of one thread: what each of several ranks sharing the cores gets (one thread each)."""
         return dataclasses.replace(
             self, fp32_flops=self.fp32_flops / self.threads, bf16_flops=self.bf16_flops / self.threads, threads=1
@@ -238,7 +238,7 @@ class Budget:
     plans: list = field(default_factory=list)
 
     @classmethod
-    def resolve(cls, value, notebook: str, profile: str, calibration: Calibration | None = None) -> "Budget":
+    def resolve(cls, value, notebook: str, profile: str, calibration: Calibration | None = None) -> Budget:
         """The notebook's budget: BUDGET="auto" is DEFAULT_SECONDS[notebook] on the cpu profile and none on gpu. The
         cpu profile is calibrated even without a budget (the notebooks quote the calibration)."""
         if notebook not in DEFAULT_SECONDS:

@@ -26,9 +26,9 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
-from typing import Callable
 
 import pandas as pd
 

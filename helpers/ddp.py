@@ -118,7 +118,7 @@ class FlatDDP(_DataParallel):
                 g.copy_(part.view_as(g))
 
 
-def _weak_hook(wrapper: "DDPBucketed"):
+def _weak_hook(wrapper: DDPBucketed):
     """wrapper._hook behind a weak reference: a hook holding the wrapper would close a cycle (parameter -> hook ->
     wrapper -> module -> parameter), so a wrapper dropped without close() would keep its bucket buffers (a model's
     worth of gradients) until the next full garbage collection. Once the wrapper is gone the hook does nothing."""

@@ -25,7 +25,6 @@ from torch.utils._pytree import tree_leaves
 
 from helpers.formulas import MiB
 
-
 _COUNT_META = False  # meta tensors are counted only inside counting_meta() (a dry run); elsewhere they hold no bytes
 
 

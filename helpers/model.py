@@ -24,14 +24,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
-
 
 ATTENTION_IMPLS = ("naive", "sdpa", "flash_pytorch", "flash_triton")  # ModelConfig.attention (notebook 06)
 
@@ -258,7 +257,7 @@ class TransformerLM(nn.Module):
 
     def forward(self, idx: Tensor) -> Tensor:
         B, T = idx.shape
-        if T > self.cfg.context_length:
+        if self.cfg.context_length < T:
             raise ValueError(f"sequence length {T} exceeds context_length {self.cfg.context_length}")
         pos = torch.arange(T, device=idx.device)  # (T,)
         x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C)

@@ -19,7 +19,6 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-
 try:
     import triton
     import triton.language as tl

@@ -27,9 +27,9 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
 
 import nbformat
 from jinja2 import DictLoader, pass_context

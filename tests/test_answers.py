@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-
 from helpers.course import answers as A
 from helpers.experiments import benchmarking, ddp
 from helpers.experiments import rmsnorm as XR

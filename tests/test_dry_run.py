@@ -5,8 +5,8 @@ at its default 128 positions and fed 1024, issue 31 item 3) and a planted memory
 import pytest
 import torch
 
-from helpers.experiments import attention as XA
 from helpers.course import dry_run as D
+from helpers.experiments import attention as XA
 from helpers.experiments import fsdp as XF
 
 

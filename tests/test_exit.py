@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-
 from exit_stress import OURS, Toy, wrap
+
 from helpers import fsdp as F
 from helpers.comm import python_objects_in_tls
 from helpers.launch import launch

@@ -11,7 +11,9 @@ import torch.distributed as dist
 
 from helpers import formulas as F
 from helpers.ddp import wrap
-from helpers.experiments import collectives, ddp, gpu_plans as G, rmsnorm as XR, sharding
+from helpers.experiments import collectives, ddp, sharding
+from helpers.experiments import gpu_plans as G
+from helpers.experiments import rmsnorm as XR
 from helpers.experiments.common import make_batches, make_model, rank_share, train_step
 from helpers.memory import model_state, track
 from helpers.model import build_model, random_batch

@@ -3,9 +3,12 @@ leaderboard's shape scaled down with its ratios kept (head_dim 128, d_ff/d_model
 parameters), its parameters exactly, the bytes saved for backward against helpers.memory's tracker, the peak of a
 steady-state forward+backward within a stated bound, and the step's FLOPs against FlopCounterMode."""
 
+import helpers  # noqa: F401  (first: sets TRITON_INTERPRET before torch's flop counter imports triton)
+
+# isort: split
+
 import math
 
-import helpers  # noqa: F401  (first: sets TRITON_INTERPRET before torch's flop counter imports triton)
 import pytest
 import torch
 import torch.nn as nn

@@ -119,7 +119,7 @@ def test_time_size_rows_per_pass_and_oom_is_recorded(monkeypatch):
     rows = benchmarking.time_size(cfg, 2, 16, warmup=1, steps=2, autocast_dtype=torch.bfloat16)
     assert [r["pass"] for r in rows] == ["forward", "backward", "both"]
     assert all(r["status"] == "ok" and r["steps"] == 2 and r["precision"] == "autocast bfloat16" for r in rows)
-    assert all(0 < r["first_s"] and 0 < r["median_s"] for r in rows)
+    assert all(r["first_s"] > 0 and r["median_s"] > 0 for r in rows)
 
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")

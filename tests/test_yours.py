@@ -3,15 +3,16 @@ each mutant is caught with a message naming the broken property, and bad input i
 
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from browser import needs_chromium, start_chrome
 import torch
 import torch.nn.functional as F
+from browser import needs_chromium, start_chrome
 
-from helpers.course.yours import Options, inventory, kernels as K, norm_checks as N, run
+from helpers.course.yours import Options, inventory, run
+from helpers.course.yours import kernels as K
+from helpers.course.yours import norm_checks as N
 from helpers.course.yours.adapters import AdaptersError, assignment_root
 from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS
 from helpers.results import load_results
@@ -169,7 +170,8 @@ def test_the_page_passes_the_browser_checks_offline(command):
 
 def test_the_notebooks_experiments_take_yours_as_one_more_implementation():
     from helpers.course.yours.adapters import functions
-    from helpers.experiments import attention as XA, rmsnorm as XR
+    from helpers.experiments import attention as XA
+    from helpers.experiments import rmsnorm as XR
 
     assert functions(None, "rmsnorm") == {}
     norms = functions(ADAPTERS, "rmsnorm")  # on a CPU: the PyTorch one (Triton would time its interpreter)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.course.yours import Options, kernels as K, run
+from helpers.course.yours import Options, run
+from helpers.course.yours import kernels as K
 from helpers.course.yours.report import CANNOT_RUN, FAILED, NEEDS_GPU, NEEDS_TRITON, PASS, checks_table, summary
 
 CORPUS = Path(__file__).parent / "corpus"

@@ -66,7 +66,7 @@ def test_the_fixture_passes_every_check_with_yours_ours_and_pytorchs_rows(topic)
         ratios = [r for r in result.rows if r["impl"] == impl and r["measure"].startswith("step time, yours /")]
         assert ratios and all(r["ratio_low"] <= r["ratio"] <= r["ratio_high"] and r["pairs"] == 2 for r in ratios)
     if topic != "ddp":  # memory and bytes beside ours and the formula
-        assert {"yours", "ours", "formula"} <= {r["who"] for r in result.rows if "MiB" == r["unit"]}
+        assert {"yours", "ours", "formula"} <= {r["who"] for r in result.rows if r["unit"] == "MiB"}
     if topic == "fsdp":
         assert any("2 repeats bitwise equal" in c.prop for c in result.checks)
         sent = {r["who"]: r["value"] for r in result.rows if r["measure"].startswith("bytes sent")}

@@ -18,10 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tarfile
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,8 +31,8 @@ import pandas as pd
 
 from helpers import formulas as F
 from helpers.course.reference_batches import SCALES, scale
-from helpers.experiments.attention import LEADERBOARD, PUBLISHED_MS, TILED_STEPS
 from helpers.env import machine_facts
+from helpers.experiments.attention import LEADERBOARD, PUBLISHED_MS, TILED_STEPS
 from helpers.model import get_config
 from helpers.results import DATA_DIR, ROOT, device_slug, git_commit, load_results
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import tempfile
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 

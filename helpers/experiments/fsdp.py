@@ -17,11 +17,10 @@ ring all-reduces), activation checkpointing in this process, the tables built fr
 from __future__ import annotations
 
 import copy
-
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import pandas as pd

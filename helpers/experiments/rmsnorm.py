@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from helpers import formulas
+from helpers.env import triton_mode
 from helpers.experiments.common import log_ticks, positive_int, variant_runs
 from helpers.formulas import norm_bytes
-from helpers.env import triton_mode
 from helpers.model import ModelConfig, build_model, get_config, lm_loss, make_norm, random_batch
 from helpers.rmsnorm import EPS, RMSNormPyTorchFunction, RMSNormTritonFunction, rmsnorm_reference
 from helpers.timing import Comparison, benchmark, compare, paired_ratio, pairwise_ratios, verdict

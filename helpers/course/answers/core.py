@@ -199,7 +199,7 @@ class Reference:
     source: str
 
     @classmethod
-    def of(cls, mark: Mark) -> "Reference":
+    def of(cls, mark: Mark) -> Reference:
         """A helpers.published mark as a reference."""
         return cls(f"{mark.name}: {mark.value:g} {mark.unit} ({mark.setting})", f"{mark.source}, {mark.year}")
 

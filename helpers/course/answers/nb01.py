@@ -10,16 +10,16 @@ import pandas as pd
 from helpers import formulas
 from helpers.course.answers.core import (
     Answer,
+    NotMeasured,
+    Question,
+    Saved,
     answers,
     coverage,
     fmt_mib,
     fmt_s,
-    NotMeasured,
     pct,
-    Question,
     ref,
     register,
-    Saved,
     series_text,
     span,
 )

@@ -6,13 +6,13 @@ import pandas as pd
 
 from helpers.course.answers.core import (
     Answer,
-    answers,
-    coverage,
     NotMeasured,
     Question,
+    Saved,
+    answers,
+    coverage,
     ref,
     register,
-    Saved,
     series_text,
 )
 

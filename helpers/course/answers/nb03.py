@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers.course.answers.core import answers, fmt_s, Question, ref, register
+from helpers.course.answers.core import Question, answers, fmt_s, ref, register
 
 Q = Question
 QUESTIONS = [

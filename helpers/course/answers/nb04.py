@@ -7,14 +7,14 @@ import pandas as pd
 from helpers import formulas
 from helpers.course.answers.core import (
     Answer,
+    Question,
+    Saved,
     answers,
     cap,
     fmt_s,
     pct,
-    Question,
     ref,
     register,
-    Saved,
     series_text,
     shown,
 )

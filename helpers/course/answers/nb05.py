@@ -6,16 +6,16 @@ import pandas as pd
 
 from helpers import formulas
 from helpers.course.answers.core import (
+    WRITEUP,
+    ZERO1,
+    Question,
+    Reference,
+    Saved,
     answers,
     compare_text,
     fmt_mib,
     fmt_s,
-    Question,
-    Reference,
     register,
-    Saved,
-    WRITEUP,
-    ZERO1,
 )
 from helpers.timing import ratio_of
 

@@ -82,7 +82,7 @@ def heading_id(text: str) -> str:
     return quote(plain.replace(" ", "-"), safe="?/:@!$&'()*+,;=")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def notebook_headings(notebook: str) -> tuple[str, ...]:
     """The markdown headings of a notebook (text after the #s), in order; () when the file is not there."""
     path = DATA_DIR.parent / "notebooks" / f"{NOTEBOOKS[notebook]}.ipynb"

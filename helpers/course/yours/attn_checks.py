@@ -25,7 +25,6 @@ from helpers.course.yours.numerics import (
     worst,
 )
 
-
 # ---- FlashAttention-2 -------------------------------------------------------------------------------------------
 
 

@@ -39,7 +39,6 @@ from helpers.course.yours.attn_checks import (
 from helpers.course.yours.norm_checks import (
     NORM_BEYOND,
     NORM_CONTRACT,
-    NORM_PROPERTIES,
     NormCase,  # noqa: F401
     check_norm_backward,
     check_norm_function,
@@ -59,7 +58,6 @@ from helpers.course.yours.report import (
 )
 from helpers.course.yours.triton_runtime import TritonRuntime, block_pointer_probe, triton_runtime, unrunnable  # noqa: F401
 from helpers.timing import MIN_PAIRS, compare, ratio_columns, verdict
-
 
 # ---- running a topic: inside a launched worker (student code never runs in the driver) ---------------------------
 

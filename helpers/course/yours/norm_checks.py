@@ -11,7 +11,6 @@ from torch import Tensor
 
 from helpers.course.yours.numerics import (
     EPS,
-    ROUNDINGS,
     BackwardMissing,
     ShapeError,
     _grads,

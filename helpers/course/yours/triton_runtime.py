@@ -11,7 +11,6 @@ import torch
 
 from helpers.course.yours.report import NEEDS_GPU, NEEDS_TRITON
 
-
 try:
     import triton
     import triton.language as tl
