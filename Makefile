@@ -9,6 +9,8 @@
 #   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs)
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
+#   make lint                    ruff check and ruff format --check (make test runs both, in tests/test_style.py)
+#   make format                  ruff format, then ruff check --fix: what lint asks, applied
 #   make bench [TOPICS=ddp]      the benchmark scripts (python -m helpers bench TOPIC), one after another
 #   make bench TOPICS=walltime   each notebook's and the test suite's wall and CPU time, saved (python -m helpers
 #                                bench walltime --suite; ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2: no fast bf16)
@@ -42,7 +44,7 @@ REFERENCE_ARGS ?=
 WHEELS_DIR ?= build/wheels
 WHEELS_PYTHON ?= 3.12
 
-.PHONY: setup test writeup lab strip bench stress yours reference wheels clean
+.PHONY: setup test lint format writeup lab strip bench stress yours reference wheels clean
 
 # A PYTHON that is itself a venv (GPU images: torch in /opt/.../.venv): --system-site-packages would show .venv only
 # the *base* interpreter's packages (CPython #95469), so a .pth file in .venv lists the outer venv's site-packages.
@@ -66,6 +68,14 @@ CELL_TIMEOUT ?= 360
 
 test: setup
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) tests notebooks
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: setup
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
 
 writeup: setup
 	$(PY) -m helpers writeup --profile $(PROFILE) --budget $(BUDGET) $(if $(strip $(ADAPTERS)),--adapters $(ADAPTERS))
