@@ -413,16 +413,16 @@ def traced_forward(fsdp: FSDP, opt, x, y) -> Traced:
         sync(L.device())
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     names = {m: n for n, m in fsdp.module.named_modules()}
-    ranges = [e for e in events if " (" in e.name and e.name.split(" (")[0] in {names[m] for m in fsdp._order}]
-    ranges = ranges[: len(fsdp._order)]  # the forward calls, in call order
+    ranges = [e for e in events if " (" in e.name and e.name.split(" (")[0] in {names[m] for m in fsdp.call_order}]
+    ranges = ranges[: len(fsdp.call_order)]  # the forward calls, in call order
     spans = (
         [(r.time_range.start, r.time_range.end) for r in ranges]
         if dist.get_backend() != "nccl"
         else [kernel_span(events, r) for r in ranges]
     )
     return gather_rows(
-        [names[m] for m in fsdp._order][: len(ranges)],
-        [len(fsdp._units[m]) for m in fsdp._order],
+        [names[m] for m in fsdp.call_order][: len(ranges)],
+        [len(fsdp.units[m]) for m in fsdp.call_order],
         spans,
         [e.time_range.end for e in events if is_gather(e)],
     )
