@@ -162,18 +162,20 @@ class Calculator:
         unknown = set(choice) - {c.name for c in self.inputs}
         if unknown:
             raise ValueError(f"no input named {sorted(unknown)}; the inputs are {[c.name for c in self.inputs]}")
-        return tuple(c.position(choice[c.name]) if c.name in choice else p for c, p in zip(self.inputs, base))
+        return tuple(
+            c.position(choice[c.name]) if c.name in choice else p for c, p in zip(self.inputs, base, strict=True)
+        )
 
     def _flat(self, positions: tuple) -> int:
         """The combination's number in row-major order (the last input fastest), as the page's script counts."""
         flat = 0
-        for c, p in zip(self.inputs, positions):
+        for c, p in zip(self.inputs, positions, strict=True):
             flat = flat * len(c.values) + p
         return flat
 
     def _kwargs(self, positions: tuple) -> dict:
         """The keyword arguments fn gets for these positions."""
-        return {c.name: c.values[p] for c, p in zip(self.inputs, positions)}
+        return {c.name: c.values[p] for c, p in zip(self.inputs, positions, strict=True)}
 
     def table(self, **choice) -> pd.DataFrame:
         """The DataFrame shown for `choice` (inputs it leaves out at their default)."""
@@ -199,7 +201,9 @@ class Calculator:
     def _repr_html_(self) -> str:
         """The block: title, controls, the default choice's table, the note, and the script that swaps tables."""
         uid = f"calc-{uuid.uuid4().hex[:12]}"  # fresh per rendering: no two blocks on a page share an id
-        controls = "".join(self._control(c, p, f"{uid}-{i}") for i, (c, p) in enumerate(zip(self.inputs, self.start)))
+        controls = "".join(
+            self._control(c, p, f"{uid}-{i}") for i, (c, p) in enumerate(zip(self.inputs, self.start, strict=True))
+        )
         data = {
             "sizes": [len(c.values) for c in self.inputs],
             "labels": [list(c.labels) for c in self.inputs],

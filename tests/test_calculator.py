@@ -40,7 +40,7 @@ def page(calc) -> dict:
 def test_every_combination_is_computed_once():
     calls = []
     calc = Calculator(lambda **kw: calls.append(kw) or table_of(**kw), INPUTS)
-    grid = [dict(zip(INPUTS, combo)) for combo in itertools.product(*INPUTS.values())]
+    grid = [dict(zip(INPUTS, combo, strict=True)) for combo in itertools.product(*INPUTS.values())]
     assert calls == grid  # row-major, the last input fastest
     assert len(page(calc)["data"]["index"]) == len(grid) == 16
 
@@ -291,9 +291,9 @@ def test_gradient_checkpointing_2026_xl_and_the_least_memory():
     xl = F.get_config("xl-2026", context_length=2048)
     assert (xl.d_model, xl.d_ff, xl.n_layers, xl.n_heads) == (2560, 10240, 32, 32)
     assert F.get_config("xl").d_model == 1600  # the 2024/2025 xl keeps its meaning
-    I = F.residual_stream_bytes(4, 2048, xl.d_model)
+    block_in = F.residual_stream_bytes(4, 2048, xl.d_model)  # I: one block's input
     A = F.activation_bytes(xl, 4, 2048)["blocks"] / xl.n_layers
-    k, best = F.best_segment(xl.n_layers, I, A)
+    k, best = F.best_segment(xl.n_layers, block_in, A)
     assert round(k, 2) == 0.86 and best == 1
     s = F.checkpoint_strategies(12)
     assert (s["nested"]["memory_blocks"], s["sqrt"]["memory_blocks"], s["prefix"]["memory_blocks"]) == (8, 7, 2)

@@ -6,6 +6,7 @@ breaks that bound); the SGD step on the shards is the full-tensor step; replicat
 ranks; gather_full_params after construction is rank 0's unwrapped model; bytes per step = the formula; peak of
 gathered bytes. World size 1 runs in this process (bitwise equal to plain PyTorch); every bad input's ValueError."""
 
+import functools
 import math
 import warnings
 
@@ -175,13 +176,15 @@ def test_gradients_equal_one_process_on_the_whole_batch(runs, kind, dtype):
     on the whole batch; fp16: on each rank's rows, averaged, since fp16 upstream gradients depend on the batch's
     shapes); at the first step the gradient of rank 0's half
     of the batch alone breaks the bound for every trained parameter (so this can fail)."""
-    for s, ((x, y), step) in enumerate(zip(make_batches(kind), runs[0][kind, dtype]["steps"])):
+    for s, ((x, y), step) in enumerate(zip(make_batches(kind), runs[0][kind, dtype]["steps"], strict=True)):
         limits = bound(kind, dtype, step["weights"], x, y)
         whole = reference_grads(kind, step["weights"], x, y, dtype)
         reference = (
             whole
             if dtype == "fp32"
-            else X.ranks_reference(lambda: loaded(kind, step["weights"]), [(x[r::2], y[r::2]) for r in range(2)], dtype)
+            else X.ranks_reference(
+                functools.partial(loaded, kind, step["weights"]), [(x[r::2], y[r::2]) for r in range(2)], dtype
+            )
         )
         assert step["grads"].keys() == reference.keys()
         assert not violations(step["grads"], reference, limits), (s, violations(step["grads"], reference, limits))
@@ -198,7 +201,7 @@ def test_sgd_on_shards_is_the_full_step(runs, kind, dtype):
     run = runs[0][kind, dtype]
     after = [st["weights"] for st in run["steps"][1:]] + [run["final"]]
     frozen = {n for n, p in make_model(kind, 0).named_parameters() if not p.requires_grad}
-    for step, new in zip(run["steps"], after):
+    for step, new in zip(run["steps"], after, strict=True):
         for name, w in step["weights"].items():
             g = step["grads"][name]
             expected = w if name in frozen else w - LR * g
@@ -220,8 +223,8 @@ def test_every_trainable_parameter_has_a_gradient_of_its_own_shape_and_dtype(run
 def test_replicated_gradients_and_weights_bitwise_equal_across_ranks(runs):
     for key, run in runs[0].items():
         other = runs[1][key]
-        for s, (a, b) in enumerate(zip(run["steps"], other["steps"])):
-            same = [torch.equal(u, v) for u, v in zip(a["replicated"], b["replicated"])]
+        for s, (a, b) in enumerate(zip(run["steps"], other["steps"], strict=True)):
+            same = [torch.equal(u, v) for u, v in zip(a["replicated"], b["replicated"], strict=True)]
             assert same and all(same), (key, s)
         assert all(torch.equal(run["final"][n], other["final"][n]) for n in run["final"]), key
 

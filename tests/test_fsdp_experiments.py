@@ -164,7 +164,8 @@ def test_ring_table_says_where_the_data_moved():
 def test_nccl_all_gathers_are_found_and_timed_on_the_device():
     """Issue 31 item 9: under NCCL the gathers are kernels (no gloo: event) and the host runs ahead of the GPU, so
     each call's span is the kernels its ops launched. A fake trace: module a's ops launched kernels 10-20 µs (host
-    range 0-5), b's 25-40 (host 5-8); b's prefetched all-gather kernel ends at 18, in time; a second run ends it at 23."""
+    range 0-5), b's 25-40 (host 5-8); b's prefetched all-gather kernel ends at 18, in time; a second run ends it
+    at 23."""
     from types import SimpleNamespace as NS
 
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA

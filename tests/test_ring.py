@@ -105,7 +105,7 @@ def test_random_floats_within_the_fp32_summation_bound(runs):
 def test_every_rank_gets_the_same_bits(runs):
     world, per_rank = runs
     for cases in per_rank[1:]:
-        for c, c0 in zip(cases, per_rank[0]):
+        for c, c0 in zip(cases, per_rank[0], strict=True):
             same = torch.equal(c["ring"], c0["ring"]) and torch.equal(c["alt"], c0["alt"])
             assert same, (world, c["kind"], c["numel"])
 
