@@ -158,7 +158,7 @@ def exercise_calc(driver, calc) -> dict[str, bool]:
         if not change_input(driver, element):
             continue
         try:
-            WebDriverWait(driver, 5).until(lambda _: output.get_attribute("innerHTML") != before)
+            WebDriverWait(driver, 5).until(lambda _, before=before: output.get_attribute("innerHTML") != before)
             changed[element.get_attribute("data-input")] = True
         except TimeoutException:
             changed[element.get_attribute("data-input")] = False

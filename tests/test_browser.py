@@ -103,11 +103,14 @@ def test_exported_writeup_in_browser(chrome, name):
     check_page(chrome, ROOT / "writeups" / name, SHOTS / name.replace(".html", ".png"))
 
 
+ONE_PIXEL_PNG = "data:image/png;base64," + (  # a 1x1 image that loads
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/iZk9HQAAAABJRU5ErkJggg=="
+)
 PLANTED = r"""<!doctype html><html><head><meta charset="utf-8">
 <script src="https://cdn.example/mathjax.js"></script></head>
 <body><p>visible $$\frac{a}{b}$$ and inline $x_i$</p><pre>\frac{in}{pre}</pre><code>$$</code>
 <details><summary>code</summary><p>\sum folded</p></details><p>costs $5, not TeX</p>
-<img src="data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/iZk9HQAAAABJRU5ErkJggg==">
+<img src="ONE_PIXEL_PNG">
 <img src="missing.png"><script>console.error("planted error")</script>
 <div class="calc"><select data-input="model"><option>small</option><option>large</option></select>
 <input type="range" data-input="world_size" min="1" max="64" value="1">
@@ -117,7 +120,7 @@ PLANTED = r"""<!doctype html><html><head><meta charset="utf-8">
 calc.querySelector('select').addEventListener('change', e => {
   out.innerHTML = '<table><tr><td>' + e.target.value + '</td></tr></table>'; });
 calc.querySelector('input').addEventListener('input', e => { out.innerHTML += e.target.value; });</script>
-</body></html>"""
+</body></html>""".replace("ONE_PIXEL_PNG", ONE_PIXEL_PNG)
 
 
 def test_checks_catch_planted_faults(chrome, tmp_path):

@@ -113,7 +113,7 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         R.run_reference(only=["kernels,nope"], out=tmp_path, profile="cpu", rates=RATES, **QUIET)
     with pytest.raises(ValueError, match="budget"):
         R.run_reference(budget_s=0, out=tmp_path, profile="cpu", **QUIET)
-    if not R.machine_facts()["device_type"] == "cuda":
+    if R.machine_facts()["device_type"] != "cuda":
         with pytest.raises(ValueError, match="needs CUDA"):
             R.run_reference(out=tmp_path, profile="gpu", **QUIET)
     assert cli(["reference", "--only", "nope", "--profile", "cpu", "--out", str(tmp_path)]) == 2

@@ -218,7 +218,8 @@ def test_an_exception_in_student_code_names_its_file_and_line(tmp_path):
 
 def test_an_exception_beyond_the_contract_keeps_the_contract_checks(tmp_path):
     """An optimizer that raises only on a large model: the course's checks (small toy models) all pass; the memory and
-    timing phases on small/cpu are each an error row beyond the handout, at the student's line; the exit status holds."""
+    timing phases on small/cpu are each an error row beyond the handout, at the student's line; the exit status
+    holds."""
     path = composed(tmp_path)
     path.write_text(
         path.read_text()

@@ -17,6 +17,7 @@ launches): the PyTorch implementations, whose tensors bound the kernels'.
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 
 import pandas as pd
@@ -184,7 +185,7 @@ def run_03(c=None, gpus: int = 1) -> list[dict]:
             peak, numel = 0, max(n, size // 4 // n * n)  # as bench_worker: float32, n equal chunks
             for op in XC.OPS:
                 trace = M.track(
-                    lambda: [
+                    lambda op=op, numel=numel, n=n: [
                         t.clone() if i == 0 else t
                         for i, t in enumerate(XC._buffers(op, numel, 0, n, META))  # the work copy of the source
                         if t is not None
@@ -211,7 +212,9 @@ def run_04(c=None, world: int = 2) -> list[dict]:
         lm = build_model(size)
         opt = torch.optim.SGD(lm.parameters(), lr=0.1)
         x, y = make_batches(size, 1, c["batch"] // world, c["context"], 0)[0]
-        trace = M.track(lambda: train_step(lm, opt, x.to(META), y.to(META)), existing=list(lm.parameters()))
+        trace = M.track(
+            lambda lm=lm, opt=opt, x=x, y=y: train_step(lm, opt, x.to(META), y.to(META)), existing=list(lm.parameters())
+        )
         rows.append(_row("04", f"{size} step on a rank's {c['batch'] // world} rows", trace.peak_bytes))
     return rows
 
@@ -226,7 +229,7 @@ def run_05(c=None, world: int = 2) -> list[dict]:
         opt = torch.optim.AdamW(lm.parameters())
         x, y = (t.to(META) for t in make_batches(size, 1, c["batch"] // world, c["context"], 0)[0])
         train_step(lm, opt, x, y)  # AdamW's state
-        trace = M.track(lambda: train_step(lm, opt, x, y), existing=M.model_state(lm, opt, x, y))
+        trace = M.track(functools.partial(train_step, lm, opt, x, y), existing=M.model_state(lm, opt, x, y))
         plan = G.kind_peak_bytes("unsharded", size, c["batch"] // world, c["context"], world)
         rows.append(_row("05", f"memory {size}, unsharded step", trace.peak_bytes, plan, ranks_per_gpu=world))
     return rows

@@ -197,7 +197,8 @@ def run_registers(s: dict, profile: str, out: Path) -> list[str]:
     rows = K.check(quick=s["quick"])
     if torch.cuda.is_available():
         driver = {cfg.label: _driver_registers(cfg) for cfg in K.all_configs(quick=True)}
-        arch = "sm_%d%d" % torch.cuda.get_device_capability()
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"sm_{major}{minor}"
         for r in rows:
             r.update(device_arch=arch, **driver.get(r["kernel"], {}))
     save_results(rows, "kernels_registers", profile=profile, directory=out)

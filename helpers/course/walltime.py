@@ -15,6 +15,7 @@ the CPU-capability switches in effect.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import resource
 import subprocess
@@ -73,7 +74,7 @@ def notebook_rows(paths, params: dict, out_dir: Path, slowest: int = 4) -> list[
     rows = []
     for path in paths:
         print(f"{path.name} ...", flush=True)
-        (nb, error), wall, cpu = timed(lambda: writeup.execute(path, params))
+        (nb, error), wall, cpu = timed(functools.partial(writeup.execute, path, params))
         writeup.export_html(
             nb, out_dir / f"{path.stem}.html", writeup.notebook_title(nb, path.stem), notebook_dir=path.parent
         )

@@ -11,7 +11,18 @@ problem id and letter -> the answer's anchor -> the notebook section's anchor). 
 here, closed form, partial (with what is missing), needs a GPU, not run yet.
 """
 
-from helpers.course.answers import nb01, nb02, nb03, nb04, nb05, nb06, nb07  # noqa: F401  (each registers its rows)
+from helpers.course.answers import (  # noqa: F401  (each registers its questions; this order is the page's)
+    nb01,
+    nb01_memory,
+    nb01_since_2025,
+    nb02,
+    nb03,
+    nb04,
+    nb05,
+    nb06,
+    nb07,
+    nb07_calcs,
+)
 from helpers.course.answers.core import (
     ANSWERS,
     BY_NUMBER,

@@ -45,7 +45,7 @@ def series_text(rows: pd.DataFrame, a: str, b: str, over: str, names: dict | Non
     part = rows[(rows["a"] == a) & (rows["b"] == b)]
     if part.empty:
         raise NotMeasured(f"no {a} vs {b} comparison saved")
-    ratios = [(str(key), ratio_of(row)) for key, row in zip(part[over], part.to_dict("records"))]
+    ratios = [(str(key), ratio_of(row)) for key, row in zip(part[over], part.to_dict("records"), strict=True)]
     items = ", ".join(f"{key}: {r.median:.2f}x [{r.low:.2f}-{r.high:.2f}]" for key, r in ratios)
     faster = [k for k, r in ratios if r.differs and r.median < 1]
     slower = [k for k, r in ratios if r.differs and r.median > 1]

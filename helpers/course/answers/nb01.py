@@ -1,13 +1,10 @@
-"""Notebook 01's questions (timing, profiling, mixed precision, memory: 2024's 2.1.1-2.1.4 and 2.4.1) and their
-answers from what notebook 01 saved."""
+"""Notebook 01's questions on timing, profiling and mixed precision (2024's 2.1.1-2.1.4) and their answers from what
+notebook 01 saved. Its memory questions: nb01_memory; the 2025 edition's additions: nb01_since_2025."""
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
-from helpers import formulas
 from helpers.course.answers.core import (
     Answer,
     NotMeasured,
@@ -15,15 +12,12 @@ from helpers.course.answers.core import (
     Saved,
     answers,
     coverage,
-    fmt_mib,
     fmt_s,
     pct,
     ref,
     register,
     series_text,
-    span,
 )
-from helpers.model import get_config
 from helpers.timing import ratio_of
 
 Q = Question
@@ -155,86 +149,6 @@ QUESTIONS = [
         reads=("01_norm_precision",),
         gpu="Carries over exactly: rounding is the same arithmetic everywhere.",
     ),
-    Q(
-        "2.4.1(a)",
-        "How does memory move through a forward-only pass and through a full step?",
-        notebook="01",
-        section="§5 Memory",
-        reads=("01_memory_peaks",),
-        gpu="The shape of the timeline carries over; the CUDA caching allocator keeps its own reserve on top.",
-    ),
-    Q(
-        "2.4.1(b)",
-        "What is the peak memory per size, forward only and full step?",
-        notebook="01",
-        section="§5 Memory",
-        reads=("01_memory_peaks",),
-        gpu="Scales with the model: the reference sizes need GiB, not MiB.",
-        references=ref("full-step peak: small 2.81 GiB, 2.7B 38.56 GiB (H100)"),
-    ),
-    Q(
-        "2.4.1(c)",
-        "Does mixed precision change the peak?",
-        notebook="01",
-        section="§5 Memory",
-        reads=("01_memory_peaks",),
-        gpu="Carries over: autocast keeps fp32 parameters and adds 16-bit copies on every device.",
-        references=ref("2.7B with autocast: forward 14.63 GiB (from 10.07), full step 43.30 GiB (from 38.56) (H100)"),
-    ),
-    Q(
-        "2.4.1(d)",
-        "How large is the residual stream's activation?",
-        notebook="01",
-        section="§5 Memory",
-        reads=("01_memory_peaks",),
-        gpu="A formula: B·T·d_model·4 bytes on any device.",
-        references=ref("20 MiB for 2.7B at batch 16 × context 128"),
-    ),
-    Q(
-        "2.4.1(e)",
-        "Which tensors are largest at the peak, and where were they allocated?",
-        notebook="01",
-        section="§5 Memory",
-        reads=("01_largest_tensors",),
-        gpu="The kinds of tensor carry over; their sizes scale with the model.",
-        references=ref("100 MiB tensors: the 2.7B feed-forward weights (H100)"),
-    ),
-    Q(
-        "mixed_precision_accumulation",
-        "0.01 added a thousand times into fp32, fp16, and fp32 fed fp16 values (cast up "
-        "or not): what does each give, and why?",
-        notebook="01",
-        section="§4 Mixed precision: accumulating in 16 bits",
-        reads=(),
-        editions=(2025,),
-        name="mixed_precision_accumulation",
-        gpu="Carries over exactly: scalar IEEE rounding is the same on every device (computed here, not timed).",
-    ),
-    Q(
-        "memory_profiling(f)",
-        "What does one TransformerBlock save for backward, which 5 ops contribute most and with "
-        "what share, and how large are one block's gradients (the 2026 Table 1 sizes)?",
-        notebook="01",
-        section="§5 Memory",
-        reads=(),
-        editions=(2026,),
-        name="memory_profiling",
-        gpu="The bytes are the same on every device (fp32, the same ops); the handout reads them from NVTX-labelled CUDA "
-        "memory profiles.",
-    ),
-    Q(
-        "nsys_profile",
-        "Forward, backward and optimizer per size: which kernels dominate, and how does softmax's time "
-        "compare with the matmuls' against their FLOPs?",
-        notebook="01",
-        section="§2 Profiler tables and §3 Flame graph",
-        reads=("01_profile", "01_flame", "01_timing"),
-        editions=(2025,),
-        name="nsys_profile",
-        gpu="nsys needs a GPU; here the torch profiler stands in with CPU op times. On a GPU: `nsys profile --trace="
-        "cuda,nvtx python -m helpers writeup --profile gpu notebooks/01_benchmarking_and_profiling.ipynb` (its "
-        "profiler tables then list CUDA kernels).",
-    ),
 ]
 register(QUESTIONS)
 
@@ -313,7 +227,7 @@ def cold_timings(q, saved):
     )
 
 
-def _profile(saved: Saved, run: str) -> pd.DataFrame:
+def profile_table(saved: Saved, run: str) -> pd.DataFrame:
     """01_profile's op table of one profiled step ("forward", "forward+backward", "full step")."""
     p = saved.frame("01_profile")
     part = p[p["run"] == run]
@@ -324,7 +238,7 @@ def _profile(saved: Saved, run: str) -> pd.DataFrame:
 
 @answers("2.1.2(a)")
 def profiled_forward(q, saved):
-    fwd = _profile(saved, "forward")
+    fwd = profile_table(saved, "forward")
     size = saved.run("01_profile").provenance.get("size")
     total_ms = float((fwd["ms/step"] / fwd["share"]).iloc[0])
     _, warm, _ = _warm_cold(saved)
@@ -347,7 +261,7 @@ def profiled_forward(q, saved):
 
 @answers("2.1.2(b)")
 def top_op(q, saved):
-    fwd, both = _profile(saved, "forward").iloc[0], _profile(saved, "forward+backward").iloc[0]
+    fwd, both = profile_table(saved, "forward").iloc[0], profile_table(saved, "forward+backward").iloc[0]
     same = "the same op" if fwd["op"] == both["op"] else f"a different op, {both['op']}"
     return (
         f"In the forward pass {fwd['op']} takes the most time: {pct(fwd['share'])} of it, "
@@ -358,7 +272,7 @@ def top_op(q, saved):
 
 @answers("2.1.2(c)")
 def non_matmul_ops(q, saved):
-    fwd = _profile(saved, "forward")
+    fwd = profile_table(saved, "forward")
     other = fwd[fwd["class"] != "matmul"]
     listed = ", ".join(f"{r['op']} {pct(r['share'])}" for _, r in other.head(5).iterrows())
     return (
@@ -370,8 +284,10 @@ def non_matmul_ops(q, saved):
 
 @answers("2.1.2(d)")
 def matmul_share(q, saved):
-    share = {run: _profile(saved, run)["matmul_share"].iloc[0] for run in ("forward", "forward+backward", "full step")}
-    top = _profile(saved, "full step").iloc[0]
+    share = {
+        run: profile_table(saved, run)["matmul_share"].iloc[0] for run in ("forward", "forward+backward", "full step")
+    }
+    top = profile_table(saved, "full step").iloc[0]
     return (
         f"Matrix multiplies take {pct(share['forward'])} of the forward pass, {pct(share['forward+backward'])} of "
         f"forward+backward and {pct(share['full step'])} of the full step with AdamW, whose update is all "
@@ -380,14 +296,14 @@ def matmul_share(q, saved):
     )
 
 
-def _flame(saved: Saved) -> pd.DataFrame:
+def flame_shares(saved: Saved) -> pd.DataFrame:
     """01_flame's shares (parts and stages of the step), indexed by part."""
     return saved.frame("01_flame").set_index("part")
 
 
 @answers("2.1.3(a)")
 def flame_stages(q, saved):
-    f = _flame(saved)
+    f = flame_shares(saved)
     stages = f[f["kind"] == "stage"]["share"]
     size = saved.run("01_flame").provenance.get("size")
     return (
@@ -401,7 +317,7 @@ def flame_stages(q, saved):
 @answers("2.1.3(b)", "2.1.3(c)")
 def flame_part(q, saved):
     part, what = ("RMSNorm", "norm layers") if q.number == "2.1.3(b)" else ("softmax", "calls")
-    f = _flame(saved)
+    f = flame_shares(saved)
     share, count = float(f.loc[part, "share"]), f.loc[part, "count"]
     return (
         f"{part} (forward and backward) takes {pct(share)} of the full step here, over {int(count)} {what}: "
@@ -411,9 +327,9 @@ def flame_part(q, saved):
 
 @answers("2.1.3(d)")
 def flame_surprise(q, saved):
-    f = _flame(saved)
+    f = flame_shares(saved)
     stages = f[f["kind"] == "stage"]["share"]
-    mm = _profile(saved, "full step")["matmul_share"].iloc[0]
+    mm = profile_table(saved, "full step")["matmul_share"].iloc[0]
     backward = stages.get("backward", 0.0) / stages.get("forward", float("nan"))
     return (
         f"Matmuls carry nearly all the FLOPs yet take {pct(mm)} of the full step; the rest is elementwise work "
@@ -494,187 +410,4 @@ def norm_precision(q, saved):
         f"(fp32), {err['bfloat16']:.1e} (bf16) and {err['float16']:.1e} (fp16) relative to fp64, and the norm "
         "scales every activation by it. bf16 has fp32's range (no overflow above 65,504 as fp16 has) but only 8 "
         "significant bits, so its error stays large: keep norms and their reductions in fp32 with either."
-    )
-
-
-# ---- 2.4 memory (notebook 01) ----------------------------------------------------------------------------------------
-
-
-def _peaks(saved: Saved, precision: str = "fp32") -> pd.DataFrame:
-    """01_memory_peaks: peak MiB per size (rows, in run order) and pass (columns) for one precision."""
-    p = saved.frame("01_memory_peaks")
-    p = p[(p["precision"] == precision) & (p["status"] == "ok")]
-    if p.empty:
-        raise NotMeasured(f"01_memory_peaks has no {precision} rows")
-    return p.pivot_table(index="size", columns="pass", values="peak_MiB", sort=False)
-
-
-@answers("2.4.1(a)")
-def memory_timeline(q, saved):
-    p = _peaks(saved)
-    ratio = p["full step"] / p["forward"]
-    return (
-        "Forward-only (no graph) stays nearly flat: each block's intermediates are freed once used. A full step "
-        "climbs through forward as every block saves tensors for backward, peaks as backward starts, falls as "
-        f"backward frees them and stays flat through AdamW (plot in notebook 01 §5). Here the full step's peak is "
-        f"{span(ratio)} the forward-only peak over the sizes."
-    )
-
-
-@answers("2.4.1(b)")
-def memory_peaks(q, saved):
-    p = _peaks(saved)
-    return (
-        "Peak live tensor memory, forward only / full step (fp32, parameters and AdamW state included): "
-        + ", ".join(f"{s} {fmt_mib(r['forward'])} / {fmt_mib(r['full step'])}" for s, r in p.iterrows())
-        + "."
-    )
-
-
-@answers("2.4.1(c)")
-def memory_autocast(q, saved):
-    p = saved.frame("01_memory_peaks")
-    fp32 = _peaks(saved)
-    parts = []
-    for precision in [x for x in dict.fromkeys(p["precision"]) if x != "fp32"]:
-        r = (_peaks(saved, precision) / fp32).dropna()
-        parts.append(f"{precision}: forward peak {span(r['forward'], 2)} fp32's, full step {span(r['full step'], 2)}")
-    if not parts:
-        raise NotMeasured("01_memory_peaks has no autocast rows")
-    return (
-        "; ".join(parts)
-        + coverage(list(fp32.index), saved.profile)
-        + ". Autocast keeps the fp32 parameters, gradients and AdamW state and adds 16-bit copies "
-        "of the weights and 16-bit activations beside the fp32 ones it keeps (norms, softmax, loss), so the peak "
-        "is not halved."
-    )
-
-
-@answers("2.4.1(d)")
-def residual_stream(q, saved):
-    prov = saved.run("01_memory_peaks").provenance
-    batch, context = int(prov["batch"]), int(prov["context"])
-    sizes = list(_peaks(saved).index)
-    here = formulas.residual_stream_bytes(batch, context, get_config(sizes[-1]).d_model)
-    ref_ = formulas.residual_stream_bytes(16, 128, get_config("2.7B").d_model)
-    return (
-        f"One (B, T, d_model) fp32 tensor: B·T·d·4 bytes, {fmt_mib(here / 2**20)} for {sizes[-1]} at {batch} × "
-        f"{context} here and {fmt_mib(ref_ / 2**20)} for 2.7B at 16 × 128. Notebook 01 §5 checks the formula "
-        "against the block output a forward hook sees, byte for byte."
-    )
-
-
-@answers("2.4.1(e)")
-def largest_tensors(q, saved):
-    run = saved.run("01_largest_tensors")
-    top = run.frame().groupby(["MiB", "op", "module"], sort=False).size().reset_index(name="n")
-    where = lambda r: (
-        "already live when the step began (parameters, AdamW state or the batch)"  # noqa: E731
-        if r["op"] == "existing"
-        else f"allocated by {r['op']} in {r['module']}"
-    )
-    listed = "; ".join(f"{r['n']} × {fmt_mib(r['MiB'])} {where(r)}" for _, r in top.iterrows())
-    return (
-        f"At the full step's peak ({run.provenance.get('size')}, {fmt_mib(run.provenance.get('peak_MiB', 0))} in "
-        f"all) the {int(top['n'].sum())} largest live storages are: {listed}."
-    )
-
-
-@answers("memory_profiling(f)")
-def block_memory(q, saved):
-    from helpers.model import SIZES_2026, parameter_shapes
-
-    B, T = 4, 512  # the 2026 Table 1 context; batch 4 as in the memory profiling runs
-    rows = []
-    for name, cfg in SIZES_2026.items():
-        parts = formulas.block_saved_parts(cfg, B, T)
-        total = sum(parts.values())
-        top = list(parts.items())[:5]
-        grads = sum(math.prod(shape) for k, shape in parameter_shapes(cfg).items() if k.startswith("blocks.0."))
-        rows.append(
-            {
-                "size (2026)": name.removesuffix("-2026"),
-                "saved per block": fmt_mib(total / 2**20),
-                "top 5 ops' share": pct(sum(v for _, v in top) / total),
-                "gradients per block": fmt_mib(4 * grads / 2**20),
-            }
-        )
-    xl = SIZES_2026["xl-2026"]
-    parts = formulas.block_saved_parts(xl, B, T)
-    total = sum(parts.values())
-    top = "; ".join(f"{k} {fmt_mib(v / 2**20)} ({pct(v / total)})" for k, v in list(parts.items())[:5])
-    assert total * xl.n_layers == formulas.activation_bytes(xl, B, T)["blocks"]
-    return Answer(
-        f"Closed form for this project's block (fp32, naive attention keeping its probabilities; `formulas."
-        f"block_saved_parts`), batch {B} × {T}: the 2026 xl's block saves {fmt_mib(total / 2**20)} for "
-        f"backward; the 5 largest contributions: {top}. One block's gradients are its parameters' bytes "
-        "(fp32): the backward's per-block rise in a memory profile. Every 2026 size:",
-        table=tuple(rows),
-        status="partial",
-        missing="the same read off NVTX-labelled CUDA memory profiles needs a GPU",
-    )
-
-
-# ---- 2025: mixed_precision_accumulation, nsys_profile ---------------------------------------------------------------
-
-
-@answers("mixed_precision_accumulation")
-def accumulation(q, saved):
-    from helpers.experiments.benchmarking import accumulation_demo, accumulation_text
-
-    acc = accumulation_demo()
-    values = "; ".join(f"{case}: {v:.10g}" for case, v in acc["value"].items())
-    return (
-        f"{values} (the answer should be 10). "
-        + accumulation_text(acc).replace("\n", " ")
-        + " Hence master weights, optimizer state and reductions stay in fp32, and tensor cores accumulate "
-        "16-bit products in fp32."
-    )
-
-
-@answers("nsys_profile")
-def kernels_and_softmax(q, saved):
-    share = {run: _profile(saved, run).iloc[0] for run in ("forward", "forward+backward", "full step")}
-    lead = "; ".join(f"{run}: {r['op']} {pct(r['share'])}" for run, r in share.items())
-    f = _flame(saved)
-    size = saved.run("01_flame").provenance.get("size")
-    cfg, T = get_config(size), int(saved.run("01_timing").provenance["context"])  # one context for the notebook
-    softmax_flops = 5 * cfg.n_heads * T * T * cfg.n_layers  # ~5 per score element (max, sub, exp, sum, div), per seq
-    matmul_flops = sum(formulas.forward_flops(cfg, 1, T).values())
-    soft = float(f.loc["softmax", "share"])
-    mm = _profile(saved, "full step")["matmul_share"].iloc[0]
-    # within self-attention's forward: softmax (~5 FLOPs per score) against QKᵀ and PV (2·T²·d_head each, per head)
-    attn_flop_ratio = 5 / (4 * cfg.head_dim)
-    fwd = _profile(saved, "forward").set_index("op")["share"]
-    soft_fwd = float(fwd[[o for o in fwd.index if "softmax" in o]].sum())
-    bmm_fwd = float(fwd.get("aten::bmm", 0.0))  # QKᵀ and PV: the model's only batched (4-D) matmuls
-    within = (
-        f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
-        f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes {soft_fwd / bmm_fwd:.2f}x their "
-        f"time here ({pct(soft_fwd)} against {pct(bmm_fwd)} of the forward)"
-        if soft_fwd and bmm_fwd
-        else f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
-        f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes more time: {pct(soft_fwd)} of the "
-        f"forward, while aten::bmm (QKᵀ and PV together) falls below the smallest op saved ({pct(fwd.min())})"
-        if soft_fwd and soft_fwd > fwd.min()
-        else f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
-        "matmuls (5 per score against 4·d_head); their times are not both among the forward's saved top ops "
-        "here, so the time ratio is not shown"
-    )
-    on_gpu = saved.run("01_profile").provenance.get("device_type") == "cuda"
-    where = (
-        "The torch profiler's CUDA kernels, as nsys would list them"
-        if on_gpu
-        else "Torch profiler standing in for nsys (no GPU here)"
-    )
-    text = (
-        f"{where}, {size}: the leading op per stage is {lead}. "
-        f"{within}: time follows bytes moved, not FLOPs, for the elementwise softmax. Over the whole step, "
-        f"softmax takes {pct(soft)} while doing about {softmax_flops / matmul_flops:.2%} of the forward's FLOPs, "
-        f"and matmuls take {pct(mm)} of the step."
-    )
-    return (
-        text
-        if on_gpu
-        else Answer(text, status="partial", missing="nsys with NVTX ranges on a GPU; the torch profiler stands in")
     )

@@ -54,7 +54,7 @@ def collectives_single_node(q, saved):
             f"with {', '.join(map(str, crowded))} ranks on {cores} cores the ranks take turns on the cores, "
             "so those times measure the scheduler as much as the collective"
         )
-    combos = set(zip(ar["backend"], ar["device"]))
+    combos = set(zip(ar["backend"], ar["device"], strict=True))
     missing = (
         ""
         if ("nccl", "cuda") in combos

@@ -179,7 +179,7 @@ def ddp_overlap_speed(q, saved):
     texts = [series_text(r, "per_parameter", b, "model", DDP_NAMES, "step time") for b in ("naive", "flat")]
     vs_naive = [ratio_of(row) for row in r[(r["a"] == "per_parameter") & (r["b"] == "naive")].to_dict("records")]
     models = list(r[(r["a"] == "per_parameter") & (r["b"] == "naive")]["model"])
-    quicker = [m for m, x in zip(models, vs_naive) if x.differs and x.median < 1]
+    quicker = [m for m, x in zip(models, vs_naive, strict=True) if x.differs and x.median < 1]
     if vs_naive and len(quicker) == len(vs_naive):
         gpu = (
             "The direction carries over: overlapping was measurably faster here even with gloo sharing the CPU "
@@ -240,7 +240,7 @@ def bucket_sweep(q, saved):
     r = r[(r["model"] == model) & (r["b"] == best["variant"]) & r["a"].isin(sweep["variant"])]
     tied = [
         f"{mb:g}"
-        for v, mb in zip(sweep["variant"], sweep["bucket_MB"])
+        for v, mb in zip(sweep["variant"], sweep["bucket_MB"], strict=True)
         if v != best["variant"] and not ratio_of(r[r["a"] == v].iloc[0]).differs
     ]
     return (

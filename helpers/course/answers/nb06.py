@@ -3,6 +3,8 @@ leaderboard) and their answers from what notebook 06 saved."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from helpers import attention as A
@@ -90,8 +92,8 @@ QUESTIONS = [
         reads=("06_checks",),
         editions=BOTH,
         name="flash_forward",
-        gpu="Checked here in Triton's interpreter; `python -m helpers kernels` compiles it for sm_80/sm_90a (registers, "
-        "spills); it is timed only on a GPU (`make writeup PROFILE=gpu`).",
+        gpu="Checked here in Triton's interpreter; `python -m helpers kernels` compiles it for sm_80/sm_90a "
+        "(registers, spills); it is timed only on a GPU (`make writeup PROFILE=gpu`).",
     ),
     Q(
         "flash_forward(c)",
@@ -122,8 +124,8 @@ QUESTIONS = [
         reads=("attention_bench",),
         editions=BOTH,
         name="flash_benchmarking",
-        gpu="The Triton kernel is timed only on a GPU: `make writeup PROFILE=gpu`, or `python -m helpers bench attention "
-        "--seq 128 1024 8192 65536 --head-dim 64`.",
+        gpu="The Triton kernel is timed only on a GPU: `make writeup PROFILE=gpu`, or `python -m helpers bench "
+        "attention --seq 128 1024 8192 65536 --head-dim 64`.",
     ),
     Q(
         "2025 leaderboard",
@@ -197,7 +199,7 @@ def naive_memory(q, saved):
         raise NotMeasured("the saved memory does not match its formula")
     small = ran.iloc[0]
     d0 = ran[ran["d"] == small["d"]].set_index("T")["saved_bytes"]
-    growth = ", ".join(f"T {a}→{b}: {d0[b] / d0[a]:.2f}x" for a, b in zip(d0.index, d0.index[1:]))
+    growth = ", ".join(f"T {a}→{b}: {d0[b] / d0[a]:.2f}x" for a, b in itertools.pairwise(d0.index))
     B, T, d = int(small["batch"]), int(small["T"]), int(small["d"])
     return (
         f"Smallest configuration (batch {B}, T {T}, d {d}, fp32): {int(small['saved_bytes']):,} bytes live for "

@@ -192,7 +192,8 @@ def _sources(saved: Saved) -> str:
 
 
 # What the later editions keep from 2024, under the 2024 numbers (their answers stay in the 2024 section), and the
-# letters a later handout gives a part when they differ: benchmarking_mixed_precision (a) dtypes, (b) the norm, (c) time.
+# letters a later handout gives a part when they differ: benchmarking_mixed_precision (a) dtypes, (b) the norm,
+# (c) time.
 KEPT_FROM_2024 = {
     2025: ("2.1.1", "2.1.4", "2.4.1", "3.1.1", "3.3.1", "3.3.2", "3.4.1", "3.4.2", "3.4.3", "3.4.4", "3.4.5"),
     2026: ("2.1.1", "2.1.4", "2.4.1", "3.1.1", "3.3.1", "3.3.2", "3.4.1", "3.4.2", "3.4.3", "3.4.5"),

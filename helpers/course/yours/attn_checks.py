@@ -187,7 +187,11 @@ def check_attn_function(apply, case: AttnCase, device="cpu", *, mask_optional: b
     if o.dtype != q.dtype:
         return f"{case}: o is {o.dtype}, expected the input's dtype {q.dtype}"
     grads = _grads(o, (q, k, v), do)
-    got = {"o": o} if not all(isinstance(g, Tensor) for g in grads) else dict(zip(("o", "dq", "dk", "dv"), (o, *grads)))
+    got = (
+        {"o": o}
+        if not all(isinstance(g, Tensor) for g in grads)
+        else dict(zip(("o", "dq", "dk", "dv"), (o, *grads), strict=True))
+    )
     results = [_attn_differs(got, grads, q, k, v, do, case)]
     if mask_optional and results[0]:
         results.append(_attn_differs(got, grads, q, k, v, do, replace(case, is_causal=False)))

@@ -146,7 +146,8 @@ def course_ddp_checks(impl: str, label: str, per_rank: list[dict]) -> list[Check
 
 
 def course_ddp_configs(impl: str) -> list[tuple[str, float | None]]:
-    """(model, bucket size) pairs the course's tests run a flavour on: both toy models, each bucket size for bucketed."""
+    """(model, bucket size) pairs the course's tests run a flavour on: both toy models, each bucket size for
+    bucketed."""
     sizes = COURSE_BUCKETS_MB if impl == "bucketed" else (None,)
     return [(m, mb) for m in CM.MODELS for mb in sizes]
 
@@ -189,7 +190,7 @@ def course_state_growth(make) -> dict:
         x = torch.rand(CM.SHARDING_ROWS, 10, generator=torch.Generator().manual_seed(0))
         net(x).pow(2).sum().backward()
         trace = M.track(
-            lambda: (opt.step(), dist.barrier()),  # the barrier: the backend lets go of a broadcast's buffer
+            lambda opt=opt: (opt.step(), dist.barrier()),  # the barrier: the backend lets go of a broadcast's buffer
             existing=list(net.parameters()) + [p.grad for p in net.parameters() if p.grad is not None],
         )
         out[who] = trace.current_bytes - trace.baseline_bytes
@@ -255,7 +256,8 @@ def course_layers():
 def course_fsdp_run(impl: XF.FsdpImpl, dtype: str) -> dict:
     """The 2026 FSDP correctness test on this rank: one seed (42) on every rank, get_fsdp(deepcopy(model),
     compute_dtype), 3 SGD steps (lr 0.01, cross-entropy on the last position) on this rank's 10 of 20 rows, after each
-    fsdp_gather_full_params vs one process on all rows (with the same mixed precision); max |diff| / (atol + rtol |w|)."""
+    fsdp_gather_full_params vs one process on all rows (with the same mixed precision); max |diff| / (atol + rtol
+    |w|)."""
     layers, shard_types = course_layers()
     rank, cdt = dist.get_rank(), XF.DTYPES[dtype]
     torch.manual_seed(42)

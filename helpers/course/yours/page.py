@@ -73,7 +73,7 @@ def render(checks, rows, provenance: dict, data_dir: Path | None = None) -> str:
                 "<h3>Side by side</h3><table><tr><th>who</th><th>implementation</th><th>measure</th>"
                 "<th>value</th><th>ratio (95% interval)</th><th>note</th></tr>"
             )
-            for r, t in zip(shown, readable_rows(shown).to_dict(orient="records")):
+            for r, t in zip(shown, readable_rows(shown).to_dict(orient="records"), strict=True):
                 bar = _ratio_bar(r["ratio"], r["ratio_low"], r["ratio_high"]) if t["ratio [95% interval]"] else ""
                 out.append(
                     f"<tr><td>{e(str(t['who']))}</td><td>{e(str(t['impl']))}</td><td>{e(str(t['measure']))}"

@@ -94,7 +94,8 @@ def student_frame(frames: list[tuple[str, str]], path: str) -> str:
 
 def phase(path: str, fn) -> dict:
     """fn()'s dict with status "ok", or its exception as {"status": ERROR, "detail": "Type: message (at file:line)"}:
-    one phase's failure kept apart from the others. Unusable (the implementation cannot be checked at all) propagates."""
+    one phase's failure kept apart from the others. Unusable (the implementation cannot be checked at all)
+    propagates."""
     try:
         return {"status": "ok", **fn()}
     except (Unusable, A.AdaptersError):
@@ -178,7 +179,7 @@ def by_position(model: nn.Module, wrapper) -> dict:
             f"the wrapper's parameters() yields {len(mine)} tensors, the model has {len(names)}: the "
             "course's tests read the model's parameters through the wrapper, in the model's order",
         )
-    return dict(zip(names, mine))
+    return dict(zip(names, mine, strict=True))
 
 
 def close_ratio(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[float, tuple]:

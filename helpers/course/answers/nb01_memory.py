@@ -1,0 +1,205 @@
+"""Notebook 01's memory questions (2024's 2.4.1 and 2026's memory_profiling(f)) and their answers from what notebook
+01 saved (peaks per size and pass, the timeline, the largest live tensors)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from helpers import formulas
+from helpers.course.answers.core import (
+    Answer,
+    NotMeasured,
+    Question,
+    Saved,
+    answers,
+    coverage,
+    fmt_mib,
+    pct,
+    ref,
+    register,
+    span,
+)
+from helpers.model import get_config
+
+Q = Question
+QUESTIONS = [
+    Q(
+        "2.4.1(a)",
+        "How does memory move through a forward-only pass and through a full step?",
+        notebook="01",
+        section="§5 Memory",
+        reads=("01_memory_peaks",),
+        gpu="The shape of the timeline carries over; the CUDA caching allocator keeps its own reserve on top.",
+    ),
+    Q(
+        "2.4.1(b)",
+        "What is the peak memory per size, forward only and full step?",
+        notebook="01",
+        section="§5 Memory",
+        reads=("01_memory_peaks",),
+        gpu="Scales with the model: the reference sizes need GiB, not MiB.",
+        references=ref("full-step peak: small 2.81 GiB, 2.7B 38.56 GiB (H100)"),
+    ),
+    Q(
+        "2.4.1(c)",
+        "Does mixed precision change the peak?",
+        notebook="01",
+        section="§5 Memory",
+        reads=("01_memory_peaks",),
+        gpu="Carries over: autocast keeps fp32 parameters and adds 16-bit copies on every device.",
+        references=ref("2.7B with autocast: forward 14.63 GiB (from 10.07), full step 43.30 GiB (from 38.56) (H100)"),
+    ),
+    Q(
+        "2.4.1(d)",
+        "How large is the residual stream's activation?",
+        notebook="01",
+        section="§5 Memory",
+        reads=("01_memory_peaks",),
+        gpu="A formula: B·T·d_model·4 bytes on any device.",
+        references=ref("20 MiB for 2.7B at batch 16 × context 128"),
+    ),
+    Q(
+        "2.4.1(e)",
+        "Which tensors are largest at the peak, and where were they allocated?",
+        notebook="01",
+        section="§5 Memory",
+        reads=("01_largest_tensors",),
+        gpu="The kinds of tensor carry over; their sizes scale with the model.",
+        references=ref("100 MiB tensors: the 2.7B feed-forward weights (H100)"),
+    ),
+    Q(
+        "memory_profiling(f)",
+        "What does one TransformerBlock save for backward, which 5 ops contribute most and with "
+        "what share, and how large are one block's gradients (the 2026 Table 1 sizes)?",
+        notebook="01",
+        section="§5 Memory",
+        reads=(),
+        editions=(2026,),
+        name="memory_profiling",
+        gpu="The bytes are the same on every device (fp32, the same ops); the handout reads them from NVTX-labelled "
+        "CUDA memory profiles.",
+    ),
+]
+register(QUESTIONS)
+
+# ---- 2.4 memory (notebook 01) ----------------------------------------------------------------------------------------
+
+
+def _peaks(saved: Saved, precision: str = "fp32") -> pd.DataFrame:
+    """01_memory_peaks: peak MiB per size (rows, in run order) and pass (columns) for one precision."""
+    p = saved.frame("01_memory_peaks")
+    p = p[(p["precision"] == precision) & (p["status"] == "ok")]
+    if p.empty:
+        raise NotMeasured(f"01_memory_peaks has no {precision} rows")
+    return p.pivot_table(index="size", columns="pass", values="peak_MiB", sort=False)
+
+
+@answers("2.4.1(a)")
+def memory_timeline(q, saved):
+    p = _peaks(saved)
+    ratio = p["full step"] / p["forward"]
+    return (
+        "Forward-only (no graph) stays nearly flat: each block's intermediates are freed once used. A full step "
+        "climbs through forward as every block saves tensors for backward, peaks as backward starts, falls as "
+        f"backward frees them and stays flat through AdamW (plot in notebook 01 §5). Here the full step's peak is "
+        f"{span(ratio)} the forward-only peak over the sizes."
+    )
+
+
+@answers("2.4.1(b)")
+def memory_peaks(q, saved):
+    p = _peaks(saved)
+    return (
+        "Peak live tensor memory, forward only / full step (fp32, parameters and AdamW state included): "
+        + ", ".join(f"{s} {fmt_mib(r['forward'])} / {fmt_mib(r['full step'])}" for s, r in p.iterrows())
+        + "."
+    )
+
+
+@answers("2.4.1(c)")
+def memory_autocast(q, saved):
+    p = saved.frame("01_memory_peaks")
+    fp32 = _peaks(saved)
+    parts = []
+    for precision in [x for x in dict.fromkeys(p["precision"]) if x != "fp32"]:
+        r = (_peaks(saved, precision) / fp32).dropna()
+        parts.append(f"{precision}: forward peak {span(r['forward'], 2)} fp32's, full step {span(r['full step'], 2)}")
+    if not parts:
+        raise NotMeasured("01_memory_peaks has no autocast rows")
+    return (
+        "; ".join(parts)
+        + coverage(list(fp32.index), saved.profile)
+        + ". Autocast keeps the fp32 parameters, gradients and AdamW state and adds 16-bit copies "
+        "of the weights and 16-bit activations beside the fp32 ones it keeps (norms, softmax, loss), so the peak "
+        "is not halved."
+    )
+
+
+@answers("2.4.1(d)")
+def residual_stream(q, saved):
+    prov = saved.run("01_memory_peaks").provenance
+    batch, context = int(prov["batch"]), int(prov["context"])
+    sizes = list(_peaks(saved).index)
+    here = formulas.residual_stream_bytes(batch, context, get_config(sizes[-1]).d_model)
+    ref_ = formulas.residual_stream_bytes(16, 128, get_config("2.7B").d_model)
+    return (
+        f"One (B, T, d_model) fp32 tensor: B·T·d·4 bytes, {fmt_mib(here / 2**20)} for {sizes[-1]} at {batch} × "
+        f"{context} here and {fmt_mib(ref_ / 2**20)} for 2.7B at 16 × 128. Notebook 01 §5 checks the formula "
+        "against the block output a forward hook sees, byte for byte."
+    )
+
+
+@answers("2.4.1(e)")
+def largest_tensors(q, saved):
+    run = saved.run("01_largest_tensors")
+    top = run.frame().groupby(["MiB", "op", "module"], sort=False).size().reset_index(name="n")
+
+    def where(r) -> str:
+        return (
+            "already live when the step began (parameters, AdamW state or the batch)"
+            if r["op"] == "existing"
+            else f"allocated by {r['op']} in {r['module']}"
+        )
+
+    listed = "; ".join(f"{r['n']} × {fmt_mib(r['MiB'])} {where(r)}" for _, r in top.iterrows())
+    return (
+        f"At the full step's peak ({run.provenance.get('size')}, {fmt_mib(run.provenance.get('peak_MiB', 0))} in "
+        f"all) the {int(top['n'].sum())} largest live storages are: {listed}."
+    )
+
+
+@answers("memory_profiling(f)")
+def block_memory(q, saved):
+    from helpers.model import SIZES_2026, parameter_shapes
+
+    B, T = 4, 512  # the 2026 Table 1 context; batch 4 as in the memory profiling runs
+    rows = []
+    for name, cfg in SIZES_2026.items():
+        parts = formulas.block_saved_parts(cfg, B, T)
+        total = sum(parts.values())
+        top = list(parts.items())[:5]
+        grads = sum(math.prod(shape) for k, shape in parameter_shapes(cfg).items() if k.startswith("blocks.0."))
+        rows.append(
+            {
+                "size (2026)": name.removesuffix("-2026"),
+                "saved per block": fmt_mib(total / 2**20),
+                "top 5 ops' share": pct(sum(v for _, v in top) / total),
+                "gradients per block": fmt_mib(4 * grads / 2**20),
+            }
+        )
+    xl = SIZES_2026["xl-2026"]
+    parts = formulas.block_saved_parts(xl, B, T)
+    total = sum(parts.values())
+    top = "; ".join(f"{k} {fmt_mib(v / 2**20)} ({pct(v / total)})" for k, v in list(parts.items())[:5])
+    assert total * xl.n_layers == formulas.activation_bytes(xl, B, T)["blocks"]
+    return Answer(
+        f"Closed form for this project's block (fp32, naive attention keeping its probabilities; `formulas."
+        f"block_saved_parts`), batch {B} × {T}: the 2026 xl's block saves {fmt_mib(total / 2**20)} for "
+        f"backward; the 5 largest contributions: {top}. One block's gradients are its parameters' bytes "
+        "(fp32): the backward's per-block rise in a memory profile. Every 2026 size:",
+        table=tuple(rows),
+        status="partial",
+        missing="the same read off NVTX-labelled CUDA memory profiles needs a GPU",
+    )

@@ -1,0 +1,300 @@
+"""Notebook 07's closed-form questions of the 2026 edition: the four calculators (data parallel, FSDP, tensor
+parallel, FSDP + TP: FLOPs, communication and the compute-bound inequality of one gated FFN, with a worked example)
+and the leaderboard plan; answered from `formulas`, the same on every machine."""
+
+from __future__ import annotations
+
+import math
+
+from helpers import formulas
+from helpers.course.answers.core import Answer, Question, Reference, answers, fmt_s, register
+from helpers.published import MARKS
+
+Q = Question
+QUESTIONS = [
+    Q(
+        "data_parallel_calcs",
+        "One gated FFN (x W1, x W2, f(x1) ∗ x2, z W3), 16-bit, data-parallel over N_DP devices: FLOPs and "
+        "communication per device in B, D, D_FF, N_DP, and the inequality in N_DP that keeps it compute-bound?",
+        notebook="07",
+        section="§7 Calculators",
+        reads=(),
+        editions=(2026,),
+        name="data_parallel_calcs",
+        gpu="Closed forms in C and W; the worked example uses H100-like figures (plug in a B200's for the 2026 "
+        "handout).",
+    ),
+    Q(
+        "fsdp_calcs",
+        "The same FFN under FSDP over N_FSDP devices: FLOPs, communication and the compute-bound "
+        "inequality, forward and backward?",
+        notebook="07",
+        section="§7 Calculators",
+        reads=(),
+        editions=(2026,),
+        name="fsdp_calcs",
+        gpu="Closed forms in C and W; the worked example uses H100-like figures.",
+    ),
+    Q(
+        "tp_calcs(a)",
+        "The same FFN under tensor parallelism (W1, W2 by columns, W3 by rows): the backward equations, "
+        "and FLOPs and communication per device, forward and backward?",
+        notebook="07",
+        section="§7 Calculators",
+        reads=(),
+        editions=(2026,),
+        name="tp_calcs",
+        gpu="Closed forms in C and W; the worked example uses H100-like figures.",
+    ),
+    Q(
+        "tp_calcs(b)",
+        "Up to how many TP devices does it stay compute-bound, forward and backward?",
+        notebook="07",
+        section="§7 Calculators",
+        reads=(),
+        editions=(2026,),
+        name="tp_calcs",
+        gpu="Closed forms in C and W; the worked example uses H100-like figures.",
+    ),
+    *[
+        Q(
+            f"fsdp_tp_calcs{part}",
+            ask,
+            notebook="07",
+            section="§7 Calculators",
+            reads=(),
+            editions=(2026,),
+            name="fsdp_tp_calcs",
+            gpu="Closed forms in C and W; the worked example uses H100-like figures.",
+        )
+        for part, ask in (
+            ("(a)", "FSDP × TP (N = N_FSDP · N_TP), forward pass: FLOPs per device?"),
+            ("(b)", "Forward communication time per device?"),
+            ("(c)", "With communication overlapped: the most devices N that stay compute-bound?"),
+            ("(d)", "Without overlap: the most devices N that stay compute-bound?"),
+        )
+    ],
+    Q(
+        "2026 leaderboard",
+        "The fastest full AdamW step of the ~8B model (d 4096, d_ff 11,008, 34 layers, vocabulary "
+        "151,936, batch 2 × 32,768) on two GPUs: which plan fits, and how fast can it be?",
+        notebook="07",
+        section="§8 The 2026 leaderboard as a plan",
+        reads=(),
+        editions=(2026,),
+        name="leaderboard",
+        gpu="A plan from closed forms at a stated MFU and link bandwidth; timing it needs two GPUs with a trainer of "
+        "this model, which the companion does not ship.",
+        references=(Reference.of(MARKS["leaderboard_2026_best"]), Reference.of(MARKS["leaderboard_2026_baseline"])),
+    ),
+]
+register(QUESTIONS)
+
+
+def _m(text: str) -> str:
+    """An expression set as math on the page."""
+    return f"${text}$"
+
+
+def _example(c) -> str:
+    """The worked example's inputs, as the handout names them."""
+    e = c.example
+    ins = ", ".join(
+        f"{k} {e[k]:,}" if isinstance(e[k], int) else f"{k} {e[k]:.3g}"
+        for k in ("B", "D", "D_FF", "N_DP", "N_FSDP", "N_TP", "C", "W")
+        if k in e
+    )
+    return ins
+
+
+def _calc_rows(parts) -> tuple:
+    """One row per quantity: pass, quantity, expression (math), and the worked example's value."""
+    rows = []
+    for c in parts:
+        e = c.example
+        value = {
+            "FLOPs per device": f"{e.get('flops', 0) / 1e12:.3g} TFLOP ({fmt_s(e['compute_s'])})",
+            "forward FLOPs per device": f"{e.get('flops', 0) / 1e12:.3g} TFLOP ({fmt_s(e['compute_s'])})",
+            "bytes sent per device": f"{e.get('bytes_sent', 0) / 1e9:.3g} GB ({fmt_s(e.get('comm_s', 0))})",
+            "FSDP all-gather time": fmt_s(e.get("fsdp_comm_s", 0)),
+            "TP all-reduce time": fmt_s(e.get("tp_comm_s", 0)),
+            "communication time": fmt_s(e.get("comm_s", 0)),
+        }
+        for quantity, expr in c.expressions:
+            rows.append(
+                {
+                    "pass / part": c.part,
+                    "quantity": quantity,
+                    "expression": _m(expr),
+                    "worked example": value.get(quantity, ""),
+                }
+            )
+        if c.inequality != "—":
+            bound = e.get("max_devices")
+            rows.append(
+                {
+                    "pass / part": c.part,
+                    "quantity": "compute-bound while",
+                    "expression": _m(c.inequality),
+                    "worked example": "always" if bound in (None, math.inf) else f"N ≤ {bound:.1f}",
+                }
+            )
+    return tuple(rows)
+
+
+def _calc_answer(parts, head: str) -> Answer:
+    """The head sentence, the variables, and the worked example's inputs; the expressions in the table below."""
+    return Answer(
+        f"{head} B is the global batch in tokens, 16-bit weights and activations, C FLOP/s and W bytes/s of "
+        f"egress per device. Worked example (`formulas.CALC_EXAMPLE`, H100-like): {_example(parts[0])}.",
+        table=_calc_rows(parts),
+    )
+
+
+@answers("data_parallel_calcs")
+def dp_calcs(q, saved):
+    parts = [formulas.dp_calc(p, **formulas.CALC_EXAMPLE) for p in ("forward", "backward")]
+    return _calc_answer(
+        parts,
+        f"Forward needs no communication; backward all-reduces the gradients. Compute-bound "
+        f"while {_m(parts[1].inequality)}.",
+    )
+
+
+@answers("fsdp_calcs")
+def fsdp_calcs(q, saved):
+    parts = [formulas.fsdp_calc(p, **formulas.CALC_EXAMPLE) for p in ("forward", "backward")]
+    return _calc_answer(
+        parts,
+        "Forward all-gathers the weights, backward gathers them again and reduce-scatters the "
+        f"gradients: both passes give {_m('N_FSDP ≤ 1 + B·W/C')}.",
+    )
+
+
+@answers("tp_calcs(a)")
+def tp_equations(q, saved):
+    parts = [formulas.tp_calc(p, **formulas.CALC_EXAMPLE) for p in ("forward", "backward")]
+    eqs = "; ".join(_m(e) for e in formulas.TP_BACKWARD_EQUATIONS)
+    return _calc_answer(
+        parts,
+        f"Device i holds W1, W2 by columns and W3 by rows. {eqs}. Backward does 12·B·D·D_FF/N_TP "
+        "FLOPs (two matmuls per forward one) and one all-reduce of dx, forward one of y.",
+    )
+
+
+@answers("tp_calcs(b)")
+def tp_bounds(q, saved):
+    parts = [formulas.tp_calc(p, **formulas.CALC_EXAMPLE) for p in ("forward", "backward")]
+    fwd, bwd = (c.example["max_devices"] for c in parts)
+    tighter = "forward" if fwd < bwd else "backward"
+    return _calc_answer(
+        parts,
+        f"Forward: {_m(parts[0].inequality)}; backward: {_m(parts[1].inequality)}. The "
+        f"{tighter} bound is the tighter ({fwd:.1f} against {bwd:.1f} devices in the example): "
+        "forward does half the FLOPs for the same all-reduce.",
+    )
+
+
+def _fsdp_tp(part):
+    ex = formulas.CALC_EXAMPLE
+    return formulas.fsdp_tp_calc(part, B=ex["B"], D=ex["D"], D_FF=ex["D_FF"], N_FSDP=2, N_TP=4, C=ex["C"], W=ex["W"])
+
+
+@answers("fsdp_tp_calcs(a)", "fsdp_tp_calcs(b)", "fsdp_tp_calcs(c)", "fsdp_tp_calcs(d)")
+def fsdp_tp_calcs(q, saved):
+    part = q.number[len("fsdp_tp_calcs") :]
+    c = _fsdp_tp(part)
+    head = {
+        "(a)": f"Forward FLOPs per device: {_m(c.expressions[0][1])}.",
+        "(b)": "The FSDP all-gather (over N_FSDP, of the device's 1/N_TP of the weights) and TP's all-reduce (over "
+        "N_TP, of its B/N_FSDP tokens' output) run on different axes at once, so the forward communication "
+        f"time is the larger: {_m('max(6·D·D_FF·(N_FSDP−1)/(N_FSDP·N_TP·W), 4·B·D·(N_TP−1)/(N_FSDP·N_TP·W))')}.",
+        "(c)": f"With overlap it is compute-bound while compute outlasts each term: {_m('N_FSDP ≤ B·W/C')} and "
+        f"{_m('N_TP ≤ 1.5·D_FF·W/C')}, so {_m(c.inequality)} (rings' (N−1)/N taken as 1).",
+        "(d)": "Without overlap compute must outlast their sum; the product N_FSDP·N_TP is largest with each term at "
+        f"half the compute, so {_m(c.inequality)} (rings' (N−1)/N taken as 1), a quarter of (c)'s.",
+    }[part]
+    return _calc_answer([c], head)
+
+
+def plan_name(r: dict) -> str:
+    """A plan row in words."""
+    return f"{r['strategy']}, {r['checkpointing']} checkpointing, {r['head']} LM head + cross-entropy, {r['precision']}"
+
+
+@answers("2026 leaderboard")
+def leaderboard_2026(q, saved):
+    best, base = MARKS["leaderboard_2026_best"], MARKS["leaderboard_2026_baseline"]
+    gpus, lm = formulas.LEADERBOARD_GPUS, formulas.LEADERBOARD_MODEL
+    b200 = next(g for g in gpus if g.startswith("B200"))
+    no_ckpt = formulas.llama_train_flops(**lm)
+    ckpt = formulas.llama_train_flops(**lm, segments=lm["n_layers"])
+    implied = [
+        formulas.implied_mfu(best.value / 1e3, fl, peak_flops=gpus[b200]["flops"], world_size=lm["world_size"])
+        for fl in (no_ckpt, ckpt)
+    ]
+    mfus = {**{u: f"{u:.0%}" for u in formulas.PLAN_MFUS}, **{u: f"{u:.0%} (best implies)" for u in implied}}
+    plan = formulas.leaderboard_plan(mfus=sorted(mfus))
+    f = plan[0]
+    lines, rows = [], []
+    for gpu in gpus:
+        pick = formulas.fastest_plan(plan, gpu, precision="fp32 master")
+        if pick is None:
+            other = formulas.fastest_plan(plan, gpu)
+            lines.append(
+                f"{gpu}: no fp32-master plan keeps {formulas.PLAN_MARGIN:.0%} of the card free"
+                + (
+                    f"; without masters, {plan_name(other)} does ({other['memory_GB']:.0f} GB, predicted "
+                    f"{other['step_s'][gpu]:.2f} s at MFU {formulas.LEADERBOARD_MFU:.0%})"
+                    if other
+                    else ""
+                )
+            )
+            continue
+        band = pick["step_band_s"][gpu]
+        lo, hi = min(band.values()), max(band.values())
+        twin = formulas.fastest_plan(
+            [r for r in plan if all(r[k] == pick[k] for k in ("strategy", "checkpointing", "head"))],
+            gpu,
+            precision="bf16 weights",
+        )
+        lines.append(
+            f"{gpu}: {plan_name(pick)}: {pick['memory_GB']:.0f} GB per GPU "
+            f"({pick['headroom_GB'][gpu]:.0f} GB free), predicted {lo:.2f}-{hi:.2f} s over MFU "
+            f"{min(mfus):.0%}-{max(mfus):.0%} ({band[max(implied)]:.2f}-{band[min(implied)]:.2f} s at the MFU "
+            "the published best implies)"
+            + (f"; the bf16-weights variant of it needs {twin['memory_GB']:.0f} GB" if twin else "")
+        )
+        for r in (
+            sorted((r for r in plan if r["fits"][gpu]), key=lambda r: (round(r["step_s"][gpu], 2), r["memory_GB"]))[:4]
+            if gpu == b200
+            else ()
+        ):
+            rows.append(
+                {
+                    "plan (2× B200)": plan_name(r),
+                    "GB per GPU": round(r["memory_GB"], 1),
+                    "GB free": round(r["headroom_GB"][gpu], 1),
+                    **{f"s at MFU {mfus[u]}": round(v, 2) for u, v in r["step_band_s"][gpu].items()},
+                    "chosen": "yes" if r is formulas.fastest_plan(plan, gpu, precision="fp32 master") else "",
+                }
+            )
+    return Answer(
+        f"Plan from closed forms (`formulas.leaderboard_plan`): Ψ = {f['params'] / 1e9:.2f} B, {no_ckpt / 1e15:.1f} "
+        f"PFLOP per step without recomputation ({ckpt / 1e15:.1f} recomputing every block), bf16 compute, AdamW, "
+        "2 GPUs; "
+        f"a plan fits only with {formulas.PLAN_MARGIN:.0%} of the card free, and predicted times within "
+        f"{formulas.PLAN_TIE:.0%} are a tie broken by memory. The plain LM head keeps "
+        f"{next(r for r in plan if r['head'] == 'plain')['head + loss (GB)']:.1f} GB of logits and loss gradients per "
+        f"GPU; the fused, chunked head + cross-entropy keeps "
+        f"{next(r for r in plan if r['head'] == 'chunked')['head + loss (GB)']:.1f} GB. Without fp32 master weights "
+        "(bf16 weights updated in place) the states drop from 16 to 12 bytes per parameter, at the risk of losing "
+        "updates below bf16's resolution unless rounded stochastically. Chosen (fp32 masters): "
+        + "; ".join(lines)
+        + f". The published best, {best.value:g} ms on 2× B200 ({best.source}, {best.year}; {best.status}), implies "
+        f"MFU {min(implied):.0%}-{max(implied):.0%} (without / with recomputing every block); the baseline is about "
+        f"{base.value / 1e3:g} s ({base.status}).",
+        table=tuple(rows),
+        status="partial",
+        missing="a plan from closed forms; timing it needs two GPUs and a trainer of this model",
+    )

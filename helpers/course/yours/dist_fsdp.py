@@ -1,0 +1,183 @@
+"""`yours` for FSDP: the worker (the 2026 test on the cs336_basics model, then our TransformerLM's equivalence,
+memory, bytes and timing, each phase apart) and run_fsdp, which reads them into checks and rows
+(helpers.course.yours.dist_fsdp_checks)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch.distributed as dist
+
+from helpers.comm import count_collectives
+from helpers.course.yours import Options
+from helpers.course.yours import adapters as A
+from helpers.course.yours import contract as C
+from helpers.course.yours import student_calls as S
+from helpers.course.yours.dist_common import (
+    PARTS,
+    SPEED,
+    beyond_failed,
+    launch_each,
+    rows_into,
+    status_checks,
+    timing_rows,
+)
+from helpers.course.yours.dist_fsdp_checks import (
+    FSDP_CHECK,
+    FSDP_DTYPES,
+    fsdp_bytes_checks,
+    fsdp_equivalence_checks,
+    fsdp_memory_checks,
+)
+from helpers.course.yours.report import SKIPPED, Check, TopicResult
+from helpers.experiments import fsdp as XF
+from helpers.experiments.common import make_batches, rank_share
+
+
+def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
+    """One fp32 AdamW step of a fresh model (yours or ours): the collectives it called and its peak above its start."""
+    cfg = FSDP_CHECK
+    net, grad_sync, opt = XF.build_kind(kind, cfg["model"], impl=impl)
+    x, y = rank_share(make_batches(cfg["model"], 1, cfg["batch_size"], cfg["context_length"], 0)[0])
+    XF.step(net, grad_sync, opt, x, y)  # the first step records call orders, makes optimizer state
+    with count_collectives() as log:
+        XF.step(net, grad_sync, opt, x, y)
+    return list(log)
+
+
+def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
+    """In each rank, each phase apart: the 2026 test on the cs336_basics model (fp32 and fp16; when the student's
+    cs336_basics imports) and the memory after get_fsdp; beyond the handout, our TransformerLM seeded per rank with SGD
+    without and with bf16 compute (opts.repeat times), memory and bytes vs the formulas, and the timing."""
+    out, cfg, rank = {}, FSDP_CHECK, dist.get_rank()
+    for impl_name in impls:
+
+        def run(impl_name=impl_name):
+            impl = S.student_fsdp(S.adapter_fns(path, "fsdp", impl_name))
+            course = None
+            try:
+                if "course" not in parts:
+                    raise C.NotAsked
+                C.course_layers()
+                course = {}
+                for dtype in C.COURSE_FSDP_DTYPES:
+                    course[f"run {dtype}"] = S.phase(path, functools.partial(C.course_fsdp_run, impl, dtype))
+                    course[f"grads {dtype}"] = S.phase(path, functools.partial(C.course_fsdp_grads, impl, dtype))
+                course["memory"] = S.phase(path, functools.partial(C.course_fsdp_memory, impl))
+            except C.NotAsked:
+                pass
+            except Exception as exc:  # noqa: BLE001 - no cs336_basics: the course's test cannot run either
+                course = {"missing": f"{type(exc).__name__}: {exc}"}
+
+            # Beyond the 2026 handout: torch.nn layers seeded per rank (the test uses cs336_basics with one seed),
+            # bf16, exact peaks and bytes against the formulas (it promises shards, not a peak), races over repeats.
+            def equivalence():
+                repeats = []
+                for r in range(max(1, opts.repeat)):
+                    runs = XF.equivalence_worker(
+                        model=cfg["model"],
+                        n_layers=cfg["n_layers"],
+                        dtypes=list(FSDP_DTYPES),
+                        steps=cfg["steps"],
+                        batch_size=cfg["batch_size"],
+                        context_length=cfg["context_length"],
+                        impl=impl,
+                    )
+                    full = rank == 0 and r == 0
+                    repeats.append({d: [w if full else S.digest(w) for w in run.weights] for d, run in runs.items()})
+                return {"repeats": repeats}
+
+            def memory():
+                return {
+                    "memory": {
+                        k: XF.fsdp_memory(
+                            model=cfg["model"],
+                            batch_size=cfg["batch_size"],
+                            context_length=cfg["context_length"],
+                            steps=1,
+                            impl=i,
+                        )
+                        for k, i in (("yours", impl), ("ours", None))
+                    }
+                }
+
+            def logs():
+                return {"logs": {"yours": _fsdp_step_bytes("yours", impl), "ours": _fsdp_step_bytes("fsdp", None)}}
+
+            def timed():
+                return {
+                    "samples": XF.measure_worker(
+                        kinds=("yours", "fsdp", "torch_fsdp"),
+                        steps=opts.steps,
+                        warmup=opts.warmup,
+                        memory=False,
+                        trace=False,
+                        impls={"yours": impl},
+                        **SPEED,
+                    ).samples
+                }
+
+            if "beyond" not in parts:
+                return {"course": course, "equivalence": None, "memory": None, "logs": None, "speed": None}
+            return {
+                "course": course,
+                "equivalence": S.phase(path, equivalence),
+                "memory": S.phase(path, memory),
+                "logs": S.phase(path, logs),
+                "speed": S.phase(path, timed) if opts.timed and opts.steps else None,
+            }
+
+        out[impl_name] = S.outcome(run)
+    return out
+
+
+def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
+    """FSDP: within the handout, the 2026 test on the cs336_basics model (fp32 and fp16 steps vs one process,
+    gradients' shapes and dtypes, replicated gradients equal) and a shard per rank after get_fsdp; beyond it, our
+    TransformerLM seeded per rank (rank 0's weights, fp32 and bf16 steps within the derived bound, opts.repeat
+    times), memory and bytes vs the formulas, and yours vs ours vs torch's fully_shard."""
+    result = TopicResult("fsdp")
+    for impl, per_rank in launch_each(fsdp_worker, str(adapters_path), list(A.ADAPTERS["fsdp"]), opts).items():
+        early = status_checks("fsdp", impl, per_rank, str(adapters_path))
+        if early:
+            result.checks += early
+            continue
+        if "missing" in per_rank[0]["course"]:  # the course's test cannot run without it either
+            result.checks.append(
+                Check(
+                    "fsdp",
+                    impl,
+                    "the 2026 test's model (cs336_basics.model)",
+                    SKIPPED,
+                    f"cs336_basics.model does not import ({per_rank[0]['course']['missing']}): the "
+                    "course's FSDP test builds its model from it; put your cs336-basics on the path",
+                )
+            )
+        else:
+            result.checks += C.course_fsdp_checks(
+                impl, {k: [r["course"][k] for r in per_rank] for k in per_rank[0]["course"]}
+            )
+        if beyond_failed("fsdp", impl, per_rank):
+            result.checks += beyond_failed("fsdp", impl, per_rank)
+            continue
+        beyond = []
+        phases = (
+            ("equivalence", functools.partial(fsdp_equivalence_checks, impl, repeat=max(1, opts.repeat)), "runs"),
+            ("memory", lambda ph, impl=impl: rows_into(result, fsdp_memory_checks(impl, ph)), "memory"),
+            ("logs", lambda ph, impl=impl: rows_into(result, fsdp_bytes_checks(impl, ph)), "bytes per step"),
+        )
+        for key, checks_of, what in phases:
+            ph = [r[key] for r in per_rank]
+            error = S.phase_error("fsdp", impl, f"our TransformerLM ({what})", ph, beyond=True)
+            beyond += [error] if error else checks_of(ph)
+        speed = [r["speed"] for r in per_rank] if per_rank[0]["speed"] is not None else None
+        error = speed and S.phase_error("fsdp", impl, "timing on small/cpu", speed, beyond=True)
+        if error:
+            beyond.append(error)
+        elif speed:
+            labels = {"yours": "yours", "fsdp": "ours", "torch_fsdp": "pytorch"}
+            result.rows += timing_rows("fsdp", impl, [r["samples"] for r in speed], labels)
+        for c in beyond:
+            c.beyond, c.prop = True, c.prop if c.prop.startswith("beyond") else f"beyond the handout: {c.prop}"
+        result.checks += beyond
+    return result

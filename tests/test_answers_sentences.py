@@ -1,0 +1,223 @@
+"""The answers' sentences (issue 32 onwards): the closed forms carry the derived figures, and each direction ("by more
+than", "every size", "measurably slower", the GPU line) follows the planted values."""
+
+from pathlib import Path
+
+import answers_data as D
+import pytest
+
+from helpers.course import answers as A
+from helpers.experiments import benchmarking, ddp
+from helpers.timing import Comparison
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory) -> Path:
+    """Every result the answers read (answers_data.synthetic_folder: built once per session)."""
+    return D.synthetic_folder(tmp_path_factory)
+
+
+# ---- issue 32: the closed-form answers carry the derived figures, and directions follow the values -------------------
+
+
+def test_the_2025_and_2026_closed_forms_on_the_page(synthetic):
+    got = D.all_answers(synthetic)
+    c = got["communication_accounting(c)"][0]
+    assert "1,278 tokens per FSDP shard" in c and "319 tokens per device" in c and "20,444" in c and "10,222" in c
+    assert "17.5 MB per token" in got["communication_accounting(a)"][0]
+    assert "10,828 tokens per device" in got["communication_accounting(b)"][0]
+    assert "communication_accounting(d)" in A.BY_NUMBER  # tricks are their own part
+    assert "k* = √(L·I/A) = 0.86" in got["gradient_checkpointing(b)"][0]
+    a = got["gradient_checkpointing(a)"][0]
+    assert "O(1)" in a and "O(N²)" in a and "recursive prefix" in a
+    f = got["fsdp_accounting(a)"][0]
+    assert "27.3 GB against DDP" in f and "13.6 GB against ZeRO-1" in f
+    assert "N_TP ≤ 1 + 1.5·D_FF·W/C" in got["tp_calcs(b)"][0] and "12.2 against 23.4" in got["tp_calcs(b)"][0]
+    assert "N_DP ≤ 1 + B·W/C" in got["data_parallel_calcs"][0]
+    assert "1.5·B·D_FF·W²/C²" in got["fsdp_tp_calcs(c)"][0] and "3·B·D_FF·W²/(8·C²)" in got["fsdp_tp_calcs(d)"][0]
+
+
+@pytest.mark.parametrize(
+    "peak_fall, states_fall, says",
+    [(8.7, 8.16, "by more than"), (7.0, 8.16, "by less than"), (8.16, 8.16, "by the states saved")],
+)
+def test_the_peak_fall_direction_follows_the_values(peak_fall, states_fall, says):
+    from helpers.course.answers.nb07 import fall_text
+
+    assert says in fall_text(peak_fall, states_fall)
+
+
+def test_fsdp_accounting_direction_on_planted_rows(tmp_path):
+    zero = [
+        {"kind": k, "stage": s, "rank": 0, "measured_MiB": v, "zero_MiB": v, "measured/zero": 1.0}
+        for k, s, v in (("ddp", 0, 16.0), ("fsdp", 3, 7.84))
+    ]
+    for fsdp_peak, says in ((23.3, "by more than the states saved"), (25.0, "by less than the states saved")):
+        mem = [
+            {"kind": k, "rank": 0, "point": "after step 1", "live_MiB": v, "peak_MiB": p}
+            for k, v, p in (("ddp", 16.0, 32.0), ("fsdp", 7.84, fsdp_peak))
+        ]
+        D.write(tmp_path, {"07_zero_check": (zero, {}), "07_memory": (mem, {})})
+        got = A.answer(A.BY_NUMBER["fsdp_accounting(a)"], A.Saved(tmp_path, "cpu"))
+        assert got.measured and says in got.text, got.text
+
+
+def test_every_is_said_only_when_every_size_ran(tmp_path):
+    from helpers.model import CPU_SIZES
+
+    for sizes, says, never in (
+        (D.SIZES, "at each of the 2 sizes timed here", "at every size here"),
+        (CPU_SIZES, "at every size here", "sizes timed here"),
+    ):
+        precision = {
+            s: Comparison({"fp32": D.samples(1.0), "autocast bfloat16": D.samples(0.6)}, "fp32", "cpu") for s in sizes
+        }
+        D.write(tmp_path, {"01_precision_ratios": (benchmarking.precision_ratios(precision), {})})
+        got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(tmp_path, "cpu"))
+        assert says in got.gpu and never not in got.gpu + got.text, got.gpu
+        assert ("the time budget ran 2 of the 5 sizes" in got.text) == (len(sizes) == 2)
+
+
+@pytest.mark.parametrize(
+    "first, says, never",
+    [
+        ((1.0, 1.0, 1.0, 1.0, 1.0, 6.3), "1 of 6 first calls are not", "no measurable first-call cost"),
+        ((1.0, 1.0, 1.0, 1.0, 1.0, 1.01), "no measurable first-call cost", "are not ("),
+    ],
+)
+def test_the_first_call_sentence_follows_the_largest_value(tmp_path, first, says, never):
+    timing = [
+        {
+            "size": s,
+            "pass": p,
+            "warm-up": w,
+            "mean_s": 0.01,
+            "std_s": 0.0002,
+            "median_s": 0.01,
+            "first_s": 0.01 * (f if w == 0 else 1),
+            "steps": 6,
+            "status": "ok",
+        }
+        for (s, p), f in zip([(s, p) for s in D.SIZES for p in ("forward", "backward", "both")], first, strict=True)
+        for w in (0, 2)
+    ]
+    D.write(tmp_path, {"01_timing": (timing, dict(batch=4, context=32))})
+    got = A.answer(A.BY_NUMBER["2.1.1(c)"], A.Saved(tmp_path, "cpu"))
+    assert got.measured and says in got.text and never not in got.text, got.text
+
+
+@pytest.mark.parametrize(
+    "medium, says",
+    [
+        (0.6, "Partly: overlapping was measurably faster here for medium/cpu"),
+        (1.0, "Does not carry over"),
+    ],
+)
+def test_the_overlap_gpu_line_follows_each_models_ratio(tmp_path, medium, says):
+    raw = {
+        m: [
+            {"naive": D.speed_run(1.0, 0.1), "flat": D.speed_run(1.0, 0.1), "per_parameter": D.speed_run(k, 0.1)}
+            for _ in range(2)
+        ]
+        for m, k in zip(D.SIZES, (1.0, medium), strict=True)
+    }
+    D.write(tmp_path, {"04_ddp_ratios": (ddp.ratio_rows(raw), {})})
+    got = A.answer(A.BY_NUMBER["3.4.3(a)"], A.Saved(tmp_path, "cpu"))
+    assert got.measured and says in got.gpu, got.gpu
+
+
+def test_nsys_compares_softmax_with_the_attention_matmuls_within_the_forward(tmp_path):
+    rows = D.notebook_01_rows()
+    profile = [
+        {
+            "op": op,
+            "ms/step": 6.0 * share,
+            "share": share,
+            "calls/step": 2,
+            "class": kind,
+            "run": run,
+            "matmul_share": 0.7,
+        }
+        for run in ("forward", "forward+backward", "full step")
+        for op, share, kind in (
+            ("aten::mm", 0.6, "matmul"),
+            ("aten::bmm", 0.1, "matmul"),
+            ("aten::_softmax", 0.05, "other"),
+            ("aten::add", 0.25, "other"),
+        )
+    ]
+    D.write(tmp_path, {**rows, "01_profile": (profile, dict(size="medium/cpu", steps=2))})
+    text = A.answer(A.BY_NUMBER["nsys_profile"], A.Saved(tmp_path, "cpu")).text
+    head_dim = A.BY_NUMBER and __import__("helpers.model", fromlist=["get_config"]).get_config("medium/cpu").head_dim
+    assert f"{5 / (4 * head_dim):.1%} of the FLOPs of the QKᵀ and PV matmuls" in text and "0.50x their time" in text
+
+
+def test_the_attention_growth_is_the_ratio_of_the_times_shown(synthetic):
+    got = A.answer(A.BY_NUMBER["pytorch_attention(a)"], A.Saved(synthetic, "cpu"))
+    # synthetic: fwd+bwd = 3e-5·T s for T <= 512: T 128 -> 512 is 4x
+    assert "4x for 4x the length" in got.text and len(got.table) == 6, got.text
+
+
+def test_the_alternate_ring_shows_both_rings_and_the_fits_error(tmp_path):
+    ring = [
+        {"N": n, "S_bytes": s, "method": m, "exact": True, "median_us": t, "model_us": 1600.0}
+        for n in (2, 4)
+        for s in (1024, 65536)
+        for m, t in (("ring", 600.0 * n), ("alternate ring", 660.0 * n))
+    ]
+    D.write(tmp_path, {"07_ring": (ring, dict(alpha_s=1495e-6, W_Bps=2e9))})
+    got = A.answer(A.BY_NUMBER["alternate_ring_all_reduce"], A.Saved(tmp_path, "cpu"))
+    assert "α alone exceeds every measured N = 2 time" in got.text and "1.10x to 1.10x" in got.text
+    assert len(got.table) == 4 and "ring: measured / model" in got.table[0]
+
+
+def test_intervals_sit_in_a_table_under_the_sentence(synthetic):
+    got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(synthetic, "cpu"))
+    assert "(ratios in the table below)" in got.text and "[95% interval]" not in got.text
+    assert [r["size"] for r in got.intervals] == D.SIZES and all(
+        "x [" in r["median of paired ratios [95% interval]"] for r in got.intervals
+    )
+    rows = A.Saved(synthetic, "cpu").frame("01_precision_ratios")
+    assert "[95% interval]" in A.series_text(rows[rows["b"] == "fp32"], "autocast bfloat16", "fp32", "size")  # inline
+
+
+def test_the_autocast_answer_quotes_the_calibration_and_a_capped_isa(tmp_path, monkeypatch):
+    precision = {
+        s: Comparison({"fp32": D.samples(1.0), "autocast bfloat16": D.samples(20.0)}, "fp32", "cpu") for s in D.SIZES
+    }
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    D.write(tmp_path, {"01_precision_ratios": (benchmarking.precision_ratios(precision), dict(bf16_slowdown=43.0))})
+    got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(tmp_path, "cpu"))
+    assert "a bf16 matmul takes 43.0x an fp32 one" in got.text and "ONEDNN_MAX_CPU_ISA=AVX2" in got.text, got.text
+
+
+@pytest.mark.parametrize(
+    "ratio, says", [(1.31, "consistent with the 1.33x"), (3.1, "above the 1.33x"), (1.1, "below the 1.33x")]
+)
+def test_the_checkpointing_price_is_compared_with_the_flops_from_the_same_interval(tmp_path, ratio, says):
+    sweep = [
+        {"segment": k, "peak_MiB": pk, "median_ms": 100.0 * r, "time / none": r, "low": r - 0.05, "high": r + 0.05}
+        for k, pk, r in ((0, 40.0, 1.0), (1, 12.0, ratio), (2, 14.0, ratio))
+    ]
+    D.write(
+        tmp_path,
+        {
+            "07_checkpoint": (
+                sweep,
+                dict(model="small/cpu", n_blocks=12, batch=4, context=64, k_continuous=0.8, k_best=1, steps=6),
+            )
+        },
+    )
+    got = A.answer(A.BY_NUMBER["gradient_checkpointing(b)"], A.Saved(tmp_path, "cpu"))
+    assert says in got.text and ("measurably slower" in got.text) == (ratio - 0.05 > 1), got.text
+
+
+def test_the_nsys_answer_says_no_gpu_only_where_there_was_none(synthetic, tmp_path):
+    """Issue 31: on the gpu profile the page said "no GPU here"; the profile's provenance says where it ran."""
+    nsys = next(q for q in A.QUESTIONS if q.name == "nsys_profile")
+    assert "no GPU here" in A.answer(nsys, A.Saved(synthetic, "cpu")).text
+    rows = {name: D.notebook_01_rows()[name] for name in nsys.reads}
+    for name in ("01_flame", "01_profile"):
+        rows[name] = (rows[name][0], {**rows[name][1], "device_type": "cuda"})
+    text = A.answer(nsys, A.Saved(D.write(tmp_path, rows, profile="gpu"), "gpu")).text
+    assert "no GPU here" not in text and "CUDA kernels" in text, text
