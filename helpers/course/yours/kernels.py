@@ -368,7 +368,7 @@ def attention_worker(adapters_path: str, opts: Options, impls=None, timed_impls=
     module, res, yours = A.load(adapters_path), TopicResult("attention"), {}
     lse = Suite({"exactly one (batch, N_q) logsumexp saved for backward": [LSE_CASE]}, check_lse_saved)
     square = Suite({"nothing N_q x N_k saved for backward": [LSE_CASE]}, check_nothing_square_saved, beyond=True)
-    for adapter, name in _named(module, "attention", res, impls):
+    for adapter, _name in _named(module, "attention", res, impls):
         if adapter.impl == "triton":
             suites = [
                 Suite(ATTN_TRITON_CONTRACT, check_attn_function),
