@@ -165,7 +165,7 @@ def flash_forward_torch(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, cfg: L
         i1 = min(i0 + cfg.block_q, Tq)
         qi = q[:, i0:i1].to(acc_t)  # (N, Bq, d)
         m = torch.full((N, i1 - i0), float("-inf"), dtype=acc_t, device=q.device)  # (N, Bq) running max
-        l = torch.zeros_like(m)  # (N, Bq) running sum of exp(s - m)
+        lsum = torch.zeros_like(m)  # (N, Bq) running sum of exp(s - m), the paper's ℓ
         acc = torch.zeros_like(qi)  # (N, Bq, d) running sum of exp(s - m) v
         for j0 in range(0, i1 if is_causal else Tk, cfg.block_k):  # causal: key tiles after the last query skipped
             j1 = min(j0 + cfg.block_k, Tk)
@@ -175,11 +175,11 @@ def flash_forward_torch(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, cfg: L
             m_new = torch.maximum(m, s.amax(-1))  # (N, Bq); finite: key 0 is in every row's first tile
             alpha = torch.exp(m - m_new)  # (N, Bq) rescales what was summed against the old max
             p = torch.exp(s - m_new[..., None])  # (N, Bq, Bk)
-            l = alpha * l + p.sum(-1)
+            lsum = alpha * lsum + p.sum(-1)
             acc = alpha[..., None] * acc + p @ v[:, j0:j1].to(acc_t)  # (N, Bq, d)
             m = m_new
-        o[:, i0:i1] = (acc / l[..., None]).to(q.dtype)
-        lse[:, i0:i1] = m + torch.log(l)
+        o[:, i0:i1] = (acc / lsum[..., None]).to(q.dtype)
+        lse[:, i0:i1] = m + torch.log(lsum)
     return o, lse
 
 
@@ -270,11 +270,11 @@ if triton is not None:
             a, b = a.to(tl.float32), b.to(tl.float32)
         return tl.dot(a, b, acc, input_precision=PRECISION)
 
-    # spec: one key tile of flash_forward_torch's inner loop (online softmax update of acc, l, m)
+    # spec: one key tile of flash_forward_torch's inner loop (online softmax update of acc, lsum, m)
     @triton.jit
     def _fwd_tile(
         acc,
-        l,
+        lsum,
         m,
         q,
         K,
@@ -293,7 +293,8 @@ if triton is not None:
         IS_CAUSAL: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
-        """Keys j0 .. j0+BK-1 update acc (BQ, D), l and m (BQ,); MASKED tiles hide keys >= Tk (and j > i if causal)."""
+        """Keys j0 .. j0+BK-1 update acc (BQ, D), lsum and m (BQ,); MASKED tiles hide keys >= Tk (and j > i if
+        causal)."""
         offs_k = j0 + tl.arange(0, BK)  # (BK,)
         offs_d = tl.arange(0, D)
         in_k = offs_k[:, None] < Tk  # (BK, 1)
@@ -308,9 +309,9 @@ if triton is not None:
         m_new = tl.maximum(m, tl.max(s, 1))  # (BQ,)
         alpha = tl.exp(m - m_new)  # (BQ,)
         p = tl.exp(s - m_new[:, None])  # (BQ, BK)
-        l = l * alpha + tl.sum(p, 1)
+        lsum = lsum * alpha + tl.sum(p, 1)
         acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION)  # (BQ, D) fp32
-        return acc, l, m_new
+        return acc, lsum, m_new
 
     # spec: flash_forward_torch; grid (query tiles, batch * heads)
     @triton.jit
@@ -318,7 +319,7 @@ if triton is not None:
         Q,
         K,
         V,
-        O,
+        O,  # noqa: E741  (the paper's Q, K, V, O; kernel_check reads the argument names)
         L,
         sq_b,
         sq_h,
@@ -357,23 +358,23 @@ if triton is not None:
         in_q = offs_q[:, None] < Tq  # (BQ, 1)
         q = tl.load(Q + b * sq_b + h * sq_h + offs_q[:, None] * sq_t + offs_d[None, :] * sq_d, mask=in_q, other=0.0)
         m = tl.full([BQ], float("-inf"), tl.float32)  # running max
-        l = tl.zeros([BQ], tl.float32)  # running sum of exp(s - m)
+        lsum = tl.zeros([BQ], tl.float32)  # running sum of exp(s - m)
         acc = tl.zeros([BQ, D], tl.float32)
         if IS_CAUSAL:  # keys < i*BQ: all visible; [i*BQ, (i+1)*BQ): diagonal tiles, masked; later tiles skipped
             lo, hi = i * BQ, tl.minimum((i + 1) * BQ, Tk)
         else:  # full key tiles unmasked, the ragged last one masked
             lo, hi = Tk - Tk % BK, Tk
         for j0 in range(0, lo, BK):
-            acc, l, m = _fwd_tile(
-                acc, l, m, q, K, V, offs_q, j0, Tk, sk_t, sk_d, sv_t, sv_d, scale, D, BK, False, IS_CAUSAL, PRECISION
+            acc, lsum, m = _fwd_tile(
+                acc, lsum, m, q, K, V, offs_q, j0, Tk, sk_t, sk_d, sv_t, sv_d, scale, D, BK, False, IS_CAUSAL, PRECISION
             )
         for j0 in range(lo, hi, BK):
-            acc, l, m = _fwd_tile(
-                acc, l, m, q, K, V, offs_q, j0, Tk, sk_t, sk_d, sv_t, sv_d, scale, D, BK, True, IS_CAUSAL, PRECISION
+            acc, lsum, m = _fwd_tile(
+                acc, lsum, m, q, K, V, offs_q, j0, Tk, sk_t, sk_d, sv_t, sv_d, scale, D, BK, True, IS_CAUSAL, PRECISION
             )
         o_ptrs = O + b * so_b + h * so_h + offs_q[:, None] * so_t + offs_d[None, :] * so_d
-        tl.store(o_ptrs, (acc / l[:, None]).to(O.dtype.element_ty), mask=in_q)
-        tl.store(L + bh * Tq + offs_q, m + tl.log(l), mask=offs_q < Tq)
+        tl.store(o_ptrs, (acc / lsum[:, None]).to(O.dtype.element_ty), mask=in_q)
+        tl.store(L + bh * Tq + offs_q, m + tl.log(lsum), mask=offs_q < Tq)
 
     # spec: flash_backward_torch's outer loop (dK, dV of one key tile); grid (key tiles, batch * heads)
     @triton.jit
