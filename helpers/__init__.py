@@ -60,7 +60,8 @@ if "TRITON_INTERPRET" not in os.environ:
 
             warnings.warn(
                 "triton was imported before helpers on a machine without CUDA, so its "
-                "interpreter could not be switched on; import helpers first or set TRITON_INTERPRET=1"
+                "interpreter could not be switched on; import helpers first or set TRITON_INTERPRET=1",
+                stacklevel=1,  # module-level code: this line (a higher level is an importlib frame)
             )
         os.environ["TRITON_INTERPRET"] = "1"
 

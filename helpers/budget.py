@@ -244,10 +244,8 @@ class Budget:
         if notebook not in DEFAULT_SECONDS:
             raise ValueError(f"no budget for notebook {notebook!r}; known: {', '.join(DEFAULT_SECONDS)}")
         auto = isinstance(value, str) and value.strip().lower() == "auto"
-        if auto:
-            seconds = DEFAULT_SECONDS[notebook] if profile == "cpu" else None
-        else:
-            seconds = parse_budget(value)
+        default = DEFAULT_SECONDS[notebook] if profile == "cpu" else None  # what BUDGET="auto" means here
+        seconds = default if auto else parse_budget(value)
         if calibration is None and (seconds is not None or profile == "cpu"):  # cpu: the notebooks cite it too
             calibration = calibrate()
         return cls(seconds, notebook, calibration, "auto" if auto else str(value))
@@ -287,7 +285,7 @@ class Budget:
             return plan
         costs = [float(cost(item)) for item in items]
         kept, total = [], 0.0
-        for item, c in zip(items, costs):
+        for item, c in zip(items, costs, strict=True):
             if total + c > self.left and not (keep_first and not kept):
                 break
             kept.append(item)

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 PROFILES = {
-    "cpu": "quick: gloo, Triton interpreter, CPU-scale model presets (the '/cpu' sizes), small messages; minutes on a 2-core laptop",
+    "cpu": "quick: gloo, Triton interpreter, CPU-scale model presets (the '/cpu' sizes), small messages; "
+    "minutes on a 2-core laptop",
     "gpu": "full: CUDA, compiled Triton, the reference model sizes (small..2.7B), NCCL when there is one GPU per rank",
 }
 

@@ -26,7 +26,8 @@ GPU_WIDTHS = (1024, 2048, 4096, 8192, 16384, 65536, 262144)  # the gpu profile's
 
 @dataclass
 class KernelConfig:
-    """One kernel at one launch configuration: pointer dtypes, constexprs and warps exactly as the launch code passes."""
+    """One kernel at one launch configuration: pointer dtypes, constexprs and warps exactly as the launch code
+    passes."""
 
     label: str
     kernel: object

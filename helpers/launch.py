@@ -181,10 +181,8 @@ def finish(code: int = 0) -> None:
 
     util._run_finalizers(0)  # what exit would release: semaphores (tqdm's lock) the parent's tracker would call leaked
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):  # a closed stream has nothing left to flush
             stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream has nothing left to flush
-            pass
     os._exit(code)
 
 
@@ -219,7 +217,10 @@ def _failure(procs, first_dead: list[int], workdir: Path, world_size: int) -> Ra
     tb = None
     if first in errors:
         e, tb = errors[first], errors[first]["traceback"]
-        msg = f"rank {first} of {world_size} raised {e['type']}: {e['message']}\n\n--- traceback from rank {first} ---\n{tb}"
+        msg = (
+            f"rank {first} of {world_size} raised {e['type']}: {e['message']}\n\n"
+            f"--- traceback from rank {first} ---\n{tb}"
+        )
     else:
         msg = (
             f"rank {first} of {world_size} {describe_exit(procs[first].exitcode)} before or outside the worker's "
@@ -461,4 +462,6 @@ def run_simulated_nodes(
             if a.poll() is None:
                 a.kill()
                 a.communicate()
-    return [subprocess.CompletedProcess(a.args, a.returncode, out, err) for a, (out, err) in zip(agents, outs)]
+    return [
+        subprocess.CompletedProcess(a.args, a.returncode, out, err) for a, (out, err) in zip(agents, outs, strict=True)
+    ]

@@ -180,7 +180,7 @@ if triton is not None:
             rrms = tl.load(rrms_ptr + row)  # scalar, saved by the forward
             xhat = x * rrms
             dyg = dy * g
-            if CHUNKS == 1:
+            if CHUNKS == 1:  # noqa: SIM108  (Triton: a constexpr if-statement compiles only the taken branch)
                 dot = tl.sum(dyg * xhat, axis=0) / H  # mean(dy * g * xhat)
             else:
                 dot = tl.load(dot_ptr + row)

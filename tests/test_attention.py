@@ -42,7 +42,10 @@ def _run(fn, q, k, v, do, is_causal):
 
 def _max_errors(got, want):
     """max |got - want| per output (O, L, dq, dk, dv), in float64; a nan counts as inf."""
-    return [(a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max().item() for a, b in zip(got, want)]
+    return [
+        (a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max().item()
+        for a, b in zip(got, want, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -50,13 +53,15 @@ def _max_errors(got, want):
 def test_fp32_matches_naive(impl, is_causal):
     q, k, v, do = _inputs((4,), 128, 128, 64)
     got = _run(impl.apply, q, k, v, do, is_causal)
-    for name, a, b in zip(["O", "L", "dq", "dk", "dv"], got, _run(naive_attention, q, k, v, do, is_causal)):
+    for name, a, b in zip(
+        ["O", "L", "dq", "dk", "dv"], got, _run(naive_attention, q, k, v, do, is_causal), strict=True
+    ):
         assert a.shape == b.shape and a.dtype == b.dtype, name
-        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2, msg=lambda m, name=name: f"{name}: {m}")
     # far tighter against fp64 on the same inputs: every output sums at most T = 128 fp32 terms of size O(1-10),
     # so accumulated rounding is below ~T * 2**-24 * 10 = 8e-5 even in the worst case (measured: <= 2e-6)
     errs = _max_errors(got, _run(naive_attention, q.double(), k.double(), v.double(), do.double(), is_causal))
-    assert max(errs) < 1e-4, dict(zip(["O", "L", "dq", "dk", "dv"], errs))
+    assert max(errs) < 1e-4, dict(zip(["O", "L", "dq", "dk", "dv"], errs, strict=True))
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -70,7 +75,7 @@ def test_low_precision_within_a_few_eps(impl, dtype, is_causal):
     # (unit roundoff eps/2) a few times per output: P before P V, dS before dS K and dS^T Q, the stored result.
     # Hence |error| <= 4 eps * max|reference| per output (measured here: bf16 <= 0.8 eps, fp16 <= 0.5 eps); L is fp32.
     eps = torch.finfo(dtype).eps
-    for name, a, b in zip(["O", "L", "dq", "dk", "dv"], got, want):
+    for name, a, b in zip(["O", "L", "dq", "dk", "dv"], got, want, strict=True):
         assert a.dtype == (torch.float32 if name == "L" else dtype), name
         tol = 4 * eps * b.abs().max().item() if name != "L" else 1e-4
         err = (a.double() - b).abs().max().item()
@@ -93,7 +98,7 @@ def test_ragged_lengths_leading_dims_head_dims(impl, lead, Tq, Tk, d, is_causal)
         _run(impl.apply, q, k, v, do, is_causal),
         _run(naive_attention, q.double(), k.double(), v.double(), do.double(), is_causal),
     )
-    assert max(errs) < 1e-4, dict(zip(["O", "L", "dq", "dk", "dv"], errs))
+    assert max(errs) < 1e-4, dict(zip(["O", "L", "dq", "dk", "dv"], errs, strict=True))
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -48,14 +48,14 @@ def test_bench_rows_count_causal_flops_and_respect_the_bounds():
 
 def test_online_softmax_and_backward_from_lse_match_naive_attention():
     s = torch.randn(3, 50, dtype=torch.float64) * 20
-    m, l, lse = X.online_softmax(s, block=7)
+    m, lsum, lse = X.online_softmax(s, block=7)
     torch.testing.assert_close(lse, torch.logsumexp(s, -1), **X.TOL[torch.float64])
     q, k, v, do = X.inputs((1, 2, 33, 8), torch.float64)
     for causal in (False, True):
         o, dq, dk, dv = X.naive_grads(q, k, v, do, causal)
         lse = A.attention_lse(q.detach(), k.detach(), causal)
         got = X.backward_from_lse(q.detach(), k.detach(), v.detach(), o, lse, do, causal)
-        for a, b in zip(got, (dq, dk, dv)):
+        for a, b in zip(got, (dq, dk, dv), strict=True):
             torch.testing.assert_close(a, b, **X.TOL[torch.float64])
 
 

@@ -170,7 +170,7 @@ def test_walltime_reads_each_cells_seconds_from_nbclients_timestamps():
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("a"), nbformat.v4.new_code_cell("b"), nbformat.v4.new_markdown_cell("c")]
-    for cell, end in zip(nb.cells[:2], ("00:00:02.5", "00:00:10")):
+    for cell, end in zip(nb.cells[:2], ("00:00:02.5", "00:00:10"), strict=True):
         cell.id = f"cell{end[-1]}"
         cell.metadata["execution"] = {
             "iopub.execute_input": "2026-11-25T00:00:00.000000Z",

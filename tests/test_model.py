@@ -328,5 +328,5 @@ def test_every_attention_gives_the_naive_logits_and_gradients(impl):
         runs[name] = logits, {n: p.grad for n, p in model.named_parameters()}, sum(b.numel() for b in model.buffers())
     torch.testing.assert_close(runs[impl][0], runs["naive"][0], rtol=1e-4, atol=1e-5)
     for n, g in runs["naive"][1].items():
-        torch.testing.assert_close(runs[impl][1][n], g, rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
+        torch.testing.assert_close(runs[impl][1][n], g, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
     assert runs[impl][2] == runs["naive"][2] == ATTN_TINY.n_layers * ATTN_TINY.context_length**2

@@ -1,4 +1,5 @@
-"""RMSNorm (notebook 02): hand-derived gradients, the PyTorch Function, the Triton kernels (interpreter on CPU), the layer."""
+"""RMSNorm (notebook 02): hand-derived gradients, the PyTorch Function, the Triton kernels (interpreter on CPU), the
+layer."""
 
 import pytest
 import torch
@@ -56,7 +57,9 @@ def test_pytorch_function_gradcheck_float64():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_pytorch_function_matches_reference(shape):
     x, g, dy = _inputs(shape)
-    for got, want in zip(_fwd_bwd(RMSNormPyTorchFunction.apply, x, g, dy), _fwd_bwd(rmsnorm_reference, x, g, dy)):
+    for got, want in zip(
+        _fwd_bwd(RMSNormPyTorchFunction.apply, x, g, dy), _fwd_bwd(rmsnorm_reference, x, g, dy), strict=True
+    ):
         torch.testing.assert_close(got, want, **TOL[torch.float32])
 
 
@@ -96,7 +99,7 @@ def test_non_contiguous_input(fn):
     assert not x.is_contiguous()
     g = torch.linspace(0.5, 1.5, 40).to(DEVICE).requires_grad_()
     dy = torch.randn(40, 6).to(DEVICE).t()  # non-contiguous upstream gradient too
-    for a, b in zip(_fwd_bwd(fn, x, g, dy), _fwd_bwd(rmsnorm_reference, x, g, dy)):
+    for a, b in zip(_fwd_bwd(fn, x, g, dy), _fwd_bwd(rmsnorm_reference, x, g, dy), strict=True):
         torch.testing.assert_close(a, b, **TOL[torch.float32])
 
 

@@ -118,7 +118,8 @@ def attention_fn(impl: str, q: Tensor, is_causal: bool, fns: dict | None = None)
     if impl == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
     if impl == "compiled":
-        return lambda q, k, v, f=compiled_naive((tuple(q.shape), q.dtype, is_causal)): f(q, k, v, is_causal)
+        compiled = compiled_naive((tuple(q.shape), q.dtype, is_causal))
+        return lambda q, k, v: compiled(q, k, v, is_causal)
     if impl in ("flash_pytorch", "flash_triton"):
         fn = A.FlashAttentionPyTorch if impl == "flash_pytorch" else A.FlashAttentionTriton
         return lambda q, k, v: fn.apply(q, k, v, is_causal)
@@ -279,16 +280,16 @@ def saved_memory(impl: str, shape, dtype=torch.float32, device="cpu", is_causal:
 
 
 def online_softmax(s: Tensor, block: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Walk the key axis of scores s (..., Tk) in blocks, keeping only a running max m and running sum l of
-    exp(s - m): returns m, l and logsumexp = m + log l, equal to torch.logsumexp(s, -1)."""
+    """Walk the key axis of scores s (..., Tk) in blocks, keeping only a running max m and running sum lsum (the
+    paper's ℓ) of exp(s - m): returns m, lsum and logsumexp = m + log lsum, equal to torch.logsumexp(s, -1)."""
     m = torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype)  # (...,)
-    l = torch.zeros(s.shape[:-1], dtype=s.dtype)  # (...,)
+    lsum = torch.zeros(s.shape[:-1], dtype=s.dtype)  # (...,)
     for j0 in range(0, s.shape[-1], block):
         sj = s[..., j0 : j0 + block]  # (..., Bk)
         m_new = torch.maximum(m, sj.amax(-1))
-        l = l * torch.exp(m - m_new) + torch.exp(sj - m_new[..., None]).sum(-1)  # old terms rescaled to the new max
+        lsum = lsum * torch.exp(m - m_new) + torch.exp(sj - m_new[..., None]).sum(-1)  # old terms rescaled to new max
         m = m_new
-    return m, l, m + torch.log(l)
+    return m, lsum, m + torch.log(lsum)
 
 
 def backward_from_lse(q, k, v, o, lse, do, is_causal=False) -> tuple[Tensor, Tensor, Tensor]:
@@ -320,8 +321,10 @@ def check_function(fn, shape, dtype=torch.float32, device="cpu", is_causal: bool
     o = fn(q, k, v, is_causal)
     got = (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
     worst = 0.0
-    for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref):
-        torch.testing.assert_close(a, b.to(dtype), **TOL[dtype], msg=lambda m: f"{name} ({dtype}, {shape}): {m}")
+    for name, a, b in zip(("o", "dq", "dk", "dv"), got, ref, strict=True):
+        torch.testing.assert_close(
+            a, b.to(dtype), **TOL[dtype], msg=lambda m, name=name: f"{name} ({dtype}, {shape}): {m}"
+        )
         worst = max(worst, float((a.double() - b.double()).abs().max()))
     return worst
 
@@ -375,7 +378,9 @@ def check_kernel(name: str, shape, dtype=torch.float32, device="cpu", is_causal:
     worst = 0.0
     for key, got in run_kernel(name, q, k, v, do, is_causal).items():
         want = spec[key].to(got.dtype)
-        torch.testing.assert_close(got, want, **TOL[dtype], msg=lambda m: f"{name} {key} ({dtype}, {shape}): {m}")
+        torch.testing.assert_close(
+            got, want, **TOL[dtype], msg=lambda m, key=key: f"{name} {key} ({dtype}, {shape}): {m}"
+        )
         worst = max(worst, float((got.float() - want.float()).abs().max()))
     return worst
 
@@ -394,9 +399,11 @@ def check_model_outputs(outputs: dict, ref: str = "naive") -> None:
     """Assert every impl's logits and gradients equal the `ref` run's within MODEL_TOL."""
     ref_logits, ref_grads = outputs[ref]
     for impl, (logits, grads) in outputs.items():
-        torch.testing.assert_close(logits, ref_logits, **MODEL_TOL, msg=lambda m: f"{impl} logits: {m}")
+        torch.testing.assert_close(logits, ref_logits, **MODEL_TOL, msg=lambda m, impl=impl: f"{impl} logits: {m}")
         for name, g in grads.items():
-            torch.testing.assert_close(g, ref_grads[name], **MODEL_TOL, msg=lambda m: f"{impl} {name}: {m}")
+            torch.testing.assert_close(
+                g, ref_grads[name], **MODEL_TOL, msg=lambda m, impl=impl, name=name: f"{impl} {name}: {m}"
+            )
 
 
 def compare_models(size: str, impls, device="cpu", batch_size: int = 4, dtype=None, warmup: int = 2, steps: int = 10):
@@ -532,7 +539,7 @@ def plot_leaderboard_marks(rows: pd.DataFrame, marks, comparable: bool, title: s
     ms = part.groupby("impl")["median_ms"].median().sort_values()
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     ax.bar(range(len(ms)), ms.to_numpy(), color="#4a7")
-    for m, style in zip(marks, ("--", ":")):
+    for m, style in zip(marks, ("--", ":"), strict=False):  # the best and the naive mark, a style each
         draw_mark(ax, m, comparable, style=style)
     ax.set_xticks(range(len(ms)), ms.index)
     ax.set(

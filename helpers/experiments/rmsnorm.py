@@ -82,9 +82,9 @@ def check_against_spec(fn, shape, dtype=torch.float32, device="cpu", seed=0) -> 
     """Assert fn's y, dx, dg equal rmsnorm_reference's within TOL[dtype] (same dtype and shape); the largest error."""
     x, g, dy = spec_inputs(shape, dtype, device, seed)
     worst = 0.0
-    for name, a, b in zip(("y", "dx", "dg"), fwd_bwd(fn, x, g, dy), fwd_bwd(rmsnorm_reference, x, g, dy)):
+    for name, a, b in zip(("y", "dx", "dg"), fwd_bwd(fn, x, g, dy), fwd_bwd(rmsnorm_reference, x, g, dy), strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape, name
-        torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m: f"{name} ({dtype}, {shape}): {m}")
+        torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda m, name=name: f"{name} ({dtype}, {shape}): {m}")
         worst = max(worst, float((a.detach().float() - b.detach().float()).abs().max()) if a.numel() else 0.0)
     return worst
 
@@ -100,9 +100,11 @@ def check_model_norms(runs: dict, ref: str = "rmsnorm") -> None:
     """Assert every run's loss within LOSS_TOL and every gradient within TOL[float32] of the `ref` norm's run."""
     ref_loss, ref_grads = runs[ref]
     for norm, (loss, grads) in runs.items():
-        torch.testing.assert_close(loss, ref_loss, **LOSS_TOL, msg=lambda m: f"{norm} loss: {m}")
+        torch.testing.assert_close(loss, ref_loss, **LOSS_TOL, msg=lambda m, norm=norm: f"{norm} loss: {m}")
         for name, grad in grads.items():
-            torch.testing.assert_close(grad, ref_grads[name], **TOL[torch.float32], msg=lambda m: f"{norm} {name}: {m}")
+            torch.testing.assert_close(
+                grad, ref_grads[name], **TOL[torch.float32], msg=lambda m, norm=norm, name=name: f"{norm} {name}: {m}"
+            )
 
 
 NORM_FUNCTIONS = {  # name -> f(x, g); what notebook 02 and `bench rmsnorm` compare
@@ -161,7 +163,8 @@ def bench_norm(
     steps: int = 10,
     fn=None,
 ) -> dict:
-    """Time one norm on (n_rows, H): forward, or forward+backward; GB/s and fraction of clone bandwidth (notebook 02)."""
+    """Time one norm on (n_rows, H): forward, or forward+backward; GB/s and fraction of clone bandwidth
+    (notebook 02)."""
     gen = torch.Generator(device=device).manual_seed(0)  # drawn on the device: 50,000 x 8192 is slow on a CPU
     x = torch.randn(n_rows, H, generator=gen, device=device).to(dtype).requires_grad_(backward)  # (N, H)
     g = (1 + 0.1 * torch.randn(H, generator=gen, device=device)).to(dtype).requires_grad_(backward)  # (H,)
@@ -194,7 +197,8 @@ def bench_model(
     steps: int = 10,
     compile: bool = False,
 ) -> list[dict]:
-    """Time a TransformerLM with `norm` (notebook 02): forward and forward+backward rows; compile=True uses torch.compile."""
+    """Time a TransformerLM with `norm` (notebook 02): forward and forward+backward rows; compile=True uses
+    torch.compile."""
     torch.manual_seed(0)
     model = build_model(size, norm=norm, device=device)
     if compile:
@@ -341,7 +345,7 @@ def ratio_rows(comps: dict, keys: tuple[str, ...], **extra) -> list[dict]:
     answers page reads (keys name the parts of each comps key, e.g. ("dtype", "H") or ("size",))."""
     rows = []
     for key, comp in comps.items():
-        ids = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        ids = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
         for pass_ in PASSES.values():
             samples = {label.split("|")[0]: s for label, s in comp.samples.items() if label.endswith(f"|{pass_}")}
             rows += pairwise_ratios(samples, **extra, **ids, **{"pass": pass_})
@@ -390,7 +394,7 @@ def compare_model_norms(size: str, norms, device="cpu", batch_size: int = 4, war
     layers = {n: [make_norm(n, model.cfg.d_model).to(device) for _ in slots] for n in norms}
 
     def use(norm):
-        for (owner, attr), layer in zip(slots, layers[norm]):
+        for (owner, attr), layer in zip(slots, layers[norm], strict=True):
             setattr(owner, attr, layer)
 
     def both():
@@ -524,7 +528,7 @@ def plot_bandwidth_mark(big: pd.DataFrame, mark, comparable: bool, title: str = 
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     f32 = big[big["dtype"] == "float32"]
-    for ax, pass_ in zip(axes, ("fwd", "fwd+bwd")):
+    for ax, pass_ in zip(axes, ("fwd", "fwd+bwd"), strict=True):
         for impl, part in f32[f32["pass"] == pass_].groupby("impl"):
             part = part.sort_values("H")
             ax.plot(part["H"], part["GBps"], marker="o", label=impl)
