@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from helpers import formulas
-from helpers.experiments.benchmarking_timing import MiB, forward_step, guarded, precision_name, step_estimate
+from helpers.experiments.benchmarking_common import MiB, forward_step, guarded, precision_name, step_estimate
 from helpers.experiments.common import train_step
 from helpers.memory import MemoryTrace, model_state, track
 from helpers.model import build_model, random_batch

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 import torch.nn as nn
 
-from helpers.experiments.benchmarking_timing import (
+from helpers.experiments.benchmarking_common import (
     NOT_TIMED,
     guarded,
     pass_fn,
