@@ -60,10 +60,10 @@ def _assert_same(a: dict, b: dict, what: str):
 def test_partition_balances_bytes_not_counts():
     sizes = [1000, 990, 10, 10, 10, 10]
     owner = S.partition_by_bytes(sizes, 2)
-    loads = [sum(s for s, r in zip(sizes, owner) if r == k) for k in range(2)]
+    loads = [sum(s for s, r in zip(sizes, owner, strict=True) if r == k) for k in range(2)]
     assert loads == [1020, 1010] and owner == S.partition_by_bytes(sizes, 2)  # balanced and deterministic
     naive = S.partition_by_count(len(sizes), 2)
-    assert naive == [0, 0, 0, 1, 1, 1] and sum(s for s, r in zip(sizes, naive) if r == 0) == 2000
+    assert naive == [0, 0, 0, 1, 1, 1] and sum(s for s, r in zip(sizes, naive, strict=True) if r == 0) == 2000
 
 
 @pytest.mark.parametrize("config", range(len(CONFIGS)))
