@@ -30,7 +30,8 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
 
 
 def run_collective(op: str, work: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """Run one of OPS on `work` (all-gather and reduce-scatter write into `out`); return the tensor holding the result."""
+    """Run one of OPS on `work` (all-gather and reduce-scatter write into `out`); return the tensor holding the
+    result."""
     if op == "all_reduce":
         dist.all_reduce(work)
         return work

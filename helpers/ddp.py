@@ -114,7 +114,7 @@ class FlatDDP(_DataParallel):
             grads = self._grads()
             flat = torch.cat([g.reshape(-1) for g in grads])  # (total numel,)
             self._all_reduce(flat).wait()
-            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+            for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
                 g.copy_(part.view_as(g))
 
 
@@ -196,7 +196,7 @@ class DDPBucketed(_DataParallel):
                 raise ValueError("DDPBucketed needs one dtype per bucket; cast the model or use smaller buckets")
             flat = torch.zeros(sum(p.numel() for p in bucket), dtype=bucket[0].dtype, device=bucket[0].device)
             self.bucket_buffers.append(flat)
-            for p, view in zip(bucket, flat.split([p.numel() for p in bucket])):
+            for p, view in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
                 self._where[id(p)] = (k, view.view_as(p))
                 self._handles_hooks.append(p.register_post_accumulate_grad_hook(_weak_hook(self)))
                 _HOOKED[id(p)] = self

@@ -84,7 +84,7 @@ class _Sharded(torch.optim.Optimizer):
 
     def _sync_hyperparameters(self) -> None:
         """Copy lr etc. from the full groups (what schedulers change) into the inner optimizer's groups."""
-        for full, loc in zip(self.param_groups, self.local.param_groups):
+        for full, loc in zip(self.param_groups, self.local.param_groups, strict=True):
             loc.update({k: v for k, v in full.items() if k != "params"})
 
     def _timed_comm(self, fn) -> None:
@@ -111,7 +111,7 @@ class ShardedOptimizer(_Sharded):
         full = self.param_groups[-1]
         self.loads = self.loads or [0] * self.world
         sizes = [p.numel() * p.element_size() if p.requires_grad else 0 for p in full["params"]]  # frozen: no state
-        for p, r in zip(full["params"], partition_by_bytes(sizes, self.world, self.loads)):
+        for p, r in zip(full["params"], partition_by_bytes(sizes, self.world, self.loads), strict=True):
             self.owner[p] = r
         self._add_local_group(full, [p for p in full["params"] if self.owner[p] == self.rank])
         self._plan()
@@ -126,7 +126,7 @@ class ShardedOptimizer(_Sharded):
         for (src, dtype, device), params in sorted(buckets.items(), key=lambda kv: kv[0][0]):
             flat = torch.empty(sum(p.numel() for p in params), dtype=dtype, device=device)  # (numel of src's params,)
             with torch.no_grad():
-                for p, view in zip(params, flat.split([p.numel() for p in params])):
+                for p, view in zip(params, flat.split([p.numel() for p in params]), strict=True):
                     view.copy_(p.reshape(-1))
                     p.data = view.view_as(p)  # the old storage is freed here, one tensor at a time
             self._buckets.append((src, params, flat))
@@ -185,11 +185,11 @@ class ShardedOptimizer(_Sharded):
         if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in self.param_groups]:
             raise ValueError("the state dict's param groups do not match this optimizer's (sizes differ)")
         local_groups, local_state, i = [], {}, 0
-        for full, saved in zip(self.param_groups, saved_groups):
+        for full, saved in zip(self.param_groups, saved_groups, strict=True):
             hyper = {k: v for k, v in saved.items() if k != "params"}
             full.update(hyper)
             ids = []
-            for p, gi in zip(full["params"], saved["params"]):
+            for p, gi in zip(full["params"], saved["params"], strict=True):
                 if self.owner[p] == self.rank:
                     if gi in state_dict["state"]:
                         local_state[i] = state_dict["state"][gi]
@@ -237,13 +237,15 @@ class Zero1Optimizer(_Sharded):
         flat = torch.zeros(S * self.world, dtype=like.dtype, device=like.device)  # (N·S,)
         grad = torch.zeros_like(flat)  # (N·S,)
         with torch.no_grad():
-            for p, v in zip(params, flat[:numel].split([p.numel() for p in params])):
+            for p, v in zip(params, flat[:numel].split([p.numel() for p in params]), strict=True):
                 v.copy_(p.reshape(-1))
                 p.data = v.view_as(p)
             if self.world > 1 and S:
                 with no_python_refs():
                     dist.broadcast(flat, 0)  # every rank starts from rank 0's parameters
-        grad_views = [v.view_as(p) for p, v in zip(params, grad[:numel].split([p.numel() for p in params]))]
+        grad_views = [
+            v.view_as(p) for p, v in zip(params, grad[:numel].split([p.numel() for p in params]), strict=True)
+        ]
         shard = flat[self.rank * S : (self.rank + 1) * S]  # (S,) a view: updating it updates the parameters
         shard.grad = grad[self.rank * S : (self.rank + 1) * S]  # (S,)
         self.flats.append(dict(params=params, flat=flat, grad=grad, grad_views=grad_views, shard=shard))
@@ -252,10 +254,11 @@ class Zero1Optimizer(_Sharded):
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Zero the flat gradient buffers; every gradient stays a view into them, so backward accumulates in place and
         the reduce-scatter reads them with no copy (hence the default False). set_to_none=True drops the gradients
-        instead: backward then allocates fresh ones, copied into the buffer by step() (one more Ψ of bytes until then)."""
+        instead: backward then allocates fresh ones, copied into the buffer by step() (one more Ψ of bytes until
+        then)."""
         for f in self.flats:
             f["grad"].zero_()
-            for p, v in zip(f["params"], f["grad_views"]):
+            for p, v in zip(f["params"], f["grad_views"], strict=True):
                 p.grad = None if set_to_none else v
 
     def _step(self) -> None:
@@ -266,7 +269,7 @@ class Zero1Optimizer(_Sharded):
                 "moving or casting the model"
             )
         for f in self.flats:  # a gradient not in the buffer (zero_grad was skipped or bypassed): copy it in
-            for p, v in zip(f["params"], f["grad_views"]):
+            for p, v in zip(f["params"], f["grad_views"], strict=True):
                 if p.grad is None:
                     v.zero_()
                 elif p.grad.data_ptr() != v.data_ptr():

@@ -62,6 +62,19 @@ def test_sizes_parse_and_format():
     ]
 
 
+def _reference_collective(op: str, inputs: list, rank: int) -> torch.Tensor:
+    """What `op` leaves on `rank`, computed directly from every rank's input."""
+    if op == "all_reduce":
+        return sum(inputs)
+    if op == "all_gather":
+        return torch.cat(inputs)
+    if op == "reduce_scatter":
+        return sum(inputs).chunk(len(inputs))[rank]
+    if op == "broadcast":
+        return inputs[0]
+    raise ValueError(f"no reference for {op!r}")
+
+
 @pytest.mark.parametrize("op", C.OPS)
 def test_expected_values_equal_a_reference_collective(op):
     """The exact expected outputs equal the collective computed directly from every rank's input (3 ranks)."""
@@ -69,12 +82,7 @@ def test_expected_values_equal_a_reference_collective(op):
     inputs = [C._buffers(op, numel, r, n, dev)[0] for r in range(n)]
     for rank in range(n):
         expected = C._buffers(op, numel, rank, n, dev)[2]
-        reference = {
-            "all_reduce": lambda: sum(inputs),
-            "all_gather": lambda: torch.cat(inputs),
-            "reduce_scatter": lambda: sum(inputs).chunk(n)[rank],
-            "broadcast": lambda: inputs[0],
-        }[op]()
+        reference = _reference_collective(op, inputs, rank)
         assert torch.equal(expected, reference), (op, rank)
         assert expected.abs().max() < 2**24  # integers, exact in float32
 

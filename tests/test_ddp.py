@@ -115,7 +115,9 @@ def uneven_worker(*, kinds) -> dict[str, float]:
         ddp.module.zero_grad(set_to_none=True)  # after it, on purpose: the hooks must copy into the buckets
         forward(ddp.module).pow(2).mean().backward()
         ddp.finish_gradient_synchronization()
-        out[f"{kind} {mb}"] = max(float((p.grad - m).abs().max()) for p, m in zip(ddp.module.parameters(), mean))
+        out[f"{kind} {mb}"] = max(
+            float((p.grad - m).abs().max()) for p, m in zip(ddp.module.parameters(), mean, strict=True)
+        )
     return out
 
 

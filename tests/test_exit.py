@@ -42,12 +42,17 @@ def spy_on_collectives(seen: list) -> None:
     (name, Python objects in the thread-local state at the call) before calling through."""
     for name in COLLECTIVES:
         if hasattr(dist, name):
+            setattr(dist, name, _spy(seen, name, getattr(dist, name)))
 
-            def spy(*args, _fn=getattr(dist, name), _name=name, **kwargs):
-                seen.append((_name, tuple(python_objects_in_tls())))
-                return _fn(*args, **kwargs)
 
-            setattr(dist, name, spy)
+def _spy(seen: list, name: str, fn):
+    """fn, recording (name, Python objects in the thread-local state) in `seen` before each call."""
+
+    def spy(*args, **kwargs):
+        seen.append((name, tuple(python_objects_in_tls())))
+        return fn(*args, **kwargs)
+
+    return spy
 
 
 def train(variant: str, steps: int, hooks: bool, during_backward: list) -> None:

@@ -3,6 +3,7 @@ margin or says what it needs, and each estimator agrees with the memory tracker 
 a CPU preset. No CUDA needed."""
 
 import copy
+import functools
 import math
 
 import pytest
@@ -79,14 +80,14 @@ def test_nb01_retained_graph_matches_the_tracker_on_cpu():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_nb02_norm_peak_bounds_every_pytorch_norm(dtype):
     rows, H = 512, 256
-    peaks = {}
-    for name in ("layernorm", "torch", "F.rms_norm", "torchfn"):
 
-        def run():
-            x, g, dy = XR.spec_inputs((rows, H), dtype)
-            return torch.autograd.grad(XR.norm_function(name)(x, g), (x, g), dy)
+    def run(name):
+        x, g, dy = XR.spec_inputs((rows, H), dtype)
+        return torch.autograd.grad(XR.norm_function(name)(x, g), (x, g), dy)
 
-        peaks[name] = track(run).peak_bytes
+    peaks = {
+        name: track(functools.partial(run, name)).peak_bytes for name in ("layernorm", "torch", "F.rms_norm", "torchfn")
+    }
     estimate = G.norm_peak_bytes(rows, H)
     assert max(peaks.values()) <= estimate * 1.01, peaks  # 1 %: the (H,) weight and its gradient
     if dtype == torch.float32:
@@ -95,13 +96,13 @@ def test_nb02_norm_peak_bounds_every_pytorch_norm(dtype):
 
 def test_nb03_buffers_per_rank_are_within_the_count():
     numel, n = 2**16, 4
+
+    def one(op):
+        source, out, expected = collectives._buffers(op, numel, 1, n, torch.device("cpu"))
+        return source, out, expected, source.clone()
+
     for op in collectives.OPS:
-
-        def one():
-            source, out, expected = collectives._buffers(op, numel, 1, n, torch.device("cpu"))
-            return source, out, expected, source.clone()
-
-        measured = track(one).peak_bytes
+        measured = track(functools.partial(one, op)).peak_bytes
         # the previous op's result and a backend scratch buffer are the 2 more in COLLECTIVE_BUFFERS
         assert measured <= (G.COLLECTIVE_BUFFERS - 2) * numel * 4, (op, measured / (numel * 4))
 

@@ -60,10 +60,10 @@ def _assert_same(a: dict, b: dict, what: str):
 def test_partition_balances_bytes_not_counts():
     sizes = [1000, 990, 10, 10, 10, 10]
     owner = S.partition_by_bytes(sizes, 2)
-    loads = [sum(s for s, r in zip(sizes, owner) if r == k) for k in range(2)]
+    loads = [sum(s for s, r in zip(sizes, owner, strict=True) if r == k) for k in range(2)]
     assert loads == [1020, 1010] and owner == S.partition_by_bytes(sizes, 2)  # balanced and deterministic
     naive = S.partition_by_count(len(sizes), 2)
-    assert naive == [0, 0, 0, 1, 1, 1] and sum(s for s, r in zip(sizes, naive) if r == 0) == 2000
+    assert naive == [0, 0, 0, 1, 1, 1] and sum(s for s, r in zip(sizes, naive, strict=True) if r == 0) == 2000
 
 
 @pytest.mark.parametrize("config", range(len(CONFIGS)))
@@ -204,3 +204,23 @@ def test_speed_summary_pairs_steps_and_names_no_winner_inside_the_noise():
     apart = [[_fake_run({k: noisy[k]}) for _ in range(2)] for k in kinds]  # one kind per launch: nothing paired
     assert SR.paired_iterations(apart, "sharded", "unsharded") is None
     assert "separate launches" in SR.speed_summary(SR.speed_table(apart), apart)
+
+
+def test_memory_worker_frees_each_kind_before_building_the_next(monkeypatch):
+    """One kind's parameters and optimizer state must be gone when the next kind is built (on a GPU the allocator's
+    peak of the next kind's init would count them otherwise); one rank, in this process."""
+    import gc
+    import weakref
+
+    built, build = [], SR.memory_worker.__globals__["build"]
+
+    def recording_build(*args, **kwargs):
+        gc.collect()  # reference cycles aside: only what memory_worker still holds survives this
+        assert all(ref() is None for ref in built), "the previous kind's parameters are still referenced"
+        net, grad_sync, opt = build(*args, **kwargs)
+        built.append(weakref.ref(next(net.parameters())))
+        return net, grad_sync, opt
+
+    monkeypatch.setitem(SR.memory_worker.__globals__, "build", recording_build)
+    runs = SR.memory_worker(model="toy", kinds=["unsharded", "sharded"], batch_size=2, context_length=6, steps=1)
+    assert list(runs) == ["unsharded", "sharded"] and len(built) == 2

@@ -19,6 +19,7 @@ result compared with the exact expected values (small integers, exact in float32
 A call's time is its slowest rank's; reported: the median over calls (time_s) and the quartiles (p25_s, p75_s);
 algbw = bytes / time; busbw = algbw x the nccl-tests factor. The alpha-beta fit uses p25_s (see fit_table).
 Each row keeps its per-call times (calls_s), so two ops of one launch compare as paired ratios (op_ratios).
+The fit, plots and ratios live in collectives_tables and are importable from here.
 `bytes` is nccl-tests' size: the all_reduce/broadcast buffer, the all_gather output, the reduce_scatter input.
 """
 
@@ -30,7 +31,6 @@ import shlex
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -41,10 +41,50 @@ from tqdm.auto import tqdm
 from helpers import launch as L
 from helpers.comm import OPS, run_collective
 from helpers.env import resolve_profile
+from helpers.experiments.collectives_tables import (
+    AlphaBeta,
+    fit_alpha_beta,
+    fit_table,
+    format_size,
+    mark_table,
+    op_ratios,
+    parse_size,
+    plot_collectives,
+    unpaired_ratios,
+)
 from helpers.formulas import GiB, KiB, MiB, algbw, busbw
 from helpers.results import load_results, save_results
-from helpers.timing import MIN_PAIRS, paired_ratio, verdict
+from helpers.timing import MIN_PAIRS
 from helpers.timing import sync as _sync
+
+__all__ = [  # what notebook 03, the tests and helpers.course import from here (the tables' names included)
+    "METHOD",
+    "MIN_PAIRS",
+    "MIN_WARMUP",
+    "NCCL_BENCH_ARGS",
+    "OPS",
+    "PROFILE_GRID",
+    "RESULTS_NAME",
+    "SEED_SIZES",
+    "SMALL_SIZES",
+    "AlphaBeta",
+    "bench_main",
+    "bench_worker",
+    "fit_alpha_beta",
+    "fit_table",
+    "format_size",
+    "mark_table",
+    "op_ratios",
+    "parse_size",
+    "plan",
+    "plot_collectives",
+    "run_grid",
+    "skip_reason",
+    "summarize",
+    "two_node_recipe",
+    "two_node_rehearsal",
+    "unpaired_ratios",
+]
 
 SEED_SIZES = (512 * KiB, 1 * MiB, 10 * MiB, 50 * MiB, 100 * MiB, 500 * MiB, 1 * GiB)  # seed 004, section 3.1
 SMALL_SIZES = (8 * KiB, 64 * KiB)  # below the seed's grid, so the latency term shows
@@ -69,21 +109,6 @@ PROFILE_GRID = {
 MIN_WARMUP = 5  # untimed calls before timing each (op, size)
 RESULTS_NAME = "collectives"  # what `python -m helpers bench collectives` saves
 METHOD = "per call: slowest rank; time_s = median over calls, p25_s/p75_s = quartiles"
-
-
-def parse_size(text: str) -> int:
-    """'512KB' / '16MB' / '1GB' / '4096' -> bytes (binary units, as the seed's table)."""
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    units = {"K": KiB, "M": MiB, "G": GiB}
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
-
-
-def format_size(size_bytes: int) -> str:
-    """Bytes -> '512 KB', '16 MB', '1 GB'."""
-    for unit, scale in (("GB", GiB), ("MB", MiB), ("KB", KiB)):
-        if size_bytes >= scale:
-            return f"{size_bytes / scale:.3g} {unit}"
-    return f"{size_bytes} B"
 
 
 # ---- the worker: runs on every rank through helpers.launch.launch ----
@@ -268,193 +293,6 @@ def run_grid(
     return pd.DataFrame(rows), todo
 
 
-# ---- the alpha-beta model: time = alpha + bytes / beta ----
-
-
-@dataclass
-class AlphaBeta:
-    """A latency-bandwidth fit: alpha (s), beta (bytes/s), and how far the points are from it."""
-
-    alpha_s: float
-    beta_Bps: float
-    median_rel_err: float
-    max_rel_err: float
-    points: int
-
-    def predict(self, size_bytes):
-        """Modelled time (s) for `size_bytes`."""
-        return self.alpha_s + np.asarray(size_bytes, dtype=float) / self.beta_Bps
-
-    @property
-    def crossover_bytes(self) -> float:
-        """alpha * beta: below this size the latency term is larger than the bandwidth term."""
-        return self.alpha_s * self.beta_Bps
-
-
-def fit_alpha_beta(size_bytes, seconds) -> AlphaBeta:
-    """Least squares on relative error (rows divided by time) of t = alpha + bytes/beta; alpha >= 0."""
-    x, t = np.asarray(size_bytes, dtype=float), np.asarray(seconds, dtype=float)
-    design = np.stack([np.ones_like(x), x], axis=1) / t[:, None]  # (points, 2), each row / t: relative residuals
-    (alpha, inv_beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-    if alpha < 0:  # latency too small to see: refit through the origin
-        alpha, inv_beta = 0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))
-    rel = np.abs(alpha + x * inv_beta - t) / t
-    return AlphaBeta(float(alpha), float(1 / inv_beta), float(np.median(rel)), float(np.max(rel)), len(t))
-
-
-def fit_table(df: pd.DataFrame, keys=("backend", "device", "world_size", "op"), col: str = "p25_s") -> pd.DataFrame:
-    """One alpha-beta fit per (backend, device, world_size, op) group of a results frame, fitted to column `col`.
-
-    The default is the lower quartile of the call times: on a shared or virtual machine a fraction of calls also wait
-    for a descheduled rank (milliseconds), enough to move the median of a few calls from one mode to the other, while
-    the lower quartile keeps to the calls that did not wait. Rows saved before p25_s existed are fitted on time_s.
-    """
-    col = col if col in df else "time_s"
-    rows = []
-    for group, part in df.groupby(list(keys)):
-        fit = fit_alpha_beta(part["size_bytes"], part[col])
-        rows.append(
-            {
-                **dict(zip(keys, group)),
-                "alpha_us": fit.alpha_s * 1e6,
-                "beta_GBps": fit.beta_Bps / 1e9,
-                "crossover_bytes": fit.crossover_bytes,
-                "median_rel_err": fit.median_rel_err,
-                "max_rel_err": fit.max_rel_err,
-                "points": fit.points,
-                "fitted_to": col,
-                "fit": fit,
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def plot_collectives(
-    df: pd.DataFrame, fits: pd.DataFrame | None = None, op: str = "all_reduce", title: str = "", marks=None
-):
-    """Log-log time (median, quartile bars) and busbw vs size, one line per (backend, device, world_size); fits dashed.
-    marks: published busbw marks drawn on the busbw panel (default: NCCL's on H100 NVLink for all_reduce), compared
-    only when NCCL on CUDA was measured."""
-    import matplotlib.pyplot as plt
-
-    from helpers.published import MARKS, draw_mark
-
-    marks = ([MARKS["nccl_allreduce_h100"]] if op == "all_reduce" else []) if marks is None else marks
-
-    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
-    part = df[df["op"] == op]
-    for (backend, device, ws), g in part.groupby(["backend", "device", "world_size"]):
-        g = g.sort_values("size_bytes")
-        label = f"{backend}+{device}, {ws} ranks"
-        spread = [g["time_s"] - g["p25_s"], g["p75_s"] - g["time_s"]] if "p25_s" in g else None  # middle half of calls
-        color = (
-            ax_t.errorbar(g["size_bytes"], g["time_s"], yerr=spread, fmt="o", capsize=2, label=label)
-            .lines[0]
-            .get_color()
-        )
-        ax_b.plot(g["size_bytes"], g["busbw_GBps"], "o-", color=color, label=label)
-        if fits is not None:
-            match = fits[
-                (fits.backend == backend) & (fits.device == device) & (fits.world_size == ws) & (fits.op == op)
-            ]
-            if len(match):
-                xs = np.geomspace(g["size_bytes"].min(), g["size_bytes"].max(), 50)
-                ax_t.plot(xs, match.iloc[0]["fit"].predict(xs), "--", color=color)
-    ax_t.set(
-        xscale="log",
-        yscale="log",
-        xlabel="size (bytes)",
-        ylabel="time (s)",
-        title=f"{op}: median, quartile bars; dashed: α–β fit",
-    )
-    nccl = bool(((part["backend"] == "nccl") & (part["device"] == "cuda")).any())
-    for m in marks:
-        draw_mark(ax_b, m, comparable=nccl)
-    ax_b.set(
-        xscale="log",
-        yscale="log" if marks else "linear",
-        xlabel="size (bytes)",
-        ylabel="busbw (GB/s)",
-        title=f"{op}: bus bandwidth",
-    )
-    ax_b.legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def mark_table(df: pd.DataFrame, mark=None, op: str = "all_reduce") -> pd.DataFrame:
-    """Beside the plot: per (backend, device, world_size) the best busbw measured and its "% of mark" (NCCL on CUDA
-    only; other backends and devices are not compared with a GPU figure)."""
-    from helpers.published import MARKS, share_column
-
-    mark = mark or MARKS["nccl_allreduce_h100"]
-    part = df[(df["op"] == op) & (df["wrong"] == 0)]
-    best = part.groupby(["backend", "device", "world_size"])["busbw_GBps"].max().reset_index()
-    comparable = (best["backend"] == "nccl") & (best["device"] == "cuda")
-    best[f"% of mark ({mark.label})"] = [share_column([v], mark, c)[0] for v, c in zip(best["busbw_GBps"], comparable)]
-    return best.set_index(["backend", "device", "world_size"])
-
-
-# ---- comparisons that know their noise ----
-
-
-def op_ratios(df: pd.DataFrame, baseline: str = "all_reduce", size_bytes: int | None = None) -> pd.DataFrame:
-    """Notebook 03: each op's time over `baseline`'s at one size, per configuration (default size: the largest where
-    every op has MIN_PAIRS timed calls, else the largest).
-
-    Both ops ran in one launch, one after the other, so call k of each is paired (paired_ratio: median of the ratios,
-    bootstrap interval); the interval covers call-to-call noise, not a drift between the two blocks of calls.
-    With fewer than MIN_PAIRS pairs no difference is called measurable.
-    """
-    if "calls_s" not in df:
-        raise ValueError("these rows have no per-call times (calls_s): rerun the benchmark with this version")
-    if size_bytes is None:
-        enough = df.groupby("size_bytes")["calls_s"].agg(lambda calls: min(map(len, calls)) >= MIN_PAIRS)
-        size_bytes = int(enough[enough].index.max() if enough.any() else df["size_bytes"].max())
-    keys, rows = ["backend", "device", "world_size"], []
-    for cfg, g in df[df["size_bytes"] == size_bytes].groupby(keys):
-        base = g[g["op"] == baseline]["calls_s"].iloc[0]
-        for r in g[g["op"] != baseline].itertuples():
-            k = min(len(r.calls_s), len(base))
-            ratio = paired_ratio(r.calls_s[:k], base[:k])
-            enough = k >= MIN_PAIRS
-            rows.append(
-                {
-                    **dict(zip(keys, cfg)),
-                    "size": format_size(size_bytes),
-                    "op": r.op,
-                    "ratio": ratio.median,
-                    "ci_low": ratio.low,
-                    "ci_high": ratio.high,
-                    "pairs": k,
-                    "measurable": enough and ratio.differs,
-                    "verdict": verdict(r.op, baseline, ratio)
-                    if enough
-                    else f"too few paired calls ({k} < {MIN_PAIRS}) to tell {r.op} from {baseline}",
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def unpaired_ratios(df: pd.DataFrame, a: tuple, b: tuple = ("nccl", "cuda"), op: str = "all_reduce") -> pd.DataFrame:
-    """Notebook 03: (backend, device) a's median time over b's at each (world_size, size) both ran.
-
-    a and b ran in different launches, so their calls are not paired: `apart` is True only where the two quartile
-    ranges (p25-p75) do not overlap, the only points where the text names a winner.
-    """
-    part, keys = df[df["op"] == op], ["world_size", "size_bytes"]
-    side = {
-        name: part[(part["backend"] == be) & (part["device"] == dev)].set_index(keys)[["time_s", "p25_s", "p75_s"]]
-        for name, (be, dev) in (("a", a), ("b", b))
-    }
-    both = side["a"].merge(side["b"], left_index=True, right_index=True, suffixes=("_a", "_b"))  # inner join
-    both["ratio"] = both["time_s_a"] / both["time_s_b"]
-    both["apart"] = (both["p25_s_a"] > both["p75_s_b"]) | (both["p75_s_a"] < both["p25_s_b"])
-    return both.reset_index()
-
-
 # ---- several nodes: the recipe for real ones, and a rehearsal of the path on this machine ----
 
 NCCL_BENCH_ARGS = ("bench", "collectives", "--backend", "nccl", "--device", "cuda", "--reference")
@@ -491,7 +329,8 @@ def two_node_rehearsal(sizes, out_dir=None, profile: str = "cpu", timeout_s: flo
     """Notebook 03: all_reduce on two torchrun agents on this machine (gloo, CPU); the saved rows, each with topology.
 
     sizes: e.g. ["8KB", "64KB"] or byte counts. out_dir: where the agents save (default: a temporary folder).
-    df.attrs["commands"] holds the two agents' exact command lines. Raises RuntimeError with the stderr of a failed agent.
+    df.attrs["commands"] holds the two agents' exact command lines. Raises RuntimeError with the stderr of a failed
+    agent.
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = str(out_dir or tmp)

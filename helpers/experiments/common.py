@@ -63,7 +63,8 @@ TOY_MODELS = {"toy": TiedToyModel, "uneven": UnevenToyModel}
 
 
 def make_model(name: str, seed: int) -> nn.Module:
-    """A toy model ("toy", "uneven") or a helpers.model size, built with torch seeded by `seed`, on this rank's device."""
+    """A toy model ("toy", "uneven") or a helpers.model size, built with torch seeded by `seed`, on this rank's
+    device."""
     torch.manual_seed(seed)
     model = TOY_MODELS[name]() if name in TOY_MODELS else build_model(name)
     return model.to(L.device())
@@ -83,7 +84,8 @@ def make_batches(name: str, steps: int, batch_size: int, context_length: int, se
 
 
 def rank_share(batch, device=None) -> tuple[torch.Tensor, ...]:
-    """This rank's consecutive rows of every tensor in `batch` (own storage), on its device; all rows outside a group."""
+    """This rank's consecutive rows of every tensor in `batch` (own storage), on its device; all rows outside a
+    group."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     rows = rank_rows(batch[0].shape[0], rank, world)
     return tuple(t[rows].clone().to(device or L.device()) for t in batch)
@@ -112,6 +114,11 @@ def variant_runs(cfg, field: str, values, device="cpu", batch_size: int = 2) -> 
 def cpu_state(model: nn.Module) -> dict:
     """A copy of model.state_dict() on the CPU: what workers return to the parent for comparison."""
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def make_optimizer(params, name: str):
+    """SGD (lr 0.1) or AdamW (lr 1e-3): what notebook 04's equivalence, speed and bench runs train with."""
+    return torch.optim.SGD(params, lr=0.1) if name == "sgd" else torch.optim.AdamW(params, lr=1e-3)
 
 
 def train_step(

@@ -240,7 +240,7 @@ def gpu_plan(gpu_bytes: float = H100_BYTES, profile: str = "gpu") -> pd.DataFram
     plan["fits"] = plan["peak_per_gpu_GB"] <= plan["budget_GB"]
     plan["needs"] = [
         ("" if ok else f"+{peak - budget:.1f} GB")
-        for peak, budget, ok in zip(plan["peak_per_gpu_GB"], plan["budget_GB"], plan["fits"])
+        for peak, budget, ok in zip(plan["peak_per_gpu_GB"], plan["budget_GB"], plan["fits"], strict=True)
     ]
     return plan
 
