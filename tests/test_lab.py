@@ -193,8 +193,14 @@ def lab(tmp_path_factory):
         stop(proc)
 
 
+CALC = ".jp-OutputArea-output .calc"
+
+
 def run_to_calc(driver, url: str, token: str, notebook: str, timeout_s: int):
-    """Open `notebook` in Lab, Run All, and return the first `.calc` in its outputs; fail on a cell error."""
+    """Open `notebook` in Lab, Run All, and wait for a `.calc` in its outputs; fail on a cell error. Returns a
+    function that finds that `.calc` afresh: JupyterLab may re-render an output area at any time, and an element
+    found before then is stale."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -205,60 +211,104 @@ def run_to_calc(driver, url: str, token: str, notebook: str, timeout_s: int):
     driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
     def calc_or_error(d):
-        """The `.calc` elements in outputs so far (none: keep waiting); raises on a cell error or a finished run."""
+        """Whether a `.calc` is in the outputs so far (no: keep waiting); raises on a cell error or a finished run."""
         state = d.execute_script(RUN_STATE)
         if state["error"] is not None:
             pytest.fail(f"{notebook}: a cell failed in JupyterLab:\n{without_colours(state['error'])}", pytrace=False)
-        found = d.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output .calc")
+        found = bool(d.find_elements(By.CSS_SELECTOR, CALC))
         if state["done"] and not found:
             pytest.fail(f"{notebook}: ran to the end in JupyterLab without showing a .calc", pytrace=False)
         return found
 
-    return WebDriverWait(driver, timeout_s, poll_frequency=1).until(
+    WebDriverWait(driver, timeout_s, poll_frequency=1, ignored_exceptions=(StaleElementReferenceException,)).until(
         calc_or_error, f"{notebook}: no .calc in any output after {timeout_s} s of Run All"
-    )[0]
+    )
+    return lambda: WebDriverWait(driver, 10, poll_frequency=0.2).until(  # back within moments of a re-render
+        lambda d: d.find_element(By.CSS_SELECTOR, CALC), f"{notebook}: its .calc is gone from the outputs"
+    )
+
+
+def on_fresh(find, check, tries: int = 3):
+    """check(find()), again on a freshly found element when JupyterLab re-rendered the one in hand meanwhile (a stale
+    element says nothing about the page): every try checks everything, so a pass is a whole pass."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for attempt in range(tries):
+        try:
+            return check(find())
+        except StaleElementReferenceException:
+            if attempt == tries - 1:
+                raise
 
 
 @pytest.mark.timeout(300)
 def test_inline_calculator_runs_in_lab(lab):
     driver, url, token = lab
-    calc = run_to_calc(driver, url, token, "calc_selftest.ipynb", timeout_s=120)
-    assert calc.get_attribute("data-python") == sys.executable, "the kernel is not this venv's Python"
-    assert_calc_reacts(driver, calc, "calc_selftest.ipynb")
+    find = run_to_calc(driver, url, token, "calc_selftest.ipynb", timeout_s=120)
+    python = on_fresh(find, lambda calc: calc.get_attribute("data-python"))
+    assert python == sys.executable, "the kernel is not this venv's Python"
+    on_fresh(find, lambda calc: assert_calc_reacts(driver, calc, "calc_selftest.ipynb"))
 
 
 @pytest.mark.timeout(300)
 def test_notebook_05_calculator_in_lab(lab):
     driver, url, token = lab
     notebook = NOTEBOOK_05
-    assert_calc_reacts(driver, run_to_calc(driver, url, token, notebook, timeout_s=240), notebook)
+    find = run_to_calc(driver, url, token, notebook, timeout_s=240)
+    on_fresh(find, lambda calc: assert_calc_reacts(driver, calc, notebook))
 
 
-def run_live_panel(driver, panel, segment: str, before: str, timeout_s: int = 90) -> str:
+LIVE_PANEL = ".live-panel"
+
+
+def live_panel(driver):
+    """Notebook 07's panel as the page shows it now (found afresh: JupyterLab re-renders output areas)."""
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, LIVE_PANEL)
+
+
+def run_live_panel(driver, segment: str, before: str, timeout_s: int = 90) -> str:
     """Pick `segment` in the panel's menu, press Run, and return the text of the table it shows once it differs
-    from `before`; fail with the panel's status when the run failed."""
+    from `before`; fail with the panel's status when the run failed. Every step finds the panel and its parts afresh
+    and a stale element counts as "not yet": the output area is re-rendered as the table and then the plot arrive."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    Select(panel.find_element(By.CSS_SELECTOR, "select")).select_by_visible_text(segment)
-    panel.find_element(By.XPATH, ".//button[normalize-space()='Run']").click()
+    def choose_and_run(d):
+        """Select the segment and click Run once it is enabled (the last run re-enables it just after its "done in"); a
+        stale element fails before its click is sent, so a retry never runs twice."""
+        panel = live_panel(d)
+        button = panel.find_element(By.XPATH, ".//button[normalize-space()='Run']")
+        if not button.is_enabled():
+            return False
+        Select(panel.find_element(By.CSS_SELECTOR, "select")).select_by_visible_text(segment)
+        button.click()
+        return True
 
-    def new_table(_):
+    WebDriverWait(driver, 30, poll_frequency=0.5, ignored_exceptions=(StaleElementReferenceException,)).until(
+        choose_and_run, f"could not choose segment {segment} and press Run in the live panel"
+    )
+
+    def new_table(d):
+        panel = live_panel(d)
         status = " ".join(e.text for e in panel.find_elements(By.CSS_SELECTOR, ".widget-label"))
         if "failed" in status:
             pytest.fail(f"the live panel's run failed: {status}", pytrace=False)
         tables = panel.find_elements(By.CSS_SELECTOR, ".widget-output table")
         return tables[0].text if tables and "done in" in status and tables[0].text != before else False
 
-    return WebDriverWait(driver, timeout_s, poll_frequency=0.5).until(
-        new_table, f"no new table in the live panel {timeout_s} s after Run (segment {segment})"
-    )
+    return WebDriverWait(
+        driver, timeout_s, poll_frequency=0.5, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(new_table, f"no new table in the live panel {timeout_s} s after Run (segment {segment})")
 
 
 @pytest.mark.timeout(240)
 def test_notebook_07_live_control_in_lab(lab):
     """Notebook 07's checkpoint-segment panel in JupyterLab: Run measures the chosen segment size in place, and
     another choice gives another table (its rows: no checkpointing and the segment chosen)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -268,17 +318,17 @@ def test_notebook_07_live_control_in_lab(lab):
         lambda d: d.execute_script(KERNEL_IDLE), f"{LIVE_07}: no idle kernel in JupyterLab after 120 s"
     )
     driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    panel = WebDriverWait(driver, 120, poll_frequency=1).until(
+    WebDriverWait(driver, 120, poll_frequency=1, ignored_exceptions=(StaleElementReferenceException,)).until(
         lambda d: (
-            (d.find_elements(By.CSS_SELECTOR, ".live-panel") or [False])[0]
+            bool(d.find_elements(By.CSS_SELECTOR, LIVE_PANEL))
             or d.execute_script(RUN_STATE)["error"]
             and pytest.fail(f"{LIVE_07}: {without_colours(d.execute_script(RUN_STATE)['error'])}", pytrace=False)
         ),
         f"{LIVE_07}: no .live-panel after Run All",
     )
-    first = run_live_panel(driver, panel, "1", before="")
-    second = run_live_panel(driver, panel, "4", before=first)
-    driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", panel)
+    first = run_live_panel(driver, "1", before="")
+    second = run_live_panel(driver, "4", before=first)
+    driver.execute_script(f"document.querySelector('{LIVE_PANEL}').scrollIntoView({{block: 'start'}})")
     full_page_screenshot(driver, ROOT / "writeups" / "screenshots" / "lab.07_live.png")
     assert segments(first) == ["0", "1"] and segments(second) == ["0", "4"], (first, second)
 

@@ -1,15 +1,6 @@
-"""Run a function on N ranks with torch.distributed set up; get every rank's return value.
-
-Runbook:
-
-    from helpers.launch import launch, device
-    results = launch(worker, 2, arg)        # 2 local ranks: gloo on CPU, NCCL with >= 2 GPUs
-    results = launch(worker, 2, backend="gloo", device="cpu")   # force gloo on CPU tensors
-
-    # the same worker code, ranks started by torchrun (one node, then two):
-    torchrun --nproc-per-node 8 -m helpers demo
-    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 \
-             --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m helpers demo
+"""The launcher: each rank's device, the backend for N local ranks, how ranks are started, the body every launched
+rank runs, and launch() itself (in its own processes, or inside torchrun's). The device a worker asks for
+(`device()`) is this module's state, set by the rank's body.
 
 `launch` starts fresh Python processes (torch.multiprocessing: "forkserver" on a
 machine without CUDA, whose server imports torch once; "spawn" with a GPU), so the
@@ -24,14 +15,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
-import warnings
 from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -42,20 +30,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers.env import usable_cores
-from helpers.kernel_watch import describe_exit
+from helpers.launch.failures import RankError, _failed, _failure, _stop, _warn_late_deaths
 
 _DEVICE: torch.device | None = None  # this rank's device, set inside a launched worker
 _SPAWNED = False  # True inside a worker process that launch() started
 STARTUP_S = 120  # how long ranks may take to start (spawn, import torch, the CUDA context, the rendezvous)
-
-
-class RankError(RuntimeError):
-    """A rank raised or died; carries the rank and, where there was one, its traceback."""
-
-    def __init__(self, message: str, rank: int, remote_traceback: str | None = None):
-        super().__init__(message)
-        self.rank = rank
-        self.remote_traceback = remote_traceback
 
 
 def device() -> torch.device:
@@ -186,85 +165,9 @@ def finish(code: int = 0) -> None:
     os._exit(code)
 
 
-def _failed(procs, workdir: Path) -> list[int]:
-    """Ranks that ended badly without returning: a rank whose result is saved has done its work, whatever its exit."""
-    return [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and not (workdir / f"rank{r}.pt").exists()]
-
-
-def _warn_late_deaths(procs, workdir: Path) -> None:
-    """Say so (without failing) when a rank died after returning its result, e.g. in native teardown code."""
-    late = [f"rank {r} {describe_exit(p.exitcode)}" for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-    if late:
-        warnings.warn(f"launch: {'; '.join(late)} after returning its result; the results are complete", stacklevel=3)
-
-
-def _failure(procs, first_dead: list[int], workdir: Path, world_size: int) -> RankError:
-    """Build the error for the rank that failed first, naming the others' state.
-
-    `first_dead` are the ranks already dead when the parent first saw a failure. Among them a rank
-    that left no traceback (killed by a signal) is the cause, since its peers' errors follow from it;
-    otherwise the earliest traceback by the ranks' own clocks.
-    """
-    errors = {}
-    for rank in range(world_size):
-        f = workdir / f"rank{rank}.err"
-        if f.exists():
-            errors[rank] = json.loads(f.read_text())
-    silent = [r for r in first_dead if r not in errors]
-    first = silent[0] if silent else min((r for r in errors), key=lambda r: errors[r]["time"])
-    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-    others = [f"rank {r} {'also failed' if r in dead else 'was terminated'}" for r in range(world_size) if r != first]
-    tb = None
-    if first in errors:
-        e, tb = errors[first], errors[first]["traceback"]
-        msg = (
-            f"rank {first} of {world_size} raised {e['type']}: {e['message']}\n\n"
-            f"--- traceback from rank {first} ---\n{tb}"
-        )
-    else:
-        msg = (
-            f"rank {first} of {world_size} {describe_exit(procs[first].exitcode)} before or outside the worker's "
-            "Python code (out of memory, a crash in native code, os._exit; its stderr may say more). "
-            'In a script, call launch() under `if __name__ == "__main__":` since spawned ranks re-import it.'
-        )
-    if others:
-        msg += "\n(" + "; ".join(others) + ")"
-    return RankError(msg, rank=first, remote_traceback=tb)
-
-
-def _stop(procs) -> None:
-    """Terminate, then kill, every worker still alive, and reap them all."""
-    procs = [p for p in procs if p.pid is not None]  # skip any never started
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 3.0
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
 def _under_torchrun() -> bool:
     """True in a process started by torchrun (it sets RANK and WORLD_SIZE), not in our own workers."""
     return not _SPAWNED and "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def torchrun_topology() -> dict:
-    """Under torchrun, inside the process group: nodes (agents), distinct hosts, and whether the nodes were simulated
-    on fewer hosts (several agents on one machine, e.g. a multi-node rehearsal on a laptop). Every rank calls it."""
-    world = dist.get_world_size()
-    names = [None] * world
-    dist.all_gather_object(names, socket.gethostname())
-    nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    hosts = len(set(names))
-    return {
-        "nodes": nodes,
-        "hosts": hosts,
-        "simulated": nodes > hosts,
-        "topology": f"{nodes} node(s)" + (f" simulated on {hosts} host(s)" if nodes > hosts else ""),
-    }
 
 
 def _launch_torchrun(fn, world_size, args, backend, device_type, timeout_s):
@@ -371,97 +274,3 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
         finally:
             _stop(procs)
             del store
-
-
-# ---- small workers for notebook 00, `python -m helpers demo` and the tests ----
-
-
-def all_reduce_rank_ids() -> dict:
-    """Each rank all-reduces its rank id; returns what it saw (the sum should be 0+1+...+(n-1))."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    t = torch.tensor([float(rank)], device=device())
-    dist.all_reduce(t)
-    return {
-        "rank": rank,
-        "world_size": world,
-        "backend": dist.get_backend(),
-        "device": str(t.device),
-        "torch_threads": torch.get_num_threads(),
-        "pid": os.getpid(),
-        "sum": t.item(),
-    }
-
-
-def fail_on_rank(bad_rank: int = 1) -> int:
-    """Raise on `bad_rank` while the other ranks wait in an all-reduce: shows how launch reports a crash."""
-    if dist.get_rank() == bad_rank:
-        raise ValueError(f"planted failure on rank {bad_rank}")
-    dist.all_reduce(torch.ones(1, device=device()))
-    return dist.get_rank()
-
-
-def skip_collective_on_rank(skip_rank: int = 1) -> int:
-    """Every rank but `skip_rank` enters an all-reduce that can never complete: a hung collective."""
-    if dist.get_rank() != skip_rank:
-        dist.all_reduce(torch.ones(1, device=device()))
-    else:
-        time.sleep(3600)
-    return dist.get_rank()
-
-
-def free_port() -> int:
-    """A loopback port nobody was listening on a moment ago (for a rendezvous a script starts itself)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_simulated_nodes(
-    argv: list[str], nodes: int = 2, timeout_s: float = 300, cwd=None
-) -> list[subprocess.CompletedProcess]:
-    """Rehearse a multi-node run on this machine: one torchrun agent per node (`--nnodes N --node-rank r`, one
-    process each, c10d rendezvous on a free loopback port), each running `python -m helpers ARGV`. Every agent is
-    killed if any fails or the run passes `timeout_s`. Real multi-node numbers need real nodes: this checks the path."""
-    import uuid
-
-    port = free_port()
-    run_id = uuid.uuid4().hex[:8]
-    agents = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                str(nodes),
-                "--node-rank",
-                str(r),
-                "--nproc-per-node",
-                "1",
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-id",
-                run_id,
-                "--rdzv-endpoint",
-                f"127.0.0.1:{port}",
-                "-m",
-                "helpers",
-                *argv,
-            ],
-            cwd=cwd or Path(__file__).resolve().parent.parent,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(nodes)
-    ]
-    try:
-        outs = [a.communicate(timeout=timeout_s) for a in agents]
-    finally:
-        for a in agents:
-            if a.poll() is None:
-                a.kill()
-                a.communicate()
-    return [
-        subprocess.CompletedProcess(a.args, a.returncode, out, err) for a, (out, err) in zip(agents, outs, strict=True)
-    ]
