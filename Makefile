@@ -6,7 +6,7 @@
 #   make writeup ADAPTERS=PATH   the same with a "yours" row from your tests/adapters.py
 #   make writeup BUDGET=300      cpu profile: give each notebook's timed runs 300 s (default auto: a few minutes
 #                                in all on a 2-core laptop; none: every size; each notebook names what it left out)
-#   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs)
+#   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs; TEST_WORKERS=1: one at a time)
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
 #   make lint                    ruff check and ruff format --check (make test runs both, in tests/test_style.py)
@@ -66,8 +66,14 @@ setup: $(VENV)/.installed
 # at load 5-8; the whole notebook used 107 s of CPU); a kernel that dies fails its cell within seconds instead
 CELL_TIMEOUT ?= 360
 
+# TEST_WORKERS: pytest-xdist workers, each pinned to its own share of the cores (conftest.py), a file per worker at a
+# time (a notebook's cells stay in order in one kernel). 2 on a CPU machine: one worker's launches, spawns and timeouts
+# leave a core idle that the other uses. 1 with a GPU: the notebooks' real sizes need the whole card.
+TEST_WORKERS ?= $(shell $(PY) -c "import torch; print(1 if torch.cuda.is_available() else 2)")
+
 test: setup
-	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) tests notebooks
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
+	    --nbval-cell-timeout=$(CELL_TIMEOUT) tests notebooks
 
 lint: setup
 	$(PY) -m ruff check .

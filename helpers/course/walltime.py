@@ -29,6 +29,10 @@ from helpers import results, writeup
 SUITE = [
     "-m",
     "pytest",
+    "-n",
+    "auto-make",  # replaced in suite_row by make test's TEST_WORKERS default: 2 without a GPU, 1 with one
+    "--dist",
+    "loadfile",
     "--nbval-lax",
     "--nbval-current-env",
     "--nbval-cell-timeout=360",
@@ -99,7 +103,10 @@ def notebook_rows(paths, params: dict, out_dir: Path, slowest: int = 4) -> list[
 
 def suite_row(extra: list[str]) -> dict:
     """Run make test's pytest command (plus `extra`, e.g. --durations=30) in the repository root: one row."""
-    cmd = [sys.executable, *SUITE, *extra]
+    import torch
+
+    workers = "1" if torch.cuda.is_available() else "2"
+    cmd = [sys.executable, *(workers if a == "auto-make" else a for a in SUITE), *extra]
     print(" ".join(cmd[1:]), "...", flush=True)
     proc, wall, cpu = timed(lambda: subprocess.run(cmd, cwd=writeup.ROOT, capture_output=True, text=True))
     print("\n".join(proc.stdout.splitlines()[-40:]), flush=True)

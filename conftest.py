@@ -1,0 +1,27 @@
+"""pytest, for tests/ and notebooks/ alike: under pytest-xdist (`make test` runs `-n 2`), each worker gets its own
+share of the cores, so the two never oversubscribe them.
+
+Why: torch sizes its thread pool by the cores it may use (helpers.env.usable_cores, the affinity mask), and OpenMP
+threads spin while they wait. Two workers that each think they own both cores made one notebook cell 14x slower
+(notebook 07's checkpointing sweep: 8 s alone, 118 s beside another worker, on a 2-core EPYC). Pinned, each worker
+and everything it starts (launched ranks, notebook kernels, which inherit the mask) runs on its own cores with as
+many threads as it has cores, and a worker waiting on a launch or a timeout leaves the other one its core.
+"""
+
+import os
+import sys
+
+
+def worker_cores(cores: list[int], worker: int, workers: int) -> list[int]:
+    """Worker `worker`'s share of `cores` (every workers-th one); all of them when there are more workers than cores."""
+    return cores[worker::workers] if workers <= len(cores) else cores
+
+
+def pytest_configure(config):
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (worker and workers and hasattr(os, "sched_setaffinity")):
+        return
+    mine = worker_cores(sorted(os.sched_getaffinity(0)), int(worker.removeprefix("gw")), int(workers))
+    os.sched_setaffinity(0, mine)
+    if "torch" in sys.modules:  # imported already (by helpers' pytest plugin): its pool was sized for every core
+        sys.modules["torch"].set_num_threads(len(mine))
