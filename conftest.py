@@ -12,16 +12,13 @@ import os
 import sys
 
 
-def worker_cores(cores: list[int], worker: int, workers: int) -> list[int]:
-    """Worker `worker`'s share of `cores` (every workers-th one); all of them when there are more workers than cores."""
-    return cores[worker::workers] if workers <= len(cores) else cores
-
-
 def pytest_configure(config):
     worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not (worker and workers and hasattr(os, "sched_setaffinity")):
         return
-    mine = worker_cores(sorted(os.sched_getaffinity(0)), int(worker.removeprefix("gw")), int(workers))
+    from helpers.env import share_of_cores
+
+    mine = share_of_cores(sorted(os.sched_getaffinity(0)), int(worker.removeprefix("gw")), int(workers))
     os.sched_setaffinity(0, mine)
     if "torch" in sys.modules:  # imported already (by helpers' pytest plugin): its pool was sized for every core
         sys.modules["torch"].set_num_threads(len(mine))

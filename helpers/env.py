@@ -73,6 +73,14 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def share_of_cores(cores: list[int], worker: int, workers: int) -> list[int]:
+    """Worker `worker`'s share of `cores` when `workers` processes split them (every workers-th core, so shares
+    differ by at most one core); all of them when there are more workers than cores."""
+    if not 0 <= worker < workers:
+        raise ValueError(f"worker {worker} of {workers}: expected 0 <= worker < workers")
+    return cores[worker::workers] if workers <= len(cores) else list(cores)
+
+
 def machine_facts() -> dict:
     """Device, core and GPU counts and library versions: the provenance of every measurement."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

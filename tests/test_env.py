@@ -81,3 +81,18 @@ def test_make_setup_from_a_python_that_is_a_venv_sees_its_torch(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-500:]
     assert out.stdout.split()[1] == str(venv)
+
+
+def test_share_of_cores_splits_without_overlap_and_covers_every_core():
+    """make test's workers (conftest.py): disjoint shares that cover the cores, sizes within one of each other."""
+    for n_cores in (1, 2, 3, 16):
+        cores = list(range(n_cores))
+        for workers in range(1, 5):
+            shares = [env.share_of_cores(cores, w, workers) for w in range(workers)]
+            if workers <= n_cores:
+                assert sorted(c for s in shares for c in s) == cores
+                assert max(map(len, shares)) - min(map(len, shares)) <= 1
+            else:
+                assert all(s == cores for s in shares)  # more workers than cores: each may use them all
+    with pytest.raises(ValueError, match="worker 2 of 2"):
+        env.share_of_cores([0, 1], 2, 2)
