@@ -185,14 +185,20 @@ def run(adapters_path, topics=None, opts: Options | None = None, progress: bool 
     from helpers.course.yours.report import SKIPPED, Check, TopicResult
 
     opts, topics = opts or Options(), list(topics or RUNNERS)
+    bar = tqdm(total=len(topics), desc="yours: importing your code, kernel topics", unit="topic", disable=not progress)
     found, done = _first_launch(adapters_path, topics, opts)
+    bar.set_description("yours")
+    bar.update(sum(topic in done for topic in topics))
     path = str(Path(adapters_path).resolve())
     out = []
-    for topic in tqdm(topics, desc="yours", unit="topic", disable=not progress):
+    for topic in topics:
+        if topic not in done:
+            bar.set_postfix_str(topic)
         named = [impl for impl, status in found[topic] if status == "ok"]
         if not named:
             names = ", ".join(names[0] for names in ADAPTERS[topic].values())
             out.append(TopicResult(topic, [Check(topic, "-", "adapters present", SKIPPED, f"none of {names}")]))
+            bar.update(1)
             continue
         res = done[topic] if topic in done else run_topic(path, topic, opts, named)
         absent = [
@@ -208,6 +214,9 @@ def run(adapters_path, topics=None, opts: Options | None = None, progress: bool 
         ]
         res.checks = absent + res.checks
         out.append(res)
+        if topic not in done:
+            bar.update(1)
+    bar.close()
     return out
 
 
