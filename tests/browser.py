@@ -10,6 +10,7 @@ import base64
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -115,8 +116,15 @@ def broken_images(driver) -> list[str]:
 
 
 def full_page_screenshot(driver, path: Path) -> None:
-    """Save the whole page, not only the viewport, as a PNG."""
-    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    """Save the whole page, not only the viewport, as a PNG. The page's size is read once it has one: on a busy
+    machine Chromium reported a 0-wide content box right after load, and refused the capture."""
+    deadline = time.monotonic() + 30
+    while True:
+        size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+        if size["width"] > 0 and size["height"] > 0:
+            break
+        assert time.monotonic() < deadline, f"the page still has no size 30 s after loading: {size}"
+        time.sleep(0.2)
     clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
     shot = driver.execute_cdp_cmd(
         "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
