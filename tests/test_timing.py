@@ -170,6 +170,7 @@ def test_cuda_path_uses_event_pairs_and_converts_ms(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
     t = benchmark(_sleeper(0.010), warmup=1, steps=3, device="cuda", progress=False)
     assert t.device == "cuda" and len(t.samples) == 3
     assert all(0.009 <= s <= 0.05 for s in t.samples)  # seconds, not ms
@@ -239,6 +240,7 @@ def test_compare_times_each_call_on_the_device_clock(monkeypatch):
     and returns at once."""
     monkeypatch.setattr(torch.cuda, "Event", _DeviceClockEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
 
     def kernel():
         _DeviceClockEvent.now_ms += 2.0
@@ -256,3 +258,49 @@ def test_wait_clock_reads_the_stream_wait_on_cuda(monkeypatch):
         with clock.waiting(torch.device("cuda")):
             _DeviceClockEvent.now_ms += 2.0  # the stream stands still until the collective ends
     assert clock.seconds == pytest.approx(1100 * 0.002)
+
+
+class _Stream:
+    """One CUDA stream against the host clock (ms): the host queues work and runs on; the device runs queued work in
+    order, idling until it is queued. `free` is when the device finishes what is queued so far."""
+
+    def __init__(self):
+        self.host = self.free = 0.0
+
+    def kernel(self, ms):
+        self.free = max(self.free, self.host) + ms
+
+    def sync(self, device=None):
+        self.host = max(self.host, self.free)
+
+    def event(self, enable_timing=False):
+        stream = self
+
+        class Event:
+            def record(self, s=None):
+                self.ms = stream.free = max(stream.free, stream.host)
+
+            def synchronize(self):
+                stream.sync()
+
+            def elapsed_time(self, end):
+                return end.ms - self.ms
+
+        return Event()
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_cuda_timing_leaves_the_hosts_pre_launch_work_out(monkeypatch, steps):
+    """Issue 39 item 4: a call that spends 0.3 ms on the host (autograd, checks, Triton's launcher) before queuing a
+    1 ms kernel measures 1 ms, not 1.3: device work is queued ahead of the start event, so the gap lands before it."""
+    stream = _Stream()
+    monkeypatch.setattr(torch.cuda, "Event", stream.event)
+    monkeypatch.setattr(torch.cuda, "synchronize", stream.sync)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: stream.kernel(cycles / 2e6))  # 2 GHz: 0.5 ms
+
+    def call():
+        stream.host += 0.3  # pre-launch work on the host
+        stream.kernel(1.0)
+
+    assert timing.time_one(call, "cuda") == pytest.approx(1e-3)
+    assert benchmark(call, warmup=0, steps=steps, device="cuda", progress=False).samples == [pytest.approx(1e-3)] * steps

@@ -258,9 +258,9 @@ def run_02(s: dict, profile: str, out: Path) -> list[str]:
     )
     bench = pd.DataFrame(rows)
     bench["median_ms"] = bench["median_s"] * 1e3
-    if _device() == "cuda":
-        XR.check_fraction_of_copy(bench[bench.rows == s["rows"]])
     save_results(bench, "rmsnorm_bench", profile=profile, directory=out)
+    if _device() == "cuda":  # after saving: a noisy yardstick fails the batch, not its rows
+        XR.check_fraction_of_copy(bench[bench.rows == s["rows"]])
     return ["rmsnorm_bench"]
 
 
@@ -276,11 +276,12 @@ def run_06(s: dict, profile: str, out: Path) -> list[str]:
         s["steps"],
         max_T={"flash_pytorch": s["flash_pytorch_max_T"]},
     )
-    if _device() == "cuda":  # timing bounds on a tiny cpu plan are noise, not physics
-        XA.check_physical_bounds(rows, env.machine_facts()["device"])
     bench = pd.DataFrame(rows)
     bench["ms"] = bench["median_s"] * 1e3
-    return [save_part(bench, "attention_bench", "+".join(s["dtypes"]), profile, out)]
+    saved = save_part(bench, "attention_bench", "+".join(s["dtypes"]), profile, out)
+    if _device() == "cuda":  # after saving; timing bounds on a tiny cpu plan are noise, not physics
+        XA.check_physical_bounds(rows, env.machine_facts()["device"])
+    return [saved]
 
 
 def run_03(s: dict, profile: str, out: Path) -> list[str]:
