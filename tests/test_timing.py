@@ -303,4 +303,5 @@ def test_cuda_timing_leaves_the_hosts_pre_launch_work_out(monkeypatch, steps):
         stream.kernel(1.0)
 
     assert timing.time_one(call, "cuda") == pytest.approx(1e-3)
-    assert benchmark(call, warmup=0, steps=steps, device="cuda", progress=False).samples == [pytest.approx(1e-3)] * steps
+    samples = benchmark(call, warmup=0, steps=steps, device="cuda", progress=False).samples
+    assert samples == [pytest.approx(1e-3)] * steps
