@@ -26,12 +26,19 @@
 # TORCH is installed first: the default resolves to a local CPU build on the
 # course machines and to a CUDA build from PyPI elsewhere. On a machine whose
 # Python already has a CUDA torch, reuse it:
-#   make setup VENV_ARGS=--system-site-packages TORCH=
+#   make setup VENV_ARGS=--system-site-packages TORCH= TRITON=
+# TRITON is the course's pin (2026: triton 3.6, as on the GPU image), so a student's block-pointer kernel runs in the
+# interpreter here; `make test` runs the kernel tests again under NEWEST_TRITON (no GPU: the interpreter), so the
+# companion's kernels are known to work in both.
 
 PYTHON    ?= python3
 VENV      := .venv
 PY        := $(VENV)/bin/python
 TORCH     ?= torch==2.13.0
+TRITON    ?= triton==3.6.0; platform_system == 'Linux'
+NEWEST_TRITON ?= triton==3.9.0
+NEWEST_DIR := build/newest-triton
+KERNEL_TESTS := tests/test_rmsnorm.py tests/test_attention.py tests/test_kernels.py tests/test_yours.py
 VENV_ARGS ?=
 PROFILE   ?= auto
 BUDGET    ?= auto
@@ -44,7 +51,7 @@ REFERENCE_ARGS ?=
 WHEELS_DIR ?= build/wheels
 WHEELS_PYTHON ?= 3.12
 
-.PHONY: setup test lint format writeup lab strip bench stress yours reference wheels clean
+.PHONY: setup test test-newest-triton lint format writeup lab strip bench stress yours reference wheels clean
 
 # A PYTHON that is itself a venv (GPU images: torch in /opt/.../.venv): --system-site-packages would show .venv only
 # the *base* interpreter's packages (CPython #95469), so a .pth file in .venv lists the outer venv's site-packages.
@@ -55,8 +62,9 @@ $(PY):
 	$(if $(and $(findstring --system-site-packages,$(VENV_ARGS)),$(strip $(OUTER_SITE))),\
 	    printf '%s\n' $(OUTER_SITE) > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/outer-venv.pth")
 
-$(VENV)/.installed: pyproject.toml | $(PY)
+$(VENV)/.installed: pyproject.toml Makefile | $(PY)
 	$(if $(strip $(TORCH)),$(PY) -m pip install --quiet "$(TORCH)")
+	$(if $(strip $(TRITON)),$(PY) -m pip install --quiet "$(TRITON)")
 	$(PY) -m pip install --quiet -e ".[dev]"
 	mkdir -p $(@D) && touch $@
 
@@ -71,9 +79,20 @@ CELL_TIMEOUT ?= 360
 # leave a core idle that the other uses. 1 with a GPU: the notebooks' real sizes need the whole card.
 TEST_WORKERS ?= $(shell $(PY) -c "import torch; print(1 if torch.cuda.is_available() else 2)")
 
+# With CUDA the kernels compile with the machine's own Triton; without, the kernel tests run a second time in the
+# interpreter of NEWEST_TRITON (installed apart, in build/, first on PYTHONPATH). EXPECT_TRITON: test_kernels checks
+# that each run imported the Triton it names.
+HAS_CUDA = $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))")
+
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
 	    --nbval-cell-timeout=$(CELL_TIMEOUT) tests notebooks
+	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory test-newest-triton)
+
+test-newest-triton: setup
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(NEWEST_DIR) "$(NEWEST_TRITON)"
+	EXPECT_TRITON=$(subst triton==,,$(NEWEST_TRITON)) PYTHONPATH=$(NEWEST_DIR) \
+	    $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -q $(KERNEL_TESTS)
 
 lint: setup
 	$(PY) -m ruff check .

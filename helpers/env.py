@@ -107,6 +107,48 @@ def backends() -> dict:
     }
 
 
+def import_triton():
+    """(triton, triton.language), or (None, None) where Triton is not installed (e.g. macOS): what every kernel module
+    imports, with the interpreter fixed for NumPy >= 2.4 (fix_triton_interpreter)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None, None
+    fix_triton_interpreter()
+    return triton, tl
+
+
+def fix_triton_interpreter() -> bool:
+    """Triton 3.6's interpreter (the course's pin) turns a scalar, a one-element array, into a loop bound or an index
+    with int(array), which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"): every
+    `range(...)` over a kernel argument fails. Newer Tritons squeeze the array first; give older ones the same
+    `__index__`. True when the patch was applied (here or earlier)."""
+    import inspect
+
+    import numpy as np
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "squeezes", False):
+        return patch is not None
+    if int(np.__version__.split(".")[0]) * 100 + int(np.__version__.split(".")[1]) < 204:
+        return False
+    try:
+        if "squeeze()" in inspect.getsource(patch):
+            return False  # this Triton already squeezes (3.7 and newer)
+    except (OSError, TypeError):
+        pass
+
+    def squeezing(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    squeezing.squeezes = True
+    interpreter._patch_lang_tensor = squeezing
+    return True
+
+
 def triton_mode() -> str:
     """'interpreter' when TRITON_INTERPRET=1 (set by `import helpers` on machines without CUDA), else 'compiled'."""
     return "interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled"

@@ -19,11 +19,9 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # e.g. macOS: the PyTorch paths still work
-    triton = tl = None
+from helpers.env import import_triton
+
+triton, tl = import_triton()  # (None, None) e.g. on macOS: the PyTorch paths still work
 
 EPS = 1e-5
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

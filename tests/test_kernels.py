@@ -62,3 +62,36 @@ def test_kernels_compile_for_sm80_and_sm90a_without_spills():
     match = re.fullmatch(r"(\d+) configurations compiled for sm_80, sm_90a; (\d+) with spills", last)
     assert match, last
     assert int(match.group(1)) >= 8 and int(match.group(2)) == 0 and run.returncode == 0, run.stdout
+
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _count_to(out_ptr, n):
+        """out[pid] = n, counted one by one in a loop over a kernel argument (the bound is a scalar tensor in the
+        interpreter)."""
+        acc = 0
+        for _ in range(0, n):
+            acc += 1
+        tl.store(out_ptr + tl.program_id(0), acc)
+
+
+def test_a_loop_over_a_kernel_argument_runs_in_this_triton():
+    """Issue 38: Triton 3.6's interpreter (the course's pin) fails every range() over a kernel argument under NumPy
+    2.4 ('only 0-dimensional arrays can be converted to Python scalars'); helpers.env.fix_triton_interpreter gives
+    it the newer Tritons' __index__. Runs under both Tritons `make test` uses."""
+    out = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    _count_to[(3,)](out, 5)
+    assert out.tolist() == [5, 5, 5]
+
+
+def test_each_make_test_run_imports_the_triton_it_names(monkeypatch):
+    """make test's second run puts NEWEST_TRITON first on PYTHONPATH and names it in EXPECT_TRITON; the default
+    environment has the course's pin. A run that silently imported the other one would test nothing new."""
+    import os
+
+    expected = os.environ.get("EXPECT_TRITON")
+    if expected is None:
+        pytest.skip("EXPECT_TRITON is set by make test's run under another Triton")
+    assert triton.__version__ == expected

@@ -12,12 +12,9 @@ from torch import Tensor
 
 from helpers.attention.reference import _check
 from helpers.attention.tiles import _launch_config
+from helpers.env import import_triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # e.g. macOS: the PyTorch paths still work
-    triton = tl = None
+triton, tl = import_triton()  # (None, None) e.g. on macOS: the PyTorch paths still work
 
 
 if triton is not None:

@@ -9,10 +9,9 @@ import os
 import torch
 from torch import Tensor
 
-try:
-    import triton
-except ImportError:  # e.g. macOS: the PyTorch paths still work
-    triton = None
+from helpers.env import import_triton
+
+triton, _ = import_triton()  # None e.g. on macOS: the PyTorch paths still work
 
 HEAD_DIMS = (16, 32, 64, 128)  # Triton: a head row is one block (power of two), and tl.dot needs K >= 16
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -10,12 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from helpers.course.yours.report import NEEDS_GPU, NEEDS_TRITON
+from helpers.env import import_triton
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # e.g. macOS: no Triton, so no Triton implementation can be judged here
-    triton = None
+triton, tl = import_triton()  # None e.g. on macOS: no Triton, so no Triton implementation can be judged here
 
 if triton is not None:
 
