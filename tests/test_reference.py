@@ -195,6 +195,41 @@ def test_headlines_set_a_published_figure_only_beside_its_own_setting(tmp_path):
     assert xl["ours"].tolist() == pytest.approx([1.1, 1.1])
     assert xl["published"].tolist() == pytest.approx([836.05 / 783.53, 198 / 202])  # 000 and 004 disagree
     assert xl["published source"].str.contains("000_6835ed27c4bcad4a.txt").any()
+    assert xl["published source"].str.contains("not interleaved").all()  # two launches: said beside the ratio
+
+
+@pytest.mark.parametrize("precision, says", [(None, "fp32 (TF32 off)"), ("tf32", "fp32 with TF32 matmuls")])
+def test_headlines_name_the_precision_of_each_side(tmp_path, precision, says):
+    """Issue 39 item 13: the seed's H100 times ran TF32 matmuls (its kernel names), ours fp32 unless TF32 was on;
+    both are said, so a 2-3x gap is not read as a slow machine."""
+    extra = {} if precision is None else {"precision": precision}
+    row = {"size": "small", "pass": "both", "warm-up": 3, "median_s": 0.03}
+    results.save_results([row], "01_timing", directory=tmp_path, batch=16, context=128, **extra)
+    [head] = R.headlines(tmp_path).to_dict(orient="records")
+    assert head["figure"] == f"small forward+backward, warm, {says}" and head["published"] == 0.0241
+    assert "TF32" in head["published source"]
+
+
+@pytest.mark.parametrize("batch", ["02", "06"])
+def test_batches_02_and_06_save_before_their_physical_checks(tmp_path, monkeypatch, batch):
+    """Issue 39 item 8: a noisy yardstick (or one implausible row) fails the batch but keeps its rows."""
+    from helpers.course import reference_batches as RB
+
+    def implausible(*a, **k):
+        raise AssertionError("outside its physical bound")
+
+    monkeypatch.setattr(RB, "_device", lambda: "cuda")
+    monkeypatch.setattr(RB.env, "machine_facts", lambda: {"device": "NVIDIA H100"})
+    monkeypatch.setattr(RB.XR, "bench_kernels", lambda **k: [{"rows": 8, "median_s": 1e-3}])
+    monkeypatch.setattr(RB.XA, "sweep", lambda *a, **k: [{"impl": "naive", "median_s": 1e-3}])
+    monkeypatch.setattr(RB.XR, "check_fraction_of_copy", implausible)
+    monkeypatch.setattr(RB.XA, "check_physical_bounds", implausible)
+    s = {**RB.scale(batch if batch == "02" else "06-float32", "cpu"), "rows": 8}
+    with pytest.raises(AssertionError, match="physical bound"):
+        {"02": RB.run_02, "06": RB.run_06}[batch](s, "cpu", tmp_path)
+    assert {p.stem.split("@")[0] for p in tmp_path.glob("*.jsonl")} == {
+        {"02": "rmsnorm_bench", "06": "attention_bench"}[batch]
+    }
 
 
 def test_without_git_the_stamp_is_a_hash_of_the_sources(tmp_path):

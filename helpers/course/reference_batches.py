@@ -225,12 +225,12 @@ def run_01(s: dict, profile: str, out: Path) -> list[str]:
         s["sizes"], B, T, device=device, runs=[dict(warmup=0, steps=s["cold_steps"]), dict(warmup=W, steps=s["steps"])]
     )
     times["profile"] = profile
-    save_results(times, "01_timing", profile=profile, directory=out, batch=B, context=T)
+    precision = "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    save_results(times, "01_timing", profile=profile, directory=out, batch=B, context=T, precision=precision)
     dtypes = [_dtype(d) for d in s["autocast"]]
     peaks = XB.peak_rows(s["sizes"], B, T, dtypes, device).assign(profile=profile)
     save_results(peaks, "01_memory_peaks", profile=profile, directory=out, batch=B, context=T)
     name = env.machine_facts()["device"]
-    precision = "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
     both = XB.warm_cold(times, W)[1].xs("both", level="pass")["median_s"]
     flops = XB.flops_table({sz: both.get(sz, float("nan")) for sz in s["sizes"]}, B, T, name, precision)
     save_results(

@@ -20,6 +20,9 @@ SEED_GLOO_CUDA_1GB_2 = 1.40  # §3.1.1: all-reduce of 1 GB, gloo + CUDA, 2 proce
 SEED_ZERO1_OVERHEAD = 836.05 / 783.53  # 000: xl iteration with / without optimizer sharding, 2 H100s
 SEED_SHARDED_XL = 198 / 202  # 004 §3.4.5(b): xl iteration sharded / not sharded, 1 node x 2 GPUs (disagrees with 000)
 SEED_GLOO_BUCKETED_S = {("medium", 50): 1.12}  # 004 §3.4.4(a): GLOO step time, medium, 50 MB buckets, 2 H100s
+SEED_PRECISION = "TF32 matmuls (its profile lists tf32 GEMM kernels)"  # 004 §2.1.2's kernel names: *_tf32f32_*
+PRECISION_WORDS = {"fp32": "fp32 (TF32 off)", "tf32": "fp32 with TF32 matmuls"}
+SEPARATE = "ours: 2 ranks on one GPU, each kind timed in a launch of its own, not interleaved"
 
 
 def _rows(folder: Path, name: str) -> pd.DataFrame | None:
@@ -70,13 +73,14 @@ def headlines(folder) -> pd.DataFrame:
     ) == (16, 128)
     if times is not None:
         warm = times[(times["pass"] == "both") & (times["warm-up"] > 0)]
+        precision = times.attrs["provenance"].get("precision", "fp32")  # torch's default: matmuls in full fp32
         for r in warm.itertuples():
             pub = SEED_BOTH_S.get(r.size) if seed_shape else None
             add(
-                f"{r.size} forward+backward, warm, fp32",
+                f"{r.size} forward+backward, warm, {PRECISION_WORDS.get(precision, precision)}",
                 r.median_s,
                 pub,
-                f"{SEED_WRITEUP} §2.1.1(b), batch 16 x 128" if pub else "",
+                f"{SEED_WRITEUP} §2.1.1(b), batch 16 x 128, {SEED_PRECISION}" if pub else "",
                 "s",
             )
     peaks = _rows(folder, "01_memory_peaks")
@@ -123,6 +127,8 @@ def headlines(folder) -> pd.DataFrame:
                     f"{SEED_WRITEUP} §3.4.4(a) (each rank its own H100; ours may share one GPU)",
                     "s",
                 )
+    # the reference runner times each optimizer kind in a batch (a launch) of its own, to fit its time budget: their
+    # ratio compares two launches, not one interleaved loop as notebook 05 does
     sh = _rows(folder, "05_sharding_speed")
     if sh is not None and {"sharded", "unsharded"} <= set(sh.kind):
         it, model = sh.set_index("kind")["iteration_s"], sh.attrs["provenance"].get("model")
@@ -131,7 +137,7 @@ def headlines(folder) -> pd.DataFrame:
             f"{model} sharded / unsharded iteration time",
             it["sharded"] / it["unsharded"],
             pub,
-            f"{SEED_ZERO1} (xl, 2 H100s; ours: 2 ranks on one GPU)" if pub else "",
+            f"{SEED_ZERO1} (xl, 2 H100s; {SEPARATE})" if pub else "",
             "x",
         )
         if model == "xl":  # the two published figures disagree (the seeds' README): both shown
@@ -139,7 +145,7 @@ def headlines(folder) -> pd.DataFrame:
                 f"{model} sharded / unsharded iteration time",
                 it["sharded"] / it["unsharded"],
                 SEED_SHARDED_XL,
-                f"{SEED_WRITEUP} §3.4.5(b) (xl, 1 node x 2 GPUs)",
+                f"{SEED_WRITEUP} §3.4.5(b) (xl, 1 node x 2 GPUs; {SEPARATE})",
                 "x",
             )
     fs = _rows(folder, "07_fsdp_speed")
