@@ -26,16 +26,16 @@
 # TORCH is installed first: the default resolves to a local CPU build on the
 # course machines and to a CUDA build from PyPI elsewhere. On a machine whose
 # Python already has a CUDA torch, reuse it:
-#   make setup VENV_ARGS=--system-site-packages TORCH= TRITON=
+#   make setup VENV_ARGS=--system-site-packages TORCH=
 # TRITON is the course's pin (2026: triton 3.6, as on the GPU image), so a student's block-pointer kernel runs in the
-# interpreter here; `make test` runs the kernel tests again under NEWEST_TRITON (no GPU: the interpreter), so the
-# companion's kernels are known to work in both.
+# interpreter here; with TORCH= it is empty too (the machine's own triton matches its torch). Without CUDA, `make
+# test` runs the kernel tests again under NEWEST_TRITON, so the companion's kernels are known to work in both.
 
 PYTHON    ?= python3
 VENV      := .venv
 PY        := $(VENV)/bin/python
 TORCH     ?= torch==2.13.0
-TRITON    ?= triton==3.6.0; platform_system == 'Linux'
+TRITON    ?= $(if $(strip $(TORCH)),triton==3.6.0; platform_system == 'Linux')
 NEWEST_TRITON ?= triton==3.9.0
 NEWEST_DIR := build/newest-triton
 KERNEL_TESTS := tests/test_rmsnorm.py tests/test_attention.py tests/test_kernels.py tests/test_yours.py
