@@ -79,13 +79,15 @@ CELL_TIMEOUT ?= 360
 # leave a core idle that the other uses. 1 with a GPU: the notebooks' real sizes need the whole card.
 TEST_WORKERS ?= $(shell $(PY) -c "import torch; print(1 if torch.cuda.is_available() else 2)")
 
+# HELPERS_PROFILE=cpu: PROFILE="auto" means the cpu profile's sizes under make test, on a GPU too (fast: every cell
+# fits the CPU's CELL_TIMEOUT); the gpu profile's sizes are `make writeup PROFILE=gpu`'s and `make reference`'s.
 # With CUDA the kernels compile with the machine's own Triton; without, the kernel tests run a second time in the
 # interpreter of NEWEST_TRITON (installed apart, in build/, first on PYTHONPATH). EXPECT_TRITON: test_kernels checks
 # that each run imported the Triton it names.
 HAS_CUDA = $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))")
 
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
+	HELPERS_PROFILE=cpu $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
 	    --nbval-cell-timeout=$(CELL_TIMEOUT) tests notebooks
 	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory test-newest-triton)
 

@@ -21,11 +21,15 @@ PROFILES = {
 }
 
 
+AUTO_PROFILE_VAR = "HELPERS_PROFILE"  # what "auto" means when set: `make test` sets cpu (the gpu sizes are writeup's)
+
+
 def resolve_profile(profile: str = "auto") -> str:
-    """Turn a notebook's PROFILE parameter into "cpu" or "gpu" ("auto": gpu when CUDA is present)."""
+    """Turn a notebook's PROFILE parameter into "cpu" or "gpu" ("auto": $HELPERS_PROFILE when set, else gpu when
+    CUDA is present)."""
     profile = (profile or "auto").lower()
     if profile == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
+        profile = os.environ.get(AUTO_PROFILE_VAR, "").lower() or ("gpu" if torch.cuda.is_available() else "cpu")
     if profile not in PROFILES:
         raise ValueError(f"unknown PROFILE={profile!r}; use 'auto', 'cpu' or 'gpu'")
     if profile == "gpu" and not torch.cuda.is_available():

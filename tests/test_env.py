@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,11 +12,25 @@ from helpers import env
 
 
 def test_auto_profile_follows_cuda(monkeypatch):
+    monkeypatch.delenv(env.AUTO_PROFILE_VAR, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert env.resolve_profile("auto") == "cpu"
     assert env.resolve_profile("CPU") == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert env.resolve_profile("auto") == "gpu"
+
+
+def test_make_tests_profile_variable_decides_auto_only(monkeypatch):
+    """Issue 39 item 2: `make test` on a GPU runs the notebooks at the cpu profile's sizes (HELPERS_PROFILE=cpu); the
+    gpu sizes belong to `make writeup PROFILE=gpu` and `make reference`. An explicit PROFILE still wins."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv(env.AUTO_PROFILE_VAR, "cpu")
+    assert env.resolve_profile("auto") == "cpu" and env.resolve_profile("gpu") == "gpu"
+    monkeypatch.setenv(env.AUTO_PROFILE_VAR, "tpu")
+    with pytest.raises(ValueError, match="unknown PROFILE"):
+        env.resolve_profile("auto")
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert f"{env.AUTO_PROFILE_VAR}=cpu $(PY) -m pytest" in makefile
 
 
 def test_bad_profiles_are_refused(monkeypatch):
