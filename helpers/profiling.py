@@ -124,13 +124,29 @@ def _is_label(name: str) -> bool:
     return name.endswith(")") and " (" in name or name.startswith(("ProfilerStep", "autograd::", "Optimizer."))
 
 
+def is_host_event(e) -> bool:
+    """The host's own event (an op, or a record_function range as the host saw it), not a device-side one: on CUDA the
+    profiler also adds a device copy of every labelled range that launched kernels (gpu_user_annotation, PyTorch
+    #130730), spanning those kernels, under the same name."""
+    return e.device_type == torch.autograd.DeviceType.CPU
+
+
+def _is_annotation(e, host_names: set) -> bool:
+    """A device-side copy of a labelled range (is_user_annotation; on a torch without the flag, a device event named
+    like a host event: kernel names never are)."""
+    flag = getattr(e, "is_user_annotation", None)
+    return bool(flag) if flag is not None else e.key in host_names
+
+
 def _leaf_times(prof) -> list[tuple[str, float, int]]:
-    """(name, self time µs, count) per op/kernel: device kernels on CUDA, CPU ops on CPU."""
-    rows = []
-    for e in prof.key_averages():
+    """(name, self time µs, count) per op/kernel: device kernels on CUDA (not the device copies of labelled ranges,
+    whose 'self' time is their whole span), CPU ops on CPU."""
+    rows, averages = [], list(prof.key_averages())
+    host_names = {e.key for e in averages if is_host_event(e)}
+    for e in averages:
         if getattr(prof, "device_type", "cpu") == "cuda":
             t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
-            if e.device_type == torch.autograd.DeviceType.CUDA and t > 0:
+            if e.device_type == torch.autograd.DeviceType.CUDA and t > 0 and not _is_annotation(e, host_names):
                 rows.append((e.key, t, e.count))
         elif not _is_label(e.key) and e.self_cpu_time_total > 0:
             rows.append((e.key, e.self_cpu_time_total, e.count))

@@ -346,3 +346,62 @@ def test_module_labels_are_nvtx_ranges_for_nsys(monkeypatch):
     with profiling.label_modules(lm, nvtx=True):
         lm(torch.zeros(1, 2))
     assert ranges == [("push", "model (Sequential)"), ("push", "0 (Linear)"), ("pop", None), ("pop", None)]
+
+
+@pytest.mark.parametrize("flagged", [True, False])
+def test_the_device_copies_of_labelled_ranges_are_not_ops(flagged):
+    """Issue 39 item 3: on CUDA the profiler adds a device-side event for every record_function range that launched
+    kernels (gpu_user_annotation, PyTorch #130730), its 'self' time the range's whole span. It is no op: counted, it
+    would double the kernels' time and could become the 'most expensive op'. Torch builds without the
+    is_user_annotation flag: a device event named like a host event is one."""
+    from types import SimpleNamespace as NS
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    gemm = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN"
+    flag = {"is_user_annotation": True} if flagged else {}
+    averages = [
+        NS(key="lm_head (Linear)", device_type=cpu, self_device_time_total=0.0, count=1),
+        NS(key="aten::mm", device_type=cpu, self_device_time_total=0.0, count=1),
+        NS(key=gemm, device_type=cuda, self_device_time_total=80.0, count=1, **({"is_user_annotation": False})),
+        NS(key="lm_head (Linear)", device_type=cuda, self_device_time_total=85.0, count=1, **flag),
+    ]
+    if not flagged:
+        del averages[2].is_user_annotation
+    ops = [NS(name="aten::mm", device_type=cpu, self_device_time_total=80.0, kernels=[NS(name=gemm)])]
+    prof = NS(device_type="cuda", events=lambda: ops, key_averages=lambda: averages)
+    table = profiling.op_table(prof, steps=1)
+    assert table["op"].tolist() == [gemm] and table["share"].tolist() == [1.0]
+
+
+def _event(name, start, end, device="cpu"):
+    from types import SimpleNamespace as NS
+
+    kind = torch.autograd.DeviceType.CPU if device == "cpu" else torch.autograd.DeviceType.CUDA
+    return NS(name=name, device_type=kind, time_range=NS(start=start, end=end))
+
+
+def test_ddp_steps_and_fsdp_calls_come_from_the_hosts_ranges():
+    """Issue 39 item 3: the device copy of the backward range (later, on the GPU's clock) must not become a step of
+    its own, and a module range's device copy must not take a forward call's slot."""
+    from helpers.experiments.common import BACKWARD_RANGE
+    from helpers.experiments.ddp_speed import step_spans
+    from helpers.experiments.fsdp_trace import forward_ranges
+
+    events = [
+        _event(BACKWARD_RANGE, 100, 200),
+        _event("gloo:all_reduce", 150, 190),
+        _event(BACKWARD_RANGE, 180, 260, device="cuda"),  # the GPU's copy of step 1's backward
+        _event(BACKWARD_RANGE, 300, 400),
+        _event("gloo:all_reduce", 350, 420),
+    ]
+    steps = step_spans(events)
+    assert [s.backward for s in steps] == [(100, 200), (300, 400)]
+    assert [s.comm for s in steps] == [[[150, 190]], [[350, 420]]]
+    calls = [
+        _event("layers.0 (Block)", 10, 20),
+        _event("layers.0 (Block)", 12, 30, device="cuda"),
+        _event("layers.1 (Block)", 20, 40),
+        _event("layers.1 (Block)", 60, 80),  # its backward recomputation: past the forward calls
+    ]
+    got = forward_ranges(calls, {"layers.0", "layers.1"}, calls=2)
+    assert [(e.name, e.time_range.start) for e in got] == [("layers.0 (Block)", 10), ("layers.1 (Block)", 20)]

@@ -31,7 +31,7 @@ from helpers.experiments.common import (
     train_step,
 )
 from helpers.model import count_parameters
-from helpers.profiling import quiet_profiler
+from helpers.profiling import is_host_event, quiet_profiler
 from helpers.timing import WaitClock, interleaved, paired_ratio, pairwise_ratios, sync, time_call, verdict
 
 
@@ -80,9 +80,15 @@ def traced_steps(ddp, optimizer, batches, trace_path=None) -> list[StepIntervals
         sync(L.device())
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
-    events = prof.events()
-    backward = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == BACKWARD_RANGE)
-    comm = sorted((e.time_range.start, e.time_range.end) for e in events if e.name.startswith("gloo:all_reduce"))
+    return step_spans(prof.events())
+
+
+def step_spans(events) -> list[StepIntervals]:
+    """Per profiled step: the host's backward range (not its device-side copy on CUDA) and gloo's all-reduce spans
+    that start inside it or before the next step's backward."""
+    host = [e for e in events if is_host_event(e)]
+    backward = sorted((e.time_range.start, e.time_range.end) for e in host if e.name == BACKWARD_RANGE)
+    comm = sorted((e.time_range.start, e.time_range.end) for e in host if e.name.startswith("gloo:all_reduce"))
     ends = [b0 for b0, _ in backward[1:]] + [float("inf")]
     return [
         StepIntervals((b0, b1), [[a, b] for a, b in comm if b0 <= a < end])

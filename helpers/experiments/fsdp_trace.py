@@ -13,7 +13,7 @@ import torch.distributed as dist
 from helpers import launch as L
 from helpers.experiments.fsdp_common import step
 from helpers.fsdp import FSDP
-from helpers.profiling import label_modules, quiet_profiler
+from helpers.profiling import is_host_event, label_modules, quiet_profiler
 from helpers.timing import sync
 
 
@@ -35,8 +35,7 @@ def traced_forward(fsdp: FSDP, opt, x, y) -> Traced:
         sync(L.device())
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     names = {m: n for n, m in fsdp.module.named_modules()}
-    ranges = [e for e in events if " (" in e.name and e.name.split(" (")[0] in {names[m] for m in fsdp.call_order}]
-    ranges = ranges[: len(fsdp.call_order)]  # the forward calls, in call order
+    ranges = forward_ranges(events, {names[m] for m in fsdp.call_order}, len(fsdp.call_order))
     spans = (
         [(r.time_range.start, r.time_range.end) for r in ranges]
         if dist.get_backend() != "nccl"
@@ -48,6 +47,13 @@ def traced_forward(fsdp: FSDP, opt, x, y) -> Traced:
         spans,
         [e.time_range.end for e in events if is_gather(e)],
     )
+
+
+def forward_ranges(events, modules: set, calls: int) -> list:
+    """The first `calls` labelled module ranges ("name (Class)") of `modules` as the host saw them, in time order: the
+    forward calls. Device-side copies of the ranges (CUDA) are left out: they start later and would take a slot."""
+    labelled = [e for e in events if is_host_event(e) and " (" in e.name and e.name.split(" (")[0] in modules]
+    return labelled[:calls]
 
 
 def is_gather(e) -> bool:
