@@ -336,3 +336,31 @@ def test_wait_clock_on_the_cpu_counts_host_time():
     with clock.waiting(torch.device("cpu")):
         time.sleep(0.02)
     assert 0.02 <= clock.seconds < 1.0
+
+
+def test_on_a_gpu_with_host_spans_the_backward_is_timed_as_the_device_ran_it(monkeypatch):
+    """Issue 39 item 5: with gloo on CUDA tensors the all-reduce spans are host times, but the host returns from
+    backward() once its kernels are queued: all-reduces the GPU's backward hides would count as exposed. With
+    device_backward the device is synchronized right before and after backward, so (b0, b1) is when it ran."""
+    import contextlib
+
+    order = []
+    monkeypatch.setattr(common, "sync", lambda dev: order.append("sync"))
+
+    @contextlib.contextmanager
+    def backward_range(name):
+        order.append("backward starts")
+        yield
+        order.append("backward ends")
+
+    monkeypatch.setattr(common, "record_function", backward_range)
+    net = common.make_model("toy", seed=0)
+    x, y = common.make_batches("toy", 1, 2, 8, seed=0)[0]
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for device_backward, expected in [
+        (False, ["backward starts", "backward ends"]),
+        (True, ["sync", "backward starts", "backward ends", "sync"]),
+    ]:
+        order.clear()
+        common.train_step(net, opt, x, y, device_backward=device_backward)
+        assert order == expected

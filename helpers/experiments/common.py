@@ -122,12 +122,23 @@ def make_optimizer(params, name: str):
 
 
 def train_step(
-    model, optimizer, x, y, grad_sync=None, autocast_dtype=None, optimizer_step: bool = True, times: dict | None = None
+    model,
+    optimizer,
+    x,
+    y,
+    grad_sync=None,
+    autocast_dtype=None,
+    optimizer_step: bool = True,
+    times: dict | None = None,
+    device_backward: bool = False,
 ) -> torch.Tensor:
     """One training step: zero grads, forward (through `grad_sync`, a DDP wrapper, when given), backward, gradient
     sync, optimizer step. Returns the loss (detached). `times` gets the backward's (start, end) perf_counter pair and
     seconds of forward+backward+sync ('fwd_bwd'), of waiting for the gradient sync ('grad_comm'), of step() ('step')
-    and of communication inside step() ('step_comm'); the device is synchronized at each boundary when it is asked."""
+    and of communication inside step() ('step_comm'); the device is synchronized at each boundary when it is asked.
+    device_backward: also synchronize right before and after backward, so the host's pair is when the device ran it
+    (on a GPU the host returns from backward() once its kernels are queued): what spans on the host clock (gloo's,
+    on CUDA tensors too) are measured against."""
     dev = x.device
     grad_comm0, step_comm0 = getattr(grad_sync, "comm_s", 0.0), getattr(optimizer, "comm_s", 0.0)
     if times is not None:
@@ -142,11 +153,15 @@ def train_step(
     events = (
         [torch.cuda.Event(enable_timing=True) for _ in range(2)] if times is not None and dev.type == "cuda" else []
     )
+    if device_backward:
+        sync(dev)
     b0 = time.perf_counter()
     if events:
         events[0].record()
     with record_function(BACKWARD_RANGE):  # what a profiler trace finds (notebook 04)
         loss.backward()
+    if device_backward:
+        sync(dev)
     b1 = time.perf_counter()
     if events:
         events[1].record()  # where the device ends backward (the host returns from it earlier)

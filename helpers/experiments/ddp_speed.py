@@ -144,11 +144,17 @@ def speed_worker(
     opts = {label: make_optimizer(d.parameters(), "sgd") for label, d in ddps.items()}
     timelines = {label: [] for label in ddps}
 
+    host_spans = dist.get_backend() != "nccl"  # gloo's spans are host times, on CUDA tensors too (ddp._host_span)
+
     def step(label, i):
         ddp, record = ddps[label], i >= warmup + steps - timeline_steps
         ddp.timeline, comm0, times = ([] if record else None), ddp.comm_s, {}
+        on_host = record and host_spans and dev.type == "cuda"  # the backward on the host clock as the GPU ran it
         _, seconds = time_call(
-            lambda: train_step(ddp.module, opts[label], *batches[i % len(batches)], grad_sync=ddp, times=times), dev
+            lambda: train_step(
+                ddp.module, opts[label], *batches[i % len(batches)], grad_sync=ddp, times=times, device_backward=on_host
+            ),
+            dev,
         )
         if record:
             timelines[label].append(step_intervals(times, ddp.timeline))
