@@ -88,6 +88,7 @@ def notebook_01_rows() -> dict:
             ],
             dict(size="medium/cpu"),
         ),
+        "01_attention_parts": (attention_parts_rows(), dict(size="medium/cpu", batch=4, context=32)),
         "01_precision_ratios": (benchmarking.precision_ratios(precision), dict(batch=4, context=32)),
         "01_autocast_dtypes": (
             [
@@ -417,3 +418,13 @@ def synthetic_folder(tmp_path_factory) -> Path:
         everything = {**notebook_01_rows(), **notebook_02_rows(), **notebook_03_05_rows(), **notebook_06_07_rows()}
         _BUILT["folder"] = write(tmp_path_factory.mktemp("local"), everything)
     return _BUILT["folder"]
+
+
+def attention_parts_rows(softmax_s: float = 1e-4, matmul_s: float = 1e-4, flop_ratio: float = 0.02) -> list[dict]:
+    """01_attention_parts as notebook 01 saves it: the three ops, then softmax / (QKᵀ + PV) paired over 20 rounds."""
+    ratio = softmax_s / (2 * matmul_s)
+    ops = [{"op": op, "median_s": t} for op, t in (("QKᵀ", matmul_s), ("softmax", softmax_s), ("PV", matmul_s))]
+    return ops + [
+        {"op": "softmax / (QKᵀ + PV)", "ratio": ratio, "ratio_low": 0.9 * ratio, "ratio_high": 1.1 * ratio}
+        | {"pairs": 20, "flop_ratio": flop_ratio}
+    ]

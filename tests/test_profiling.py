@@ -405,3 +405,20 @@ def test_ddp_steps_and_fsdp_calls_come_from_the_hosts_ranges():
     ]
     got = forward_ranges(calls, {"layers.0", "layers.1"}, calls=2)
     assert [(e.name, e.time_range.start) for e in got] == [("layers.0 (Block)", 10), ("layers.1 (Block)", 20)]
+
+
+def test_attention_parts_time_the_three_ops_and_count_their_flops():
+    """Notebook 01 §3 / 2025 nsys_profile(e): the matmuls' FLOPs are FlopCounterMode's; the ratio pairs each round's
+    softmax with that round's QKᵀ + PV; the saved rows end with the ratio."""
+    from helpers.experiments import benchmarking_attention as BA
+
+    cfg = model.get_config("small/cpu")
+    parts = BA.attention_parts(cfg, batch=2, context=16, steps=6, warmup=1)
+    b, h, t, d = parts.shape
+    q, k = torch.randn(b, h, t, d), torch.randn(b, h, t, d)
+    flops = BA.attention_flops(b, h, t, d)
+    assert profiling.counted_flops(lambda: q @ k.transpose(-2, -1)) == flops["QKᵀ"] == flops["PV"]
+    assert parts.flop_ratio == pytest.approx(5 / (4 * d))
+    assert list(parts.table.index) == ["QKᵀ", "softmax", "PV"] and parts.ratio.pairs == 6
+    assert (parts.table["median_s"] > 0).all() and parts.rows()[-1]["op"] == "softmax / (QKᵀ + PV)"
+    assert parts.summary().startswith(f"At batch 2 x {h} heads x 16 x d_head {d}, softmax does")

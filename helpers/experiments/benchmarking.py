@@ -1,8 +1,8 @@
 """Notebook 01's experiments: a step's time per model size with and without warm-up (here), where the time goes
-(profiler tables and stacks, here), mixed precision (benchmarking_precision), memory (benchmarking_memory) and
-FLOPs/MFU (here); what the sections share is in benchmarking_common. Every name is importable from here. Table
-builders return DataFrames, plots return the figure, summaries return text; the notebook and
-tests/test_{profiling,memory}.py call them.
+(profiler tables and stacks, here; softmax against attention's matmuls, benchmarking_attention), mixed precision
+(benchmarking_precision), memory (benchmarking_memory) and FLOPs/MFU (here); what the sections share is in
+benchmarking_common. Every name is importable from here. Table builders return DataFrames, plots return the figure,
+summaries return text; the notebook and tests/test_{profiling,memory}.py call them.
 
     times = time_sizes(SIZES, 4, 64, runs=[dict(warmup=0, steps=3), dict(warmup=2, steps=4)])   # one row per pass
     print(warmup_summary(times, warmup=2, cold_steps=3))    # what the first (cold) step costs
@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from helpers import formulas
+from helpers.experiments.benchmarking_attention import AttentionParts, attention_flops, attention_parts
 from helpers.experiments.benchmarking_common import (
     NOT_TIMED,
     MiB,
@@ -69,6 +70,7 @@ from helpers.timing import Timing, benchmark, compare, paired_ratio, ratio_colum
 __all__ = [  # what notebook 01, the tests and helpers.course import from here
     "ACCUMULATION_CASES",
     "ACTIVATIONS_ROW",
+    "AttentionParts",
     "FLOPS_FORMAT",
     "NOT_TIMED",
     "PEAK_FIXED_S",
@@ -77,6 +79,8 @@ __all__ = [  # what notebook 01, the tests and helpers.course import from here
     "MiB",
     "MixedPrecisionToyModel",
     "accumulation_demo",
+    "attention_flops",
+    "attention_parts",
     "accumulation_text",
     "autocast_dtype_table",
     "autocast_dtypes",

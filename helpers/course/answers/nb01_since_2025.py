@@ -12,6 +12,7 @@ from helpers.course.answers.core import (
     register,
 )
 from helpers.course.answers.nb01 import flame_shares, profile_table
+from helpers.experiments.benchmarking_attention import MEMORY_BOUND_FACTOR
 from helpers.model import get_config
 
 Q = Question
@@ -32,8 +33,8 @@ QUESTIONS = [
         "Forward, backward and optimizer per size: which kernels dominate, and how does softmax's time "
         "compare with the matmuls' against their FLOPs?",
         notebook="01",
-        section="§2 Profiler tables and §3 Flame graph",
-        reads=("01_profile", "01_flame", "01_timing"),
+        section="§2 Profiler tables and §3 Flame graph (softmax against the matmuls around it)",
+        reads=("01_profile", "01_flame", "01_timing", "01_attention_parts"),
         editions=(2025,),
         name="nsys_profile",
         gpu="nsys needs a GPU; here the torch profiler stands in with CPU op times. On a GPU: `nsys profile --trace="
@@ -69,24 +70,7 @@ def kernels_and_softmax(q, saved):
     matmul_flops = sum(formulas.forward_flops(cfg, 1, T).values())
     soft = float(f.loc["softmax", "share"])
     mm = profile_table(saved, "full step")["matmul_share"].iloc[0]
-    # within self-attention's forward: softmax (~5 FLOPs per score) against QKᵀ and PV (2·T²·d_head each, per head)
-    attn_flop_ratio = 5 / (4 * cfg.head_dim)
-    fwd = profile_table(saved, "forward").set_index("op")["share"]
-    soft_fwd = float(fwd[[o for o in fwd.index if "softmax" in o]].sum())
-    bmm_fwd = float(fwd.get("aten::bmm", 0.0))  # QKᵀ and PV: the model's only batched (4-D) matmuls
-    within = (
-        f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
-        f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes {soft_fwd / bmm_fwd:.2f}x their "
-        f"time here ({pct(soft_fwd)} against {pct(bmm_fwd)} of the forward)"
-        if soft_fwd and bmm_fwd
-        else f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
-        f"matmuls (5 per score against 4·d_head = {4 * cfg.head_dim}) yet takes more time: {pct(soft_fwd)} of the "
-        f"forward, while aten::bmm (QKᵀ and PV together) falls below the smallest op saved ({pct(fwd.min())})"
-        if soft_fwd and soft_fwd > fwd.min()
-        else f"Within self-attention's forward, softmax does {attn_flop_ratio:.1%} of the FLOPs of the QKᵀ and PV "
-        "matmuls (5 per score against 4·d_head); their times are not both among the forward's saved top ops "
-        "here, so the time ratio is not shown"
-    )
+    within = attention_parts_sentence(saved)
     on_gpu = saved.run("01_profile").provenance.get("device_type") == "cuda"
     where = (
         "The torch profiler's CUDA kernels, as nsys would list them"
@@ -95,7 +79,7 @@ def kernels_and_softmax(q, saved):
     )
     text = (
         f"{where}, {size}: the leading op per stage is {lead}. "
-        f"{within}: time follows bytes moved, not FLOPs, for the elementwise softmax. Over the whole step, "
+        f"{within} Over the whole step, "
         f"softmax takes {pct(soft)} while doing about {softmax_flops / matmul_flops:.2%} of the forward's FLOPs, "
         f"and matmuls take {pct(mm)} of the step."
     )
@@ -103,4 +87,25 @@ def kernels_and_softmax(q, saved):
         text
         if on_gpu
         else Answer(text, status="partial", missing="nsys with NVTX ranges on a GPU; the torch profiler stands in")
+    )
+
+
+def attention_parts_sentence(saved) -> str:
+    """Part (e): inside attention's forward, softmax's measured time against QKᵀ and PV's (notebook 01 §3's
+    01_attention_parts: the three ops timed alone at the model's shapes, interleaved), beside their FLOP ratio."""
+    run = saved.run("01_attention_parts")
+    rows = run.frame().set_index("op")
+    r = rows.loc["softmax / (QKᵀ + PV)"]
+    prov = run.provenance
+    return (
+        f"Within self-attention's forward ({prov.get('size')}, batch {prov.get('batch')} x context "
+        f"{prov.get('context')}, each op timed alone), softmax does {r['flop_ratio']:.1%} of the FLOPs of the QKᵀ "
+        f"and PV matmuls yet takes {r['ratio']:.2f}x their time (95% CI {r['ratio_low']:.2f}-{r['ratio_high']:.2f}, "
+        f"{int(r['pairs'])} pairs; QKᵀ {rows.loc['QKᵀ', 'median_s'] * 1e3:.3g} ms, softmax "
+        f"{rows.loc['softmax', 'median_s'] * 1e3:.3g} ms, PV {rows.loc['PV', 'median_s'] * 1e3:.3g} ms)"
+        + (
+            ": time follows the bytes moved, not the FLOPs, for an elementwise op that touches every score."
+            if r["ratio_low"] > MEMORY_BOUND_FACTOR * r["flop_ratio"]
+            else "."
+        )
     )
