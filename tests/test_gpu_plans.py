@@ -77,6 +77,27 @@ def test_nb01_retained_graph_matches_the_tracker_on_cpu():
     assert measured <= estimate <= measured * (1 + BOUND_SLACK), (estimate, measured)
 
 
+def test_nb01_warm_timing_holds_two_graphs_as_the_tracker_sees():
+    """Issue 39 item 7: the warm loop keeps the "backward" pass's graph while "forward" and "both" build another; the
+    plan of one graph (retained_graph_bytes) fell short of the tracker's peak, warm_timing_bytes bounds it."""
+    from helpers.experiments.benchmarking import pass_fn
+    from helpers.timing import compare
+
+    size, B, T = "small/cpu", 2, 32
+    torch.manual_seed(0)
+    lm = build_model(size)
+    x, y = random_batch(lm.cfg, B, T)
+
+    def warm_loop():
+        fns = {kind: pass_fn(lm, x, y, kind) for kind in ("forward", "backward", "both")}
+        compare(fns, steps=1, warmup=1)
+
+    measured = track(warm_loop, existing=model_state(lm, None, x, y)).peak_bytes
+    assert G.retained_graph_bytes(size, B, T) < measured  # one graph's plan: short
+    estimate = G.warm_timing_bytes(size, B, T)  # the model of that peak (plans add ALLOCATOR_MARGIN on top)
+    assert abs(estimate - measured) / measured <= TOL, (estimate, measured)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_nb02_norm_peak_bounds_every_pytorch_norm(dtype):
     rows, H = 512, 256
@@ -154,3 +175,17 @@ def test_nb05_states_are_formulas_live_bytes():
         assert G.kind_peak_bytes(kind, m, b, T) >= G.kind_state_bytes(kind, m) + act
     assert G.kind_state_bytes("sharded", "xl") < G.kind_state_bytes("unsharded", "xl")
     assert math.isclose(G.kind_state_bytes("torch_zero", "xl"), G.kind_state_bytes("sharded", "xl"))
+
+
+def test_on_a_gpu_per_rank_no_run_is_counted_twice():
+    """Issue 39 item 7: with a GPU per rank (NCCL machines) notebooks 04 and 05 put one rank on each card; counting
+    two ranks per card printed a false "expect an OOM" on 40-48 GB cards."""
+    one, two = G.gpu_plan(gpus=1), G.gpu_plan(gpus=2)
+    for nb in ("04", "05"):
+        shared, alone = one[one.notebook == nb], two[two.notebook == nb]
+        assert (shared.ranks_per_gpu == 2).all() and (alone.ranks_per_gpu == 1).all()
+        assert (alone.peak_per_gpu_GB.values < shared.peak_per_gpu_GB.values).all()
+    largest = two[two.notebook.isin(["04", "05"])].peak_per_gpu_GB.max()
+    assert largest < 48, largest  # fits an L40S / A6000-class card once each rank has its own
+    assert "expect an OOM" not in G.fit_summary("04", 48e9, gpus=2)
+    assert "expect an OOM" in G.fit_summary("04", 48e9, gpus=1)

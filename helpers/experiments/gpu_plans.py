@@ -7,7 +7,8 @@ configuration cells call fits_here.
     fits_here("04", torch.cuda.mem_get_info()[1])  # notebook 04's runs, with `fits` for the memory present
 
 What coexists in each run (read from the experiment code):
-    01  one fresh model per pass; the profiled model waits on the CPU while the sizes are measured
+    01  warm timing: one model per size, the "backward" pass's graph kept while the others build theirs (cold: a
+        fresh model per pass); the profiled model waits on the CPU while the sizes are measured
     02  (rows, H) tensors of one norm's fwd+bwd; one model (no optimizer) per size and norm
     03  per rank and message: source, work, output, expected and the inputs' temporaries; gloo+cuda: all ranks on 1 GPU
     04  per rank: the base model, a copy per variant with its gradients (or bucket buffers); 2 ranks on one GPU (gloo)
@@ -58,6 +59,16 @@ def retained_graph_bytes(size, batch_size: int, context_length: int, autocast: b
     return sum(parts.values()) - parts["optimizer state"] + F.loss_grad_bytes(size, batch_size, context_length) + casts
 
 
+def warm_timing_bytes(size, batch_size: int, context_length: int, autocast: bool = False) -> int:
+    """nb01's warm timing: the three passes interleaved on one model, so the "backward" pass's retained graph lives
+    through the loop while "forward" and "both" build a second one: retained_graph_bytes plus a second graph's saved
+    activations and loss gradients."""
+    second = sum(F.activation_bytes(size, batch_size, context_length).values()) + F.loss_grad_bytes(
+        size, batch_size, context_length
+    )
+    return retained_graph_bytes(size, batch_size, context_length, autocast) + second
+
+
 def step_peak_bytes(size, batch_size: int, context_length: int, foreach: bool = True, autocast: bool = False) -> int:
     """Peak of a steady-state AdamW step: the larger of the start of backward (formulas.peak_breakdown) and the
     optimizer step (parameters, gradients, state, and foreach AdamW's sqrt(v) temporaries)."""
@@ -75,12 +86,12 @@ def step_peak_bytes(size, batch_size: int, context_length: int, foreach: bool = 
     return max(start, step)
 
 
-def plan_01(profile: str = "gpu") -> list[dict]:
+def plan_01(profile: str = "gpu", gpus: int = 1) -> list[dict]:
     """Notebook 01: timing (a fresh model per pass), the profiled step, then mixed precision and memory per size with
     the profiled model moved to the CPU (benchmarking.offloaded), so each size has the card to itself."""
     c = benchmarking.PROFILES[profile]
     B, T = c["batch"], c["context"]
-    rows = [_row("01", f"timing {s} (fresh model per pass)", retained_graph_bytes(s, B, T)) for s in sizes_for(profile)]
+    rows = [_row("01", f"timing {s} (warm: two graphs)", warm_timing_bytes(s, B, T)) for s in sizes_for(profile)]
     rows.append(_row("01", f"profiled step {c['profile_size']}", step_peak_bytes(c["profile_size"], B, T)))
     rows += [
         _row("01", f"mixed precision {s}", retained_graph_bytes(s, B, T, autocast=True)) for s in sizes_for(profile)
@@ -100,7 +111,7 @@ def norm_peak_bytes(rows: int, H: int) -> int:
     return NORM_PEAK_TENSORS * rows * H * 4
 
 
-def plan_02(profile: str = "gpu") -> list[dict]:
+def plan_02(profile: str = "gpu", gpus: int = 1) -> list[dict]:
     """Notebook 02: every norm on (rows, H) for each H; each model size with each norm, eager and compiled."""
     c = rmsnorm.PROFILES[profile]
     rows = [_row("02", f"norms {c['rows']} x {H} fwd+bwd", norm_peak_bytes(c["rows"], H)) for H in c["hidden"]]
@@ -162,15 +173,20 @@ def ddp_variants(size, profile: str = "gpu") -> int:
     return DDP_SPEED_RUNS + len([v for v in ddp.sweep_variants(sweep) if v not in ddp.SPEED_VARIANTS])
 
 
-def plan_04(profile: str = "gpu", ranks_per_gpu: int = 2) -> list[dict]:
-    """Notebook 04: one speed launch per size (2 ranks, each with its half of the batch)."""
+def ranks_per_gpu(world: int, gpus: int) -> int:
+    """Ranks sharing one GPU when `world` ranks run on `gpus` GPUs (the launcher puts rank r on GPU r % gpus)."""
+    return -(-world // max(1, gpus))
+
+
+def plan_04(profile: str = "gpu", gpus: int = 1, world: int = 2) -> list[dict]:
+    """Notebook 04: one speed launch per size (2 ranks, each with its half of the batch; on one GPU both share it)."""
     c = ddp.PROFILES[profile]
     return [
         _row(
             "04",
             f"speed {s}, {ddp_variants(s, profile)} variants",
-            ddp_rank_bytes(s, ddp_variants(s, profile), c["batch"] // 2, c["context"]),
-            ranks_per_gpu,
+            ddp_rank_bytes(s, ddp_variants(s, profile), c["batch"] // world, c["context"]),
+            ranks_per_gpu(world, gpus),
         )
         for s in c["sizes"]
     ]
@@ -197,18 +213,18 @@ def kind_peak_bytes(kind: str, size, batch_per_rank: int, context_length: int, w
     return states + max(act, step) + F.token_bytes(batch_per_rank, context_length)
 
 
-def plan_05(profile: str = "gpu", ranks_per_gpu: int = 2, world: int = 2) -> list[dict]:
+def plan_05(profile: str = "gpu", gpus: int = 1, world: int = 2) -> list[dict]:
     """Notebook 05: the equivalence check (kinds one after another, the unsharded gradients kept), the memory runs
     (kinds one after another: the largest counts) and each speed launch (its kinds side by side)."""
     c = sharding.PROFILES[profile]
-    b, check = c["batch"] // world, c["check_model"]
+    b, check, shared = c["batch"] // world, c["check_model"], ranks_per_gpu(world, gpus)
     ref = 3 * F.param_bytes(check)  # equivalence: 3 steps of the unsharded run's averaged gradients
     rows = [
         _row(
             "05",
             f"equivalence {check}",
             ref + 2 * max(kind_peak_bytes(k, check, b, 64, world) for k in sharding.KINDS),
-            ranks_per_gpu,
+            shared,
         )
     ]
     rows += [
@@ -216,7 +232,7 @@ def plan_05(profile: str = "gpu", ranks_per_gpu: int = 2, world: int = 2) -> lis
             "05",
             f"memory {m}",
             max(kind_peak_bytes(k, m, b, c["context"], world) for k in ("unsharded", "sharded", "zero1")),
-            ranks_per_gpu,
+            shared,
         )
         for m in c["memory_models"]
     ]
@@ -224,7 +240,7 @@ def plan_05(profile: str = "gpu", ranks_per_gpu: int = 2, world: int = 2) -> lis
         m = c["speed_model"]
         held = sum(kind_state_bytes(k, m, world) for k in kinds)
         peak = held + max(kind_peak_bytes(k, m, b, 64, world) - kind_state_bytes(k, m, world) for k in kinds)
-        rows.append(_row("05", f"speed {m}: {', '.join(kinds)}", peak, ranks_per_gpu))
+        rows.append(_row("05", f"speed {m}: {', '.join(kinds)}", peak, shared))
     return rows
 
 
@@ -233,9 +249,17 @@ def plan_05(profile: str = "gpu", ranks_per_gpu: int = 2, world: int = 2) -> lis
 PLANS = {"01": plan_01, "02": plan_02, "03": plan_03, "04": plan_04, "05": plan_05}
 
 
-def gpu_plan(gpu_bytes: float = H100_BYTES, profile: str = "gpu") -> pd.DataFrame:
-    """Every notebook's runs on one GPU of gpu_bytes: peak per GPU, whether it fits, how much more it needs."""
-    plan = pd.DataFrame([row for fn in PLANS.values() for row in fn(profile)])
+def gpus_here() -> int:
+    """GPUs this process sees (1 without CUDA: the plans are for one card unless told otherwise)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+
+
+def gpu_plan(gpu_bytes: float = H100_BYTES, profile: str = "gpu", gpus: int = 1) -> pd.DataFrame:
+    """Every notebook's runs on `gpus` GPUs of gpu_bytes each: peak per GPU, whether it fits, how much more it needs
+    (multi-rank runs share a GPU only when there are fewer GPUs than ranks)."""
+    plan = pd.DataFrame([row for fn in PLANS.values() for row in fn(profile, gpus=gpus)])
     plan["budget_GB"] = gpu_bytes / GB
     plan["fits"] = plan["peak_per_gpu_GB"] <= plan["budget_GB"]
     plan["needs"] = [
@@ -245,17 +269,18 @@ def gpu_plan(gpu_bytes: float = H100_BYTES, profile: str = "gpu") -> pd.DataFram
     return plan
 
 
-def fits_here(notebook: str, gpu_bytes: float) -> pd.DataFrame:
-    """One notebook's gpu runs, judged against the memory present (e.g. torch.cuda.mem_get_info()[1])."""
+def fits_here(notebook: str, gpu_bytes: float, gpus: int | None = None) -> pd.DataFrame:
+    """One notebook's gpu runs, judged against the memory present (e.g. torch.cuda.mem_get_info()[1]) on this
+    machine's GPUs (gpus: default those CUDA sees)."""
     if notebook not in PLANS:
         raise ValueError(f"unknown notebook {notebook!r}; expected one of {', '.join(PLANS)}")
-    plan = gpu_plan(gpu_bytes)
+    plan = gpu_plan(gpu_bytes, gpus=gpus_here() if gpus is None else gpus)
     return plan[plan["notebook"] == notebook].reset_index(drop=True)
 
 
-def fit_summary(notebook: str, gpu_bytes: float) -> str:
+def fit_summary(notebook: str, gpu_bytes: float, gpus: int | None = None) -> str:
     """A line per run of `notebook` that will not fit gpu_bytes (with what it needs), or one line saying all fit."""
-    plan = fits_here(notebook, gpu_bytes)
+    plan = fits_here(notebook, gpu_bytes, gpus)
     short = plan[~plan["fits"]]
     if short.empty:
         return (
