@@ -209,3 +209,17 @@ def test_the_nsys_answer_says_no_gpu_only_where_there_was_none(synthetic, tmp_pa
         rows[name] = (rows[name][0], {**rows[name][1], "device_type": "cuda"})
     text = A.answer(nsys, A.Saved(D.write(tmp_path, rows, profile="gpu"), "gpu")).text
     assert "no GPU here" not in text and "CUDA kernels" in text, text
+
+
+def test_a_gpu_runs_answers_speak_of_the_gpu_not_this_cpu(tmp_path):
+    """Issue 39 item 9: on a gpu run, 'does it carry over to a GPU' is moot and 'this CPU' is wrong: the GPU line
+    names the run's GPU, and notebook 01's autocast answer drops its CPU-calibration reading."""
+    on_gpu = dict(device_type="cuda", device="NVIDIA H100 80GB HBM3")
+    rows = {name: (r, {**extra, **on_gpu}) for name, (r, extra) in D.notebook_01_rows().items()}
+    D.write(tmp_path, rows, profile="gpu")
+    got = A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(tmp_path, "gpu"))
+    assert got.measured and "this CPU" not in got.text + got.gpu, got
+    assert got.gpu == "Measured on one: this run's NVIDIA H100 80GB HBM3 (the answer above is its own)."
+    cpu = tmp_path / "cpu"
+    D.write(cpu, D.notebook_01_rows())
+    assert "this CPU" in A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(cpu, "cpu")).text

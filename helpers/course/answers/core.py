@@ -134,6 +134,14 @@ class Saved:
         """Whether `name` was saved by this profile (without marking it used)."""
         return not isinstance(self._get(name), NotMeasured)
 
+    def gpu_device(self, names) -> str | None:
+        """The GPU that produced the first of `names` saved here, or None when it ran on a CPU (or nothing is saved)."""
+        for name in names:
+            found = self._get(name)
+            if not isinstance(found, NotMeasured) and found.provenance.get("device_type") == "cuda":
+                return found.provenance.get("device") or "a GPU"
+        return None
+
 
 def shown(path: Path) -> str:
     """A path relative to the repository when it lies inside it."""
@@ -348,4 +356,6 @@ def answer(q: Question, saved: Saved) -> Answered:
     status = got.status or ("measured" if q.reads else "closed form")
     if status not in STATUSES or status == "not run":
         raise ValueError(f"answer {q.number}: status {status!r} is not one of {list(STATUSES)[:-1]}")
-    return Answered(cap(got.text), True, got.gpu or q.gpu, tuple(got.table), status, got.missing, tuple(collected))
+    gpu = saved.gpu_device(q.reads)
+    line = got.gpu or q.gpu if gpu is None else f"Measured on one: this run's {gpu} (the answer above is its own)."
+    return Answered(cap(got.text), True, line, tuple(got.table), status, got.missing, tuple(collected))

@@ -383,12 +383,19 @@ def autocast_speed(q, saved):
         if caps
         else ""
     )
+    cpu_reading = (
+        " Where it does not, a slowdown comes mostly from the matmuls themselves, not from the casts: without a fast "
+        "bf16 path a bf16 matmul takes many times an fp32 one (notebook 01 prints this CPU's factor from its "
+        "calibration), while the casts are a few elementwise passes."
+        if saved.gpu_device(["01_precision_ratios"]) is None
+        else ""
+    )
     return Answer(
         "Forward+backward: " + "; ".join(parts) + f"{note}. Autocast pays only where the hardware multiplies "
-        "16-bit numbers faster than 32-bit ones (GPU tensor cores, CPUs with avx512_bf16 or AMX). Where it "
-        "does not, a slowdown comes mostly from the matmuls themselves, not from the casts: without a fast "
-        "bf16 path a bf16 matmul takes many times an fp32 one (notebook 01 prints this CPU's factor from its "
-        "calibration), while the casts are a few elementwise passes." + factor + capped,
+        "16-bit numbers faster than 32-bit ones (GPU tensor cores, CPUs with avx512_bf16 or AMX)."
+        + cpu_reading
+        + factor
+        + capped,
         gpu,
     )
 
