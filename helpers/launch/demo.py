@@ -31,18 +31,26 @@ def all_reduce_rank_ids() -> dict:
     }
 
 
+def _wait_for_all_reduce() -> float:
+    """All-reduce a one and read the result: the rank waits for the collective on every backend (gloo blocks in the
+    call; NCCL's call returns once queued, and the read waits for the GPU)."""
+    t = torch.ones(1, device=device())
+    dist.all_reduce(t)
+    return t.item()
+
+
 def fail_on_rank(bad_rank: int = 1) -> int:
-    """Raise on `bad_rank` while the other ranks wait in an all-reduce: shows how launch reports a crash."""
+    """Raise on `bad_rank` while the other ranks wait for an all-reduce: shows how launch reports a crash."""
     if dist.get_rank() == bad_rank:
         raise ValueError(f"planted failure on rank {bad_rank}")
-    dist.all_reduce(torch.ones(1, device=device()))
+    _wait_for_all_reduce()
     return dist.get_rank()
 
 
 def skip_collective_on_rank(skip_rank: int = 1) -> int:
-    """Every rank but `skip_rank` enters an all-reduce that can never complete: a hung collective."""
+    """Every rank but `skip_rank` waits for an all-reduce that can never complete: a hung collective."""
     if dist.get_rank() != skip_rank:
-        dist.all_reduce(torch.ones(1, device=device()))
+        _wait_for_all_reduce()
     else:
         time.sleep(3600)
     return dist.get_rank()
