@@ -42,3 +42,10 @@ def test_checkpoint_measure_is_against_no_checkpointing_with_an_interval():
     assert fig is not None
     with pytest.raises(ValueError, match="segment must be a positive"):
         live.checkpoint_measure(0, SMALL)
+
+
+def test_the_gpu_checkpoint_panel_names_the_models_own_depth():
+    """Issue 39 item 11: the gpu profile checkpoints xl at its own depth (ckpt_layers None): the title said "(None
+    blocks)"."""
+    panel = live.checkpoint_panel("gpu")
+    assert "(48 blocks)" in panel.title and "None" not in panel.title

@@ -23,6 +23,7 @@ import pandas as pd
 from helpers.experiments import collectives as XC
 from helpers.experiments import ddp as XD
 from helpers.experiments import fsdp as XF
+from helpers.model import get_config
 from helpers.timing import MIN_PAIRS
 
 MiB = 2**20
@@ -34,7 +35,7 @@ class Panel:
     def __init__(self, title: str, controls: dict, measure: Callable, offline: str):
         import ipywidgets as W
 
-        self.controls, self.measure, self.offline = controls, measure, offline
+        self.title, self.controls, self.measure, self.offline = title, controls, measure, offline
         self.button = W.Button(description="Run", button_style="primary", tooltip="measure with these values")
         self.progress = W.IntProgress(value=0, min=0, max=3, description="", layout=W.Layout(width="16rem"))
         self.status = W.Label("")
@@ -166,8 +167,9 @@ def checkpoint_panel(profile: str, segment: int = 2, config: dict | None = None)
         description="segment (blocks)",
         style={"description_width": "initial"},
     )
+    blocks = config["ckpt_layers"] or get_config(config["ckpt_model"]).n_layers  # None: the model's own depth
     return Panel(
-        f"Activation checkpointing, {config['ckpt_model']} ({config['ckpt_layers']} blocks): peak memory "
+        f"Activation checkpointing, {config['ckpt_model']} ({blocks} blocks): peak memory "
         "and step time against no checkpointing",
         {"segment": choice},
         lambda segment: checkpoint_measure(segment, config),
