@@ -353,3 +353,34 @@ def test_two_node_recipe_and_a_failed_rehearsal_reports_the_agents_stderr(monkey
     monkeypatch.setattr(C.L, "run_simulated_nodes", lambda argv, **kw: failed)
     with pytest.raises(RuntimeError, match="agent 1 \\(exit 1\\):\nrendezvous timed out"):
         C.two_node_rehearsal(["4KB"])
+
+
+def test_on_cuda_a_sample_is_a_batch_of_calls_between_one_event_pair(monkeypatch):
+    """Issue 39 item 12: NCCL times with a host sync per call put the sync's latency into α (several times
+    nccl-tests'). On CUDA a sample is BATCH_CALLS calls between one event pair, per call; stub events on a simulated
+    device clock where each call queues 40 µs of device work and returns at once."""
+    from types import SimpleNamespace as NS
+
+    clock, calls = NS(ms=0.0), []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.ms = None
+
+        def record(self, stream=None):
+            self.ms = clock.ms
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.ms - self.ms
+
+    def collective(op, work, out):
+        calls.append(op)
+        clock.ms += 0.040
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(C, "run_collective", collective)
+    seconds = C._timed_batch("all_reduce", None, None, C.BATCH_CALLS)
+    assert calls == ["all_reduce"] * C.BATCH_CALLS and seconds == pytest.approx(40e-6)
