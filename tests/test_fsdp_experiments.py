@@ -199,3 +199,11 @@ def test_nccl_all_gathers_are_found_and_timed_on_the_device():
         traced = X.gather_rows(["a", "b"], [1, 1], spans, [e.time_range.end for e in gathers])
         run = X.MeasureRun([], [], traced, {}, {})
         assert X.gather_timeliness([run])["in_time"].tolist() == [False, in_time]
+
+
+def test_the_bench_line_says_why_a_peak_is_missing_instead_of_nan():
+    """Issue 39 item 14: fully_shard's per-rank peak cannot be read on a CPU (step_peak: nan)."""
+    from helpers.experiments import fsdp as XF
+
+    assert XF.peak_text(12.345) == "12.35 MiB"
+    assert "not measurable on a CPU" in XF.peak_text(float("nan")) and "nan" not in XF.peak_text(float("nan"))
