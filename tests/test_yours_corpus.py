@@ -32,6 +32,11 @@ def test_course_style_implementations_are_never_flagged(adapters):
     assert not bad, "\n".join(f"{c.topic} {c.impl} | {c.prop} | {c.status} | {c.detail}" for c in bad)
     text, ok = summary(checks_table(results).to_dict(orient="records"))
     assert ok and " 0 fail" in text, text
+    if adapters == "adapters_styles.py":  # NVTX ranges, and a plain class whose .apply is a Function's: its type noted
+        norm = [c for c in results[0].checks if c.impl == "pytorch"]
+        assert [c.status for c in norm if not c.beyond] and all(c.status == PASS for c in norm if not c.beyond)
+        [typed] = [c for c in norm if c.prop == K.FUNCTION_TYPE]
+        assert typed.beyond and "the class RMSNormFunction" in typed.detail
     if adapters != "adapters.py":
         return
     triton = {(c.topic, c.prop): c for c in within(results) if c.impl == "triton"}
@@ -149,6 +154,97 @@ def test_an_import_that_fails_names_the_one_command_that_fixes_it(tmp_path, monk
         load(adapters)
     adapters.write_text("import importlib.metadata\nVERSION = importlib.metadata.version('cs336-systems')\n")
     assert load(adapters).VERSION == "1.0.4"  # the metadata of a package that is not installed, made visible
+
+
+def subfolder_repository(tmp_path: Path, adapters: str) -> Path:
+    """A repository in the 2024 layout: the assignment in a subfolder with tests/ (pytest runs from the repository's
+    root), cs336-basics and a folder of the student's own beside it, and `adapters` as
+    cs336-systems/tests/adapters.py."""
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "cs336-basics" / "cs336_basics").mkdir(parents=True)
+    (repo / "cs336-basics" / "cs336_basics" / "__init__.py").write_text("")
+    (repo / "libs").mkdir()
+    (repo / "libs" / "timing_utils.py").write_text("")
+    assignment = repo / "cs336-systems"
+    (assignment / "cs336_systems").mkdir(parents=True)
+    (assignment / "setup.py").write_text("from setuptools import setup\nsetup(name='cs336-systems')\n")
+    (assignment / "cs336_systems" / "norms.py").write_text((CORPUS / "cs336_systems/norms/rmsnorm.py").read_text())
+    (assignment / "tests").mkdir()
+    (assignment / "tests" / "adapters.py").write_text(adapters)
+    return assignment / "tests" / "adapters.py"
+
+
+ROOT_RELATIVE = """import os, sys
+sys.path.insert(0, './cs336-systems/cs336_systems')  # relative to the repository root, where pytest runs
+sys.path.append(os.path.abspath('libs'))
+import cs336_basics  # in the repository's root: the course ships it there
+import timing_utils
+from norms import RMSNormAutograd
+
+def get_rmsnorm_autograd_function_pytorch():
+    return RMSNormAutograd
+"""
+
+
+def test_a_path_relative_to_the_repository_root_is_found_when_tests_sit_in_a_subfolder(tmp_path, monkeypatch):
+    """The 2024 layout: sys.path entries relative to the repository root (relative, or made absolute from the working
+    directory) resolve as under pytest, here and in the launched checks; a module that no entry reaches is named as
+    the student's own, never as a package to pip install."""
+    from helpers.course.yours.adapters import AdaptersError, load
+
+    clean = list(sys.path)
+    monkeypatch.setattr(sys, "path", list(clean))  # loading puts the assignment's folders on this process's path
+    adapters = subfolder_repository(tmp_path, ROOT_RELATIVE)
+    repo = tmp_path / "repo"
+    assert load(adapters).get_rmsnorm_autograd_function_pytorch().__name__ == "RMSNormAutograd"
+    assert str(repo / "cs336-systems" / "cs336_systems") in sys.path and not any(p.startswith("./") for p in sys.path)
+    results = run(adapters, ["rmsnorm"], CHECKS_ONLY, progress=False)
+    checks = [c for c in within(results) if c.impl == "pytorch"]
+    assert checks and all(c.status == PASS for c in checks), [(c.prop, c.status, c.detail) for c in checks]
+    adapters.write_text(ROOT_RELATIVE.replace("./cs336-systems/cs336_systems", "./cs336_systems/elsewhere"))
+    sys.path[:] = clean
+    monkeypatch.delitem(sys.modules, "norms")
+    with pytest.raises(
+        AdaptersError, match=r"No module named 'norms'.*norms is your own code, in .*cs336_systems"
+    ) as e:
+        load(adapters)
+    assert "pip" not in str(e.value)
+
+
+def test_no_temporary_folder_is_left_behind_even_when_a_launch_crashes(tmp_path):
+    """The whole command, with a rank that dies by SIGSEGV (each implementation then gets a launch of its own) and a
+    package whose metadata is made visible (the corpus's pyproject): its temporary folder is empty afterwards."""
+    tmp, out = tmp_path / "tmp", tmp_path / "out"
+    tmp.mkdir()
+    crash = tmp_path / "crash.py"
+    crash.write_text(
+        f"import sys\nsys.path.insert(0, {str(CORPUS)!r})\n"
+        "import importlib.metadata, os, signal\nimport torch\n"
+        "assert importlib.metadata.version('cs336-systems')\n"
+        "class Crash(torch.autograd.Function):\n"
+        "    @staticmethod\n"
+        "    def forward(ctx, x, g):\n"
+        "        os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "def get_rmsnorm_autograd_function_pytorch():\n    return Crash\n"
+    )
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "cs336-systems"\nversion = "1.0.4"\n')
+    cmd = [
+        sys.executable,
+        "-m",
+        "helpers",
+        "yours",
+        str(crash),
+        "--topics",
+        "rmsnorm",
+        "--no-timing",
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    done = subprocess.run([*cmd, "--results", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 1 and "SIGSEGV" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not list(tmp.iterdir()), list(tmp.iterdir())
 
 
 def test_an_empty_template_says_so_and_does_not_pass():
