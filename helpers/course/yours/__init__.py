@@ -8,14 +8,18 @@
 
 What counts (pass / fail, and the exit status) is what the edition's handout and tests promise: their shapes, dtypes,
 models and requirements. Deeper probes (other lengths, 4-D inputs, bf16, unused parameters, buffers, memory formulas)
-are reported in a section of their own, "beyond the handout", that never changes the exit status. A Triton check this
-environment cannot run (no GPU, or a Triton without block pointers) says so and is not a failure.
+are reported in a section of their own, "beyond the handout", folded per topic, as information: "differs" or
+"raises" (the saved status stays fail / error), each with why the handout does not require it; it never changes the
+exit status. A Triton check this environment cannot run (no GPU, or a Triton without block pointers) says so and is
+not a failure.
 
 Your code runs in your own environment when there is one: `--python PATH`, by default `<assignment root>/.venv/bin/
 python` when it exists (where `uv sync` puts the course's torch and Triton). Otherwise it runs here, with the course's
-common dependencies, `<root>/cs336-basics` on the path and your packages' metadata visible, nothing installed into
-your repository. Each implementation's checks and the timing run in launched processes of their own (helpers.launch),
-so a crash, a hang or a NaN is reported where it happened and hides nothing else. Results are saved with provenance
+common dependencies, `cs336-basics` on the path and your packages' metadata visible, nothing installed into your
+repository and no folder left behind; your adapters file is imported as pytest would from the assignment's root or the
+repository's (helpers.course.yours.student_env), NVTX ranges run as no-ops on a CPU-only torch. Each implementation's
+checks and the timing run in launched processes of their own (helpers.launch), so a crash, a hang or a NaN is
+reported where it happened and hides nothing else. Results are saved with provenance
 (data/local/<device>/yours_*.jsonl) and written as writeups/yours.html; the exit status is 0 only when every check
 of what you implemented, that this environment can run, passed.
 """
@@ -325,22 +329,33 @@ def _wrap(text: str, width: int = 100) -> str:
 
 
 def print_report(results: list) -> None:
-    """The terminal tables: each topic's checks within the handout (failures in full), the probes beyond it, then
-    the side-by-side rows."""
-    from helpers.course.yours.report import PASS, readable_rows
+    """The terminal tables: each topic's checks within the handout (failures in full); the probes beyond it folded
+    per topic (their counts, then each that differs or raises, with why the handout does not require it, in short);
+    then the side-by-side rows."""
+    from helpers.course.yours.report import PASS, beyond_counts, beyond_name, readable_rows, shown_status
+    from helpers.course.yours.report import why_not_required as why
 
-    for beyond in (False, True):
-        if beyond and any(c.beyond for r in results for c in r.checks):
-            print("\n==== beyond the handout: deeper probes, reported only (they never change the exit status)")
-        for res in results:
-            shown = [c for c in res.checks if c.beyond == beyond]
-            if not shown:
-                continue
+    for res in results:
+        shown = [c for c in res.checks if not c.beyond]
+        if shown:
             print(f"\n== {res.topic}")
-            for c in shown:
-                print(f"  {c.status:>20}  {c.impl:<11} {c.prop}")
-                if c.detail and c.status != PASS:
-                    print("      " + _wrap(c.detail))
+        for c in shown:
+            print(f"  {c.status:>20}  {c.impl:<11} {c.prop}")
+            if c.detail and c.status != PASS:
+                print("      " + _wrap(c.detail))
+    beyond = [(res.topic, [asdict(c) for c in res.checks if c.beyond]) for res in results]
+    if any(rows for _, rows in beyond):
+        print(
+            "\n==== beyond the handout: information on what it leaves open, never in the exit status (in full on the "
+            "page)"
+        )
+    for topic, rows in beyond:
+        if rows:
+            print(f"\n== {topic}: {beyond_counts(rows)}")
+        for r in rows:
+            if shown_status(r) != PASS:
+                print(f"  {shown_status(r):>20}  {r['impl']:<11} {beyond_name(r)}")
+                print("      " + _wrap(f"({why(r)}) {textwrap.shorten(r['detail'], 160, placeholder=' ...')}"))
     for res in results:
         if res.rows:
             print(f"\n== {res.topic}: side by side (ratios paired in one interleaved loop)")

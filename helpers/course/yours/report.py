@@ -12,6 +12,7 @@ NEEDS_GPU, NEEDS_TRITON = (
 )  # the check cannot run in this environment: not a failure
 FAILED = (FAIL, ERROR)
 CANNOT_RUN = (NEEDS_GPU, NEEDS_TRITON)
+DIFFERS, RAISES = "differs", "raises"  # how FAIL and ERROR read beyond the handout (the saved status stays FAIL/ERROR)
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Check:
     detail: str = ""
     beyond: bool = False  # a probe beyond the handout's promises (other shapes, dtypes, models): reported, never
     #                       part of the exit status
+    why: str = ""  # beyond the handout: why the handout does not require it (empty: why_not_required's reading)
 
 
 @dataclass
@@ -64,14 +66,76 @@ def passed(checks: list[Check], impl: str) -> bool:
     return bool(mine) and all(c.status == PASS for c in mine)
 
 
-CHECK_COLUMNS = ["topic", "impl", "prop", "status", "detail", "beyond"]
+CHECK_COLUMNS = ["topic", "impl", "prop", "status", "detail", "beyond", "why"]
 
 
 def checks_table(results: list[TopicResult]):
-    """One row per check: topic, implementation, property, status, what differed, beyond the handout or not."""
+    """One row per check: topic, implementation, property, status, what differed, beyond the handout or not, and
+    (beyond it) why the handout does not require it."""
     import pandas as pd
 
-    return pd.DataFrame([r for res in results for r in res.as_rows()], columns=CHECK_COLUMNS)
+    rows = [r for res in results for r in res.as_rows()]
+    for r in rows:
+        r["why"] = why_not_required(r) if r["beyond"] else ""
+    return pd.DataFrame(rows, columns=CHECK_COLUMNS)
+
+
+# ---- beyond the handout: information, in words that do not say "fail" ----
+
+BEYOND_WHY = (  # (topic, "" for any; words in a probe's name, lower case; why the handout does not require it)
+    ("", ("float64", "derived bound", "tighter"), "a bound derived from the dtype, tighter than the course's tests'"),
+    ("attention", ("4-d",), "the handout's inputs are 3-D (batch, N, d)"),
+    ("attention", ("tile multiple",), "the handout's lengths are powers of two, at least 16"),
+    ("attention", ("causal mask applied",), "the handout lets the PyTorch version ignore is_causal"),
+    ("attention", ("saved for backward",), "the course's tests do not look at what autograd keeps"),
+    ("attention", ("bf16", "fp16"), "the course's tests run this implementation in fp32"),
+    ("rmsnorm", ("bf16", "fp16"), "the course's tests run RMSNorm in fp32"),
+    ("rmsnorm", ("non-contiguous", "transposed"), "the course's tests pass contiguous inputs"),
+    ("rmsnorm", ("wider than",), "wider rows than the course's tests use"),
+    ("ddp", ("our toy model",), "our toy model has what the course's lack: tied, frozen, unused parameters, a buffer"),
+    ("sharding", ("toy model",), "bitwise, on our toy model: the course's test compares within a tolerance"),
+    ("fsdp", ("sgd steps", "transformerlm"), "our TransformerLM seeded per rank, a bound derived from the dtype"),
+    ("", ("timing",), "a measurement to read, not a rule"),
+    ("", ("formula", "state per rank", "peak", "bytes", "memory"), "our closed form, not a bound the handout sets"),
+)
+LEFT_OPEN = "the handout leaves this open"
+
+
+def why_not_required(check: dict) -> str:
+    """Why a probe beyond the handout is not required: its own `why`, else BEYOND_WHY's reading of its topic and
+    name, else LEFT_OPEN."""
+    if check.get("why"):
+        return check["why"]
+    name = str(check.get("prop", "")).lower()
+    for topic, words, why in BEYOND_WHY:
+        if topic in ("", check.get("topic")) and any(w in name for w in words):
+            return why
+    return LEFT_OPEN
+
+
+def shown_status(check: dict) -> str:
+    """The word a reader sees: within the handout the status itself; beyond it DIFFERS for FAIL and RAISES for
+    ERROR (information about what the handout leaves open, not a failure)."""
+    if check.get("beyond") and check["status"] in FAILED:
+        return DIFFERS if check["status"] == FAIL else RAISES
+    return check["status"]
+
+
+def beyond_name(check: dict) -> str:
+    """A probe's name without the "beyond the handout: " its section already says."""
+    return str(check["prop"]).removeprefix("beyond the handout: ")
+
+
+PLURAL = {DIFFERS: "differ", RAISES: "raise", NEEDS_GPU: "need a GPU", NEEDS_TRITON: "need another Triton"}
+
+
+def beyond_counts(checks: list[dict]) -> str:
+    """'6 probes: 3 pass, 2 differ, 1 raises' (the words beside a folded group of probes)."""
+    words = [shown_status(c) for c in checks]
+    order = {PASS: 0, DIFFERS: 1, RAISES: 2}
+    shown = sorted(set(words), key=lambda w: (order.get(w, len(order)), w))
+    parts = [f"{words.count(w)} {w if words.count(w) == 1 else PLURAL.get(w, w)}" for w in shown]
+    return f"{len(words)} probe{'' if len(words) == 1 else 's'}: {', '.join(parts)}"
 
 
 def summary(checks: list[dict]) -> tuple[str, bool]:
