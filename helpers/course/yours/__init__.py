@@ -50,6 +50,7 @@ class Options:
     timed: bool = True  # time the implementations (the checks alone: False)
     compiled: bool = True  # time torch.compile'd PyTorch too (its first call compiles: seconds on a CPU)
     timeout_s: float = 300.0  # per launched check: a hung collective is reported after this
+    parts: tuple = ("course", "beyond")  # a kernel topic's checks within the handout, the probes beyond it, or both
 
 
 RUNNERS = {  # topic -> (module, function): kernels run in one launched rank here, distributed ones launch their own
@@ -136,8 +137,10 @@ def _in_rank(fn, path: str, opts: Options, *args):
 
 def run_kernel_topic(adapters_path: str, topic: str, opts: Options, impls: list[str]):
     """A kernel topic: every implementation checked and (those that passed) timed in one launch; if that launch
-    crashes or hangs, each implementation again in a launch of its own, then the timing in another, so the failure is
-    pinned on one implementation and hides nothing else."""
+    crashes or hangs, each implementation's checks within the handout in a launch of their own, its probes beyond the
+    handout in another, then the timing in another, so the failure is pinned on one implementation and one part and
+    hides nothing else (a 4-D probe that makes a 3-D kernel read outside its tensors in Triton's interpreter kills
+    the process: the contract's checks stand)."""
     from helpers.course.yours.report import ERROR, Check, TopicResult, failure_summary, passed
 
     module, name = RUNNERS[topic]
@@ -147,12 +150,9 @@ def run_kernel_topic(adapters_path: str, topic: str, opts: Options, impls: list[
         return got
     result, timed = TopicResult(topic), []
     for impl in impls:
-        got = _in_rank(fn, adapters_path, replace(opts, timed=False), [impl])
-        if isinstance(got, BaseException):
-            result.checks.append(Check(topic, impl, "runs to the end", ERROR, failure_summary(got)))
-            continue
-        result.checks += got.checks
-        if passed(got.checks, impl):
+        checks = _by_part(fn, adapters_path, topic, impl, opts)
+        result.checks += checks
+        if passed(checks, impl):
             timed.append(impl)
     if opts.timed:
         got = _in_rank(fn, adapters_path, opts, [], timed)
@@ -162,6 +162,22 @@ def run_kernel_topic(adapters_path: str, topic: str, opts: Options, impls: list[
             result.checks += got.checks
             result.rows += got.rows
     return result
+
+
+def _by_part(fn, path: str, topic: str, impl: str, opts: Options) -> list:
+    """One implementation's checks within the handout, then its probes beyond it, each in a launch of its own: a
+    crash or hang is an ERROR row of the part it happened in (beyond the handout: information, never the verdict)."""
+    from helpers.course.yours.report import ERROR, Check, failure_summary
+
+    course = _in_rank(fn, path, replace(opts, timed=False, parts=("course",)), [impl])
+    if isinstance(course, BaseException):
+        return [Check(topic, impl, "runs to the end", ERROR, failure_summary(course))]
+    beyond = _in_rank(fn, path, replace(opts, timed=False, parts=("beyond",)), [impl])
+    if isinstance(beyond, BaseException):
+        detail = failure_summary(beyond) + "; the checks within the handout ran to the end in a process of their own"
+        why = "these probes go past what the handout asks (other lengths and layouts, 16-bit dtypes)"
+        return course.checks + [Check(topic, impl, "the probes run", ERROR, detail, True, why)]
+    return course.checks + [c for c in beyond.checks if c.beyond]
 
 
 def run_topic(adapters_path, topic: str, opts: Options, impls: list[str] | None = None):

@@ -119,12 +119,13 @@ def prepare(root: Path, dirs: list[Path] | None = None) -> list[str]:
     return folders
 
 
-def fix_for(exc: ModuleNotFoundError, root: Path, dirs: list[Path] | None = None) -> str:
+def fix_for(exc: ModuleNotFoundError, root: Path, path: Path | None = None) -> str:
     """The one command that makes a missing import work, for the module `exc` names; when the module is the
-    student's own (a folder of the repository holds it), where it is and how to reach it."""
+    student's own (a folder of the repository of the adapters file `path` holds it), where it is and how to reach
+    it."""
     top = (exc.name or "").split(".")[0]
-    dirs = dirs or [root]
-    found = E.find_module_in(dirs, top) if top else None
+    dirs = E.run_dirs(path, root) if path else [root]
+    found = E.find_module_in(E.repository_folder(path, root), top) if top and path else None
     if found is not None:
         tried = str(dirs[0]) if len(dirs) == 1 else f"{dirs[0]} or {dirs[-1]}"
         return (
@@ -156,27 +157,38 @@ def load(path) -> ModuleType:
     prepare(root, dirs)
     if str(path.resolve().parent) not in sys.path:
         sys.path.insert(0, str(path.resolve().parent))
-    first = None
+    furthest = None  # the import error of the try that got furthest in the file (the first try's on a tie)
     for cwd in dirs:
         try:
             module = _exec_from(path, cwd)
         except ModuleNotFoundError as exc:
-            first = first or exc  # the assignment root's error is the one to report
+            if furthest is None or _line_in(exc, path) > _line_in(furthest, path):
+                furthest = exc
             continue
         except BaseException as exc:  # noqa: BLE001 - SystemExit and friends from a student's file are errors too
             why = f"{type(exc).__name__}: {exc} (at {where(exc, path)})"
             raise AdaptersError(f"{path} failed to import: {why}") from None
         _LOADED_FROM = path
+        if "triton" in sys.modules:  # the student's kernels get the interpreter ours get (helpers.env)
+            from helpers.env import fix_triton_interpreter
+
+            fix_triton_interpreter()
         return module
     raise AdaptersError(
-        f"{path} failed to import: No module named {first.name!r} (at {where(first, path)}). "
-        f"To fix: {fix_for(first, root, dirs)}"
+        f"{path} failed to import: No module named {furthest.name!r} (at {where(furthest, path)}). "
+        f"To fix: {fix_for(furthest, root, path)}"
     ) from None
+
+
+def _line_in(exc: BaseException, path: Path) -> int:
+    """The line of the adapters file `path` where `exc` came from (0 if none): how far its import got."""
+    mine = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+    return mine[-1] if mine else 0
 
 
 def _exec_from(path: Path, cwd: Path) -> ModuleType:
     """The adapters file executed with `cwd` as the working directory; the relative sys.path entries it adds made
-    absolute from `cwd` afterwards (kept as they were when it fails, then dropped with the rest of what it added)."""
+    absolute from `cwd` afterwards. When it raises, what it added to sys.path is dropped (the next try starts clean)."""
     spec = importlib.util.spec_from_file_location("student_adapters", path)
     module = importlib.util.module_from_spec(spec)
     before, here = list(sys.path), os.getcwd()

@@ -86,11 +86,13 @@ class Suite:
 
 
 def _function_checks(
-    adapter: A.Adapter, suites: list[Suite], runtime: TritonRuntime | None = None
+    adapter: A.Adapter, suites: list[Suite], runtime: TritonRuntime | None = None, parts=("course", "beyond")
 ) -> tuple[object, list[Check]]:
     """An adapter that returns an autograd.Function: (its apply or None, the checks); a wrong return kind is an
-    ERROR, NotImplementedError 'not implemented'. runtime: judge a Triton implementation only where ours runs."""
+    ERROR, NotImplementedError 'not implemented'. runtime: judge a Triton implementation only where ours runs.
+    parts: the suites within the handout ("course"), those beyond it ("beyond"), or both (Options.parts)."""
     topic, impl = adapter.topic, adapter.impl
+    suites = [s for s in suites if ("beyond" if s.beyond else "course") in parts]
     try:
         cls = _function_class(adapter, A.ADAPTERS[topic][impl][0])
     except Exception as exc:  # noqa: BLE001 - the student's getter raised or returned the wrong kind
@@ -122,7 +124,7 @@ def _function_checks(
                 "backward raises NotImplementedError: the gradients were not checked",
             )
         )
-    return cls.apply, checks + (typed if kind else [])
+    return cls.apply, checks + (typed if kind and "beyond" in parts else [])
 
 
 FUNCTION_TYPE = "a torch.autograd.Function subclass (the type the adapter's docstring names)"
@@ -301,7 +303,7 @@ def rmsnorm_worker(adapters_path: str, opts: Options, impls=None, timed_impls=No
             res.checks += _backward_checks(adapter, name)
             continue
         runtime = triton_runtime("rmsnorm") if adapter.impl == "triton" else None
-        apply, checks = _function_checks(adapter, suites, runtime)
+        apply, checks = _function_checks(adapter, suites, runtime, opts.parts)
         res.checks += checks
         if apply is not None and passed(checks, adapter.impl):
             yours[adapter.impl] = apply
@@ -393,7 +395,7 @@ def attention_worker(adapters_path: str, opts: Options, impls=None, timed_impls=
                 square,
             ]
         runtime = triton_runtime("attention") if adapter.impl == "triton" else None
-        apply, checks = _function_checks(adapter, suites, runtime)
+        apply, checks = _function_checks(adapter, suites, runtime, opts.parts)
         res.checks += checks
         if apply is not None and passed(checks, adapter.impl):
             yours[adapter.impl] = apply

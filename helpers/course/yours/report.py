@@ -52,6 +52,13 @@ def failure_summary(exc: BaseException) -> str:
     """One paragraph from a launch failure: the rank and what happened (signal, timeout, the exception's last line)."""
     text = str(exc).strip()
     head = text.split("\n\n--- traceback", 1)[0].replace("\n", " ")
+    if " before or outside the worker's Python code" in head:  # a signal: the launcher's hint is for scripts
+        rank, others = head.split(" before or outside", 1)[0], head.partition(" (rank ")[2]
+        head = (
+            f"{rank} while running your code: a crash outside Python, not an exception (e.g. a Triton kernel that "
+            "reads or writes outside its tensors in the interpreter, out of memory, os._exit)"
+            + (f" (rank {others}" if others else "")
+        )
     tb = getattr(exc, "remote_traceback", None)
     if tb:
         frames = [line.strip() for line in tb.splitlines() if line.strip().startswith("File ")]

@@ -36,14 +36,19 @@ def run_dirs(path: Path, root: Path) -> list[Path]:
     return [root, *[p for p in up if p != Path(p.anchor)]]
 
 
+def repository_folder(path: Path, root: Path) -> Path:
+    """The student's whole repository, where their own modules may be: the git root, else the assignment root (an
+    unpacked archive's neighbours may be anyone's)."""
+    return repository_root(path) or root
+
+
 SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "site-packages", "__pycache__", "data", "wandb", "outputs"}
 
 
-def find_module_in(dirs: list[Path], name: str, depth: int = 4, most: int = 5000) -> Path | None:
-    """The folder that holds module `name` (a package folder or a .py file) in the student's repository (the last,
-    outermost, of `dirs`), at most `depth` levels down and `most` folders read, outside virtual environments and
+def find_module_in(top: Path, name: str, depth: int = 4, most: int = 5000) -> Path | None:
+    """The folder that holds module `name` (a package folder or a .py file) under `top` (the student's repository:
+    see repository_folder), at most `depth` levels down and `most` folders read, outside virtual environments and
     data; None if none does."""
-    top = dirs[-1]
     for seen, (folder, subdirs, files) in enumerate(os.walk(top)):
         if seen >= most:
             return None
