@@ -210,9 +210,17 @@ def test_beyond_the_handout_reads_as_information_in_the_terminal_and_on_the_page
     """Within the handout: pass / fail / error. Beyond it: "differs" and "raises" with why the handout does not
     require it, grouped per topic and folded (counts first; on the page a <details> per topic), never "fail" or
     "error"; the saved statuses and the summary keep their meaning."""
-    from helpers.course.yours import print_report
     from helpers.course.yours.page import render
-    from helpers.course.yours.report import DIFFERS, LEFT_OPEN, RAISES, Check, TopicResult, checks_table, summary
+    from helpers.course.yours.report import (
+        DIFFERS,
+        LEFT_OPEN,
+        RAISES,
+        Check,
+        TopicResult,
+        checks_table,
+        print_report,
+        summary,
+    )
 
     results = [
         TopicResult(

@@ -34,7 +34,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -340,48 +339,10 @@ def default_python(adapters_path) -> Path | None:
 # ---- the report -----------------------------------------------------------------------------------------------
 
 
-def _wrap(text: str, width: int = 100) -> str:
-    return "\n".join(textwrap.wrap(text, width, subsequent_indent="      ")) if text else ""
-
-
-def print_report(results: list) -> None:
-    """The terminal tables: each topic's checks within the handout (failures in full); the probes beyond it folded
-    per topic (their counts, then each that differs or raises, with why the handout does not require it, in short);
-    then the side-by-side rows."""
-    from helpers.course.yours.report import PASS, beyond_counts, beyond_name, readable_rows, shown_status
-    from helpers.course.yours.report import why_not_required as why
-
-    for res in results:
-        shown = [c for c in res.checks if not c.beyond]
-        if shown:
-            print(f"\n== {res.topic}")
-        for c in shown:
-            print(f"  {c.status:>20}  {c.impl:<11} {c.prop}")
-            if c.detail and c.status != PASS:
-                print("      " + _wrap(c.detail))
-    beyond = [(res.topic, [asdict(c) for c in res.checks if c.beyond]) for res in results]
-    if any(rows for _, rows in beyond):
-        print(
-            "\n==== beyond the handout: information on what it leaves open, never in the exit status (in full on the "
-            "page)"
-        )
-    for topic, rows in beyond:
-        if rows:
-            print(f"\n== {topic}: {beyond_counts(rows)}")
-        for r in rows:
-            if shown_status(r) != PASS:
-                print(f"  {shown_status(r):>20}  {r['impl']:<11} {beyond_name(r)}")
-                print("      " + _wrap(f"({why(r)}) {textwrap.shorten(r['detail'], 160, placeholder=' ...')}"))
-    for res in results:
-        if res.rows:
-            print(f"\n== {res.topic}: side by side (ratios paired in one interleaved loop)")
-            print(readable_rows(res.rows).to_string(index=False, max_colwidth=90))
-
-
 def main(argv: list[str]) -> int:
     """The command: parse, run (here or in the student's Python), print, save, write the page; 0 only when every
     check of what is implemented, that can run here, passed."""
-    from helpers.course.yours.report import checks_table, side_by_side, summary
+    from helpers.course.yours.report import checks_table, print_report, side_by_side, summary
     from helpers.env import resolve_profile
     from helpers.results import save_results
 

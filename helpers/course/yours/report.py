@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import asdict, dataclass, field
 
 PASS, FAIL, ERROR, NOT_IMPLEMENTED, SKIPPED = "pass", "fail", "error", "not implemented", "skipped"
@@ -215,3 +216,42 @@ def readable_rows(rows: list[dict]):
             }
         )
     return pd.DataFrame(out)
+
+
+# ---- the terminal ----
+
+
+def _wrap(text: str, width: int = 100) -> str:
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent="      ")) if text else ""
+
+
+def print_report(results: list) -> None:
+    """The terminal report of `python -m helpers yours`: each topic's checks within the handout (failures in full);
+    the probes beyond it folded per topic (their counts, then each that differs or raises, with why the handout does
+    not require it, in short); then the side-by-side rows."""
+    for res in results:
+        shown = [c for c in res.checks if not c.beyond]
+        if shown:
+            print(f"\n== {res.topic}")
+        for c in shown:
+            print(f"  {c.status:>20}  {c.impl:<11} {c.prop}")
+            if c.detail and c.status != PASS:
+                print("      " + _wrap(c.detail))
+    beyond = [(res.topic, [asdict(c) for c in res.checks if c.beyond]) for res in results]
+    if any(rows for _, rows in beyond):
+        print(
+            "\n==== beyond the handout: information on what it leaves open, never in the exit status (in full on the "
+            "page)"
+        )
+    for topic, rows in beyond:
+        if rows:
+            print(f"\n== {topic}: {beyond_counts(rows)}")
+        for r in rows:
+            if shown_status(r) != PASS:
+                print(f"  {shown_status(r):>20}  {r['impl']:<11} {beyond_name(r)}")
+                short = textwrap.shorten(r["detail"], 160, placeholder=" ...")
+                print("      " + _wrap(f"({why_not_required(r)}) {short}"))
+    for res in results:
+        if res.rows:
+            print(f"\n== {res.topic}: side by side (ratios paired in one interleaved loop)")
+            print(readable_rows(res.rows).to_string(index=False, max_colwidth=90))
