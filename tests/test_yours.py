@@ -92,12 +92,61 @@ def test_bad_input_is_reported_per_implementation_and_topic():
     norm = results["rmsnorm"]
     nan = _by_impl(norm, "pytorch")["forward and both gradients vs float64, fp32 (..., H)"]
     assert nan.status == FAIL and "not finite" in nan.detail
-    wrong_kind = _by_impl(norm, "triton")["returns an autograd.Function"]
-    assert wrong_kind.status == ERROR and "the class itself, not an instance" in wrong_kind.detail
+    instance = _by_impl(norm, "triton")[K.FUNCTION_TYPE]  # an instance's .apply is the class's: judged, type noted
+    assert instance.beyond and "an instance of RMSNormPyTorchFunction" in instance.detail
+    assert "returns an autograd.Function" not in _by_impl(norm, "triton") and len(_by_impl(norm, "triton")) > 1
     assert all(c.status == PASS for c in norm.checks if c.impl.startswith("backward"))  # the others still ran
     crash = _by_impl(results["attention"], "pytorch")["runs to the end"]  # its own launch: the Triton one still ran
     assert crash.status == ERROR and "SIGSEGV" in crash.detail
     assert _by_impl(results["attention"], "triton")["implemented"].status == NOT_IMPLEMENTED
+
+
+def test_behaviour_is_judged_through_apply_and_the_type_is_information():
+    """A plain class whose .apply is a Function's passes the checks (one information row beyond the handout names
+    its type); an object without .apply, which the course's tests could not call, is an error. No launch."""
+    from helpers.course.yours.adapters import Adapter
+    from helpers.rmsnorm import RMSNormPyTorchFunction
+
+    class Plain:
+        apply = staticmethod(RMSNormPyTorchFunction.apply)
+
+    suites = [K.Suite(N.NORM_CONTRACT, K.check_norm_function)]
+    name = "get_rmsnorm_autograd_function_pytorch"
+    apply, checks = K._function_checks(Adapter("rmsnorm", "pytorch", "ok", {name: lambda: Plain}), suites)
+    within = [c for c in checks if not c.beyond]
+    assert apply is not None and within and all(c.status == PASS for c in within), checks
+    [typed] = [c for c in checks if c.beyond]
+    assert typed.prop == K.FUNCTION_TYPE and "the class Plain, not a torch.autograd.Function subclass" in typed.detail
+    assert typed.why == K.ONLY_APPLY
+    _, checks = K._function_checks(Adapter("rmsnorm", "pytorch", "ok", {name: lambda: lambda x, g: x}), suites)
+    assert [(c.status, c.beyond) for c in checks] == [(ERROR, False)] and "has no .apply" in checks[0].detail
+
+
+def test_nvtx_ranges_are_no_ops_on_a_cpu_only_torch(monkeypatch):
+    """The handouts' NVTX ranges: torch's own stub raises on a CPU-only build; after quiet_nvtx they run (a CUDA build
+    keeps its own NVTX)."""
+    import torch.cuda.nvtx as nvtx
+
+    from helpers.course.yours.student_env import NoNVTX, quiet_nvtx
+
+    if hasattr(torch._C, "_nvtx"):
+        assert not quiet_nvtx()
+        return
+
+    class TorchStub:  # what a fresh process's torch.cuda.nvtx holds on a CPU-only build (an earlier load replaced it)
+        def fail(*args):
+            raise RuntimeError("NVTX functions not installed. Are you sure you have a CUDA build?")
+
+        rangePushA = rangePop = markA = fail  # noqa: N815 - torch's names
+
+    monkeypatch.setattr(nvtx, "_nvtx", TorchStub())
+    with pytest.raises(RuntimeError, match="NVTX functions not installed"):
+        nvtx.range_push("step")
+    assert quiet_nvtx() and isinstance(nvtx._nvtx, NoNVTX)
+    assert nvtx.range_push("step") == 0 and nvtx.range_push("inner") == 1 and nvtx.range_pop() == 1
+    with nvtx.range("forward"):
+        nvtx.mark("here")
+    assert nvtx.range_pop() == 0
 
 
 def test_a_file_that_cannot_be_used_gets_one_clear_error(tmp_path):
@@ -155,6 +204,62 @@ def test_the_command_prints_saves_and_writes_the_page(command, tmp_path):
         timeout=120,
     )
     assert bad.returncode == 2 and "no adapters file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_beyond_the_handout_reads_as_information_in_the_terminal_and_on_the_page(capsys):
+    """Within the handout: pass / fail / error. Beyond it: "differs" and "raises" with why the handout does not
+    require it, grouped per topic and folded (counts first; on the page a <details> per topic), never "fail" or
+    "error"; the saved statuses and the summary keep their meaning."""
+    from helpers.course.yours.page import render
+    from helpers.course.yours.report import (
+        DIFFERS,
+        LEFT_OPEN,
+        RAISES,
+        Check,
+        TopicResult,
+        checks_table,
+        print_report,
+        summary,
+    )
+
+    results = [
+        TopicResult(
+            "attention",
+            [
+                Check("attention", "pytorch", "output vs float64", FAIL, "o[0, 3, 1] off by 2x the bound"),
+                Check("attention", "pytorch", "4-D (batch, heads, N, d)", ERROR, "raised EinopsError: 4 dims", True),
+                Check("attention", "pytorch", "bf16", FAIL, "o[0, 0, 0] off by 3x the bound", True),
+                Check("attention", "pytorch", "lengths that are not tile multiples", PASS, "", True),
+            ],
+        ),
+        TopicResult("ddp", [Check("ddp", "ddp", "beyond the handout: something new", FAIL, "w[1] differs", True)]),
+    ]
+    print_report(results)
+    out = capsys.readouterr().out
+    within, beyond = out.split("==== beyond the handout")
+    assert "fail  pytorch     output vs float64" in within and "o[0, 3, 1]" in within
+    assert "== attention: 3 probes: 1 pass, 1 differs, 1 raises" in beyond and "== ddp: 1 probe: 1 differs" in beyond
+    assert f"{RAISES}  pytorch     4-D (batch, heads, N, d)" in beyond and "(the handout's inputs are 3-D" in beyond
+    assert f"{DIFFERS}  ddp         something new" in beyond and f"({LEFT_OPEN})" in beyond
+    assert "tile multiples" not in beyond  # a probe that passed is folded into the counts
+    assert not any(word in beyond for word in (f" {FAIL} ", f" {ERROR} ", f"{FAIL}  ", f"{ERROR}  "))
+    rows = checks_table(results).to_dict(orient="records")
+    assert [r["status"] for r in rows if r["beyond"]] == [ERROR, FAIL, PASS, FAIL]  # the data keep their statuses
+    assert rows[2]["why"] == "the course's tests run this implementation in fp32" and rows[0]["why"] == ""
+    assert summary(rows) == (
+        "1 checks of what you implemented: 0 pass, 1 fail, 0 need a GPU or another Triton; 0 not implemented",
+        False,
+    )
+    page = render(rows, [], {"device": "cpu", "profile": "cpu"})
+    folded = page.split("<h2 id='beyond'>")[1]
+    assert (
+        folded.count("<details>") == 2 and "<summary><b>attention</b>: 3 probes: 1 pass, 1 differs, 1 raises" in folded
+    )
+    assert (
+        f"<b>{RAISES}</b>" in folded and f"<b>{DIFFERS}</b>" in folded and "the handout&#x27;s inputs are 3-D" in folded
+    )
+    assert "<b>fail</b>" not in folded and "<b>error</b>" not in folded and "#cf222e" not in folded
+    assert "<b>fail</b>" in page.split("<h2 id='beyond'>")[0]  # within the handout, a failure stays one
 
 
 @needs_chromium

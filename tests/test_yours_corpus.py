@@ -32,6 +32,11 @@ def test_course_style_implementations_are_never_flagged(adapters):
     assert not bad, "\n".join(f"{c.topic} {c.impl} | {c.prop} | {c.status} | {c.detail}" for c in bad)
     text, ok = summary(checks_table(results).to_dict(orient="records"))
     assert ok and " 0 fail" in text, text
+    if adapters == "adapters_styles.py":  # NVTX ranges, and a plain class whose .apply is a Function's: its type noted
+        norm = [c for c in results[0].checks if c.impl == "pytorch"]
+        assert [c.status for c in norm if not c.beyond] and all(c.status == PASS for c in norm if not c.beyond)
+        [typed] = [c for c in norm if c.prop == K.FUNCTION_TYPE]
+        assert typed.beyond and "the class RMSNormFunction" in typed.detail
     if adapters != "adapters.py":
         return
     triton = {(c.topic, c.prop): c for c in within(results) if c.impl == "triton"}
@@ -149,6 +154,126 @@ def test_an_import_that_fails_names_the_one_command_that_fixes_it(tmp_path, monk
         load(adapters)
     adapters.write_text("import importlib.metadata\nVERSION = importlib.metadata.version('cs336-systems')\n")
     assert load(adapters).VERSION == "1.0.4"  # the metadata of a package that is not installed, made visible
+
+
+def subfolder_repository(tmp_path: Path, adapters: str, git: bool = True) -> Path:
+    """A repository in the 2024 layout: the assignment in a subfolder with tests/ (pytest runs from the repository's
+    root), cs336-basics and a folder of the student's own beside it, and `adapters` as
+    cs336-systems/tests/adapters.py; without .git when `git` is False (an unpacked archive)."""
+    repo = tmp_path / "repo"
+    (repo / "cs336-basics" / "cs336_basics").mkdir(parents=True)
+    if git:
+        (repo / ".git").mkdir()
+    (repo / "cs336-basics" / "cs336_basics" / "__init__.py").write_text("")
+    (repo / "libs").mkdir()
+    (repo / "libs" / "timing_utils.py").write_text("")
+    assignment = repo / "cs336-systems"
+    (assignment / "cs336_systems").mkdir(parents=True)
+    (assignment / "setup.py").write_text("from setuptools import setup\nsetup(name='cs336-systems')\n")
+    (assignment / "cs336_systems" / "norms.py").write_text((CORPUS / "cs336_systems/norms/rmsnorm.py").read_text())
+    (assignment / "tests").mkdir()
+    (assignment / "tests" / "adapters.py").write_text(adapters)
+    return assignment / "tests" / "adapters.py"
+
+
+ROOT_RELATIVE = """import os, sys
+sys.path.insert(0, './cs336-systems/cs336_systems')  # relative to the repository root, where pytest runs
+sys.path.append(os.path.abspath('libs'))
+import cs336_basics  # in the repository's root: the course ships it there
+import timing_utils
+from norms import RMSNormAutograd
+
+def get_rmsnorm_autograd_function_pytorch():
+    return RMSNormAutograd
+"""
+
+
+def forget_modules_under(folder: Path) -> None:
+    """Drop the modules imported from `folder` (a test's student repository) from this process."""
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(folder)):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def forget_imports(tmp_path):
+    """What a test imports from its tmp_path is forgotten afterwards (another test's repository reuses the names)."""
+    yield
+    forget_modules_under(tmp_path)
+
+
+@pytest.mark.parametrize("git", [True, False], ids=["git", "unpacked"])
+def test_a_path_relative_to_the_repository_root_is_found_when_tests_sit_in_a_subfolder(
+    tmp_path, monkeypatch, forget_imports, git
+):
+    """The 2024 layout: sys.path entries relative to the repository root (relative, or made absolute from the working
+    directory) resolve as under pytest, here and in the launched checks; a module that no entry reaches is named as
+    the student's own, never as a package to pip install. An unpacked archive (no .git) too, in this process."""
+    from helpers.course.yours.adapters import AdaptersError, load
+
+    clean = list(sys.path)
+    monkeypatch.setattr(sys, "path", list(clean))  # loading puts the assignment's folders on this process's path
+    adapters = subfolder_repository(tmp_path, ROOT_RELATIVE, git)
+    repo = tmp_path / "repo"
+    assert load(adapters).get_rmsnorm_autograd_function_pytorch().__name__ == "RMSNormAutograd"
+    assert str(repo / "cs336-systems" / "cs336_systems") in sys.path and not any(p.startswith("./") for p in sys.path)
+    results = run(adapters, ["rmsnorm"], CHECKS_ONLY, progress=False) if git else []
+    checks = [c for c in within(results) if c.impl == "pytorch"]
+    assert not git or checks and all(c.status == PASS for c in checks), [(c.prop, c.status, c.detail) for c in checks]
+    adapters.write_text(ROOT_RELATIVE.replace("./cs336-systems/cs336_systems", "./cs336_systems/elsewhere"))
+    sys.path[:] = clean
+    forget_modules_under(tmp_path)
+    with pytest.raises(
+        AdaptersError, match=r"No module named 'norms'.*norms is your own code, in .*cs336_systems"
+    ) as e:
+        load(adapters)
+    assert "pip" not in str(e.value)
+
+
+def test_a_crash_beyond_the_handout_keeps_the_contract_and_leaves_no_temporary_folder(tmp_path):
+    """The whole command on an RMSNorm that is right in fp32 and kills its process on a 16-bit input (as a Triton
+    kernel reading outside its tensors does in the interpreter), with a package whose metadata is made visible: the
+    checks within the handout pass in a process of their own, the crash is one row beyond the handout, the exit status
+    is 0, and the command's temporary folder is empty afterwards."""
+    tmp, out = tmp_path / "tmp", tmp_path / "out"
+    tmp.mkdir()
+    crash = tmp_path / "crash.py"
+    crash.write_text(
+        f"import sys\nsys.path.insert(0, {str(CORPUS)!r})\n"
+        "import importlib.metadata, os, signal\nimport torch\n"
+        "from cs336_systems.norms.rmsnorm import RMSNormAutograd\n"
+        "assert importlib.metadata.version('cs336-systems')\n"
+        "class CrashOn16Bit(RMSNormAutograd):\n"
+        "    @staticmethod\n"
+        "    def forward(ctx, x, g):\n"
+        "        if x.dtype != torch.float32:\n"
+        "            os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "        return RMSNormAutograd.forward(ctx, x, g)\n"
+        "def get_rmsnorm_autograd_function_pytorch():\n    return CrashOn16Bit\n"
+    )
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "cs336-systems"\nversion = "1.0.4"\n')
+    cmd = [
+        sys.executable,
+        "-m",
+        "helpers",
+        "yours",
+        str(crash),
+        "--topics",
+        "rmsnorm",
+        "--no-timing",
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    done = subprocess.run([*cmd, "--results", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    from helpers.results import load_results
+
+    rows = [r for r in load_results(out / "yours_checks.jsonl").rows if r["impl"] == "pytorch"]
+    assert [r["status"] for r in rows if not r["beyond"]] == [PASS] * len(K.NORM_CONTRACT)
+    [crashed] = [r for r in rows if r["prop"] == "the probes run"]
+    assert crashed["beyond"] and "SIGSEGV while running your code" in crashed["detail"]
+    assert not list(tmp.iterdir()), list(tmp.iterdir())
 
 
 def test_an_empty_template_says_so_and_does_not_pass():

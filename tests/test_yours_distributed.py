@@ -101,9 +101,10 @@ def test_ddp_mutants_each_named_by_the_property_they_break(tmp_path):
 
 
 def test_the_course_style_corpus_passes_within_the_contract(tmp_path):
-    """A plain-class wrapper (individual), a parameter-only broadcast (2026's get_ddp) and buckets that wait for
-    every gradient (bucketed), as students write them: every check within the handout passes; beyond it, our toy's
-    per-rank buffer (not broadcast) and unused parameter (its bucket never complete) are reported, not counted."""
+    """A plain-class wrapper with NVTX ranges (individual: they must run on a CPU-only torch), a parameter-only
+    broadcast (2026's get_ddp) and buckets that wait for every gradient (bucketed), as students write them: every
+    check within the handout passes; beyond it, our toy's per-rank buffer (not broadcast) and unused parameter (its
+    bucket never complete) are reported, not counted."""
     path = composed(
         tmp_path,
         get_ddp_individual_parameters="ddp_plain_class",

@@ -8,14 +8,18 @@
 
 What counts (pass / fail, and the exit status) is what the edition's handout and tests promise: their shapes, dtypes,
 models and requirements. Deeper probes (other lengths, 4-D inputs, bf16, unused parameters, buffers, memory formulas)
-are reported in a section of their own, "beyond the handout", that never changes the exit status. A Triton check this
-environment cannot run (no GPU, or a Triton without block pointers) says so and is not a failure.
+are reported in a section of their own, "beyond the handout", folded per topic, as information: "differs" or
+"raises" (the saved status stays fail / error), each with why the handout does not require it; it never changes the
+exit status. A Triton check this environment cannot run (no GPU, or a Triton without block pointers) says so and is
+not a failure.
 
 Your code runs in your own environment when there is one: `--python PATH`, by default `<assignment root>/.venv/bin/
 python` when it exists (where `uv sync` puts the course's torch and Triton). Otherwise it runs here, with the course's
-common dependencies, `<root>/cs336-basics` on the path and your packages' metadata visible, nothing installed into
-your repository. Each implementation's checks and the timing run in launched processes of their own (helpers.launch),
-so a crash, a hang or a NaN is reported where it happened and hides nothing else. Results are saved with provenance
+common dependencies, `cs336-basics` on the path and your packages' metadata visible, nothing installed into your
+repository and no folder left behind; your adapters file is imported as pytest would from the assignment's root or the
+repository's (helpers.course.yours.student_env), NVTX ranges run as no-ops on a CPU-only torch. Each implementation's
+checks and the timing run in launched processes of their own (helpers.launch), so a crash, a hang or a NaN is
+reported where it happened and hides nothing else. Results are saved with provenance
 (data/local/<device>/yours_*.jsonl) and written as writeups/yours.html; the exit status is 0 only when every check
 of what you implemented, that this environment can run, passed.
 """
@@ -30,7 +34,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -46,6 +49,7 @@ class Options:
     timed: bool = True  # time the implementations (the checks alone: False)
     compiled: bool = True  # time torch.compile'd PyTorch too (its first call compiles: seconds on a CPU)
     timeout_s: float = 300.0  # per launched check: a hung collective is reported after this
+    parts: tuple = ("course", "beyond")  # a kernel topic's checks within the handout, the probes beyond it, or both
 
 
 RUNNERS = {  # topic -> (module, function): kernels run in one launched rank here, distributed ones launch their own
@@ -132,8 +136,10 @@ def _in_rank(fn, path: str, opts: Options, *args):
 
 def run_kernel_topic(adapters_path: str, topic: str, opts: Options, impls: list[str]):
     """A kernel topic: every implementation checked and (those that passed) timed in one launch; if that launch
-    crashes or hangs, each implementation again in a launch of its own, then the timing in another, so the failure is
-    pinned on one implementation and hides nothing else."""
+    crashes or hangs, each implementation's checks within the handout in a launch of their own, its probes beyond the
+    handout in another, then the timing in another, so the failure is pinned on one implementation and one part and
+    hides nothing else (a 4-D probe that makes a 3-D kernel read outside its tensors in Triton's interpreter kills
+    the process: the contract's checks stand)."""
     from helpers.course.yours.report import ERROR, Check, TopicResult, failure_summary, passed
 
     module, name = RUNNERS[topic]
@@ -143,12 +149,9 @@ def run_kernel_topic(adapters_path: str, topic: str, opts: Options, impls: list[
         return got
     result, timed = TopicResult(topic), []
     for impl in impls:
-        got = _in_rank(fn, adapters_path, replace(opts, timed=False), [impl])
-        if isinstance(got, BaseException):
-            result.checks.append(Check(topic, impl, "runs to the end", ERROR, failure_summary(got)))
-            continue
-        result.checks += got.checks
-        if passed(got.checks, impl):
+        checks = _by_part(fn, adapters_path, topic, impl, opts)
+        result.checks += checks
+        if passed(checks, impl):
             timed.append(impl)
     if opts.timed:
         got = _in_rank(fn, adapters_path, opts, [], timed)
@@ -158,6 +161,22 @@ def run_kernel_topic(adapters_path: str, topic: str, opts: Options, impls: list[
             result.checks += got.checks
             result.rows += got.rows
     return result
+
+
+def _by_part(fn, path: str, topic: str, impl: str, opts: Options) -> list:
+    """One implementation's checks within the handout, then its probes beyond it, each in a launch of its own: a
+    crash or hang is an ERROR row of the part it happened in (beyond the handout: information, never the verdict)."""
+    from helpers.course.yours.report import ERROR, Check, failure_summary
+
+    course = _in_rank(fn, path, replace(opts, timed=False, parts=("course",)), [impl])
+    if isinstance(course, BaseException):
+        return [Check(topic, impl, "runs to the end", ERROR, failure_summary(course))]
+    beyond = _in_rank(fn, path, replace(opts, timed=False, parts=("beyond",)), [impl])
+    if isinstance(beyond, BaseException):
+        detail = failure_summary(beyond) + "; the checks within the handout ran to the end in a process of their own"
+        why = "these probes go past what the handout asks (other lengths and layouts, 16-bit dtypes)"
+        return course.checks + [Check(topic, impl, "the probes run", ERROR, detail, True, why)]
+    return course.checks + [c for c in beyond.checks if c.beyond]
 
 
 def run_topic(adapters_path, topic: str, opts: Options, impls: list[str] | None = None):
@@ -320,37 +339,10 @@ def default_python(adapters_path) -> Path | None:
 # ---- the report -----------------------------------------------------------------------------------------------
 
 
-def _wrap(text: str, width: int = 100) -> str:
-    return "\n".join(textwrap.wrap(text, width, subsequent_indent="      ")) if text else ""
-
-
-def print_report(results: list) -> None:
-    """The terminal tables: each topic's checks within the handout (failures in full), the probes beyond it, then
-    the side-by-side rows."""
-    from helpers.course.yours.report import PASS, readable_rows
-
-    for beyond in (False, True):
-        if beyond and any(c.beyond for r in results for c in r.checks):
-            print("\n==== beyond the handout: deeper probes, reported only (they never change the exit status)")
-        for res in results:
-            shown = [c for c in res.checks if c.beyond == beyond]
-            if not shown:
-                continue
-            print(f"\n== {res.topic}")
-            for c in shown:
-                print(f"  {c.status:>20}  {c.impl:<11} {c.prop}")
-                if c.detail and c.status != PASS:
-                    print("      " + _wrap(c.detail))
-    for res in results:
-        if res.rows:
-            print(f"\n== {res.topic}: side by side (ratios paired in one interleaved loop)")
-            print(readable_rows(res.rows).to_string(index=False, max_colwidth=90))
-
-
 def main(argv: list[str]) -> int:
     """The command: parse, run (here or in the student's Python), print, save, write the page; 0 only when every
     check of what is implemented, that can run here, passed."""
-    from helpers.course.yours.report import checks_table, side_by_side, summary
+    from helpers.course.yours.report import checks_table, print_report, side_by_side, summary
     from helpers.env import resolve_profile
     from helpers.results import save_results
 

@@ -10,11 +10,12 @@ import importlib.util
 import os
 import re
 import sys
-import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+
+from helpers.course.yours import student_env as E
 
 ADAPTERS = {  # topic -> implementation -> the adapter names that make it up (first: the constructor)
     "rmsnorm": {
@@ -55,13 +56,20 @@ def assignment_root(path: Path) -> Path:
     return path.parent.parent if path.parent.name == "tests" else path.parent
 
 
-NOT_STUDENT = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}", f"{os.sep}.venv{os.sep}")
+NOT_STUDENT = (
+    f"{os.sep}site-packages{os.sep}",
+    f"{os.sep}dist-packages{os.sep}",
+    f"{os.sep}.venv{os.sep}",
+    str(Path(__file__).resolve().parents[2]) + os.sep,  # the companion's own helpers
+)
 
 
 def student_frames(frames: list, path: Path | None) -> list:
-    """The frames in the student's own files: under the assignment root (or the adapters file's folder), not in an
-    installed package or a virtual environment inside the repository."""
-    roots = [str(assignment_root(path)), str(Path(path).resolve().parent)] if path else []
+    """The frames in the student's own files: under the assignment root, a folder pytest may run from (the repository
+    root) or the adapters file's folder; not in an installed package, a virtual environment inside the repository,
+    or the companion."""
+    dirs = E.run_dirs(path, assignment_root(path)) if path else []
+    roots = [str(d) for d in dirs] + ([str(Path(path).resolve().parent)] if path else [])
     return [
         f
         for f in frames
@@ -91,40 +99,39 @@ def _project(pyproject: Path) -> tuple[str, str] | None:
     return (name.group(1), version.group(1) if version else "0") if name else None
 
 
-def prepare(root: Path) -> list[str]:
-    """Make an assignment importable here without installing anything into it: the root and <root>/cs336-basics
-    (every edition ships it there) on sys.path, and the metadata of their projects (pyproject.toml's name and
-    version) visible to importlib.metadata where they are not installed (the 2025 template's package reads its own
-    version at import). The folders added, in order."""
-    import importlib.metadata as md
-
-    folders = [str(root)] + [str(root / sub) for sub in ("cs336-basics",) if (root / sub).is_dir()]
-    meta = None
+def prepare(root: Path, dirs: list[Path] | None = None) -> list[str]:
+    """Make an assignment importable here without installing anything into it: the root and the `cs336-basics`
+    folder every edition ships (in the root, or in a folder pytest may run from: `dirs`, the 2024 layout) on
+    sys.path, the metadata of their projects (pyproject.toml's name and version) visible to importlib.metadata where
+    they are not installed (the 2025 template's package reads its own version at import), and NVTX ranges that run on
+    a CPU-only torch build (student_env). The folders added, in order."""
+    E.quiet_nvtx()
+    basics = [d / "cs336-basics" for d in dict.fromkeys([root, *(dirs or [])]) if (d / "cs336-basics").is_dir()]
+    folders = [str(root), *(str(b) for b in basics)]
     for folder in folders:
         pyproject = Path(folder) / "pyproject.toml"
         project = _project(pyproject) if pyproject.is_file() else None
-        if project is None:
-            continue
-        try:
-            md.version(project[0])
-            continue  # installed (uv sync, pip install -e): its own metadata wins
-        except md.PackageNotFoundError:
-            pass
-        meta = meta or tempfile.mkdtemp(prefix="yours-metadata-")
-        info = Path(meta) / f"{re.sub(r'[-_.]+', '_', project[0])}-{project[1]}.dist-info"
-        info.mkdir(exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project[0]}\nVersion: {project[1]}\n")
+        if project is not None:
+            E.make_visible(*project)
     for folder in reversed(folders):
         if folder not in sys.path:
             sys.path.insert(0, folder)
-    if meta:
-        sys.path.append(meta)
     return folders
 
 
-def fix_for(exc: ModuleNotFoundError, root: Path) -> str:
-    """The one command that makes a missing import work, for the module `exc` names."""
+def fix_for(exc: ModuleNotFoundError, root: Path, path: Path | None = None) -> str:
+    """The one command that makes a missing import work, for the module `exc` names; when the module is the
+    student's own (a folder of the repository of the adapters file `path` holds it), where it is and how to reach
+    it."""
     top = (exc.name or "").split(".")[0]
+    dirs = E.run_dirs(path, root) if path else [root]
+    found = E.find_module_in(E.repository_folder(path, root), top) if top and path else None
+    if found is not None:
+        tried = str(dirs[0]) if len(dirs) == 1 else f"{dirs[0]} or {dirs[-1]}"
+        return (
+            f"{top} is your own code, in {found}, which no sys.path entry reaches when pytest runs from {tried}: "
+            "add that folder to sys.path in the adapters file (relative to where you run pytest)"
+        )
     venv = root / ".venv" / "bin" / "python"
     if venv.exists():
         return f"run with --python {venv} (your assignment's environment)"
@@ -137,35 +144,73 @@ def fix_for(exc: ModuleNotFoundError, root: Path) -> str:
 
 
 def load(path) -> ModuleType:
-    """Import the adapters file as pytest would from the assignment's root: its own folder and the root (prepare())
-    first on sys.path, the root as the working directory while it imports (so a relative sys.path entry of the file
-    resolves as under pytest; such entries are then made absolute). AdaptersError, saying what to do, if it cannot."""
+    """Import the adapters file as pytest would: its own folder and the root (prepare()) first on sys.path, and the
+    working directory a folder pytest may run from (the assignment root, else an ancestor up to the repository's root:
+    student_env.run_dirs), so that a relative sys.path entry of the file resolves as under pytest; such entries are
+    then made absolute. AdaptersError, saying what to do, if it cannot be imported from any of them."""
     global _LOADED_FROM
     path = Path(path)
     if not path.is_file():
         raise AdaptersError(f"no adapters file at {path}: pass the path to your assignment's tests/adapters.py")
     root = assignment_root(path)
-    prepare(root)
+    dirs = E.run_dirs(path, root)
+    prepare(root, dirs)
     if str(path.resolve().parent) not in sys.path:
         sys.path.insert(0, str(path.resolve().parent))
+    furthest = None  # the import error of the try that got furthest in the file (the first try's on a tie)
+    for cwd in dirs:
+        try:
+            module = _exec_from(path, cwd)
+        except ModuleNotFoundError as exc:
+            if furthest is None or _line_in(exc, path) > _line_in(furthest, path):
+                furthest = exc
+            continue
+        except BaseException as exc:  # noqa: BLE001 - SystemExit and friends from a student's file are errors too
+            why = f"{type(exc).__name__}: {exc} (at {where(exc, path)})"
+            raise AdaptersError(f"{path} failed to import: {why}") from None
+        _LOADED_FROM = path
+        if "triton" in sys.modules:  # the student's kernels get the interpreter ours get (helpers.env)
+            from helpers.env import fix_triton_interpreter
+
+            fix_triton_interpreter()
+        return module
+    raise AdaptersError(
+        f"{path} failed to import: No module named {furthest.name!r} (at {where(furthest, path)}). "
+        f"To fix: {fix_for(furthest, root, path)}"
+    ) from None
+
+
+def _line_in(exc: BaseException, path: Path) -> int:
+    """The line of the adapters file `path` where `exc` came from (0 if none): how far its import got."""
+    mine = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+    return mine[-1] if mine else 0
+
+
+def _exec_from(path: Path, cwd: Path) -> ModuleType:
+    """The adapters file executed with `cwd` as the working directory; the relative sys.path entries it adds made
+    absolute from `cwd` afterwards. When it raises, what it added to sys.path is dropped (the next try starts clean)."""
     spec = importlib.util.spec_from_file_location("student_adapters", path)
     module = importlib.util.module_from_spec(spec)
-    before, cwd = set(sys.path), os.getcwd()
+    before, here = list(sys.path), os.getcwd()
+    _forget_relative_finders()
     try:
-        os.chdir(root)
-        spec.loader.exec_module(module)
-    except ModuleNotFoundError as exc:
-        raise AdaptersError(
-            f"{path} failed to import: No module named {exc.name!r} (at {where(exc, path)}). "
-            f"To fix: {fix_for(exc, root)}"
-        ) from None
-    except BaseException as exc:  # noqa: BLE001 - SystemExit and friends from a student's file are errors too
-        raise AdaptersError(f"{path} failed to import: {type(exc).__name__}: {exc} (at {where(exc, path)})") from None
-    finally:
         os.chdir(cwd)
-        sys.path[:] = [str(root / p) if p and p not in before and not os.path.isabs(p) else p for p in sys.path]
-    _LOADED_FROM = path
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.path[:] = before
+        raise
+    finally:
+        os.chdir(here)
+        _forget_relative_finders()
+    sys.path[:] = [str(cwd / p) if p and p not in before and not os.path.isabs(p) else p for p in sys.path]
     return module
+
+
+def _forget_relative_finders() -> None:
+    """Drop the import system's finders cached for relative sys.path entries: each was made for the working
+    directory of its time (a retry from another folder, or the absolute entries after import, need new ones)."""
+    for key in [k for k in sys.path_importer_cache if k and not os.path.isabs(k)]:
+        del sys.path_importer_cache[key]
 
 
 @dataclass
@@ -214,3 +259,17 @@ def functions(path, topic: str, device: str = "cpu") -> dict:
         if cls is not NOT_IMPLEMENTED and hasattr(cls, "apply"):
             out[f"yours:{adapter.impl}"] = cls.apply
     return out
+
+
+def function_type(obj) -> str:
+    """'' when `obj` is what the handout asks a getter to return, a torch.autograd.Function subclass; otherwise what
+    it is, in words (an instance of one, a class of another kind). Only reported: the course's tests call nothing
+    but its .apply, so behaviour is judged through .apply whatever the type."""
+    import torch
+
+    if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
+        return ""
+    if isinstance(obj, torch.autograd.Function):
+        return f"an instance of {type(obj).__name__} (a torch.autograd.Function subclass), not the class itself"
+    kind = f"the class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__} object"
+    return f"{kind}, not a torch.autograd.Function subclass"

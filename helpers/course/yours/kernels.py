@@ -63,14 +63,15 @@ from helpers.timing import MIN_PAIRS, compare, ratio_columns, verdict
 
 
 def _function_class(adapter: A.Adapter, name: str):
-    """The autograd.Function subclass an adapter returns, NOT_IMPLEMENTED, or ShapeError naming what came back."""
+    """What an adapter returns when it has an .apply (the course's tests call nothing else: a Function subclass, or
+    anything that behaves like one), NOT_IMPLEMENTED, or ShapeError naming what came back."""
     cls = A.call(adapter.fns[name])
     if cls is A.NOT_IMPLEMENTED:
         return cls
-    if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+    if not callable(getattr(cls, "apply", None)):
         raise ShapeError(
-            f"{name}() returned {cls!r}, expected a torch.autograd.Function subclass (the class itself, "
-            "not an instance)"
+            f"{name}() returned {cls!r}, which has no .apply: expected a torch.autograd.Function subclass (the "
+            "course's tests call its .apply)"
         )
     return cls
 
@@ -85,17 +86,21 @@ class Suite:
 
 
 def _function_checks(
-    adapter: A.Adapter, suites: list[Suite], runtime: TritonRuntime | None = None
+    adapter: A.Adapter, suites: list[Suite], runtime: TritonRuntime | None = None, parts=("course", "beyond")
 ) -> tuple[object, list[Check]]:
     """An adapter that returns an autograd.Function: (its apply or None, the checks); a wrong return kind is an
-    ERROR, NotImplementedError 'not implemented'. runtime: judge a Triton implementation only where ours runs."""
+    ERROR, NotImplementedError 'not implemented'. runtime: judge a Triton implementation only where ours runs.
+    parts: the suites within the handout ("course"), those beyond it ("beyond"), or both (Options.parts)."""
     topic, impl = adapter.topic, adapter.impl
+    suites = [s for s in suites if ("beyond" if s.beyond else "course") in parts]
     try:
         cls = _function_class(adapter, A.ADAPTERS[topic][impl][0])
     except Exception as exc:  # noqa: BLE001 - the student's getter raised or returned the wrong kind
         return None, [Check(topic, impl, "returns an autograd.Function", ERROR, str(exc))]
     if cls is A.NOT_IMPLEMENTED:
         return None, [Check(topic, impl, "implemented", NOT_IMPLEMENTED)]
+    kind = A.function_type(cls)  # judged through .apply; the type is information
+    typed = [Check(topic, impl, FUNCTION_TYPE, FAIL, f"returned {kind}: its .apply was checked", True, ONLY_APPLY)]
     device = runtime.device if runtime else "cpu"
     checks = [
         c
@@ -119,7 +124,11 @@ def _function_checks(
                 "backward raises NotImplementedError: the gradients were not checked",
             )
         )
-    return cls.apply, checks
+    return cls.apply, checks + (typed if kind and "beyond" in parts else [])
+
+
+FUNCTION_TYPE = "a torch.autograd.Function subclass (the type the adapter's docstring names)"
+ONLY_APPLY = "the course's tests call only its .apply"  # why the type is information, not a rule
 
 
 def _run_properties(
@@ -294,7 +303,7 @@ def rmsnorm_worker(adapters_path: str, opts: Options, impls=None, timed_impls=No
             res.checks += _backward_checks(adapter, name)
             continue
         runtime = triton_runtime("rmsnorm") if adapter.impl == "triton" else None
-        apply, checks = _function_checks(adapter, suites, runtime)
+        apply, checks = _function_checks(adapter, suites, runtime, opts.parts)
         res.checks += checks
         if apply is not None and passed(checks, adapter.impl):
             yours[adapter.impl] = apply
@@ -386,7 +395,7 @@ def attention_worker(adapters_path: str, opts: Options, impls=None, timed_impls=
                 square,
             ]
         runtime = triton_runtime("attention") if adapter.impl == "triton" else None
-        apply, checks = _function_checks(adapter, suites, runtime)
+        apply, checks = _function_checks(adapter, suites, runtime, opts.parts)
         res.checks += checks
         if apply is not None and passed(checks, adapter.impl):
             yours[adapter.impl] = apply

@@ -5,7 +5,16 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from helpers.course.yours.report import FAILED, readable_rows, summary
+from helpers.course.yours.report import (
+    DIFFERS,
+    RAISES,
+    beyond_counts,
+    beyond_name,
+    readable_rows,
+    shown_status,
+    summary,
+    why_not_required,
+)
 from helpers.results import load_results
 
 STATUS_COLOUR = {
@@ -16,11 +25,13 @@ STATUS_COLOUR = {
     "skipped": "#6e7781",
     "needs a GPU": "#9a6700",
     "needs another Triton": "#9a6700",
+    DIFFERS: "#0969da",  # beyond the handout: information, never red
+    RAISES: "#0969da",
 }
 STYLE = """body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem}
 td,th{padding:.25rem .6rem;text-align:left;vertical-align:top;border-bottom:1px solid #ddd}
 td.num{text-align:right;font-variant-numeric:tabular-nums}.bar{background:#8ab4f8;height:.8rem;display:inline-block}
-.detail{font-size:.9em;color:#333}"""
+.detail{font-size:.9em;color:#333}details{margin:.4rem 0}summary{cursor:pointer}.why{font-size:.9em;color:#57606a}"""
 
 
 def _ratio_bar(ratio: float, low: float, high: float) -> str:
@@ -31,17 +42,35 @@ def _ratio_bar(ratio: float, low: float, high: float) -> str:
     return f"<span class='bar' style='width:{width:.0f}px'></span> {ratio:.2f}x <small>[{low:.2f}, {high:.2f}]</small>"
 
 
-def _checks_table(rows: list[dict], colour: bool = True) -> str:
+def _checks_table(rows: list[dict]) -> str:
+    """The checks within the handout: pass / fail / error, what differed."""
     e = html.escape
     out = ["<table><tr><th>implementation</th><th>property</th><th>status</th><th>what differed</th></tr>"]
     for r in rows:
-        # beyond the handout, a failure is information, not a red line
-        shade = STATUS_COLOUR.get(r["status"], "#000") if colour or r["status"] not in FAILED else "#9a6700"
+        colour = STATUS_COLOUR.get(r["status"], "#000")
         out.append(
-            f"<tr><td>{e(r['impl'])}</td><td>{e(r['prop'])}</td><td style='color:{shade}'><b>"
-            f"{e(r['status'])}</b></td><td class='detail'>{e(r.get('detail') or '')}</td></tr>"
+            f"<tr><td>{e(r['impl'])}</td><td>{e(r['prop'])}</td><td style='color:{colour}'><b>{e(r['status'])}</b>"
+            f"</td><td class='detail'>{e(r.get('detail') or '')}</td></tr>"
         )
     return "".join(out) + "</table>"
+
+
+def _beyond_group(topic: str, rows: list[dict]) -> str:
+    """One topic's probes beyond the handout, folded under their counts: each in a neutral word (differs, raises),
+    why the handout does not require it, and what was seen."""
+    e = html.escape
+    out = [
+        f"<details><summary><b>{e(topic)}</b>: {e(beyond_counts(rows))}</summary><table><tr><th>implementation</th>"
+        "<th>probe</th><th>reads</th><th>why it is not required</th><th>what was seen</th></tr>"
+    ]
+    for r in rows:
+        word = shown_status(r)
+        out.append(
+            f"<tr><td>{e(r['impl'])}</td><td>{e(beyond_name(r))}</td><td style='color:"
+            f"{STATUS_COLOUR.get(word, '#000')}'><b>{e(word)}</b></td><td class='why'>{e(why_not_required(r))}</td>"
+            f"<td class='detail'>{e(r.get('detail') or '')}</td></tr>"
+        )
+    return "".join(out) + "</table></details>"
 
 
 def render(checks, rows, provenance: dict, data_dir: Path | None = None) -> str:
@@ -84,12 +113,14 @@ def render(checks, rows, provenance: dict, data_dir: Path | None = None) -> str:
     beyond = [r for r in checks if r.get("beyond")]
     if beyond:
         out.append(
-            "<h2 id='beyond'>Beyond the handout</h2><p>Deeper probes than the course promises (other lengths, "
-            "4-D inputs, 16-bit dtypes, unused parameters, buffers, memory formulas): worth reading, never part "
-            "of the verdict.</p>"
+            "<h2 id='beyond'>Beyond the handout</h2><p>Information, not a verdict: probes of what the handout leaves "
+            "open (other lengths, 4-D inputs, 16-bit dtypes, unused parameters, buffers, memory formulas). "
+            f"<b>{DIFFERS}</b> means your code's result is not the reference's there (float64, one process, our "
+            f"formula), <b>{RAISES}</b> that it raised; each row says why the handout does not require it. Open a "
+            "topic to read them.</p>"
         )
         for topic in dict.fromkeys(r["topic"] for r in beyond):
-            out.append(f"<h3>{e(topic)}</h3>{_checks_table([r for r in beyond if r['topic'] == topic], False)}")
+            out.append(_beyond_group(topic, [r for r in beyond if r["topic"] == topic]))
     folder = str(data_dir) if data_dir else "data/local/&lt;device&gt;"
     out.append(
         f"<p>Made by <code>python -m helpers yours</code>; the rows are in {e(folder) if data_dir else folder}/"

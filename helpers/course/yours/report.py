@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import asdict, dataclass, field
 
 PASS, FAIL, ERROR, NOT_IMPLEMENTED, SKIPPED = "pass", "fail", "error", "not implemented", "skipped"
@@ -12,6 +13,7 @@ NEEDS_GPU, NEEDS_TRITON = (
 )  # the check cannot run in this environment: not a failure
 FAILED = (FAIL, ERROR)
 CANNOT_RUN = (NEEDS_GPU, NEEDS_TRITON)
+DIFFERS, RAISES = "differs", "raises"  # how FAIL and ERROR read beyond the handout (the saved status stays FAIL/ERROR)
 
 
 @dataclass
@@ -26,6 +28,7 @@ class Check:
     detail: str = ""
     beyond: bool = False  # a probe beyond the handout's promises (other shapes, dtypes, models): reported, never
     #                       part of the exit status
+    why: str = ""  # beyond the handout: why the handout does not require it (empty: why_not_required's reading)
 
 
 @dataclass
@@ -50,6 +53,13 @@ def failure_summary(exc: BaseException) -> str:
     """One paragraph from a launch failure: the rank and what happened (signal, timeout, the exception's last line)."""
     text = str(exc).strip()
     head = text.split("\n\n--- traceback", 1)[0].replace("\n", " ")
+    if " before or outside the worker's Python code" in head:  # a signal: the launcher's hint is for scripts
+        rank, others = head.split(" before or outside", 1)[0], head.partition(" (rank ")[2]
+        head = (
+            f"{rank} while running your code: a crash outside Python, not an exception (e.g. a Triton kernel that "
+            "reads or writes outside its tensors in the interpreter, out of memory, os._exit)"
+            + (f" (rank {others}" if others else "")
+        )
     tb = getattr(exc, "remote_traceback", None)
     if tb:
         frames = [line.strip() for line in tb.splitlines() if line.strip().startswith("File ")]
@@ -64,14 +74,76 @@ def passed(checks: list[Check], impl: str) -> bool:
     return bool(mine) and all(c.status == PASS for c in mine)
 
 
-CHECK_COLUMNS = ["topic", "impl", "prop", "status", "detail", "beyond"]
+CHECK_COLUMNS = ["topic", "impl", "prop", "status", "detail", "beyond", "why"]
 
 
 def checks_table(results: list[TopicResult]):
-    """One row per check: topic, implementation, property, status, what differed, beyond the handout or not."""
+    """One row per check: topic, implementation, property, status, what differed, beyond the handout or not, and
+    (beyond it) why the handout does not require it."""
     import pandas as pd
 
-    return pd.DataFrame([r for res in results for r in res.as_rows()], columns=CHECK_COLUMNS)
+    rows = [r for res in results for r in res.as_rows()]
+    for r in rows:
+        r["why"] = why_not_required(r) if r["beyond"] else ""
+    return pd.DataFrame(rows, columns=CHECK_COLUMNS)
+
+
+# ---- beyond the handout: information, in words that do not say "fail" ----
+
+BEYOND_WHY = (  # (topic, "" for any; words in a probe's name, lower case; why the handout does not require it)
+    ("", ("float64", "derived bound", "tighter"), "a bound derived from the dtype, tighter than the course's tests'"),
+    ("attention", ("4-d",), "the handout's inputs are 3-D (batch, N, d)"),
+    ("attention", ("tile multiple",), "the handout's lengths are powers of two, at least 16"),
+    ("attention", ("causal mask applied",), "the handout lets the PyTorch version ignore is_causal"),
+    ("attention", ("saved for backward",), "the course's tests do not look at what autograd keeps"),
+    ("attention", ("bf16", "fp16"), "the course's tests run this implementation in fp32"),
+    ("rmsnorm", ("bf16", "fp16"), "the course's tests run RMSNorm in fp32"),
+    ("rmsnorm", ("non-contiguous", "transposed"), "the course's tests pass contiguous inputs"),
+    ("rmsnorm", ("wider than",), "wider rows than the course's tests use"),
+    ("ddp", ("our toy model",), "our toy model has what the course's lack: tied, frozen, unused parameters, a buffer"),
+    ("sharding", ("toy model",), "bitwise, on our toy model: the course's test compares within a tolerance"),
+    ("fsdp", ("sgd steps", "transformerlm"), "our TransformerLM seeded per rank, a bound derived from the dtype"),
+    ("", ("timing",), "a measurement to read, not a rule"),
+    ("", ("formula", "state per rank", "peak", "bytes", "memory"), "our closed form, not a bound the handout sets"),
+)
+LEFT_OPEN = "the handout leaves this open"
+
+
+def why_not_required(check: dict) -> str:
+    """Why a probe beyond the handout is not required: its own `why`, else BEYOND_WHY's reading of its topic and
+    name, else LEFT_OPEN."""
+    if check.get("why"):
+        return check["why"]
+    name = str(check.get("prop", "")).lower()
+    for topic, words, why in BEYOND_WHY:
+        if topic in ("", check.get("topic")) and any(w in name for w in words):
+            return why
+    return LEFT_OPEN
+
+
+def shown_status(check: dict) -> str:
+    """The word a reader sees: within the handout the status itself; beyond it DIFFERS for FAIL and RAISES for
+    ERROR (information about what the handout leaves open, not a failure)."""
+    if check.get("beyond") and check["status"] in FAILED:
+        return DIFFERS if check["status"] == FAIL else RAISES
+    return check["status"]
+
+
+def beyond_name(check: dict) -> str:
+    """A probe's name without the "beyond the handout: " its section already says."""
+    return str(check["prop"]).removeprefix("beyond the handout: ")
+
+
+PLURAL = {DIFFERS: "differ", RAISES: "raise", NEEDS_GPU: "need a GPU", NEEDS_TRITON: "need another Triton"}
+
+
+def beyond_counts(checks: list[dict]) -> str:
+    """'6 probes: 3 pass, 2 differ, 1 raises' (the words beside a folded group of probes)."""
+    words = [shown_status(c) for c in checks]
+    order = {PASS: 0, DIFFERS: 1, RAISES: 2}
+    shown = sorted(set(words), key=lambda w: (order.get(w, len(order)), w))
+    parts = [f"{words.count(w)} {w if words.count(w) == 1 else PLURAL.get(w, w)}" for w in shown]
+    return f"{len(words)} probe{'' if len(words) == 1 else 's'}: {', '.join(parts)}"
 
 
 def summary(checks: list[dict]) -> tuple[str, bool]:
@@ -144,3 +216,42 @@ def readable_rows(rows: list[dict]):
             }
         )
     return pd.DataFrame(out)
+
+
+# ---- the terminal ----
+
+
+def _wrap(text: str, width: int = 100) -> str:
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent="      ")) if text else ""
+
+
+def print_report(results: list) -> None:
+    """The terminal report of `python -m helpers yours`: each topic's checks within the handout (failures in full);
+    the probes beyond it folded per topic (their counts, then each that differs or raises, with why the handout does
+    not require it, in short); then the side-by-side rows."""
+    for res in results:
+        shown = [c for c in res.checks if not c.beyond]
+        if shown:
+            print(f"\n== {res.topic}")
+        for c in shown:
+            print(f"  {c.status:>20}  {c.impl:<11} {c.prop}")
+            if c.detail and c.status != PASS:
+                print("      " + _wrap(c.detail))
+    beyond = [(res.topic, [asdict(c) for c in res.checks if c.beyond]) for res in results]
+    if any(rows for _, rows in beyond):
+        print(
+            "\n==== beyond the handout: information on what it leaves open, never in the exit status (in full on the "
+            "page)"
+        )
+    for topic, rows in beyond:
+        if rows:
+            print(f"\n== {topic}: {beyond_counts(rows)}")
+        for r in rows:
+            if shown_status(r) != PASS:
+                print(f"  {shown_status(r):>20}  {r['impl']:<11} {beyond_name(r)}")
+                short = textwrap.shorten(r["detail"], 160, placeholder=" ...")
+                print("      " + _wrap(f"({why_not_required(r)}) {short}"))
+    for res in results:
+        if res.rows:
+            print(f"\n== {res.topic}: side by side (ratios paired in one interleaved loop)")
+            print(readable_rows(res.rows).to_string(index=False, max_colwidth=90))
