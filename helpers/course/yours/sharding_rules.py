@@ -128,7 +128,8 @@ def train(net: nn.Module, opt, add: list[str] = (), group: dict | None = None, m
         F.mse_loss(net(x), y).backward()
         before = {n: p.detach().clone() for n, p in params.items()}
         if measure and step == ADD_AT:  # the state the added parameters bring (the barrier: gloo lets go of buffers)
-            trace = M.track(lambda: (opt.step(), dist.barrier()), existing=alive_tensors())
+            grads = [p.grad for p in params.values() if p.grad is not None]  # a grad has no Python object till read
+            trace = M.track(lambda: (opt.step(), dist.barrier()), existing=alive_tensors() + grads)
             out.added_state = trace.current_bytes - trace.baseline_bytes
         else:
             opt.step()
@@ -168,7 +169,7 @@ def groups_run(make, probe: Probe) -> dict:
             ref_net = copy.deepcopy(base)
             ran = train(ref_net, probe.cls(probe.groups(ref_net, drop), **probe.defaults))
             refs.append({"drop": list(drop), "weights": ran.weights, "path": ran.path})
-    return {"mine": mine.weights, "refs": refs, "bound": bound(refs[0]["path"])}
+    return {"mine": mine.weights, "init": dict(base.state_dict()), "refs": refs, "bound": bound(refs[0]["path"])}
 
 
 def add_run(make) -> dict:
@@ -287,9 +288,20 @@ def groups_check(impl: str, probe: Probe, per_rank: list[dict]) -> Check:
             for r in refs[1:]
             if worst(mine, r["weights"], limits).ratio <= 1
         ),
-        unsynced(mine),
+        never_stepped(per_rank[0]["init"], mine) or unsynced(mine),
     )
     return Check("sharding", impl, prop, FAIL, f"after {STEPS} steps, {best.where()} ({BOUND_WORDS}; {own}){why}")
+
+
+def never_stepped(init: dict, mine_per_rank: list[dict]) -> str:
+    """' - X, Y kept their initial values on every rank: ...' for parameters no rank ever changed, else ''."""
+    kept = [n for n in init if all(torch.equal(m[n], init[n]) for m in mine_per_rank)]
+    if not kept:
+        return ""
+    return (
+        f" - {', '.join(kept)} kept their initial values on every rank: never stepped (their group never reaches an "
+        "optimizer that steps it)"
+    )
 
 
 def unsynced(mine_per_rank: list[dict], names=None) -> str:

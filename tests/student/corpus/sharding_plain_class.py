@@ -1,5 +1,6 @@
 """A sharded optimizer as an ordinary Python class (no torch.optim.Optimizer): it keeps its own param_groups, one inner
-optimizer per group for this rank's share (none where it owns nothing), its own zero_grad over every parameter."""
+optimizer per group for this rank's share (none where it owns nothing), its own zero_grad over every parameter; its
+step averages the gradients over the ranks itself (no DDP needed) before the owners step."""
 import torch
 import torch.distributed as dist
 
@@ -37,6 +38,11 @@ class PlainSharded:
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= self.world
         for inner in self.inners:
             if inner is not None:
                 inner.step()
