@@ -1,5 +1,7 @@
-"""`yours` for the sharded optimizer: the course's test and a partitioned state, beyond it bitwise equality with
-unsharded AdamW, state per rank vs the formula and the timing beside torch's ZeRO (helpers.course.yours.distributed)."""
+"""`yours` for the sharded optimizer: the course's test, a partitioned state and the handout's rules its test never
+tries (helpers.course.yours.sharding_rules: groups, add_param_group, zero_grad); beyond it bitwise equality with
+unsharded AdamW, state per rank vs the formula and the timing beside torch's ZeRO (helpers.course.yours.distributed).
+All in one launch; judge_sharding turns one implementation's per-rank results into checks and rows."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from helpers.course.yours import adapters as A
 from helpers.course.yours import contract as C
 from helpers.course.yours import course_models as CM
 from helpers.course.yours import sharding_rules as R
+from helpers.course.yours import sharding_rules_checks as RC
 from helpers.course.yours import student_calls as S
 from helpers.course.yours.dist_common import (
     PARTS,
@@ -35,9 +38,10 @@ SHARDING_MEMORY = dict(model="small/cpu", batch_size=2, context_length=16)  # st
 
 
 def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
-    """In each rank, per implementation, each phase apart: the course's test on its two models and the state each
-    rank keeps (within the handout); beyond it, unsharded AdamW, ours and yours on our toy model (bitwise), the state
-    after one step of small/cpu vs the formula, and the three timed interleaved with torch's ZeRO."""
+    """In each rank, per implementation, each phase apart: the course's test on its two models, the state each
+    rank keeps and the handout's rules (rules_worker), all within the handout; beyond it, unsharded AdamW, ours and
+    yours on our toy model (bitwise), the state after one step of small/cpu vs the formula, and the three timed
+    interleaved with torch's ZeRO."""
     out = {}
     for impl in impls:
 
@@ -130,13 +134,13 @@ def rules_checks(impl: str, per_rank: list[dict]) -> list[Check]:
                 " - the same optimizer runs on the course's list of tensors: parameter groups (dicts), which the "
                 "handout allows for params, break it"
             )
-        checks.append(error or R.groups_check(impl, probe, runs))
+        checks.append(error or RC.groups_check(impl, probe, runs))
     runs = [r["add"] for r in rules]
     error = S.phase_error("sharding", impl, R.ADD_PROP.format("added parameters stepped"), runs, False)
-    checks += [error] if error else R.add_checks(impl, runs)
+    checks += [error] if error else RC.add_checks(impl, runs)
     runs = [r["zero_grad"] for r in rules]
     error = S.phase_error("sharding", impl, R.ZERO_GRAD_PROP, runs, False)
-    checks.append(error or R.zero_grad_check(impl, runs))
+    checks.append(error or RC.zero_grad_check(impl, runs))
     return checks
 
 
