@@ -384,3 +384,28 @@ def test_the_sharding_bound_admits_another_kernel_and_not_another_lr():
     assert any(not torch.equal(fused.weights[n], ref.weights[n]) for n in ref.weights)  # it does round differently
     assert 0 < RC.worst([fused.weights], ref.weights, limits).ratio < 1
     assert RC.worst([trained(drop=[(0, "lr")]).weights], ref.weights, limits).ratio > 1e4
+
+
+def test_the_added_state_is_read_from_the_optimizers_the_wrapper_holds(one_rank):
+    """state_growth reads the state of the torch optimizers a wrapper is or holds (a buffer its step leaves for the
+    backend to free later is not state); with none to be found, the bytes the step leaves alive. Both agree here."""
+    net = R.Chain()
+    params = dict(net.named_parameters())
+    one = 2 * R.WIDTH * R.WIDTH * 4 + 4  # AdamW: two moments and a step counter per tensor
+
+    class Holder:  # a plain class with its inner optimizers in a list
+        def __init__(self):
+            self.inners = [torch.optim.AdamW(list(params.values())[:2])]
+
+        def step(self):
+            self.inners[0].step()
+
+    def hidden():  # an optimizer no attribute reaches
+        inner = torch.optim.AdamW(list(params.values())[2:5])
+        return type("Hidden", (), {"step": staticmethod(lambda: inner.step())})()
+
+    net(torch.randn(4, R.WIDTH)).sum().backward()
+    holder, closure = Holder(), hidden()
+    assert R.state_bytes(holder) == 0 and R.state_bytes(closure) is None
+    assert R.state_growth(holder, params) == 2 * one
+    assert R.state_growth(closure, params) == 3 * one

@@ -128,16 +128,66 @@ def train(net: nn.Module, opt, add: list[str] = (), group: dict | None = None, m
         x, y = _data(step)
         F.mse_loss(net(x), y).backward()
         before = {n: p.detach().clone() for n, p in params.items()}
-        if measure and step == ADD_AT:  # the state the added parameters bring (the barrier: gloo lets go of buffers)
-            grads = [p.grad for p in params.values() if p.grad is not None]  # a grad has no Python object till read
-            trace = M.track(lambda: (opt.step(), dist.barrier()), existing=alive_tensors() + grads)
-            out.added_state = trace.current_bytes - trace.baseline_bytes
+        if measure and step == ADD_AT:  # the state the added parameters bring
+            out.added_state = state_growth(opt, params)
         else:
             opt.step()
         for n, p in params.items():
             out.path[n] += before[n].abs() + (p.detach() - before[n]).abs()
     out.weights = {n: p.detach().clone() for n, p in params.items()}
     return out
+
+
+def state_growth(opt, params: dict) -> int:
+    """Bytes of optimizer state opt.step() adds on this rank: read from the torch optimizers the wrapper is or holds
+    (state_bytes), so a buffer a step leaves for the backend to release later is not counted; where it holds none
+    that can be found, the bytes of tensors the step leaves alive (the barrier: gloo lets go of its buffers)."""
+    before = state_bytes(opt)
+    if before is not None:
+        opt.step()
+        return state_bytes(opt) - before
+    grads = [p.grad for p in params.values() if p.grad is not None]  # a grad has no Python object until read
+    trace = M.track(lambda: (opt.step(), dist.barrier()), existing=alive_tensors() + grads)
+    return trace.current_bytes - trace.baseline_bytes
+
+
+def optimizers_in(obj, depth: int = 3) -> list[torch.optim.Optimizer]:
+    """The torch optimizers `obj` is or holds: in its attributes, lists, tuples and dict values, `depth` levels down
+    (self.optimizer, self._local_optimizers[i], ...)."""
+    found, seen, todo = [], set(), [(obj, 0)]
+    while todo:
+        o, level = todo.pop()
+        if id(o) in seen or isinstance(o, (torch.Tensor, nn.Module, type)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.optim.Optimizer):
+            found.append(o)
+        if level < depth:
+            todo += [(child, level + 1) for child in _children(o)]
+    return found
+
+
+def _children(o) -> list:
+    if isinstance(o, dict):
+        return list(o.values())
+    if isinstance(o, (list, tuple)):
+        return list(o)
+    return list(vars(o).values()) if hasattr(o, "__dict__") else []
+
+
+def state_bytes(obj) -> int | None:
+    """Bytes of the tensors in the state of every torch optimizer `obj` is or holds (a storage counted once), or None
+    when it holds none."""
+    optimizers = optimizers_in(obj)
+    if not optimizers:
+        return None
+    storages = {}
+    for opt in optimizers:
+        for per_param in vars(opt).get("state", {}).values():  # the attribute itself (a wrapper's property may raise)
+            for t in per_param.values() if isinstance(per_param, dict) else ():
+                if isinstance(t, torch.Tensor):
+                    storages[M.storage_key(t)] = t.untyped_storage().nbytes()
+    return sum(storages.values())
 
 
 def alive_tensors() -> list[torch.Tensor]:
