@@ -7,23 +7,33 @@ One launch per topic run; implementations of different flavours share one launch
 
 from __future__ import annotations
 
+import copy
+import functools
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.course.yours import Options
 from helpers.course.yours import contract as C
+from helpers.course.yours import dist_sharding as DS
 from helpers.course.yours import distributed as D
+from helpers.course.yours import sharding_rules as R
+from helpers.course.yours import sharding_rules_checks as RC
 from helpers.course.yours import student_calls as S
-from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED
+from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED, TopicResult
+from helpers.launch import launch
 
 STUDENT = Path(__file__).parent / "student"
 FIXTURE = STUDENT / "tests" / "adapters.py"
 MUTANTS = STUDENT / "mutants"
 CORPUS = STUDENT / "corpus"
 CHECKS_ONLY = Options(timed=False, warmup=0, timeout_s=120)  # no timing: the checks alone
+SHARDING_WITHIN = (
+    len(C.CM.MODELS) + 1 + len(R.PROBES) + 3 + 1
+)  # course test per model, partition; groups, add, zero_grad
 
 
 def by(result, impl=None, status=None, beyond=None):
@@ -138,9 +148,12 @@ def test_the_course_style_corpus_passes_within_the_contract(tmp_path):
 
 def test_sharded_optimizer_that_does_not_partition_is_caught():
     result = D.run_sharding(str(MUTANTS / "sharding_not_partitioned.py"), CHECKS_ONLY)
-    failed = by(result, status=FAIL, beyond=False)
-    assert [c.prop for c in failed] == ["ToyModel: optimizer state partitioned over ranks"]  # still AdamW's numbers
-    assert "not partitioned" in failed[0].detail
+    failed = by(result, status=FAIL, beyond=False)  # still AdamW's numbers: the two state checks, nothing else
+    assert [c.prop for c in failed] == [
+        "ToyModel: optimizer state partitioned over ranks",
+        R.ADD_PROP.format("added parameters' state partitioned over ranks"),
+    ]
+    assert "not partitioned" in failed[0].detail and "did not assign them among the ranks" in failed[1].detail
     [deeper] = by(result, status=FAIL, beyond=True)
     assert deeper.prop.endswith("state per rank <= 1/2 + largest tensor (small/cpu)")
     assert "sharded state not partitioned" in deeper.detail and "100%" in deeper.detail
@@ -234,7 +247,7 @@ def test_an_exception_beyond_the_contract_keeps_the_contract_checks(tmp_path):
     )
     result = D.run_sharding(str(path), Options(steps=2, warmup=0, timeout_s=120))
     within = by(result, beyond=False)
-    assert len(within) == 3 and all(c.status == PASS for c in within) and not result.failed
+    assert len(within) == SHARDING_WITHIN and all(c.status == PASS for c in within) and not result.failed
     errors = by(result, status=ERROR)
     assert len(errors) == 2 and all(c.beyond and "small/cpu" in c.prop for c in errors)
     assert all("RuntimeError: my bug on big models" in c.detail and f"{path}:" in c.detail for c in errors)
@@ -272,6 +285,128 @@ def test_a_crash_beyond_the_contract_keeps_the_contract_checks(tmp_path):
     )
     result = D.run_sharding(str(path), CHECKS_ONLY)
     within = by(result, beyond=False)
-    assert len(within) == 3 and all(c.status == PASS for c in within) and not result.failed
+    assert len(within) == SHARDING_WITHIN and all(c.status == PASS for c in within) and not result.failed
     [error] = by(result, beyond=True)
     assert error.status == ERROR and "rank 1 of 2 was killed by SIGSEGV" in error.detail
+
+
+# ---- the sharded optimizer's rules from the handout's words: mutants and correct variants, one launch for all ----
+
+GROUPS = {R.groups_prop(p) for p in R.PROBES}
+SHARDING_MUTANTS = {  # mutant -> (the within-contract checks it fails, its status, a phrase of the diagnosis)
+    "sharding_group_hparams": (
+        GROUPS | {R.ADD_PROP.format("added group's own lr")},
+        FAIL,
+        "own hyperparameters",
+    ),
+    "sharding_dict_crash": (GROUPS, ERROR, "parameter groups (dicts), which the handout allows"),
+    "sharding_add_never_stepped": ({R.ADD_PROP.format("added parameters stepped")}, FAIL, "never stepped"),
+    "sharding_add_unsharded": (
+        {R.ADD_PROP.format("added parameters' state partitioned over ranks")},
+        FAIL,
+        "did not assign them among the ranks",
+    ),
+    "sharding_zero_grad_own": ({R.ZERO_GRAD_PROP}, FAIL, "clears only the gradients of the parameters it owns"),
+}
+SHARDING_CORPUS = {  # correct, each in its own style: every check within the handout passes
+    "_sharded": MUTANTS / "_sharded.py",  # round-robin by count, the mutants' base
+    "sharding_by_size": CORPUS / "sharding_by_size.py",  # greedy by size, flat broadcasts
+    "sharding_base_format": CORPUS / "sharding_base_format.py",  # param_groups in optimizer_cls's format
+    "sharding_plain_class": CORPUS / "sharding_plain_class.py",  # no torch.optim.Optimizer, an inner one per group
+}
+
+
+def contract_part(paths: list[str]) -> dict:
+    """In a rank: the sharding worker's part within the handout for each adapters file (one launch for all)."""
+    return {p: D.sharding_worker(p, ["sharded"], CHECKS_ONLY, ("course",))["sharded"] for p in paths}
+
+
+@pytest.fixture(scope="module")
+def sharding_students() -> dict:
+    """name -> TopicResult: every sharding mutant and correct variant, run in one launch, judged as `yours` judges."""
+    paths = {name: str(MUTANTS / f"{name}.py") for name in SHARDING_MUTANTS}
+    paths |= {name: str(path) for name, path in SHARDING_CORPUS.items()}
+    per_rank = launch(
+        functools.partial(contract_part, list(paths.values())), 2, backend="gloo", device="cpu", timeout_s=300
+    )
+    results = {}
+    for name, path in paths.items():
+        results[name] = TopicResult("sharding")
+        DS.judge_sharding(results[name], "sharded", [r[path] for r in per_rank], path)
+    return results
+
+
+@pytest.mark.parametrize("name", sorted(SHARDING_MUTANTS))
+def test_each_sharding_mutant_fails_exactly_its_rule(sharding_students, name):
+    """Each passes the course's test (and the partition check); it fails only the checks of the rule it breaks,
+    with a message that names the mistake."""
+    props, status, phrase = SHARDING_MUTANTS[name]
+    result = sharding_students[name]
+    within = by(result, beyond=False)
+    assert result.failed and any(c.prop.endswith("(allclose, rtol 1e-7)") and c.status == PASS for c in within)
+    failed = {c.prop: c for c in within if c.status != PASS}
+    assert set(failed) == props, [(c.prop, c.status, c.detail) for c in failed.values()]
+    assert all(c.status == status and phrase in c.detail for c in failed.values()), [c.detail for c in failed.values()]
+
+
+def test_sharding_mutant_messages_say_what_differed(sharding_students):
+    """The numbers behind a red line: where, by how much, against which bound; what the weights match instead."""
+    groups = [c for c in by(sharding_students["sharding_group_hparams"], status=FAIL) if c.prop in GROUPS]
+    assert all("|diff|" in c.detail and "bound 32 x 2^-24" in c.detail for c in groups)
+    assert all("group 0's own lr" in c.detail and "group 1's own weight_decay" in c.detail for c in groups)
+    [crash] = [c for c in by(sharding_students["sharding_dict_crash"], status=ERROR)][:1]
+    assert "AttributeError" in crash.detail and "sharding_dict_crash.py:" in crash.detail
+    [zero] = by(sharding_students["sharding_zero_grad_own"], status=FAIL)
+    assert "rank 0 kept layers.1.weight, layers.3.weight, layers.5.weight" in zero.detail
+
+
+@pytest.mark.parametrize("name", sorted(SHARDING_CORPUS))
+def test_each_sharding_variant_passes_within_the_contract(sharding_students, name):
+    result = sharding_students[name]
+    within = by(result, beyond=False)
+    assert len(within) == SHARDING_WITHIN and not result.failed
+    assert all(c.status == PASS for c in within), [(c.prop, c.detail) for c in within if c.status != PASS]
+
+
+def test_the_sharding_bound_admits_another_kernel_and_not_another_lr():
+    """The bound (32 roundings of float32 per element per step, on one process's path) holds fused AdamW, which
+    rounds differently, against the default AdamW on the probes' model; a group's lr 0.02 -> 0.1 is far outside it."""
+    probe = R.PROBES[0]
+    torch.manual_seed(0)
+    base = R.Chain()
+
+    def trained(drop=(), **extra):
+        net = copy.deepcopy(base)
+        return R.train(net, probe.cls(probe.groups(net, drop), **probe.defaults, **extra))
+
+    ref = trained()
+    limits = R.bound(ref.path)
+    fused = trained(fused=True)
+    assert any(not torch.equal(fused.weights[n], ref.weights[n]) for n in ref.weights)  # it does round differently
+    assert 0 < RC.worst([fused.weights], ref.weights, limits).ratio < 1
+    assert RC.worst([trained(drop=[(0, "lr")]).weights], ref.weights, limits).ratio > 1e4
+
+
+def test_the_added_state_is_read_from_the_optimizers_the_wrapper_holds(one_rank):
+    """state_growth reads the state of the torch optimizers a wrapper is or holds (a buffer its step leaves for the
+    backend to free later is not state); with none to be found, the bytes the step leaves alive. Both agree here."""
+    net = R.Chain()
+    params = dict(net.named_parameters())
+    one = 2 * R.WIDTH * R.WIDTH * 4 + 4  # AdamW: two moments and a step counter per tensor
+
+    class Holder:  # a plain class with its inner optimizers in a list
+        def __init__(self):
+            self.inners = [torch.optim.AdamW(list(params.values())[:2])]
+
+        def step(self):
+            self.inners[0].step()
+
+    def hidden():  # an optimizer no attribute reaches
+        inner = torch.optim.AdamW(list(params.values())[2:5])
+        return type("Hidden", (), {"step": staticmethod(lambda: inner.step())})()
+
+    net(torch.randn(4, R.WIDTH)).sum().backward()
+    holder, closure = Holder(), hidden()
+    assert R.state_bytes(holder) == 0 and R.state_bytes(closure) is None
+    assert R.state_growth(holder, params) == 2 * one
+    assert R.state_growth(closure, params) == 3 * one

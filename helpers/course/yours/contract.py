@@ -15,6 +15,7 @@ from helpers import launch as L
 from helpers import memory as M
 from helpers.course.yours import adapters as A
 from helpers.course.yours import course_models as CM
+from helpers.course.yours import sharding_rules as R
 from helpers.course.yours import student_calls as S
 from helpers.course.yours.report import FAIL, PASS, Check
 from helpers.experiments import fsdp as XF
@@ -177,8 +178,9 @@ def _cpu_params(net: nn.Module) -> dict:
 
 
 def course_state_growth(make) -> dict:
-    """Bytes of tensors the first optimizer step leaves alive (the optimizer state it creates) on this rank, unsharded
-    AdamW's and yours, on the course's ToyModel; and the smallest trainable tensor's state (2 moments, float32)."""
+    """Bytes of optimizer state the first step creates on this rank (R.state_growth: read from the optimizers the
+    wrapper holds), unsharded AdamW's and yours, on the course's ToyModel; and the smallest trainable tensor's state
+    (2 moments, float32)."""
     out = {}
     for who, build in (
         ("unsharded", lambda ps: torch.optim.AdamW(ps, **CM.SHARDING_ADAMW)),
@@ -189,11 +191,7 @@ def course_state_growth(make) -> dict:
         opt = build(net.parameters())
         x = torch.rand(CM.SHARDING_ROWS, 10, generator=torch.Generator().manual_seed(0))
         net(x).pow(2).sum().backward()
-        trace = M.track(
-            lambda opt=opt: (opt.step(), dist.barrier()),  # the barrier: the backend lets go of a broadcast's buffer
-            existing=list(net.parameters()) + [p.grad for p in net.parameters() if p.grad is not None],
-        )
-        out[who] = trace.current_bytes - trace.baseline_bytes
+        out[who] = R.state_growth(opt, dict(net.named_parameters()))
     out["smallest"] = 2 * 4 * min(p.numel() for p in CM.ToyModel().parameters() if p.requires_grad)
     return out
 

@@ -1,5 +1,7 @@
-"""`yours` for the sharded optimizer: the course's test and a partitioned state, beyond it bitwise equality with
-unsharded AdamW, state per rank vs the formula and the timing beside torch's ZeRO (helpers.course.yours.distributed)."""
+"""`yours` for the sharded optimizer: the course's test, a partitioned state and the handout's rules its test never
+tries (helpers.course.yours.sharding_rules: groups, add_param_group, zero_grad); beyond it bitwise equality with
+unsharded AdamW, state per rank vs the formula and the timing beside torch's ZeRO (helpers.course.yours.distributed).
+All in one launch; judge_sharding turns one implementation's per-rank results into checks and rows."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from helpers.course.yours import Options
 from helpers.course.yours import adapters as A
 from helpers.course.yours import contract as C
 from helpers.course.yours import course_models as CM
+from helpers.course.yours import sharding_rules as R
+from helpers.course.yours import sharding_rules_checks as RC
 from helpers.course.yours import student_calls as S
 from helpers.course.yours.dist_common import (
     PARTS,
@@ -34,18 +38,20 @@ SHARDING_MEMORY = dict(model="small/cpu", batch_size=2, context_length=16)  # st
 
 
 def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
-    """In each rank, per implementation, each phase apart: the course's test on its two models and the state each
-    rank keeps (within the handout); beyond it, unsharded AdamW, ours and yours on our toy model (bitwise), the state
-    after one step of small/cpu vs the formula, and the three timed interleaved with torch's ZeRO."""
+    """In each rank, per implementation, each phase apart: the course's test on its two models, the state each
+    rank keeps and the handout's rules (rules_worker), all within the handout; beyond it, unsharded AdamW, ours and
+    yours on our toy model (bitwise), the state after one step of small/cpu vs the formula, and the three timed
+    interleaved with torch's ZeRO."""
     out = {}
     for impl in impls:
 
         def run(impl=impl):
             make = S.student_optimizer(S.adapter_fns(path, "sharding", impl))
-            course = partition = None
+            course = partition = rules = None
             if "course" in parts:
                 course = [S.phase(path, functools.partial(C.course_sharding_run, make, m)) for m in CM.MODELS]
                 partition = S.phase(path, lambda: C.course_state_growth(make))
+                rules = rules_worker(path, make)
 
             def beyond():  # bitwise (ours), on our toy (buffer, unused parameter): past the test's allclose
                 runs = XS.equivalence_worker(
@@ -91,11 +97,11 @@ def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> 
                     "same_weights": speed.same_weights,
                 }
 
+            within = {"course": course, "partition": partition, "rules": rules}
             if "beyond" not in parts:
-                return {"course": course, "partition": partition, "beyond": None, "memory": None, "speed": None}
+                return {**within, "beyond": None, "memory": None, "speed": None}
             return {
-                "course": course,
-                "partition": partition,
+                **within,
                 "beyond": S.phase(path, beyond),
                 "memory": S.phase(path, memory),
                 "speed": S.phase(path, timed) if opts.timed and opts.steps else None,
@@ -105,43 +111,86 @@ def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> 
     return out
 
 
+def rules_worker(path: str, make) -> dict:
+    """The handout's rules beyond the course's test (helpers.course.yours.sharding_rules), each phase apart: groups
+    with their own hyperparameters (AdamW, SGD), add_param_group during training, zero_grad() over every
+    parameter."""
+    out = {p.name: S.phase(path, functools.partial(R.groups_run, make, p)) for p in R.PROBES}
+    out["add"] = S.phase(path, lambda: R.add_run(make))
+    out["zero_grad"] = S.phase(path, lambda: R.zero_grad_run(make))
+    return out
+
+
+def rules_checks(impl: str, per_rank: list[dict]) -> list[Check]:
+    """The checks of rules_worker's phases (an error row for a phase that raised; a crash on dict groups says the
+    course's list of tensors ran)."""
+    checks, rules = [], [r["rules"] for r in per_rank]
+    course_ran = all(run["status"] == "ok" for r in per_rank for run in r["course"])
+    for probe in R.PROBES:
+        runs = [r[probe.name] for r in rules]
+        error = S.phase_error("sharding", impl, R.groups_prop(probe), runs, False)
+        if error and course_ran:
+            error.detail += (
+                " - the same optimizer runs on the course's list of tensors: parameter groups (dicts), which the "
+                "handout allows for params, break it"
+            )
+        checks.append(error or RC.groups_check(impl, probe, runs))
+    runs = [r["add"] for r in rules]
+    error = S.phase_error("sharding", impl, R.ADD_PROP.format("added parameters stepped"), runs, False)
+    checks += [error] if error else RC.add_checks(impl, runs)
+    runs = [r["zero_grad"] for r in rules]
+    error = S.phase_error("sharding", impl, R.ZERO_GRAD_PROP, runs, False)
+    checks.append(error or RC.zero_grad_check(impl, runs))
+    return checks
+
+
 def _after(run, point: str) -> int:
     return next(p.live for p in run.points if p.point == point and p.step == 1)
 
 
 def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
     """The sharded optimizer: within the handout, the course's test (allclose to unsharded AdamW on ToyModel and
-    ToyModelWithTiedWeights) and each rank keeping only part of the state; beyond it, bitwise equality on our toy,
-    each rank's state at most 1/N of the total plus its largest tensor on small/cpu, and yours vs ours vs torch's
-    ZeroRedundancyOptimizer."""
+    ToyModelWithTiedWeights), each rank keeping only part of the state, and the handout's rules the test never tries
+    (groups with their own hyperparameters, add_param_group during training, zero_grad() of every parameter); beyond
+    it, bitwise equality on our toy, each rank's state at most 1/N of the total plus its largest tensor on small/cpu,
+    and yours vs ours vs torch's ZeroRedundancyOptimizer. One launch (launch_each)."""
     result = TopicResult("sharding")
     for impl, per_rank in launch_each(sharding_worker, str(adapters_path), list(A.ADAPTERS["sharding"]), opts).items():
-        early = status_checks("sharding", impl, per_rank, str(adapters_path))
-        if early:
-            result.checks += early
-            continue
-        for k, model in enumerate(CM.MODELS):
-            runs = [r["course"][k] for r in per_rank]
-            error = S.phase_error("sharding", impl, f"{model}: the course's sharded-optimizer test runs", runs, False)
-            result.checks += [error] if error else C.course_sharding_checks(impl, model, runs)
-        parts = [r["partition"] for r in per_rank]
-        error = S.phase_error("sharding", impl, "ToyModel: optimizer state partitioned over ranks", parts, False)
-        result.checks += [error] if error else [C.partition_check(impl, parts)]
-        if beyond_failed("sharding", impl, per_rank):
-            result.checks += beyond_failed("sharding", impl, per_rank)
-            continue
-        beyond = [r["beyond"] for r in per_rank]
-        error = S.phase_error("sharding", impl, "beyond the handout: our toy model runs", beyond, True)
-        result.checks += [error] if error else _sharding_checks(impl, beyond)
-        memory = [r["memory"] for r in per_rank]
-        error = S.phase_error("sharding", impl, "beyond the handout: state per rank on small/cpu runs", memory, True)
-        result.checks += [error] if error else [_state_check(impl, memory)]
-        speed = [r["speed"] for r in per_rank] if per_rank[0]["speed"] is not None else None
-        error = speed and S.phase_error("sharding", impl, "beyond the handout: timing on small/cpu", speed, True)
-        if error:
-            result.checks.append(error)
-        result.rows += _sharding_rows(impl, beyond, memory, None if error else speed)
+        judge_sharding(result, impl, per_rank, str(adapters_path))
     return result
+
+
+def judge_sharding(result: TopicResult, impl: str, per_rank, path: str) -> None:
+    """The checks and side-by-side rows of one implementation, from its ranks' sharding_worker results (or the
+    exception that stopped its launch); the probes beyond the handout only where the worker ran them."""
+    early = status_checks("sharding", impl, per_rank, path)
+    if early:
+        result.checks += early
+        return
+    for k, model in enumerate(CM.MODELS):
+        runs = [r["course"][k] for r in per_rank]
+        error = S.phase_error("sharding", impl, f"{model}: the course's sharded-optimizer test runs", runs, False)
+        result.checks += [error] if error else C.course_sharding_checks(impl, model, runs)
+    parts = [r["partition"] for r in per_rank]
+    error = S.phase_error("sharding", impl, "ToyModel: optimizer state partitioned over ranks", parts, False)
+    result.checks += [error] if error else [C.partition_check(impl, parts)]
+    result.checks += rules_checks(impl, per_rank)
+    if beyond_failed("sharding", impl, per_rank):
+        result.checks += beyond_failed("sharding", impl, per_rank)
+        return
+    if per_rank[0]["beyond"] is None:  # the contract's part alone was asked
+        return
+    beyond = [r["beyond"] for r in per_rank]
+    error = S.phase_error("sharding", impl, "beyond the handout: our toy model runs", beyond, True)
+    result.checks += [error] if error else _sharding_checks(impl, beyond)
+    memory = [r["memory"] for r in per_rank]
+    error = S.phase_error("sharding", impl, "beyond the handout: state per rank on small/cpu runs", memory, True)
+    result.checks += [error] if error else [_state_check(impl, memory)]
+    speed = [r["speed"] for r in per_rank] if per_rank[0]["speed"] is not None else None
+    error = speed and S.phase_error("sharding", impl, "beyond the handout: timing on small/cpu", speed, True)
+    if error:
+        result.checks.append(error)
+    result.rows += _sharding_rows(impl, beyond, memory, None if error else speed)
 
 
 def _sharding_checks(impl: str, per_rank: list[dict]) -> list[Check]:
