@@ -383,9 +383,10 @@ def _bucket_size_check(impl: str, done: list[list[dict]]) -> Check:
                         impl,
                         prop,
                         FAIL,
-                        f"bucket {r['bucket_mb']:.3g} MB, step {s}, rank {rank}: an all-reduce of {over[0]} bytes "
-                        f"({over[0] / MiB:.3g} MB), more than {r['bucket_mb']:.3g} MB and not one tensor's gradient: "
-                        "a bucket holds more than bucket_size_mb (closed only once past the limit?)",
+                        f"bucket {r['bucket_mb']:.4g} MB, step {s}, rank {rank}: an all-reduce of {over[0]} bytes, "
+                        f"over {r['bucket_mb'] * MiB:.0f} bytes (MB read as 2**20 bytes, the larger reading) and not "
+                        "one tensor's gradient: a bucket holds more than bucket_size_mb of parameters (closed only "
+                        "once past the limit?)",
                     )
     if not seen:
         return Check(
