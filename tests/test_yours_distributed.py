@@ -17,6 +17,7 @@ from helpers.course.yours import Options
 from helpers.course.yours import contract as C
 from helpers.course.yours import course_models as CM
 from helpers.course.yours import ddp_lm as LM
+from helpers.course.yours import ddp_lm_checks as LMC
 from helpers.course.yours import distributed as D
 from helpers.course.yours import student_calls as S
 from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED
@@ -203,6 +204,7 @@ def test_a_bucket_over_bucket_size_mb_fails_that_rule_alone(tmp_path):
     [over] = by(result, status=FAIL, beyond=False)
     assert over.prop == "course LM: each bucket's all-reduce at most bucket_size_mb"
     assert "a bucket holds more than bucket_size_mb of parameters" in over.detail
+    assert "over by at most one tensor: a bucket closed only once past the limit?" in over.detail
 
 
 def test_a_plain_bucketed_class_in_registration_order_passes_on_the_course_lm(tmp_path):
@@ -241,6 +243,9 @@ def test_the_course_lm_parts_registration_order_from_readiness():
     sizes = LM.lm_bucket_sizes(order)
     assert sizes[2:] == list(LM.HANDOUT_BUCKETS_MB) and all(order.parts(mb * LM.MiB) for mb in sizes[:2])
     assert not order.parts(1.0 * LM.MiB)  # one bucket: its last-added member (the embedding) is ready last
+    limit, total = 0.25 * sum(order.nbytes), sum(order.nbytes)  # an all-reduce over the limit: how far over
+    assert "buckets never split" in LMC._oversize_why(total, limit, order.nbytes)
+    assert "over by at most one tensor" in LMC._oversize_why(int(limit) + 128, limit, order.nbytes)
 
 
 def test_without_cs336_basics_the_course_layout_is_ours(monkeypatch):

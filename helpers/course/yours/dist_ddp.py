@@ -16,7 +16,8 @@ from helpers.course.yours import Options
 from helpers.course.yours import adapters as A
 from helpers.course.yours import contract as C
 from helpers.course.yours import student_calls as S
-from helpers.course.yours.ddp_lm import LM_WORLD, lm_checks, lm_worker
+from helpers.course.yours.ddp_lm import LM_WORLD, lm_worker
+from helpers.course.yours.ddp_lm_checks import lm_checks
 from helpers.course.yours.dist_common import (
     PARTS,
     SPEED,
