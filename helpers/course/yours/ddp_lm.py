@@ -1,8 +1,9 @@
 """`yours` for DDP on the course's own language model, within the handout's contract: every edition's DDP class wraps
 an arbitrary nn.Module, and the 2024/2025 handouts benchmark the bucketed one on cs336-basics' BasicsTransformerLM at
 buckets of 1, 10, 100 and 1000 MB. A small configuration of that model (the student's own, else our copy of its
-layout) is wrapped on LM_WORLD ranks; every step's synced gradient is compared with one process's at the same
-weights, and every bucket's all-reduce with bucket_size_mb. Launched by helpers.course.yours.dist_ddp.
+layout) is wrapped on LM_WORLD ranks; every step's synced gradient is compared with the average one process computes
+from every rank's share at the same weights, and every bucket's all-reduce with bucket_size_mb. Launched by
+helpers.course.yours.dist_ddp; the parent's side is helpers.course.yours.ddp_lm_checks.
 
     per_rank = L.launch(functools.partial(lm_worker, path, ["bucketed"], opts), LM_WORLD)   # in the ranks
     checks = lm_checks("bucketed", [r["bucketed"] for r in per_rank], path)   # in the parent (ddp_lm_checks)
@@ -108,13 +109,21 @@ def basics_on_path(path: str) -> None:
 _FIRST: dict = {}  # (model class, world) -> one_process at rank 0's start on the first batch, shared by the runs
 
 
-def one_process(model: nn.Module, m64: nn.Module, x, y) -> tuple[dict, dict]:
-    """The full batch in one process at `model`'s weights: float32 gradients, and per tensor Σ_b |∂loss_b| over the
-    sequences in float64 with `m64`, a float64 copy given the same weights (the sums each element is:
+def one_process(model: nn.Module, m64: nn.Module, x, y, world: int) -> tuple[dict, dict]:
+    """One process at `model`'s weights: each rank's share of the batch forward and backward in float32, the
+    gradients averaged (what the handout has every rank end with; in exact arithmetic the full batch's, and unlike
+    the full batch's, not moved by a model's own lower-precision arithmetic); and per tensor Σ_b |∂(loss_b / B)| over
+    the sequences in float64 with `m64`, a float64 copy given the same weights (the sums each element is:
     gradient_bound's scale)."""
-    model.zero_grad(set_to_none=True)
-    lm_loss(model(x), y).backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads: dict = {}
+    for r in range(world):
+        rows = rank_rows(x.shape[0], r, world)
+        model.zero_grad(set_to_none=True)
+        lm_loss(model(x[rows]), y[rows]).backward()
+        for n, p in model.named_parameters():
+            if p.grad is not None:
+                grads[n] = grads[n] + p.grad if n in grads else p.grad.detach().clone()
+    grads = {n: g / world for n, g in grads.items()}
     model.zero_grad(set_to_none=True)
     with torch.no_grad():
         for p, p64 in zip(model.parameters(), m64.parameters(), strict=True):
@@ -185,8 +194,8 @@ class PlainSGD:
 
 def lm_run(fns: dict, impl: str, cls: type, late: dict, bucket_mb: float | None) -> dict:
     """The course's DDP procedure on its LM on this rank: the model seeded by the rank (the broadcast must give rank
-    0's), LM_STEPS SGD steps on this rank's rows with the adapters' hooks; before each, one process's gradient on
-    all rows at the same weights; the all-reduces' sizes of each step."""
+    0's), LM_STEPS SGD steps on this rank's rows with the adapters' hooks; before each, one process's average of
+    every rank's gradient at the same weights; the all-reduces' sizes of each step."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ref = CM.course_lm(cls, 0)  # rank 0's start, then each step's one-process reference
     shim = S.StudentDDP(fns, impl, CM.course_lm(cls, rank), bucket_mb)
@@ -203,10 +212,10 @@ def lm_run(fns: dict, impl: str, cls: type, late: dict, bucket_mb: float | None)
                 p.copy_(mine[n])
         if s == 0 and not start_diff:  # rank 0's start, as in every run of this rank: computed once
             if (cls, world) not in _FIRST:
-                _FIRST[cls, world] = one_process(ref, m64, x, y)
+                _FIRST[cls, world] = one_process(ref, m64, x, y, world)
             g_ref, scale = _FIRST[cls, world]
         else:
-            g_ref, scale = one_process(ref, m64, x, y)
+            g_ref, scale = one_process(ref, m64, x, y, world)
         rows = rank_rows(x.shape[0], rank, world)
         shim.on_train_batch_start()
         opt.zero_grad()
@@ -216,7 +225,7 @@ def lm_run(fns: dict, impl: str, cls: type, late: dict, bucket_mb: float | None)
         grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in mine.items()}
         steps.append(
             {
-                **compare_step(grads, g_ref, scale, x.numel()),
+                **compare_step(grads, g_ref, scale, x.numel() + world),  # the tokens, then the average
                 "messages": [b for op, b in log if op == "all_reduce"],
             }
         )

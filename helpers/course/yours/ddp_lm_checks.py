@@ -78,8 +78,8 @@ def _gradient_check(impl: str, prop: str, runs: list[dict], source: str) -> Chec
             impl,
             prop,
             PASS,
-            f"{source}; every step on every rank within the float32 bound (worst |diff| / bound {worst:.3g}); "
-            "the same weights on every rank",
+            f"{source}; every step on every rank within the float32 bound of one process averaging the ranks' "
+            f"gradients (worst |diff| / bound {worst:.3g}; bound: {BOUND_TEXT}); the same weights on every rank",
         )
     s, rank = min(bad)
     st = runs[rank]["steps"][s]
@@ -87,7 +87,10 @@ def _gradient_check(impl: str, prop: str, runs: list[dict], source: str) -> Chec
     return Check("ddp", impl, prop, FAIL, f"{detail} ({source}; bound: {BOUND_TEXT})")
 
 
-BOUND_TEXT = "2 (n + 1) eps32 max Σ_b |∂loss_b|, n the batch's tokens, the float32 sums of both evaluations"
+BOUND_TEXT = (
+    "per tensor 2 (n + 1) eps32 max Σ_b |∂(loss_b / B)| over its elements (float64 sums over the B sequences), n the "
+    "batch's tokens plus the ranks: two float32 evaluations of the same sums"
+)
 
 
 def _why(runs: list[dict], s: int, rank: int) -> str:
@@ -184,7 +187,7 @@ def _one_bucket_check(impl: str, done: list[list[dict]]) -> Check | None:
         return None
     mb, most = max(counts, key=lambda t: t[1])
     prop = "beyond the handout: course LM, one all-reduce a step where one bucket holds the whole model"
-    detail = f"{most} all-reduces in a step at {mb:g} MB" + (
+    detail = f"{most} all-reduce{'s' if most > 1 else ''} in a step at {mb:g} MB, a bucket that holds the model" + (
         ": buckets not filled up to bucket_size_mb (bytes compared with MB, or one call per tensor?); the handout "
         "asks for at most bucket_size_mb per bucket and for fewer calls, not for full buckets"
         if most > 1
