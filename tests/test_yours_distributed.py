@@ -248,13 +248,22 @@ def test_the_course_lm_parts_registration_order_from_readiness():
     assert "over by at most one tensor" in LMC._oversize_why(int(limit) + 128, limit, order.nbytes)
 
 
-def test_without_cs336_basics_the_course_layout_is_ours(monkeypatch):
+def test_without_a_usable_cs336_basics_the_course_layout_is_ours(monkeypatch):
+    """No launch: no cs336_basics, or a BasicsTransformerLM that cannot be built with the course's arguments."""
     monkeypatch.setitem(sys.modules, "cs336_basics.model", None)  # import fails
     cls, source = CM.course_lm_class()
     assert cls is CM.CourseLM and "our copy" in source
     x, y = CM.lm_batches(2)[0]
     late = LM.readiness(CM.course_lm(cls, 0), x, y).late()
     assert "layers.1.ln1.weight" in late  # the same registration order as the course's
+
+    class Theirs(CM.CourseLM):
+        def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, attn_pdrop):
+            super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff)
+
+    monkeypatch.setattr(CM, "course_lm_class", lambda: (Theirs, "yours"))
+    cls, source, order = LM.usable_lm(2)
+    assert cls is CM.CourseLM and "your BasicsTransformerLM raised TypeError" in source and order.late()
 
 
 def test_sharded_optimizer_that_does_not_partition_is_caught():

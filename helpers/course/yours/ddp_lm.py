@@ -11,7 +11,6 @@ helpers.course.yours.dist_ddp; the parent's side is helpers.course.yours.ddp_lm_
 
 from __future__ import annotations
 
-import copy
 import functools
 import sys
 from dataclasses import dataclass
@@ -109,12 +108,12 @@ def basics_on_path(path: str) -> None:
 _FIRST: dict = {}  # (model class, world) -> one_process at rank 0's start on the first batch, shared by the runs
 
 
-def one_process(model: nn.Module, m64: nn.Module, x, y, world: int) -> tuple[dict, dict]:
-    """One process at `model`'s weights: each rank's share of the batch forward and backward in float32, the
-    gradients averaged (what the handout has every rank end with; in exact arithmetic the full batch's, and unlike
-    the full batch's, not moved by a model's own lower-precision arithmetic); and per tensor Σ_b |∂(loss_b / B)| over
-    the sequences in float64 with `m64`, a float64 copy given the same weights (the sums each element is:
-    gradient_bound's scale)."""
+def one_process(model: nn.Module, x, y, world: int) -> tuple[dict, dict]:
+    """One process at `model`'s weights: each rank's share of the batch forward and backward, the gradients averaged
+    (what the handout has every rank end with; in exact arithmetic the full batch's, and unlike the full batch's,
+    not moved by a model's own lower-precision arithmetic); and per tensor Σ_b |∂(loss_b / B)| over the B sequences,
+    the magnitude of the sums each element is (gradient_bound's scale; a float32 estimate, its own rounding is
+    negligible against the bound)."""
     grads: dict = {}
     for r in range(world):
         rows = rank_rows(x.shape[0], r, world)
@@ -124,18 +123,15 @@ def one_process(model: nn.Module, m64: nn.Module, x, y, world: int) -> tuple[dic
             if p.grad is not None:
                 grads[n] = grads[n] + p.grad if n in grads else p.grad.detach().clone()
     grads = {n: g / world for n, g in grads.items()}
-    model.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for p, p64 in zip(model.parameters(), m64.parameters(), strict=True):
-            p64.copy_(p)
-    scale = {n: torch.zeros_like(p) for n, p in m64.named_parameters()}
+    scale = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     for b in range(x.shape[0]):  # sequences do not interact: the gradient is Σ_b of (loss_b / B)'s
-        m64.zero_grad(set_to_none=True)
-        (lm_loss(m64(x[b : b + 1]), y[b : b + 1]) / x.shape[0]).backward()
-        for n, p in m64.named_parameters():
+        model.zero_grad(set_to_none=True)
+        (lm_loss(model(x[b : b + 1]), y[b : b + 1]) / x.shape[0]).backward()
+        for n, p in model.named_parameters():
             if p.grad is not None:
                 scale[n] += p.grad.abs()
-    return grads, {n: s.float() for n, s in scale.items()}
+    model.zero_grad(set_to_none=True)
+    return grads, scale
 
 
 def compare_step(grads: dict, g_ref: dict, scale: dict, tokens: int) -> dict:
@@ -205,17 +201,16 @@ def lm_run(fns: dict, impl: str, cls: type, late: dict, bucket_mb: float | None)
     shim.optimizer = opt = PlainSGD(shim.ddp.parameters(), lr=CM.LM_LR)
     batches = CM.lm_batches(world)
     steps, sizes = [], {n: p.numel() * p.element_size() for n, p in ref.named_parameters() if p.requires_grad}
-    m64 = copy.deepcopy(ref).double()
     for s, (x, y) in enumerate(batches):
         with torch.no_grad():
             for n, p in ref.named_parameters():
                 p.copy_(mine[n])
         if s == 0 and not start_diff:  # rank 0's start, as in every run of this rank: computed once
             if (cls, world) not in _FIRST:
-                _FIRST[cls, world] = one_process(ref, m64, x, y, world)
+                _FIRST[cls, world] = one_process(ref, x, y, world)
             g_ref, scale = _FIRST[cls, world]
         else:
-            g_ref, scale = one_process(ref, m64, x, y, world)
+            g_ref, scale = one_process(ref, x, y, world)
         rows = rank_rows(x.shape[0], rank, world)
         shim.on_train_batch_start()
         opt.zero_grad()
@@ -240,6 +235,20 @@ def lm_run(fns: dict, impl: str, cls: type, late: dict, bucket_mb: float | None)
     }
 
 
+def usable_lm(world: int) -> tuple[type, str, Readiness]:
+    """The course LM class to wrap, where it comes from, and its readiness on the first batch; our copy of the layout
+    when the student's cannot be built or run with the course's arguments (their model is not what is checked)."""
+    cls, source = CM.course_lm_class()
+    batch = CM.lm_batches(world)[0]
+    try:
+        return cls, source, readiness(CM.course_lm(cls, 0), *batch)
+    except Exception as exc:  # noqa: BLE001 - the student's model failing is a reason to use ours, reported
+        if cls is CM.CourseLM:
+            raise
+        why = f"our copy of the course's layout (your BasicsTransformerLM raised {type(exc).__name__}: {exc})"
+        return CM.CourseLM, why, readiness(CM.course_lm(CM.CourseLM, 0), *batch)
+
+
 def lm_worker(path: str, impls: list[str], opts, parts=("course",)) -> dict:
     """In each rank, per DDP flavour: lm_run at each bucket size (bucketed) or once, each a phase of its own (an
     exception is that run's error). {impl: outcome with "source" (whose LM) and "runs"}. Three gloo ranks on a 2-core
@@ -250,8 +259,7 @@ def lm_worker(path: str, impls: list[str], opts, parts=("course",)) -> dict:
         def run(impl=impl):
             fns = S.adapter_fns(path, "ddp", impl)
             basics_on_path(path)
-            cls, source = CM.course_lm_class()
-            order = readiness(CM.course_lm(cls, 0), *CM.lm_batches(dist.get_world_size())[0])
+            cls, source, order = usable_lm(dist.get_world_size())
             sizes = lm_bucket_sizes(order) if impl == "bucketed" else [None]
             runs = [S.phase(path, functools.partial(lm_run, fns, impl, cls, order.late(), mb)) for mb in sizes]
             return {"source": source, "sizes": sizes, "runs": runs}

@@ -88,7 +88,7 @@ def _gradient_check(impl: str, prop: str, runs: list[dict], source: str) -> Chec
 
 
 BOUND_TEXT = (
-    "per tensor 2 (n + 1) eps32 max Σ_b |∂(loss_b / B)| over its elements (float64 sums over the B sequences), n the "
+    "per tensor 2 (n + 1) eps32 max Σ_b |∂(loss_b / B)| over its elements (sums over the B sequences), n the "
     "batch's tokens plus the ranks: two float32 evaluations of the same sums"
 )
 
