@@ -18,6 +18,9 @@ import torch
 
 from helpers.course.yours import Options
 from helpers.course.yours import contract as C
+from helpers.course.yours import course_models as CM
+from helpers.course.yours import ddp_lm as LM
+from helpers.course.yours import ddp_lm_checks as LMC
 from helpers.course.yours import dist_sharding as DS
 from helpers.course.yours import distributed as D
 from helpers.course.yours import sharding_rules as R
@@ -34,6 +37,9 @@ CHECKS_ONLY = Options(timed=False, warmup=0, timeout_s=120)  # no timing: the ch
 SHARDING_WITHIN = (
     len(C.CM.MODELS) + 1 + len(R.PROBES) + 3 + 1
 )  # course test per model, partition; groups, add, zero_grad
+LM_INDIVIDUAL = f"course LM, {LM.LM_WORLD} ranks: {CM.LM_STEPS} SGD steps, gradients vs one process"
+ONLY_BUCKETED = "del get_ddp, ddp_on_after_backward, get_ddp_individual_parameters"
+ONLY_BUCKETED += ", ddp_individual_parameters_on_after_backward\n"  # the other flavours: another edition's (skipped)
 
 
 def by(result, impl=None, status=None, beyond=None):
@@ -93,19 +99,25 @@ def test_ddp_mutants_each_named_by_the_property_they_break(tmp_path):
     result = D.run_ddp(str(path), CHECKS_ONLY)
     assert result.failed
     summed = by(result, "individual", FAIL, beyond=False)
-    assert [c.prop for c in summed] == [f"{m}: 5 SGD steps vs one process (allclose)" for m in C.CM.MODELS]
+    assert [c.prop for c in summed] == [f"{m}: 5 SGD steps vs one process (allclose)" for m in C.CM.MODELS] + [
+        LM_INDIVIDUAL
+    ]
     assert all("summed over ranks, not averaged" in c.detail for c in summed)
+    assert "every gradient is 3x one process's" in summed[-1].detail  # the course's LM on 3 ranks
     [ours] = [c for c in by(result, "individual", FAIL, beyond=True) if "gradients" in c.prop]  # our toy: the same
     assert "summed over ranks, not averaged" in ours.detail and "emb.weight[" in ours.detail
     unbroadcast = by(result, "ddp", FAIL, beyond=False)
     assert {c.prop for c in unbroadcast} >= {f"{m}: rank 0's parameters after construction" for m in C.CM.MODELS}
     assert all("not broadcast from rank 0" in c.detail for c in unbroadcast if "construction" in c.prop)
-    # the wrong bucket all-reduced: caught wherever there are two buckets or more, right in one (0.01 MB: one bucket)
-    wrong = {c.prop for c in by(result, "bucketed", FAIL, beyond=False)}
-    assert wrong == {
+    # the wrong bucket all-reduced: caught wherever there are two buckets or more, right in one (0.01 MB: one bucket;
+    # the course's LM at 1 to 1000 MB)
+    wrong = [c for c in by(result, "bucketed", FAIL, beyond=False) if not c.prop.startswith("course LM")]
+    assert {c.prop for c in wrong} == {
         f"{m}, bucket {mb:g} MB: 5 SGD steps vs one process (allclose)" for m in C.CM.MODELS for mb in (0.0016, 0.0001)
     }
-    for c in by(result, "bucketed", FAIL, beyond=False):  # the right diagnosis, no other
+    on_lm = [c for c in by(result, "bucketed", FAIL, beyond=False) if c.prop.startswith("course LM")]
+    assert len(on_lm) == 2 and not any(" bucket 1" in c.prop for c in on_lm)  # the two sizes with several buckets
+    for c in wrong:  # the right diagnosis, no other
         assert "gradient is all zeros after ddp_bucketed_on_after_backward" in c.detail and "fc1.weight" in c.detail
         assert "summed" not in c.detail and "broadcast" not in c.detail and "not finite" not in c.detail
 
@@ -131,7 +143,9 @@ def test_the_course_style_corpus_passes_within_the_contract(tmp_path):
         (c.impl, c.prop, c.detail) for c in within if c.status != PASS
     ]
     assert {c.impl for c in within} == {"individual", "ddp", "bucketed"} and not result.failed
-    assert len(by(result, "bucketed", beyond=False)) == 2 * 2 * len(C.COURSE_BUCKETS_MB)
+    on_lm = [c.prop for c in by(result, "bucketed", beyond=False) if c.prop.startswith("course LM")]
+    assert len(by(result, "bucketed", beyond=False)) == 2 * 2 * len(C.COURSE_BUCKETS_MB) + len(on_lm)
+    assert len(on_lm) == 1 + 2 + len(LM.HANDOUT_BUCKETS_MB) + 1  # construction, each size, the buckets' sizes
     buffer = [c for c in by(result, "ddp", FAIL, beyond=True) if "construction" in c.prop]
     assert buffer and "scale" in buffer[0].detail  # parameters broadcast, the buffer not: beyond the handout
     waits = by(result, "bucketed", beyond=True)
@@ -144,6 +158,123 @@ def test_the_course_style_corpus_passes_within_the_contract(tmp_path):
         and c.prop.endswith("bucket 100 MB")
         for c in waits
     )  # one bucket with the unused parameter: never full
+
+
+def test_on_the_course_lm_a_bucket_fired_from_one_member_and_a_halved_average_are_caught(tmp_path):
+    """Both pass the course's test (2 ranks, toy models whose backward runs in reverse registration order); on the
+    course's LM (3 ranks, norms registered after the weights they follow) each fails its rule, with a message naming
+    it: the bucket only at the sizes that give several buckets (one bucket fires from the embedding's hook, ready
+    last), the average everywhere."""
+    path = composed(
+        tmp_path,
+        get_ddp_bucketed="ddp_bucket_fires_early",
+        ddp_bucketed_on_after_backward="ddp_bucket_fires_early",
+        ddp_bucketed_on_train_batch_start="ddp_bucket_fires_early",
+        get_ddp_individual_parameters="ddp_halved",
+    )
+    path.write_text(path.read_text() + "del get_ddp, ddp_on_after_backward\n")
+    result = D.run_ddp(str(path), CHECKS_ONLY)
+    within = [c for c in by(result, beyond=False) if c.impl != "ddp"]  # get_ddp removed: skipped
+    assert all(c.status == PASS for c in within if not c.prop.startswith("course LM"))  # the course's test passes
+    [halved] = by(result, "individual", FAIL, beyond=False)
+    assert (
+        halved.prop == LM_INDIVIDUAL and "1.5x one process's: divided by 2, not by the world size (3)" in halved.detail
+    )
+    early = by(result, "bucketed", FAIL, beyond=False)
+    assert len(early) == 2 and all(f"bucket {mb:g} MB" not in c.prop for c in early for mb in LM.HANDOUT_BUCKETS_MB)
+    for c in early:
+        assert "a bucket was all-reduced before all its gradients were ready" in c.detail and "ln1.weight" in c.detail
+        assert "summed" not in c.detail and "broadcast" not in c.detail
+    assert [c.status for c in by(result, "bucketed", beyond=False) if "at most bucket_size_mb" in c.prop] == [PASS]
+
+
+def test_a_crash_at_the_handouts_bucket_size_is_a_contract_error(tmp_path):
+    """A bucketed class that refuses 1000 MB passes the course's test and every other size on the course's LM."""
+    path = composed(tmp_path, get_ddp_bucketed="ddp_bucket_refuses_1000mb")
+    path.write_text(path.read_text() + ONLY_BUCKETED)
+    result = D.run_ddp(str(path), CHECKS_ONLY)
+    [error] = by(result, status=ERROR)
+    assert not error.beyond and error.prop.startswith("course LM, bucket 1000 MB")
+    assert (
+        "ValueError: bucket_size_mb 1000.0 exceeds" in error.detail and "ddp_bucket_refuses_1000mb.py:" in error.detail
+    )
+    assert "the 2024/2025 handouts run bucketed DDP on this model at 1, 10, 100 and 1000 MB" in error.detail
+    assert all(c.status == PASS for c in by(result, "bucketed", beyond=False) if c is not error)
+
+
+def test_a_bucket_over_bucket_size_mb_fails_that_rule_alone(tmp_path):
+    """Closing a bucket once it has passed the limit gives right gradients, and all-reduces bigger than the limit."""
+    path = composed(
+        tmp_path,
+        get_ddp_bucketed="ddp_bucket_overflows",
+        ddp_bucketed_on_after_backward="ddp_bucket_overflows",
+        ddp_bucketed_on_train_batch_start="ddp_bucket_overflows",
+    )
+    path.write_text(path.read_text() + ONLY_BUCKETED)
+    result = D.run_ddp(str(path), CHECKS_ONLY)
+    [over] = by(result, status=FAIL, beyond=False)
+    assert over.prop == "course LM: each bucket's all-reduce at most bucket_size_mb"
+    assert "a bucket holds more than bucket_size_mb of parameters" in over.detail
+    assert "over by at most one tensor: a bucket closed only once past the limit?" in over.detail
+
+
+def test_a_plain_bucketed_class_in_registration_order_passes_on_the_course_lm(tmp_path):
+    """Not an nn.Module, buckets in registration order, MB as 10**6 bytes, a set of arrived gradients per bucket, the
+    broadcast imported by name: every check within the handout passes, the course's LM included."""
+    path = composed(
+        tmp_path,
+        get_ddp_bucketed="ddp_bucket_plain_class",
+        ddp_bucketed_on_after_backward="ddp_bucket_plain_class",
+        ddp_bucketed_on_train_batch_start="ddp_bucket_plain_class",
+    )
+    path.write_text(path.read_text() + ONLY_BUCKETED)
+    result = D.run_ddp(str(path), CHECKS_ONLY)
+    within = by(result, "bucketed", beyond=False)
+    assert within and all(c.status == PASS for c in within), [(c.prop, c.detail) for c in within if c.status != PASS]
+    assert any("BasicsTransformerLM from your cs336_basics.model" in c.detail for c in within)
+
+
+def test_the_course_lm_parts_registration_order_from_readiness():
+    """No launch: the fixture's BasicsTransformerLM (the course's layout) has tensors whose gradient comes after an
+    earlier-registered one's (ln1 after the attention projections), the sizes chosen give buckets that hold such
+    a tensor behind their last-added member, and without a cs336_basics our copy of the layout is used."""
+    before = set(sys.modules)
+    sys.path.insert(0, str(STUDENT))
+    try:
+        cls, source = CM.course_lm_class()
+        assert cls.__name__ == "BasicsTransformerLM" and "your cs336_basics" in source
+        x, y = CM.lm_batches(LM.LM_WORLD)[0]
+        order = LM.readiness(CM.course_lm(cls, 0), x, y)
+    finally:
+        sys.path.remove(str(STUDENT))
+        for name in set(sys.modules) - before:  # the fixture's cs336_basics, out of this process's way
+            del sys.modules[name]
+    late = order.late()
+    assert {"layers.0.ln1.weight", "layers.1.ln1.weight"} <= set(late) and "token_embeddings.weight" not in late
+    sizes = LM.lm_bucket_sizes(order)
+    assert sizes[2:] == list(LM.HANDOUT_BUCKETS_MB) and all(order.parts(mb * LM.MiB) for mb in sizes[:2])
+    assert not order.parts(1.0 * LM.MiB)  # one bucket: its last-added member (the embedding) is ready last
+    limit, total = 0.25 * sum(order.nbytes), sum(order.nbytes)  # an all-reduce over the limit: how far over
+    assert "buckets never split" in LMC._oversize_why(total, limit, order.nbytes)
+    assert "over by at most one tensor" in LMC._oversize_why(int(limit) + 128, limit, order.nbytes)
+
+
+def test_without_a_usable_cs336_basics_the_course_layout_is_ours(monkeypatch):
+    """No launch: no cs336_basics, or a BasicsTransformerLM that cannot be built with the course's arguments."""
+    monkeypatch.setitem(sys.modules, "cs336_basics.model", None)  # import fails
+    cls, source = CM.course_lm_class()
+    assert cls is CM.CourseLM and "our copy" in source
+    x, y = CM.lm_batches(2)[0]
+    late = LM.readiness(CM.course_lm(cls, 0), x, y).late()
+    assert "layers.1.ln1.weight" in late  # the same registration order as the course's
+
+    class Theirs(CM.CourseLM):
+        def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, attn_pdrop):
+            super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff)
+
+    monkeypatch.setattr(CM, "course_lm_class", lambda: (Theirs, "yours"))
+    cls, source, order = LM.usable_lm(2)
+    assert cls is CM.CourseLM and "your BasicsTransformerLM raised TypeError" in source and order.late()
 
 
 def test_sharded_optimizer_that_does_not_partition_is_caught():
@@ -197,7 +328,8 @@ def test_a_crashed_rank_is_an_error_and_the_other_topics_still_run(tmp_path):
     )
     assert statuses["individual"][0] == NOT_IMPLEMENTED
     nan = [c for c in by(ddp, "bucketed", FAIL, beyond=False) if "SGD steps" in c.prop]
-    assert len(nan) == 2 * len(C.COURSE_BUCKETS_MB) and all("not finite (NaN/inf)" in c.detail for c in nan)
+    assert len(nan) == 2 * len(C.COURSE_BUCKETS_MB) + 2 + len(LM.HANDOUT_BUCKETS_MB)
+    assert all("not finite (NaN/inf)" in c.detail for c in nan)
     nan = [c for c in by(ddp, "bucketed", FAIL, beyond=True) if c.prop.startswith("beyond the handout: gradients")]
     assert len(nan) == len(D.ddp_bucket_sizes()) and all("non-finite (NaN/inf) gradient" in c.detail for c in nan)
 

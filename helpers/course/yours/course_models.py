@@ -9,9 +9,13 @@ FSDP on within the handout's contract (helpers.course.yours.distributed). Our ow
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from helpers.model import RMSNormTorch
 
 
 class ToyModel(nn.Module):
@@ -110,3 +114,87 @@ def reference_loss(net: nn.Module, ids, labels, compute_dtype, shard_types) -> t
     }
     params = {n: p.to(compute_dtype) if isinstance(owners[n], shard_types) else p for n, p in net.named_parameters()}
     return last_position_loss(torch.func.functional_call(net, params, (ids,)), labels)
+
+
+# ---- the course's own language model (cs336-basics' BasicsTransformerLM), on which the handouts run DDP ----
+
+LM_CONFIG = dict(vocab_size=64, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=64, rope_theta=1e4)
+#            a CPU-sized configuration: seconds for every flavour and bucket size, every step checked
+LM_STEPS, LM_LR, LM_ROWS_PER_RANK = 3, 0.1, 2  # SGD steps, its lr, sequences of context_length tokens per rank
+
+
+class CourseLMBlock(nn.Module):
+    """A pre-norm block registered in the course's order: attention's q, k, v, output projections, the SwiGLU's w1,
+    w2, w3, then ln1 and ln2 (2025's cs336-basics), so the gains' gradients are not ready in reverse registration
+    order."""
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.attn = nn.ModuleDict({k: nn.Linear(d_model, d_model, bias=False) for k in ("q_proj", "k_proj", "v_proj")})
+        self.attn["output_proj"] = nn.Linear(d_model, d_model, bias=False)
+        self.ffn = nn.ModuleDict(
+            {"w1": nn.Linear(d_model, d_ff, bias=False), "w2": nn.Linear(d_ff, d_model, bias=False)}
+        )
+        self.ffn["w3"] = nn.Linear(d_model, d_ff, bias=False)
+        self.ln1, self.ln2 = RMSNormTorch(d_model), RMSNormTorch(d_model)
+
+    def forward(self, x):  # (B, T, C)
+        b, t, c = x.shape
+        h = self.ln1(x)
+        q, k, v = (
+            self.attn[n](h).view(b, t, self.num_heads, -1).transpose(1, 2) for n in ("q_proj", "k_proj", "v_proj")
+        )  # (B, heads, T, C / heads) each
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)  # (B, T, C)
+        x = x + self.attn["output_proj"](a)
+        h = self.ln2(x)
+        return x + self.ffn["w2"](F.silu(self.ffn["w1"](h)) * self.ffn["w3"](h))  # (B, T, C)
+
+
+class CourseLM(nn.Module):
+    """The course's BasicsTransformerLM layout with torch layers (token embeddings, blocks, final norm, LM head; its
+    constructor's arguments): `yours` runs a student's DDP on it where their cs336-basics has no BasicsTransformerLM."""
+
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta=None):
+        super().__init__()
+        self.context_length = context_length
+        self.token_embeddings = nn.Embedding(vocab_size, d_model)
+        self.layers = nn.ModuleList(CourseLMBlock(d_model, num_heads, d_ff) for _ in range(num_layers))
+        self.ln_final = RMSNormTorch(d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, ids):  # (B, T) -> (B, T, vocab)
+        x = self.token_embeddings(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.ln_final(x))
+
+
+def course_lm_class() -> tuple[type, str]:
+    """The student's cs336_basics.model.BasicsTransformerLM (the handouts' benchmarks build it) and where it came
+    from; CourseLM, our copy of its layout, when it is not importable (a ModuleNotFoundError or a missing name)."""
+    try:
+        from cs336_basics.model import BasicsTransformerLM
+    except ImportError:  # no cs336-basics, or another model there
+        return CourseLM, "our copy of the course's layout (no cs336_basics.model.BasicsTransformerLM to import)"
+    return BasicsTransformerLM, "BasicsTransformerLM from your cs336_basics.model"
+
+
+def course_lm(cls: type, seed: int) -> nn.Module:
+    """A small course LM (LM_CONFIG) built with torch seeded by `seed`; the 2024 constructor (no rope_theta, dropout
+    off by default) and the 2025/2026 one both accepted."""
+    accepted = inspect.signature(cls).parameters
+    torch.manual_seed(seed)
+    return cls(**{k: v for k, v in LM_CONFIG.items() if k in accepted})
+
+
+def lm_batches(world: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """LM_STEPS global batches of token ids (world * LM_ROWS_PER_RANK, context_length) and their next tokens, the same
+    on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, t, vocab = world * LM_ROWS_PER_RANK, LM_CONFIG["context_length"], LM_CONFIG["vocab_size"]
+    out = []
+    for _ in range(LM_STEPS):
+        tokens = torch.randint(vocab, (rows, t + 1), generator=gen)  # (B, T+1)
+        out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))  # (B, T), (B, T)
+    return out

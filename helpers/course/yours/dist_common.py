@@ -55,16 +55,17 @@ def failure_detail(exc: BaseException, path: str) -> str:
     return f"{first} (at {where_in(tb, path)})" if tb else first
 
 
-def launch_each(worker, path: str, impls: list[str], opts: Options) -> dict:
-    """impl -> the worker's per-rank results, or the exception that stopped its launch. All implementations in one
-    launch; if it fails, each in a launch of its own, so a crash or hang is pinned on the implementation that caused
-    it; if that fails too, the course's checks alone, then the probes beyond them alone: a crash or hang beyond the
-    handout keeps the contract's results (each rank's dict then has "beyond_failed", what stopped the probes)."""
+def launch_each(worker, path: str, impls: list[str], opts: Options, world: int = WORLD, parts=PARTS) -> dict:
+    """impl -> the worker's per-rank results (on `world` ranks), or the exception that stopped its launch. All
+    implementations in one launch; if it fails, each in a launch of its own, so a crash or hang is pinned on the
+    implementation that caused it; if that fails too and the worker has both parts, the course's checks alone, then
+    the probes beyond them alone: a crash or hang beyond the handout keeps the contract's results (each rank's dict
+    then has "beyond_failed", what stopped the probes)."""
 
-    def launch(names, parts=PARTS):
+    def launch(names, parts=parts):
         return L.launch(
             functools.partial(worker, path, names, opts, parts),
-            WORLD,
+            world,
             backend="gloo",
             device="cpu",
             timeout_s=opts.timeout_s,
@@ -83,6 +84,9 @@ def launch_each(worker, path: str, impls: list[str], opts: Options) -> dict:
                 continue
         except (L.RankError, TimeoutError) as exc:
             first = exc
+        if len(parts) < 2:
+            out[impl] = first
+            continue
         try:
             course = [r[impl] for r in launch([impl], ("course",))]
         except (L.RankError, TimeoutError):

@@ -1,6 +1,6 @@
-"""`yours` for DDP (each flavour; helpers.course.yours.distributed): the course's test on its toy models, beyond it
-our toy (tied, frozen and unused parameters, a per-rank buffer) at several bucket sizes, then yours vs ours vs torch
-DDP."""
+"""`yours` for DDP (each flavour; helpers.course.yours.distributed): the course's test on its toy models and the
+course's LM (helpers.course.yours.ddp_lm), beyond them our toy (tied, frozen and unused parameters, a per-rank buffer)
+at several bucket sizes, then yours vs ours vs torch DDP."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from helpers.course.yours import Options
 from helpers.course.yours import adapters as A
 from helpers.course.yours import contract as C
 from helpers.course.yours import student_calls as S
+from helpers.course.yours.ddp_lm import LM_WORLD, lm_worker
+from helpers.course.yours.ddp_lm_checks import lm_checks
 from helpers.course.yours.dist_common import (
     PARTS,
     SPEED,
@@ -278,10 +280,15 @@ def _ddp_rows(impl: str, speed_per_rank: list[dict]) -> list[dict]:
 
 def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
     """Every DDP flavour the file has (individual, bucketed, 2026's get_ddp): the course's test on its two toy models
-    (at the 2024 test's bucket sizes), then beyond the handout our toy (tied, frozen and unused parameters, a buffer)
-    at several bucket sizes, then yours vs ours vs torch DDP."""
+    (at the 2024 test's bucket sizes) and the course's LM on 3 ranks (bucketed: at the handout's 1 to 1000 MB and two
+    sizes giving several buckets; helpers.course.yours.ddp_lm), then beyond the handout our toy (tied, frozen and
+    unused parameters, a buffer) at several bucket sizes, then yours vs ours vs torch DDP."""
     result = TopicResult("ddp")
     got = launch_each(ddp_worker, str(adapters_path), list(A.ADAPTERS["ddp"]), opts)
+    runnable = [impl for impl, per_rank in got.items() if not status_checks("ddp", impl, per_rank, "")]
+    on_lm = {}  # the course's LM on LM_WORLD ranks, a launch of its own
+    if runnable:
+        on_lm = launch_each(lm_worker, str(adapters_path), runnable, opts, world=LM_WORLD, parts=("course",))
     for impl, per_rank in got.items():
         early = status_checks("ddp", impl, per_rank, str(adapters_path))
         if early:
@@ -292,6 +299,7 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
             runs = [r["course"][k] for r in per_rank]
             error = S.phase_error("ddp", impl, f"{label}: the course's DDP test runs", runs, beyond=False)
             result.checks += [error] if error else C.course_ddp_checks(impl, label, runs)
+        result.checks += lm_checks(impl, on_lm[impl], str(adapters_path))
         if beyond_failed("ddp", impl, per_rank):
             result.checks += beyond_failed("ddp", impl, per_rank)
             continue

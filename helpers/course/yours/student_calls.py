@@ -19,7 +19,7 @@ from helpers.course.yours import adapters as A
 from helpers.course.yours.report import ERROR, NOT_IMPLEMENTED, SKIPPED, Check
 from helpers.experiments import fsdp as XF
 
-WORLD = 2  # ranks every distributed check runs on
+WORLD = 2  # ranks the distributed checks run on (the course's tests use 2); DDP on the course's LM: ddp_lm.LM_WORLD
 
 
 class Unusable(Exception):
