@@ -223,3 +223,12 @@ def test_a_gpu_runs_answers_speak_of_the_gpu_not_this_cpu(tmp_path):
     cpu = tmp_path / "cpu"
     D.write(cpu, D.notebook_01_rows())
     assert "this CPU" in A.answer(A.BY_NUMBER["2.1.4(a)"], A.Saved(cpu, "cpu")).text
+
+
+def test_the_front_pages_autocast_sentence_names_the_dtype_once(tmp_path):
+    """notebook 01's rows say "autocast bfloat16": the front page read "autocast bfloat16 autocast, small/cpu"."""
+    from helpers.course import front
+
+    D.write(tmp_path, D.notebook_01_rows())
+    claim = front.autocast(A.Saved(tmp_path, "cpu"))
+    assert claim.lead.startswith("autocast bfloat16, ") and "autocast, " not in claim.lead, claim.lead

@@ -90,7 +90,8 @@ def autocast(saved: Saved) -> Claim:
     """01: bf16 (or fp16) autocast's step time over fp32's, at the largest size timed."""
     rows = [(i, r) for i, r in _rows(saved, "01_precision_ratios", b="fp32")]
     i, r = rows[-1]
-    return _ratio(saved, "01_precision_ratios", i, r, f"{r['a']} autocast, {r['size']}: ", "fp32's step time")
+    label = r["a"] if str(r["a"]).startswith("autocast") else f"{r['a']} autocast"  # rows say "autocast bfloat16"
+    return _ratio(saved, "01_precision_ratios", i, r, f"{label}, {r['size']}: ", "fp32's step time")
 
 
 def rmsnorm(saved: Saved) -> Claim:
