@@ -220,7 +220,7 @@ def test_fsdp_styles_pass_and_each_mutant_fails_exactly_its_rule(tmp_path):
 
 def test_a_full_weight_is_found_by_its_values_and_a_shard_or_an_activation_is_not():
     """fsdp_probe.FullWeights (no launch): a weight whole in a padded flat buffer, transposed, or cast to fp16 is
-    found; half of it (a shard) or an activation made from it is not."""
+    found; half of it (a shard) or an activation made from it is not; a shard is told by its first values."""
     torch.manual_seed(0)
     w, v = torch.randn(6, 4), torch.randn(3, 5)
     found = P.FullWeights({"a.weight": w, "b.weight": v})
@@ -231,6 +231,8 @@ def test_a_full_weight_is_found_by_its_values_and_a_shard_or_an_activation_is_no
     assert not found.in_storage((torch.ones(2, 6) @ w).untyped_storage())  # an activation
     assert found.weight_of(w.t()) == "a.weight" and found.weight_of(w.half()[None]) == "a.weight"
     assert found.weight_of(w[:3]) is None and found.weight_of(torch.zeros(6, 4)) is None
+    assert found.shard_of(w.reshape(-1)[12:]) == "a.weight" and found.shard_of(v.half().reshape(-1)[8:]) == "b.weight"
+    assert found.shard_of(torch.randn(12)) is None  # an all-gather of anything else
 
 
 def test_a_crashed_rank_is_an_error_and_the_other_topics_still_run(tmp_path):

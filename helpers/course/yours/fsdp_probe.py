@@ -1,14 +1,15 @@
-"""What a student's FSDP holds and computes in, observed in a launched rank during one training step of the course's
+"""What a student's FSDP holds and computes in, observed in a launched rank during two training steps of the course's
 own model (the 2026 test's model on the student's cs336_basics layers, one seed on every rank): which gathered full
-weights are alive at each sharded layer's forward, between forward and backward, and after backward; the dtypes of
-the forward's matmuls and of the collectives; the dtypes of the master weights, their gradients and AdamW's state.
-helpers.course.yours.contract_fsdp judges the results against the handout's rules.
+weights are alive when each layer uses its weight in the forward, between forward and backward, and after backward;
+the dtypes of the forward's matmuls and of the all-gathers (with the weight whose shard each sends); the dtypes of the
+master weights, their gradients and AdamW's state. helpers.course.yours.fsdp_rules judges the results.
 
 A full weight is found by its values: every storage the step made or grew (helpers.memory.StorageWatch) is searched
 for each sharded weight as it stood before the step, whole and contiguous, in fp32 or a 16-bit cast, as stored or
 transposed. A shard, an activation or a gradient never matches; a flat buffer holding several weights matches each.
+The wrapper's own parameters (the shards) and what held a full weight once get_fsdp returned are left aside.
 
-    out = probe_step(impl, "fp16")   # {"layers": [...], "between": {...}, "end": {...}, "matmuls": [...], ...}
+    out = probe_step(impl, "fp16")   # {"uses": [...], "between": [...], "end": [...], "gathers": [...], ...}
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from helpers.experiments.common import rank_rows
 
 SEARCHED = (torch.float32, torch.float16, torch.bfloat16)  # the dtypes a gathered weight may be held in
 MAX_STARTS = 256  # positions tried per pattern and storage (a weight's first value is random: a handful at most)
+SHARD_PROBE = 8  # the values of an all-gather's input matched against the weights (random values: 8 never collide)
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "linear", "_scaled_mm"}
 USES = MATMULS | {"embedding", "index", "index_select"}  # the ops a layer uses its weight in
 PROBE_STEPS = 2  # the first step may record the call order (no prefetch yet): the second is the steady one
@@ -70,6 +72,19 @@ class FullWeights:
             (n for n, p in self.patterns[t.dtype] if p.numel() == values.numel() and torch.equal(values, p)), None
         )
 
+    def shard_of(self, t: torch.Tensor) -> str | None:
+        """The name of the weight whose values `t` starts with (a shard about to be all-gathered: a contiguous piece
+        of the weight flattened as stored or transposed, in fp32 or a 16-bit cast), judged on its first SHARD_PROBE
+        values."""
+        if t.dtype not in self.patterns or t.device.type == "meta" or t.numel() == 0:
+            return None
+        head = t.detach().reshape(-1)[:SHARD_PROBE]  # (<= SHARD_PROBE,)
+        for name, p in self.patterns[t.dtype]:
+            starts = (p[: p.numel() - head.numel() + 1] == head[0]).nonzero().flatten()[:MAX_STARTS].tolist()
+            if any(torch.equal(p[s : s + head.numel()], head) for s in starts):
+                return name
+        return None
+
     def in_storage(self, storage) -> set[tuple[str, str]]:
         """{(weight name, dtype)} of the full weights `storage` holds, whole and contiguous."""
         found = set()
@@ -90,24 +105,28 @@ class FullWeights:
 
 
 class StepProbe(TorchDispatchMode):
-    """The dtypes of every matmul and collective, tagged with the step's phase ("forward", "backward"); in the
-    forward, before every op that may use a weight (a matmul, an embedding lookup), the weights it uses and the full
-    weights alive then (`watch.alive`, a barrier: called at every such op, the same number on every rank)."""
+    """In each phase of a step ("forward", "backward"): the dtypes of every matmul, and of every all-gather with the
+    weight whose shard it sends (None: not a weight's); in the forward, before every op that may use a weight (a
+    matmul, an embedding lookup), the weights it uses and the full weights alive then (`watch.alive`, a barrier:
+    called at every such op, the same number on every rank)."""
 
     def __init__(self, watch):
         super().__init__()
         self.watch, self.phase, self.step = watch, None, 0
-        self.matmuls, self.collectives, self.uses = [], [], []  # (phase, op, floating dtypes, largest numel)
+        self.matmuls = []  # (phase, op, floating dtypes, largest numel)
+        self.gathers = []  # (phase, op, floating dtypes, largest numel, weight name or None)
+        self.uses = []  # {"step", "used": [weight name], "alive": Watch.alive()}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         ns, name = func.namespace, func.__name__.split(".")[0]
-        if self.phase is not None and ((ns == "aten" and name in MATMULS) or ns in ("c10d", "_c10d_functional")):
-            tensors = [t for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)]
-            floating = [t for t in tensors if t.is_floating_point()]
-            if floating and name != "barrier":
-                dtypes = sorted({dtype_name(t) for t in floating})
-                row = (self.phase, f"{ns}.{name}", dtypes, max(t.numel() for t in floating))
-                (self.matmuls if ns == "aten" else self.collectives).append(row)
+        if self.phase is not None:
+            if ns == "aten" and name in MATMULS:
+                self.matmuls.append(self._row(func, args, kwargs))
+            elif ns in ("c10d", "_c10d_functional") and "allgather" in name.replace("_", ""):
+                sent = args[0] if ns == "_c10d_functional" else args[1]  # the input(s); c10d's outputs come first
+                with _disable_current_modes():
+                    whose = {self.watch.weights.shard_of(t) for t in tree_leaves(sent) if isinstance(t, torch.Tensor)}
+                self.gathers.append((*self._row(func, args, kwargs), next(iter(sorted(whose - {None})), None)))
         if self.phase == "forward" and ns == "aten" and name in USES:
             with _disable_current_modes():
                 used = {self.watch.weights.weight_of(t) for t in tree_leaves(args) if isinstance(t, torch.Tensor)}
@@ -116,6 +135,18 @@ class StepProbe(TorchDispatchMode):
             allowed = names if i is None else forward_window(names, i)
             self.uses.append({"step": self.step, "used": used, "alive": self.watch.alive(allowed=allowed)})
         return func(*args, **(kwargs or {}))
+
+    def _row(self, func, args, kwargs) -> tuple:
+        floating = [
+            t for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor) and t.is_floating_point()
+        ]
+        dtypes = sorted({dtype_name(t) for t in floating})
+        return (
+            self.phase,
+            f"{func.namespace}.{func.__name__.split('.')[0]}",
+            dtypes,
+            max((t.numel() for t in floating), default=0),
+        )
 
 
 def saved_storages(root: torch.Tensor) -> set:
@@ -189,7 +220,7 @@ def probe_step(impl: XF.FsdpImpl, dtype: str) -> dict:
     """PROBE_STEPS AdamW steps (lr 0: the weights stay put) of the course's FSDP test model through the student's
     adapters (compute dtype `dtype`), the course test's data, this rank's rows, watched: per step, the full weights
     alive before each forward op that uses a weight, once the loss is computed (before backward) and after backward
-    and fsdp_on_after_backward; the matmuls' and collectives' dtypes; the master weights', gradients' and optimizer
+    and fsdp_on_after_backward; the matmuls' and all-gathers' dtypes; the master weights', gradients' and optimizer
     state's dtypes."""
     layers, shard_types = CM.course_layers()
     torch.manual_seed(42)
@@ -243,7 +274,7 @@ def _watched_steps(impl: XF.FsdpImpl, wrapped, watch: Watch) -> dict:
         "between": between,
         "end": end,
         "matmuls": probe.matmuls,
-        "collectives": probe.collectives,
+        "gathers": probe.gathers,
         "master": sorted(master),
         "grads": sorted(grads),
         "state": sorted(state),

@@ -141,21 +141,22 @@ def end_check(impl: str, probes: dict, aside: str) -> Check:
 
 def compute_check(impl: str, want: str, r: dict) -> Check:
     """2026 handout: with compute_dtype, cast the weights to it before communicating or using them for compute: the
-    forward's matmuls, its collectives and every all-gather run in it (rank 0's step)."""
+    forward's matmuls run in it, and every all-gather of a weight's shard sends it (rank 0's steps). All-gathers of
+    anything else are not judged."""
     prop = f"compute dtype {want}: forward matmuls and weight all-gathers in {want}"
     matmuls = [m for m in r["matmuls"] if m[0] == "forward"]
-    gathers = [c for c in r["collectives"] if "allgather" in c[1].replace("_", "")]
+    weights = [g for g in r["gathers"] if g[4] is not None]  # (phase, op, dtypes, numel, weight)
     slow = [m for m in matmuls if m[2] != [want]]
-    moved = [c for c in r["collectives"] if (c[0] == "forward" or c in gathers) and c[2] != [want]]
+    sent = [g for g in weights if g[2] != [want]]
     if not matmuls:
         return Check("fsdp", impl, prop, SKIPPED, "no matmul seen in the forward (the course's Linear uses one)")
-    if not slow and not moved:
+    if not slow and not sent:
         return Check(
             "fsdp",
             impl,
             prop,
             PASS,
-            f"all {len(matmuls)} forward matmuls in {want}; {len(gathers)} all-gathers in {want}",
+            f"all {len(matmuls)} forward matmuls in {want}; {len(weights)} all-gathers of weight shards in {want}",
         )
     parts = []
     if slow:
@@ -163,19 +164,15 @@ def compute_check(impl: str, want: str, r: dict) -> Check:
             f"{len(slow)} of {len(matmuls)} forward matmuls ran in {', '.join(slow[0][2])} (first: {slow[0][1]} of "
             f"{slow[0][3]} elements)"
         )
-    if moved:
+    if sent:
+        phase, op, dtypes, _, weight = sent[0]
         parts.append(
-            f"{len(moved)} collectives moved {', '.join(moved[0][2])} (first: {moved[0][1]} in the {moved[0][0]}, "
-            f"{moved[0][3]} elements): cast the shards to {want} before communicating"
+            f"{len(sent)} of {len(weights)} all-gathers of weight shards sent {', '.join(dtypes)} (first: {weight}'s, "
+            f"{op} in the {phase}): cast the shards to {want} before communicating"
         )
-    never = len(slow) == len(matmuls) and all(c[2] == ["float32"] for c in gathers)  # no gather: nothing sharded?
-    return Check(
-        "fsdp",
-        impl,
-        prop,
-        FAIL,
-        "rank 0: " + "; ".join(parts) + (f" - compute_dtype={want} accepted and never used?" if never else ""),
-    )
+    never = len(slow) == len(matmuls) and len(sent) == len(weights)  # no gather at all: nothing sharded?
+    hint = f" - compute_dtype={want} accepted and never used?" if never else ""
+    return Check("fsdp", impl, prop, FAIL, "rank 0: " + "; ".join(parts) + hint)
 
 
 def master_check(impl: str, want: str, per_rank: list[dict]) -> Check:
