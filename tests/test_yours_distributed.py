@@ -180,6 +180,7 @@ FSDP_STYLES = {  # name -> (module the three adapters come from, the checks with
     "kept_for_backward": ("fsdp_kept_for_backward", set(R.FREEING[:2])),
     "held_after_backward": ("fsdp_held_after_backward", {R.FREEING[2]}),
     "prefetch_all": ("fsdp_prefetch_all", {R.FREEING[0]}),
+    "grads_all_reduced": ("fsdp_grads_all_reduced", {R.REDUCE}),
     "compute_dtype_ignored": (
         "fsdp_compute_dtype_ignored",
         {"compute dtype float16: forward matmuls and weight all-gathers in float16"},
@@ -195,7 +196,8 @@ def fsdp_course_part(paths: dict) -> dict:
 def test_fsdp_styles_pass_and_each_mutant_fails_exactly_its_rule(tmp_path):
     """Student-style FSDPs (tests/student/corpus: hooks, autograd Function) pass every check within the handout; each
     mutant (tests/student/mutants) passes the course's test and fails its rule alone: the gathered weight kept for
-    backward through autograd, held after backward, an unbounded prefetch, compute_dtype never used."""
+    backward through autograd, held after backward, an unbounded prefetch, gradients all-reduced, compute_dtype never
+    used."""
     paths = {}
     for name, (module, _) in FSDP_STYLES.items():
         (tmp_path / name).mkdir()
@@ -207,7 +209,7 @@ def test_fsdp_styles_pass_and_each_mutant_fails_exactly_its_rule(tmp_path):
         runs = [r[name] for r in per_rank]
         assert all(r["status"] == "ok" for r in runs), runs[0]
         checks[name] = CF.course_fsdp_checks("fsdp", {k: [r["course"][k] for r in runs] for k in runs[0]["course"]})
-        assert len(checks[name]) == 2 * len(CF.COURSE_FSDP_DTYPES) + 1 + len(R.FREEING) + 2  # every check ran
+        assert len(checks[name]) == 2 * len(CF.COURSE_FSDP_DTYPES) + 1 + len(R.FREEING) + 3  # every check ran
         failed = [c for c in checks[name] if c.status != PASS]
         assert {c.prop for c in failed} == expected, (name, [(c.prop, c.status, c.detail) for c in failed])
     kept = next(c for c in checks["kept_for_backward"] if c.prop == R.FREEING[1])

@@ -105,16 +105,17 @@ class FullWeights:
 
 
 class StepProbe(TorchDispatchMode):
-    """In each phase of a step ("forward", "backward"): the dtypes of every matmul, and of every all-gather with the
-    weight whose shard it sends (None: not a weight's); in the forward, before every op that may use a weight (a
-    matmul, an embedding lookup), the weights it uses and the full weights alive then (`watch.alive`, a barrier:
-    called at every such op, the same number on every rank)."""
+    """In each phase of a step ("forward", "backward"): the dtypes of every matmul and collective, and for every
+    all-gather the weight whose shard it sends (None: not a weight's); in the forward, before every op that may use a
+    weight (a matmul, an embedding lookup), the weights it uses and the full weights alive then (`watch.alive`, a
+    barrier: called at every such op, the same number on every rank)."""
 
     def __init__(self, watch):
         super().__init__()
         self.watch, self.phase, self.step = watch, None, 0
         self.matmuls = []  # (phase, op, floating dtypes, largest numel)
         self.gathers = []  # (phase, op, floating dtypes, largest numel, weight name or None)
+        self.others = []  # every other collective: (phase, op, floating dtypes, largest numel)
         self.uses = []  # {"step", "used": [weight name], "alive": Watch.alive()}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -127,6 +128,8 @@ class StepProbe(TorchDispatchMode):
                 with _disable_current_modes():
                     whose = {self.watch.weights.shard_of(t) for t in tree_leaves(sent) if isinstance(t, torch.Tensor)}
                 self.gathers.append((*self._row(func, args, kwargs), next(iter(sorted(whose - {None})), None)))
+            elif ns in ("c10d", "_c10d_functional") and name != "barrier":
+                self.others.append(self._row(func, args, kwargs))
         if self.phase == "forward" and ns == "aten" and name in USES:
             with _disable_current_modes():
                 used = {self.watch.weights.weight_of(t) for t in tree_leaves(args) if isinstance(t, torch.Tensor)}
@@ -238,7 +241,9 @@ def probe_step(impl: XF.FsdpImpl, dtype: str) -> dict:
             wrapped = impl.wrap(model, XF.DTYPES[dtype])
         del model
         watch.start(wrapped)
+        unsharded = {watch.weights.weight_of(p) for p in wrapped.parameters()} - {None}  # a parameter is one whole
         out = {"names": list(full), "nbytes": watch.weights.nbytes, "before": len(watch.before)}
+        out["unsharded"] = sorted(unsharded)
         return {**out, **_watched_steps(impl, wrapped, watch)}
     finally:
         gc.unfreeze()
@@ -275,6 +280,7 @@ def _watched_steps(impl: XF.FsdpImpl, wrapped, watch: Watch) -> dict:
         "end": end,
         "matmuls": probe.matmuls,
         "gathers": probe.gathers,
+        "others": probe.others,
         "master": sorted(master),
         "grads": sorted(grads),
         "state": sorted(state),

@@ -21,6 +21,7 @@ FREEING = (
     "gathered weights freed between forward and backward",
     "no gathered weight held after backward",
 )
+REDUCE = "gradients of sharded weights reduce-scattered, not all-reduced"
 
 
 def _copies(copies: list, nbytes: int) -> str:
@@ -139,6 +140,47 @@ def end_check(impl: str, probes: dict, aside: str) -> Check:
     return Check("fsdp", impl, FREEING[2], FAIL if bad else PASS, detail + aside)
 
 
+def reduce_check(impl: str, probes: dict) -> Check:
+    """2026 handout: 'when the gradients are available, they should be reduce-scattered to the appropriate ranks'.
+    In backward and fsdp_on_after_backward, an all-reduce of a tensor as large as the smallest sharded weight or larger
+    communicates sharded weights' full gradients (the replicated gains' are far smaller in the course's model)."""
+    prop = REDUCE
+    sample = next(iter(probes.values()))[0]
+    if set(sample["unsharded"]) == set(sample["names"]):
+        return Check(
+            "fsdp",
+            impl,
+            prop,
+            SKIPPED,
+            f"not judged: none of {', '.join(sample['names'])} is sharded (the wrapper's parameters are the whole "
+            "weights; see 'a shard per rank after get_fsdp')",
+        )
+    smallest = min(n for w, n in sample["nbytes"].items() if w not in sample["unsharded"]) // 4  # elements
+    whole = {sample["nbytes"][w] // 4 for w in sample["unsharded"]}  # an unsharded weight's gradient may be all-reduced
+    for dtype, per_rank in probes.items():
+        rows = [c for c in per_rank[0]["others"] if c[0] == "backward"]
+        big = [c for c in rows if "allreduce" in c[1].replace("_", "") and c[3] >= smallest and c[3] not in whole]
+        if big:
+            return Check(
+                "fsdp",
+                impl,
+                prop,
+                FAIL,
+                f"{dtype}, rank 0: {len(big)} all-reduces in backward, the first of {big[0][3]} elements (the "
+                f"smallest sharded weight has {smallest}): each rank receives the whole gradient of sharded weights; "
+                "reduce-scatter it so that each rank receives the sum of its own shard",
+            )
+    scatters = sum("reducescatter" in c[1].replace("_", "") for c in probes[next(iter(probes))][0]["others"])
+    return Check(
+        "fsdp",
+        impl,
+        prop,
+        PASS,
+        f"{scatters} reduce-scatters in backward; no all-reduce of {smallest} elements or more (the smallest sharded "
+        "weight)",
+    )
+
+
 def compute_check(impl: str, want: str, r: dict) -> Check:
     """2026 handout: with compute_dtype, cast the weights to it before communicating or using them for compute: the
     forward's matmuls run in it, and every all-gather of a weight's shard sends it (rank 0's steps). All-gathers of
@@ -219,6 +261,7 @@ def probe_checks(impl: str, probes: dict) -> list[Check]:
         else ""
     )
     checks = [forward_check(impl, probes, aside), between_check(impl, probes, aside), end_check(impl, probes, aside)]
+    checks.append(reduce_check(impl, probes))
     for dtype, per_rank in probes.items():
         want = XF.DTYPES[dtype]
         if want is not None:
