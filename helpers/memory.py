@@ -4,6 +4,7 @@
     trace.peak_bytes, trace.timeline, trace.largest(5)          # measured, any device
     trace.categorize(params=..., grads=..., optimizer_state=...) # what was live at the peak
     model_state(model, opt, x, y)                                 # what is live before a step (as `existing`)
+    with StorageWatch(existing) as watch: fsdp_step()             # storages resized in place too; watch.alive()
 
 The tracker is a TorchDispatchMode: every op's output storages are counted when they
 first appear and uncounted by a weakref finalizer when they die, so it sees the bytes
