@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 from collections import deque
 
 import torch
@@ -34,6 +35,7 @@ MAX_STARTS = 256  # positions tried per pattern and storage (a weight's first va
 SHARD_PROBE = 8  # the values of an all-gather's input matched against the weights (random values: 8 never collide)
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "linear", "_scaled_mm"}
 USES = MATMULS | {"embedding", "index", "index_select"}  # the ops a layer uses its weight in
+SETTLE_S = (0.0, 0.05)  # a finding not allowed is looked at again after these pauses, garbage collected each time
 PROBE_STEPS = 2  # the first step may record the call order (no prefetch yet): the second is the steady one
 
 
@@ -187,16 +189,18 @@ class Watch:
     def start(self, wrapped) -> None:
         """After get_fsdp: note `before` and the wrapper's parameters."""
         self.masters = [(p, p.shape) for p in wrapped.parameters()]
-        self.before = {key for key, _, _ in self.found(collect=True)}
+        self.before = {key for key, _, _ in self.found(SETTLE_S[-1])}
 
-    def found(self, collect: bool) -> list[tuple]:
+    def found(self, settle_s: float | None = None) -> list[tuple]:
         """(storage key, storage bytes, {(weight name, dtype)}) of every storage holding a full weight now, the
-        `before` and `masters` aside: in-flight collectives completed by a barrier; with `collect`, cyclic garbage
-        collected first (the objects made since probe_step's gc.freeze)."""
+        `before` and `masters` aside, once a barrier has completed the collectives in flight. With `settle_s`, first
+        cyclic garbage collected (the objects made since probe_step's gc.freeze) and that long for gloo's threads to
+        let go of the collectives they ran (a finished one keeps its tensors until its thread drops it)."""
         with _disable_current_modes():
-            dist.barrier()  # gloo's barrier waits for the collectives started before it: their values are in
-            if collect:
+            if settle_s is not None:
                 gc.collect()
+                time.sleep(settle_s)
+            dist.barrier()  # gloo's barrier waits for the collectives started before it: their values are in
             aside = self.before | {M.storage_key(p) for p, shape in self.masters if p.shape == shape}
             held = [
                 (key, storage.nbytes(), self.weights.in_storage(storage))
@@ -207,11 +211,16 @@ class Watch:
 
     def alive(self, saved=frozenset(), allowed=()) -> dict:
         """{weight name: [(dtype, storage bytes, held by autograd)]} of the full weights gathered now. A weight not in
-        `allowed` is believed only if it is still there once cyclic garbage is collected (a second barrier and scan,
-        on every rank: the same calls everywhere)."""
-        found = self.found(collect=False)
-        if any(name not in allowed for _, _, names in found for name, _ in names):
-            found = self.found(collect=True)
+        `allowed` is believed only if it is still there after each of SETTLE_S (garbage collected, gloo's threads
+        given time); whether to look again is agreed by every rank, so each makes the same collective calls."""
+        found = self.found()
+        for settle_s in SETTLE_S:
+            again = torch.tensor([int(any(n not in allowed for _, _, names in found for n, _ in names))])
+            with _disable_current_modes():
+                dist.all_reduce(again, op=dist.ReduceOp.MAX)
+            if not again.item():
+                break
+            found = self.found(settle_s)
         out = {}
         for key, nbytes, names in found:
             for name, dt in sorted(names):
