@@ -64,15 +64,21 @@ class FullWeights:
             dt: [(n, v.to(dt).contiguous().reshape(-1)) for n, w in weights.items() for v in (w, w.t())]
             for dt in SEARCHED
         }  # dtype -> [(name, flat values (numel,))]: as stored and transposed
+        self.devices = {torch.device("cpu"): self.patterns}  # the same on another device (a student's .cuda())
+
+    def on(self, device: torch.device) -> dict:
+        """The patterns on `device` (copied there once)."""
+        if device not in self.devices:
+            self.devices[device] = {dt: [(n, p.to(device)) for n, p in ps] for dt, ps in self.patterns.items()}
+        return self.devices[device]
 
     def weight_of(self, t: torch.Tensor) -> str | None:
         """The name of the full weight `t` is (any view of it, or of its transpose, in fp32 or a 16-bit cast)."""
         if t.dtype not in self.patterns or t.device.type == "meta":
             return None
         values = t.detach().reshape(-1)  # (numel,) in t's logical order
-        return next(
-            (n for n, p in self.patterns[t.dtype] if p.numel() == values.numel() and torch.equal(values, p)), None
-        )
+        patterns = self.on(t.device)[t.dtype]
+        return next((n for n, p in patterns if p.numel() == values.numel() and torch.equal(values, p)), None)
 
     def shard_of(self, t: torch.Tensor) -> str | None:
         """The name of the weight whose values `t` starts with (a shard about to be all-gathered: a contiguous piece
@@ -81,7 +87,7 @@ class FullWeights:
         if t.dtype not in self.patterns or t.device.type == "meta" or t.numel() == 0:
             return None
         head = t.detach().reshape(-1)[:SHARD_PROBE]  # (<= SHARD_PROBE,)
-        for name, p in self.patterns[t.dtype]:
+        for name, p in self.on(t.device)[t.dtype]:
             starts = (p[: p.numel() - head.numel() + 1] == head[0]).nonzero().flatten()[:MAX_STARTS].tolist()
             if any(torch.equal(p[s : s + head.numel()], head) for s in starts):
                 return name
@@ -90,11 +96,11 @@ class FullWeights:
     def in_storage(self, storage) -> set[tuple[str, str]]:
         """{(weight name, dtype)} of the full weights `storage` holds, whole and contiguous."""
         found = set()
-        for dt, patterns in self.patterns.items():
+        for dt, patterns in self.on(storage.device).items():
             size = torch.empty((), dtype=dt).element_size()
             if storage.nbytes() % size:
                 continue
-            flat = torch.tensor([], dtype=dt).set_(storage)  # (nbytes / size,) the storage's bytes read as dt
+            flat = torch.tensor([], dtype=dt, device=storage.device).set_(storage)  # (nbytes / size,) read as dt
             n = flat.numel()
             for name, p in patterns:
                 m = p.numel()
