@@ -4,6 +4,7 @@
     trace.peak_bytes, trace.timeline, trace.largest(5)          # measured, any device
     trace.categorize(params=..., grads=..., optimizer_state=...) # what was live at the peak
     model_state(model, opt, x, y)                                 # what is live before a step (as `existing`)
+    with StorageWatch(existing) as watch: fsdp_step()             # storages resized in place too; watch.alive()
 
 The tracker is a TorchDispatchMode: every op's output storages are counted when they
 first appear and uncounted by a weakref finalizer when they die, so it sees the bytes
@@ -255,24 +256,40 @@ def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None 
     return list(model.parameters()) + list(model.buffers()) + state + list(batch)
 
 
-class _StorageWatch(TorchDispatchMode):
+class StorageWatch(TorchDispatchMode):
     """Live bytes of every storage seen (op outputs and `existing`), re-read after each op: a storage grown or
-    emptied in place with untyped_storage().resize_ (no op reports that) counts at its size now."""
+    emptied in place with untyped_storage().resize_ (no op reports that) counts at its size now. `alive()` lists the
+    storages that still hold bytes, with the dtype they were first seen in, for a caller that inspects their contents
+    (helpers.course.yours.fsdp_rules looks for gathered weights). Holds weak references only."""
 
-    def __init__(self):
+    def __init__(self, existing=()):
         super().__init__()
-        self.storages, self.current, self.peak = {}, 0, 0  # key -> weakref to the storage
+        self.storages, self.current, self.peak = {}, 0, 0  # key -> (weakref to the storage, dtype first seen in)
+        for t in existing:
+            self.add(t)
+        self.rescan()
 
     def add(self, t) -> None:
         if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
-            storage = t.untyped_storage()
-            self.storages.setdefault(storage_key(t), weakref.ref(storage))
+            storage, key = t.untyped_storage(), storage_key(t)
+            seen = self.storages.get(key)
+            if seen is None or seen[0]() is not storage:  # new, or a dead storage's address reused
+                self.storages[key] = (weakref.ref(storage), t.dtype)
 
     def rescan(self) -> None:
-        alive = {k: r for k, r in self.storages.items() if r() is not None}
+        alive = {k: v for k, v in self.storages.items() if v[0]() is not None}
         self.storages = alive
-        self.current = sum(r().nbytes() for r in alive.values())
+        self.current = sum(v[0]().nbytes() for v in alive.values())
         self.peak = max(self.peak, self.current)
+
+    def alive(self) -> list[tuple[tuple, torch.UntypedStorage, torch.dtype]]:
+        """(key, storage, dtype) of every storage seen that is alive and holds bytes now."""
+        out = []
+        for key, (ref, dtype) in list(self.storages.items()):
+            storage = ref()
+            if storage is not None and storage.nbytes() > 0:
+                out.append((key, storage, dtype))
+        return out
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -285,10 +302,7 @@ class _StorageWatch(TorchDispatchMode):
 def track_resizing(fn, existing=(), device=None) -> MemoryTrace:
     """helpers.memory.track's peak and live bytes for code that may resize storages in place (any FSDP: a gathered
     buffer grown and freed with resize_), at the price of re-reading every live storage's size after each op."""
-    watch = _StorageWatch()
-    for t in existing:
-        watch.add(t)
-    watch.rescan()
+    watch = StorageWatch(existing)
     baseline = watch.current
     with watch:
         result = fn()

@@ -16,13 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import launch as L
 from helpers.course.yours import Options
 from helpers.course.yours import contract as C
+from helpers.course.yours import contract_fsdp as CF
 from helpers.course.yours import course_models as CM
 from helpers.course.yours import ddp_lm as LM
 from helpers.course.yours import ddp_lm_checks as LMC
 from helpers.course.yours import dist_sharding as DS
 from helpers.course.yours import distributed as D
+from helpers.course.yours import fsdp_probe as P
+from helpers.course.yours import fsdp_rules as FR
 from helpers.course.yours import sharding_rules as R
 from helpers.course.yours import sharding_rules_checks as RC
 from helpers.course.yours import student_calls as S
@@ -298,13 +302,82 @@ def test_fsdp_that_keeps_the_full_weights_fails_the_contract():
     assert any(c.prop.endswith("(compute dtype bf16)") and c.status == PASS for c in result.checks)
 
 
-def test_fsdp_that_never_frees_passes_the_contract_and_is_flagged_beyond_it():
-    """The 2026 handout promises shards, not a peak: gathered weights kept alive are a finding beyond it."""
+def test_fsdp_that_never_frees_fails_the_handouts_freeing_rules():
+    """The 2026 handout: free the gathered weights after use. Kept alive, they fail within the contract (and the peak
+    beyond it); the course's test itself passes."""
     result = D.run_fsdp(str(MUTANTS / "fsdp_never_frees.py"), CHECKS_ONLY)
-    assert not result.failed and all(c.status == PASS for c in by(result, beyond=False))
-    [failed] = by(result, status=FAIL)
-    assert failed.beyond and failed.prop.endswith("forward/backward peak vs formula (gathered weights freed)")
-    assert "gathered weights never freed" in failed.detail
+    assert result.failed
+    failed = by(result, status=FAIL, beyond=False)
+    assert [c.prop for c in failed] == list(FR.FREEING)
+    assert "embedding.weight is still gathered" in failed[0].detail and "2 layers after its own use" in failed[0].detail
+    assert "linear1.weight is gathered (float32 held by autograd" in failed[1].detail
+    assert all(f"{n}.weight is still gathered" in failed[2].detail for n in ("embedding", "linear1", "lm_head"))
+    assert all(c.status == PASS for c in by(result, beyond=False) if "SGD steps" in c.prop or "compute" in c.prop)
+    [peak] = by(result, status=FAIL, beyond=True)
+    assert peak.prop.endswith("forward/backward peak vs formula (gathered weights freed)")
+
+
+FSDP_STYLES = {  # name -> (module the three adapters come from, the checks within the contract it must fail)
+    "hooks": ("fsdp_hooks", set()),  # gathers in module hooks, frees by resizing, prefetches one layer
+    "function": ("fsdp_function", set()),  # a custom autograd Function, prefetches two layers and for backward
+    "kept_for_backward": ("fsdp_kept_for_backward", set(FR.FREEING[:2])),
+    "held_after_backward": ("fsdp_held_after_backward", {FR.FREEING[2]}),
+    "prefetch_all": ("fsdp_prefetch_all", {FR.FREEING[0]}),
+    "grads_all_reduced": ("fsdp_grads_all_reduced", {FR.REDUCE}),
+    "compute_dtype_ignored": (
+        "fsdp_compute_dtype_ignored",
+        {"compute dtype float16: forward matmuls and weight all-gathers in float16"},
+    ),
+}
+
+
+def fsdp_course_part(paths: dict) -> dict:
+    """In each rank: the FSDP worker's checks within the handout for several adapters files, one launch."""
+    return {name: D.fsdp_worker(path, ["fsdp"], CHECKS_ONLY, parts=("course",))["fsdp"] for name, path in paths.items()}
+
+
+def test_fsdp_styles_pass_and_each_mutant_fails_exactly_its_rule(tmp_path):
+    """Student-style FSDPs (tests/student/corpus: hooks, autograd Function) pass every check within the handout; each
+    mutant (tests/student/mutants) passes the course's test and fails its rule alone: the gathered weight kept for
+    backward through autograd, held after backward, an unbounded prefetch, gradients all-reduced, compute_dtype never
+    used."""
+    paths = {}
+    for name, (module, _) in FSDP_STYLES.items():
+        (tmp_path / name).mkdir()
+        names = ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params")
+        paths[name] = str(composed(tmp_path / name, **dict.fromkeys(names, module)))
+    per_rank = L.launch(functools.partial(fsdp_course_part, paths), 2, backend="gloo", device="cpu", timeout_s=300)
+    checks = {}
+    for name, (_, expected) in FSDP_STYLES.items():
+        runs = [r[name] for r in per_rank]
+        assert all(r["status"] == "ok" for r in runs), runs[0]
+        checks[name] = CF.course_fsdp_checks("fsdp", {k: [r["course"][k] for r in runs] for k in runs[0]["course"]})
+        assert len(checks[name]) == 2 * len(CF.COURSE_FSDP_DTYPES) + 1 + len(FR.FREEING) + 3  # every check ran
+        failed = [c for c in checks[name] if c.status != PASS]
+        assert {c.prop for c in failed} == expected, (name, [(c.prop, c.status, c.detail) for c in failed])
+    kept = next(c for c in checks["kept_for_backward"] if c.prop == FR.FREEING[1])
+    assert "linear1.weight is gathered (float32 held by autograd" in kept.detail  # the diagnosis, not only a fail
+    ignored = [c for c in checks["compute_dtype_ignored"] if c.status == FAIL]
+    assert "accepted and never used?" in ignored[0].detail
+    within = next(c for c in checks["function"] if c.prop == FR.FREEING[1])  # gathered ahead for backward: allowed
+    assert "only linear2.weight, lm_head.weight gathered" in within.detail
+
+
+def test_a_full_weight_is_found_by_its_values_and_a_shard_or_an_activation_is_not():
+    """fsdp_probe.FullWeights (no launch): a weight whole in a padded flat buffer, transposed, or cast to fp16 is
+    found; half of it (a shard) or an activation made from it is not; a shard is told by its first values."""
+    torch.manual_seed(0)
+    w, v = torch.randn(6, 4), torch.randn(3, 5)
+    found = P.FullWeights({"a.weight": w, "b.weight": v})
+    flat = torch.cat([torch.zeros(3), v.reshape(-1), w.t().contiguous().reshape(-1), torch.zeros(1)])  # (42,)
+    assert found.in_storage(flat.untyped_storage()) == {("a.weight", "float32"), ("b.weight", "float32")}
+    assert found.in_storage(w.half().untyped_storage()) == {("a.weight", "float16")}
+    assert not found.in_storage(w.reshape(-1)[:12].clone().untyped_storage())  # a shard
+    assert not found.in_storage((torch.ones(2, 6) @ w).untyped_storage())  # an activation
+    assert found.weight_of(w.t()) == "a.weight" and found.weight_of(w.half()[None]) == "a.weight"
+    assert found.weight_of(w[:3]) is None and found.weight_of(torch.zeros(6, 4)) is None
+    assert found.shard_of(w.reshape(-1)[12:]) == "a.weight" and found.shard_of(v.half().reshape(-1)[8:]) == "b.weight"
+    assert found.shard_of(torch.randn(12)) is None  # an all-gather of anything else
 
 
 def test_a_crashed_rank_is_an_error_and_the_other_topics_still_run(tmp_path):

@@ -198,3 +198,11 @@ def lm_batches(world: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tens
         tokens = torch.randint(vocab, (rows, t + 1), generator=gen)  # (B, T+1)
         out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))  # (B, T), (B, T)
     return out
+
+
+def course_layers():
+    """The student's cs336_basics.model (the 2026 FSDP test builds its model from it) and its sharded layer types."""
+    import importlib
+
+    layers = importlib.import_module("cs336_basics.model")
+    return layers, (layers.Linear, layers.Embedding)

@@ -1,6 +1,7 @@
-"""`yours` for FSDP: the worker (the 2026 test on the cs336_basics model, then our TransformerLM's equivalence,
-memory, bytes and timing, each phase apart) and run_fsdp, which reads them into checks and rows
-(helpers.course.yours.dist_fsdp_checks)."""
+"""`yours` for FSDP: the worker (the 2026 test on the cs336_basics model and the watched steps that judge the
+handout's rules on it, then our TransformerLM's equivalence, memory, bytes and timing, each phase apart) and run_fsdp,
+which reads them into checks (helpers.course.yours.contract_fsdp within the handout, dist_fsdp_checks beyond it) and
+rows."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from helpers.comm import count_collectives
 from helpers.course.yours import Options
 from helpers.course.yours import adapters as A
 from helpers.course.yours import contract as C
+from helpers.course.yours import contract_fsdp as CF
+from helpers.course.yours import course_models as CM
 from helpers.course.yours import student_calls as S
 from helpers.course.yours.dist_common import (
     PARTS,
@@ -29,6 +32,7 @@ from helpers.course.yours.dist_fsdp_checks import (
     fsdp_equivalence_checks,
     fsdp_memory_checks,
 )
+from helpers.course.yours.fsdp_probe import probe_step
 from helpers.course.yours.report import SKIPPED, Check, TopicResult
 from helpers.experiments import fsdp as XF
 from helpers.experiments.common import make_batches, rank_share
@@ -47,8 +51,9 @@ def _fsdp_step_bytes(kind: str, impl) -> tuple[list, float]:
 
 def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict:
     """In each rank, each phase apart: the 2026 test on the cs336_basics model (fp32 and fp16; when the student's
-    cs336_basics imports) and the memory after get_fsdp; beyond the handout, our TransformerLM seeded per rank with SGD
-    without and with bf16 compute (opts.repeat times), memory and bytes vs the formulas, and the timing."""
+    cs336_basics imports), the memory after get_fsdp and the watched steps (fsdp_probe: what is gathered when, the
+    dtypes); beyond the handout, our TransformerLM seeded per rank with SGD without and with bf16 compute (opts.repeat
+    times), memory and bytes vs the formulas, and the timing."""
     out, cfg, rank = {}, FSDP_CHECK, dist.get_rank()
     for impl_name in impls:
 
@@ -58,19 +63,22 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
             try:
                 if "course" not in parts:
                     raise C.NotAsked
-                C.course_layers()
+                CM.course_layers()
                 course = {}
-                for dtype in C.COURSE_FSDP_DTYPES:
-                    course[f"run {dtype}"] = S.phase(path, functools.partial(C.course_fsdp_run, impl, dtype))
-                    course[f"grads {dtype}"] = S.phase(path, functools.partial(C.course_fsdp_grads, impl, dtype))
-                course["memory"] = S.phase(path, functools.partial(C.course_fsdp_memory, impl))
+                for dtype in CF.COURSE_FSDP_DTYPES:
+                    course[f"run {dtype}"] = S.phase(path, functools.partial(CF.course_fsdp_run, impl, dtype))
+                    course[f"grads {dtype}"] = S.phase(path, functools.partial(CF.course_fsdp_grads, impl, dtype))
+                course["memory"] = S.phase(path, functools.partial(CF.course_fsdp_memory, impl))
+                for dtype in CF.PROBE_DTYPES:  # the handout's words: freeing, prefetch, compute dtype
+                    course[f"probe {dtype}"] = S.phase(path, functools.partial(probe_step, impl, dtype))
             except C.NotAsked:
                 pass
             except Exception as exc:  # noqa: BLE001 - no cs336_basics: the course's test cannot run either
                 course = {"missing": f"{type(exc).__name__}: {exc}"}
 
             # Beyond the 2026 handout: torch.nn layers seeded per rank (the test uses cs336_basics with one seed),
-            # bf16, exact peaks and bytes against the formulas (it promises shards, not a peak), races over repeats.
+            # bf16, exact peaks and bytes against the formulas (it bounds what is gathered, not the peak's bytes),
+            # races over repeats.
             def equivalence():
                 repeats = []
                 for r in range(max(1, opts.repeat)):
@@ -133,7 +141,8 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
 
 def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
     """FSDP: within the handout, the 2026 test on the cs336_basics model (fp32 and fp16 steps vs one process,
-    gradients' shapes and dtypes, replicated gradients equal) and a shard per rank after get_fsdp; beyond it, our
+    gradients' shapes and dtypes, replicated gradients equal), a shard per rank after get_fsdp and the handout's rules
+    on the same model (gathered weights freed after use, bounded prefetch, the compute dtype); beyond it, our
     TransformerLM seeded per rank (rank 0's weights, fp32 and bf16 steps within the derived bound, opts.repeat
     times), memory and bytes vs the formulas, and yours vs ours vs torch's fully_shard."""
     result = TopicResult("fsdp")
@@ -154,7 +163,7 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
                 )
             )
         else:
-            result.checks += C.course_fsdp_checks(
+            result.checks += CF.course_fsdp_checks(
                 impl, {k: [r["course"][k] for r in per_rank] for k in per_rank[0]["course"]}
             )
         if beyond_failed("fsdp", impl, per_rank):

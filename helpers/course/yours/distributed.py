@@ -8,10 +8,11 @@ The student's code runs only in ranks started by helpers.launch (2 ranks, gloo, 
 file itself. A crashed rank (signal named), a hung collective (after Options.timeout_s) or an exception in the
 student's code becomes an "error" check naming file:line, and the topic's other implementations are then run in
 launches of their own, so one broken flavour never hides the others. Two kinds of check (report.Check.beyond):
-- within the handout's contract (they decide the exit status; helpers.course.yours.contract): the course's own test
-  models and procedures (course_models: ToyModel and ToyModelWithTiedWeights built with a seed per rank for DDP, one
-  seed for the sharded optimizer, the cs336_basics layers with one seed for FSDP), with the tolerances its tests assert;
-  for DDP also the course's language model on 3 ranks at the handout's bucket sizes (ddp_lm, ddp_lm_checks);
+- within the handout's contract (they decide the exit status; helpers.course.yours.contract, contract_fsdp): the
+  course's own test models and procedures (course_models: ToyModel and ToyModelWithTiedWeights built with a seed per
+  rank for DDP, one seed for the sharded optimizer, the cs336_basics layers with one seed for FSDP), with the
+  tolerances its tests assert; for DDP also the course's language model on 3 ranks at the handout's bucket sizes
+  (ddp_lm, ddp_lm_checks); for FSDP the handout's rules watched on the same model (fsdp_probe, fsdp_rules);
 - beyond it (reported, never in the exit status): our toy with tied, frozen and unused parameters and a per-rank
   buffer, torch.nn layers seeded per rank, memory and bytes against the formulas, the timings; these are the
   experiments' own checks (helpers.experiments.ddp / sharding / fsdp) with the student's implementation in place of
