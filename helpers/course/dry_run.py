@@ -8,23 +8,29 @@ the limit it runs under. tests/test_dry_run.py runs it in `make test`.
     check(table)                   # ValueError naming every run that would not fit, or that needs more than its plan
     check_time(time_table())       # ValueError naming every cell or batch the cost model puts over its limit
 
-What it runs (helpers.course.dry_run_runs): 01's warm timing (the "backward" pass's graph kept while the others build
-theirs), its fp32 and autocast memory peaks and precision loop; 02's norms and model; 03's message buffers; 04's
-speed launch with every DDP wrapper and its buckets, 05's memory launch with every optimizer kind (ShardedOptimizer,
-ZeRO-1, torch's ZeroRedundancyOptimizer), 07's measure launch (our FSDP's gathered weights, DDP, ZeRO-1) as rank 0
-of two on torch's fake process group; 06's naive attention at every shape with pass_steps' kept graph and §6's
-models side by side under autocast; 07's checkpoint sweep. The meta device's gaps and their fills are in
-helpers.course.dry_run_meta (index asserts, addresses, collectives, autocast's casts).
+What it runs (helpers.course.dry_run_runs), each notebook's largest launch of each kind: 01's warm timing (the
+"backward" pass's graph kept while the others build theirs) and its fp32 and autocast step peaks; 02's norms and
+model; 03's message buffers; as rank 0 of two on torch's fake process group, 04's speed launch with every DDP
+wrapper and its buckets, 05's memory launch with DDP + AdamW, ShardedOptimizer and ZeRO-1, 07's measure launch (our
+FSDP's gathered weights and pending reduce-scatters, DDP, ZeRO-1); 06's naive attention at every shape with
+pass_steps' kept graph, the leaderboard's, and §6's models side by side under autocast; 07's checkpoint sweep. The
+meta device's gaps and their fills are in helpers.course.dry_run_meta (index asserts, addresses, placeholders,
+collectives, autocast's casts); tests/test_dry_run.py runs each launch at the CPU preset on CPU tensors too and
+finds the same bytes.
 
 What it still cannot see, and what covers it instead:
 - Triton kernels (no meta launch): FlashAttentionTriton and the Triton RMSNorm are not run; the PyTorch
   implementations' and naive attention's tensors bound theirs (gpu_plans counts a fused kernel's O and L).
-- torch.compile (no meta compile): compiled naive attention's kept graph is taken as naive's (gpu_plans).
+- torch.compile (no meta compile): 02's compiled model runs eager (its tensors are eager's or fewer); compiled
+  naive attention's kept graph is taken as naive's (gpu_plans).
 - NCCL and gloo (the fake group moves nothing): no communication buffers of the backends themselves, no timing;
   the cost model's bytes over NCCL's and gloo's rates estimate the time.
 - torch's fully_shard (it refuses meta parameters) and torch DDP (its C++ reducer reads values): gpu_plans' share
   for fully_shard is added to 07's launch; torch DDP runs as DDPBucketed at its 25 MB, whose bucket views hold the
-  same 2Ψ as torch's with gradient_as_bucket_view=True.
+  same 2Ψ as torch's with gradient_as_bucket_view=True. torch's ZeroRedundancyOptimizer runs on meta (the tests)
+  but not here: 05 runs it alone at a context of 64, below the memory launch; gpu_plans counts it as ShardedOptimizer.
+- Smaller launches of the same code (01's and 04's other sizes, 05's speed and equivalence launches, 06's compile
+  comparison): not run; gpu_plans' table ranks them below the ones run here.
 - SDPA's fused kernels (meta runs its math path): §6's models run naive attention, whose T x T bound SDPA's.
 - The CUDA caching allocator's rounding and fragmentation, the CUDA context: gpu_plans' margins on top of every row.
 - Data-dependent values: ids' bounds are tracked (dry_run_meta.IndexBounds); nothing else.

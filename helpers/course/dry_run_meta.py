@@ -6,6 +6,7 @@
                 ...
 
 - IndexBounds: a GPU's device-side index assert (ids past an embedding's rows), which meta tensors cannot make.
+- unseen_placeholders: FSDP's ShardedWeight stand-ins are meta by design (no bytes on a GPU either); not counted.
 - meta_addresses: every meta tensor's data_ptr() is 0, so code that asks "is this gradient already my bucket's
   view?" by address (helpers.ddp, helpers.sharding) would take every tensor for every other; inside, a meta
   storage's address is its own (distinct while it lives) and a tensor's is that plus its offset, as on a GPU.
@@ -31,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from helpers import launch as L
@@ -190,11 +191,42 @@ def meta_addresses():
     def storage_address(s):
         return s._cdata if s.device.type == "meta" else storage_ptr(s)
 
-    torch.Tensor.data_ptr, torch.UntypedStorage.data_ptr = tensor_address, storage_address
+    with (
+        _patched(torch.Tensor, "data_ptr", tensor_address),
+        _patched(torch.UntypedStorage, "data_ptr", storage_address),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _patched(owner, name: str, value):
+    """owner.name = value inside; after, as it was (deleted again where the class only inherited it)."""
+    own = name in vars(owner)
+    saved = vars(owner)[name] if own else None  # the raw attribute (a staticmethod stays one)
+    setattr(owner, name, value)
     try:
         yield
     finally:
-        torch.Tensor.data_ptr, torch.UntypedStorage.data_ptr = tensor_ptr, storage_ptr
+        if own:
+            setattr(owner, name, saved)
+        else:
+            delattr(owner, name)
+
+
+@contextlib.contextmanager
+def unseen_placeholders():
+    """helpers.fsdp's ShardedWeight, the full-shape stand-in a sharded module keeps outside its forward, is a meta
+    tensor on a GPU too (it holds nothing): made out of the memory tracker's sight, as it holds no bytes there."""
+    from helpers.fsdp_storage import ShardedWeight
+
+    real = ShardedWeight.__new__
+
+    def new(cls, *args, **kwargs):
+        with _disable_current_modes():
+            return real(cls, *args, **kwargs)
+
+    with _patched(ShardedWeight, "__new__", staticmethod(new)):
+        yield
 
 
 @contextlib.contextmanager
@@ -207,6 +239,7 @@ def on_meta(memoize: bool = True):
             MetaMode(memoize),
             meta_autocast(),
             meta_addresses(),
+            unseen_placeholders(),
             L.using_device(META),
             META,
             M.counting_meta(),
@@ -290,8 +323,10 @@ class autocast_like(TorchFunctionMode):  # noqa: N801  (used as torch.autocast i
         return a.to(to)
 
     def _cast_all(self, args, kwargs, to):
+        """Every argument cast, the last first: autocast's C++ wrappers cast a call's arguments in one pack expansion,
+        which GCC evaluates right to left (the order decides which copy is alive at a transient peak)."""
         leaves, tree = tree_flatten((args, kwargs))
-        return tree_unflatten([self._cast(a, to) for a in leaves], tree)
+        return tree_unflatten([self._cast(a, to) for a in reversed(leaves)][::-1], tree)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -339,8 +374,5 @@ def meta_autocast():
             return autocast_like(dtype or torch.bfloat16, enabled)
         return real(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
-    torch.autocast = autocast
-    try:
+    with _patched(torch, "autocast", autocast):
         yield
-    finally:
-        torch.autocast = real

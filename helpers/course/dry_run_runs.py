@@ -186,11 +186,16 @@ def run_05(c=None) -> list[dict]:
 
 
 def _naive_passes(shape, dtype, is_causal) -> int:
-    """Peak of bench_attention's three passes of naive attention on one input (pass_steps keeps the "bwd" graph)."""
-    q, k, v = (torch.empty(shape, dtype=dtype, requires_grad=True) for _ in range(3))  # as XA.inputs (B, H, T, d)
-    do = torch.empty(shape, dtype=dtype)  # (its generator cannot draw on meta)
-    steps = XA.pass_steps(lambda q, k, v: naive_attention(q, k, v, is_causal), q, k, v, do)
-    return _peak(functools.partial(_each_once, [steps[p] for p in XA.PASSES]), existing=(q, k, v, do))
+    """Peak of bench_attention's three passes of naive attention on one input, from drawing it (as XA.inputs: its
+    generator cannot draw on meta) through pass_steps' kept "bwd" graph to the last pass."""
+
+    def passes():
+        q, k, v = (torch.empty(shape, dtype=dtype, requires_grad=True) for _ in range(3))  # (B, H, T, d)
+        do = torch.empty(shape, dtype=dtype)
+        steps = XA.pass_steps(lambda q, k, v: naive_attention(q, k, v, is_causal), q, k, v, do)
+        _each_once([steps[p] for p in XA.PASSES])
+
+    return _peak(passes)
 
 
 def _each_once(calls) -> None:
@@ -245,10 +250,16 @@ def _models_side_by_side(size, models: int, batch_size: int, dtype) -> None:
 
 
 def run_07(c=None) -> list[dict]:
-    """Notebook 07: §2-§4's measure launch (FSDP, DDP and ZeRO-1 built side by side, each stepped twice; torch's
-    fully_shard refuses meta parameters, so its planned share is added) as rank 0 of two; §5's checkpoint sweep's
-    model without checkpointing (its largest step)."""
+    """Notebook 07: §5's checkpoint sweep's model without checkpointing (its largest step); §2-§4's measure launch
+    as rank 0 of two: FSDP, DDP and ZeRO-1 built side by side, each stepped at least twice (its first phase, each
+    kind alone, holds less); torch's fully_shard refuses meta parameters, so its planned share is added."""
     c = c or XF.PROFILES["gpu"]
+    sweep = functools.partial(
+        XF.checkpoint_sweep, c["ckpt_model"], n_layers=c["ckpt_layers"], batch_size=c["ckpt_batch"],
+        context_length=c["ckpt_context"], segments=[0], steps=1, warmup=0,
+    )  # fmt: skip
+    run = f"checkpoint sweep {c['ckpt_model']}, context {c['ckpt_context']}, no checkpointing"
+    rows = [_row("07", run, _peak(sweep), G.retained_graph_bytes(c["ckpt_model"], c["ckpt_batch"], c["ckpt_context"]))]
     kinds = ("fsdp", "ddp", "zero1")
     work = functools.partial(
         XF.measure_worker, model=c["model"], batch_size=c["batch"], context_length=c["context"], steps=1, warmup=1,
@@ -256,32 +267,10 @@ def run_07(c=None) -> list[dict]:
     )  # fmt: skip
     with fake_group(WORLD):
         peak = _peak(work)
-    b, extra = c["batch"] // WORLD, G.fsdp_state_bytes(c["model"], WORLD)
-    plan = G.fsdp_launch_bytes(c["model"], b, c["context"], WORLD)
-    rows = [
-        _row(
-            "07",
-            f"measure {c['model']}: {', '.join(kinds)} (+ fully_shard planned)",
-            peak,
-            plan,
-            G.ranks_per_gpu(WORLD, 1),
-            extra_bytes=extra,
-        )
-    ]
-    sweep = functools.partial(
-        XF.checkpoint_sweep, c["ckpt_model"], n_layers=c["ckpt_layers"], batch_size=c["ckpt_batch"],
-        context_length=c["ckpt_context"], segments=[0], steps=1, warmup=0,
-    )  # fmt: skip
-    plan = G.retained_graph_bytes(c["ckpt_model"], c["ckpt_batch"], c["ckpt_context"])
-    rows.append(
-        _row(
-            "07",
-            f"checkpoint sweep {c['ckpt_model']}, context {c['ckpt_context']}, no checkpointing",
-            _peak(sweep),
-            plan,
-        )
-    )
-    return rows
+    plan = G.fsdp_launch_bytes(c["model"], c["batch"] // WORLD, c["context"], WORLD)
+    run = f"measure {c['model']}: {', '.join(kinds)} (+ fully_shard planned)"
+    extra = G.fsdp_state_bytes(c["model"], WORLD)
+    return rows + [_row("07", run, peak, plan, G.ranks_per_gpu(WORLD, 1), extra_bytes=extra)]
 
 
 RUNS = {"00": run_00, "01": run_01, "02": run_02, "03": run_03, "04": run_04, "05": run_05, "06": run_06, "07": run_07}

@@ -267,11 +267,12 @@ def plan_05(profile: str = "gpu", gpus: int = 1, world: int = 2) -> list[dict]:
 
 def naive_pass_bytes(shape, dtype=torch.float32, is_causal: bool = False) -> int:
     """Peak of bench_attention("naive") on (B, H, T, d): q, k, v, dO, the graph pass_steps keeps for "bwd" (P, O)
-    and the worst pass (fwd+bwd: its own P, and dP, dS, dS/√d as backward runs), i.e. 4 score matrices and 7
-    (B, H, T, d) tensors, plus the causal mask and its negation (T² bool each)."""
+    and the worst pass, fwd+bwd. With S one score matrix and X one (B, H, T, d) tensor: as its backward starts, 4 S
+    and 7 X (its own P, dP, dS beside the kept P) and both causal masks; or, once the score matrices die, 2 S and
+    9 X (the gradients) and one mask, where T < 2d. Exact on the CPU's tracker (tests/test_gpu_plans.py)."""
     B, H, T, d = shape
-    x = B * H * T * d * dtype.itemsize
-    return 4 * score_matrix_bytes(B * H, T, T, dtype) + 7 * x + (2 * T * T if is_causal else 0)
+    S, X, mask = score_matrix_bytes(B * H, T, T, dtype), B * H * T * d * dtype.itemsize, T * T if is_causal else 0
+    return max(4 * S + 7 * X + 2 * mask, 2 * S + 9 * X + mask)
 
 
 def fused_graph_bytes(shape, dtype=torch.float32) -> int:
@@ -301,12 +302,10 @@ def plan_06(profile: str = "gpu", gpus: int = 1) -> list[dict]:
             rows.append(_row("06", f"bench naive {shape} {str(dt)[6:]}", naive_pass_bytes(shape, dt, True), 1, True))
     shape = c["compile_shape"]  # naive and compiled, each with its kept graph (compiled's taken as naive's P and O)
     rows.append(_row("06", f"compile {shape}", naive_pass_bytes(shape) + naive_pass_bytes(shape) // 4))
-    ac = c["model_dtype"] is not None
+    n, B, ac = len(c["model_impls"]), c["model_batch"], c["model_dtype"] is not None
     rows += [
         _row(
-            "06",
-            f"models {s}: {len(c['model_impls'])} side by side",
-            models_side_by_side_bytes(s, len(c["model_impls"]), c["model_batch"], get_config(s).context_length, ac),
+            "06", f"models {s}: {n} side by side", models_side_by_side_bytes(s, n, B, get_config(s).context_length, ac)
         )
         for s in c["model_sizes"]
     ]
@@ -360,23 +359,12 @@ def plan_07(profile: str = "gpu", gpus: int = 1, world: int = 2) -> list[dict]:
     """Notebook 07: §2-§4's measure launch (2 ranks), the checkpoint sweep (one process, no checkpointing is its
     largest), the ring's messages (NCCL with a GPU per rank; otherwise gloo on the CPU, none on the GPU)."""
     c = fsdp.PROFILES[profile]
-    b, shared = c["batch"] // world, ranks_per_gpu(world, gpus)
+    launch = fsdp_launch_bytes(c["model"], c["batch"] // world, c["context"], world)
+    sweep = retained_graph_bytes(c["ckpt_model"], c["ckpt_batch"], c["ckpt_context"])
     rows = [
-        _row(
-            "07",
-            f"measure {c['model']}: {', '.join(MEASURE_KINDS)}",
-            fsdp_launch_bytes(c["model"], b, c["context"]),
-            shared,
-        )
+        _row("07", f"measure {c['model']}: {', '.join(MEASURE_KINDS)}", launch, ranks_per_gpu(world, gpus)),
+        _row("07", f"checkpoint sweep {c['ckpt_model']}, no checkpointing", sweep),
     ]
-    ck = c["ckpt_model"]
-    rows.append(
-        _row(
-            "07",
-            f"checkpoint sweep {ck}, no checkpointing",
-            retained_graph_bytes(ck, c["ckpt_batch"], c["ckpt_context"]),
-        )
-    )
     if gpus >= max(c["ring_worlds"]):
         rows.append(_row("07", "ring all-reduce", COLLECTIVE_BUFFERS * 4 * max(c["ring_sizes"])))
     return rows
@@ -389,8 +377,6 @@ PLANS = {"01": plan_01, "02": plan_02, "03": plan_03, "04": plan_04, "05": plan_
 
 def gpus_here() -> int:
     """GPUs this process sees (1 without CUDA: the plans are for one card unless told otherwise)."""
-    import torch
-
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
