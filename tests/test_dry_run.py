@@ -81,7 +81,8 @@ def test_a_planted_memory_overrun_is_caught_and_an_oom_by_design_is_not(monkeypa
     """Notebook 06's leaderboard is not guarded: at twice its length it would fail on the card. Its benchmark records
     an OOM as a row (the handout asks where naive attention runs out): a shape over the card is no error."""
     monkeypatch.setitem(XA.LEADERBOARD, "T", 32768)
-    monkeypatch.setitem(XA.PROFILES, "gpu", {**XA.PROFILES["gpu"], "bench_shapes": [(1, 32, 16384, 64)]})
+    small = dict(head_dims=[16], seq_lens=[256], model_sizes=["small"], bench_shapes=[(1, 32, 16384, 64)])
+    monkeypatch.setitem(XA.PROFILES, "gpu", {**XA.PROFILES["gpu"], **small})
     table = D.dry_run(["06"])
     over = table[~table["fits"]]
     assert set(over["run"]) == {"leaderboard (1, 16, 32768, 64) bfloat16", "bench naive (1, 32, 16384, 64) float32"}
@@ -146,7 +147,7 @@ def one_thread():
 
 LAUNCHES = {  # the dry run's multi-rank launches at the CPU preset, with every kind the dry run cannot run aside
     "04": lambda: XD.speed_worker(
-        model="small/cpu", variants=RUNS._stand_in(XD.SPEED_VARIANTS), steps=1, warmup=1, batch_size=2,
+        model="small/cpu", variants=RUNS.torch_ddp_stand_in(XD.SPEED_VARIANTS), steps=1, warmup=1, batch_size=2,
         context_length=8, traced=0,
     ),
     "05": lambda: XS.memory_worker(

@@ -23,7 +23,7 @@ from helpers.experiments import gpu_plans as G
 from helpers.experiments import rmsnorm as XR
 from helpers.experiments import sharding as XS
 from helpers.experiments.common import make_batches
-from helpers.model import build_model, lm_loss, random_batch, sizes_for
+from helpers.model import build_model, get_config, lm_loss, random_batch, sizes_for
 from helpers.rmsnorm import RMSNormPyTorchFunction
 
 WORLD = 2  # the multi-rank notebooks' ranks
@@ -76,7 +76,7 @@ def run_01(c=None) -> list[dict]:
             f"warm timing {size} (two graphs)",
             _peak(functools.partial(_warm_round, size, B, T)),
             G.warm_timing_bytes(size, B, T),
-        ),  # fmt: skip
+        ),
         *(
             _row(
                 "01",
@@ -125,7 +125,9 @@ def run_03(c=None, gpus: int = 1) -> list[dict]:
             numel = max(n, size // 4 // n * n)  # as bench_worker: float32, n equal chunks
             peak = max(_peak(functools.partial(_buffers, op, numel, n)) for op in XC.OPS)
             run = f"{backend}+cuda, {n} ranks, {XC.format_size(size)} messages"
-            rows.append(_row("03", run, peak, G.collective_bytes(size), 1 if backend == "nccl" else -(-n // gpus)))
+            rows.append(
+                _row("03", run, peak, G.collective_bytes(size), 1 if backend == "nccl" else G.ranks_per_gpu(n, gpus))
+            )
     return rows
 
 
@@ -134,8 +136,8 @@ def _buffers(op: str, numel: int, n: int) -> list:
     return [t.clone() if i == 0 else t for i, t in enumerate(XC._buffers(op, numel, 0, n, "meta")) if t is not None]
 
 
-def _stand_in(variants) -> list[tuple]:
-    """notebook 04's variants with torch DDP as DDPBucketed at its bucket size (its C++ reducer reads values, which
+def torch_ddp_stand_in(variants) -> list[tuple]:
+    """Notebook 04's variants with torch DDP as DDPBucketed at its bucket size (its C++ reducer reads values, which
     meta tensors have none of; with gradient_as_bucket_view=True both hold parameters and buckets, 2Ψ)."""
     return [(label, "bucketed", mb) if kind == "torch_ddp" else (label, kind, mb) for label, kind, mb in variants]
 
@@ -154,7 +156,7 @@ def run_04(c=None) -> list[dict]:
     work = functools.partial(
         XD.speed_worker,
         model=size,
-        variants=_stand_in(variants),
+        variants=torch_ddp_stand_in(variants),
         steps=1,
         warmup=1,
         batch_size=c["batch"],
@@ -228,13 +230,13 @@ def run_06(c=None) -> list[dict]:
             extra_bytes=fused,
         )
     )
-    size = max(c["model_sizes"], key=lambda m: G.models_side_by_side_bytes(m, 1, 1, 1, False))
-    peak = _peak(
-        functools.partial(_models_side_by_side, size, len(c["model_impls"]), c["model_batch"], c["model_dtype"])
-    )
-    T = build_model(size).cfg.context_length
-    plan = G.models_side_by_side_bytes(size, len(c["model_impls"]), c["model_batch"], T, c["model_dtype"] is not None)
-    return rows + [_row("06", f"models {size}: {len(c['model_impls'])} side by side", peak, plan)]  # fmt: skip
+    n, B, dt = len(c["model_impls"]), c["model_batch"], c["model_dtype"]
+    plans = {
+        m: G.models_side_by_side_bytes(m, n, B, get_config(m).context_length, dt is not None) for m in c["model_sizes"]
+    }
+    size = max(plans, key=plans.get)
+    peak = _peak(functools.partial(_models_side_by_side, size, n, B, dt))
+    return rows + [_row("06", f"models {size}: {n} side by side", peak, plans[size])]
 
 
 def _models_side_by_side(size, models: int, batch_size: int, dtype) -> None:

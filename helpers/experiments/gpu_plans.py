@@ -276,9 +276,9 @@ def naive_pass_bytes(shape, dtype=torch.float32, is_causal: bool = False) -> int
 
 
 def fused_graph_bytes(shape, dtype=torch.float32) -> int:
-    """What a fused attention (sdpa, FlashAttention) keeps for backward on (B, H, T, d): O and the fp32 logsumexp."""
-    B, H, T, d = shape
-    return B * H * T * (d * dtype.itemsize + 4)
+    """What a fused attention (sdpa's flash kernel, FlashAttention) keeps for backward on (B, H, T, d): O and the fp32
+    logsumexp (attention.saved_bytes_formula, which notebook 06 asserts byte-exact)."""
+    return attention.saved_bytes_formula("flash_triton", shape, dtype, is_causal=True)
 
 
 def models_side_by_side_bytes(size, models: int, batch_size: int, context_length: int, autocast: bool) -> int:
