@@ -3,7 +3,7 @@ helpers.formulas and the notebooks' own PROFILES (pure arithmetic: no CUDA, noth
 checks each estimator against the memory tracker or a measured quantity on a CPU preset; the notebooks' gpu
 configuration cells call fits_here.
 
-    gpu_plan()                                   # one row per run of notebooks 01-05: peak per GPU, fits, needs
+    gpu_plan()                                   # one row per run of notebooks 01-07: peak per GPU, fits, needs
     fits_here("04", torch.cuda.mem_get_info()[1])  # notebook 04's runs, with `fits` for the memory present
 
 What coexists in each run (read from the experiment code):
@@ -13,14 +13,24 @@ What coexists in each run (read from the experiment code):
     03  per rank and message: source, work, output, expected and the inputs' temporaries; gloo+cuda: all ranks on 1 GPU
     04  per rank: the base model, a copy per variant with its gradients (or bucket buffers); 2 ranks on one GPU (gloo)
     05  per rank: each kind's model, gradient buckets and (sharded) AdamW state; 2 ranks on one GPU (gloo)
+    06  one implementation's q, k, v, dO with the graph pass_steps keeps for "bwd" and the pass in flight (naive: four
+        T x T matrices at once); the section 6 models side by side with their gradients, one step in flight
+    07  per rank: FSDP, DDP, ZeRO-1 and fully_shard built side by side, one step in flight; the checkpoint sweep's
+        model without checkpointing; the ring's messages (on one GPU the ring runs on the CPU)
+
+Some runs are meant to run out of memory on a smaller card: notebook 06's naive attention rows (the handout asks at
+which length it does) catch the OOM and record it as a row. Those rows carry oom_by_design, and fit_summary calls
+them expected, not a warning.
 """
 
 from __future__ import annotations
 
 import pandas as pd
+import torch
 
 from helpers import formulas as F
-from helpers.experiments import benchmarking, collectives, ddp, rmsnorm, sharding
+from helpers.attention import score_matrix_bytes
+from helpers.experiments import attention, benchmarking, collectives, ddp, fsdp, rmsnorm, sharding
 from helpers.model import get_config, sizes_for
 
 GB = 1e9  # the table's unit (decimal, as the card's "80 GB")
@@ -39,12 +49,13 @@ def peak_per_gpu(tensor_bytes: float, ranks_per_gpu: int) -> float:
     return ranks_per_gpu * (tensor_bytes * (1 + ALLOCATOR_MARGIN) + CUDA_CONTEXT_BYTES)
 
 
-def _row(notebook: str, run: str, tensor_bytes: float, ranks_per_gpu: int = 1) -> dict:
+def _row(notebook: str, run: str, tensor_bytes: float, ranks_per_gpu: int = 1, oom_by_design: bool = False) -> dict:
     return {
         "notebook": notebook,
         "run": run,
         "ranks_per_gpu": ranks_per_gpu,
         "peak_per_gpu_GB": peak_per_gpu(tensor_bytes, ranks_per_gpu) / GB,
+        "oom_by_design": oom_by_design,
     }
 
 
@@ -164,13 +175,20 @@ def ddp_rank_bytes(size, variants: int, batch_size: int, context_length: int) ->
     return (psi + masks) + variants * (2 * psi + masks) + max(act, psi) + 4 * F.token_bytes(batch_size, context_length)
 
 
+SEED_BUCKETS_MB = [1, 5, 10, 25, 50, 100, 500]  # notebook 04's SEED_BUCKETS_MB (the seed's sweep)
+
+
+def sweep_buckets_mb(profile: str = "gpu") -> list:
+    """The bucket sizes of nb04's sweep: the profile's extra sizes and the seed's."""
+    return sorted(ddp.PROFILES[profile]["extra_buckets_mb"] + SEED_BUCKETS_MB)
+
+
 def ddp_variants(size, profile: str = "gpu") -> int:
     """How many variants nb04's speed launch for `size` holds at once (the sweep model adds the bucket sweep)."""
-    c = ddp.PROFILES[profile]
-    if size != c["sweep_model"]:
+    if size != ddp.PROFILES[profile]["sweep_model"]:
         return DDP_SPEED_RUNS
-    sweep = sorted(c["extra_buckets_mb"] + [1, 5, 10, 25, 50, 100, 500])  # + the notebook's SEED_BUCKETS_MB
-    return DDP_SPEED_RUNS + len([v for v in ddp.sweep_variants(sweep) if v not in ddp.SPEED_VARIANTS])
+    extra = [v for v in ddp.sweep_variants(sweep_buckets_mb(profile)) if v not in ddp.SPEED_VARIANTS]
+    return DDP_SPEED_RUNS + len(extra)
 
 
 def ranks_per_gpu(world: int, gpus: int) -> int:
@@ -244,15 +262,121 @@ def plan_05(profile: str = "gpu", gpus: int = 1, world: int = 2) -> list[dict]:
     return rows
 
 
+# ---- notebook 06: one attention's pass with pass_steps' kept graph; the models side by side ----
+
+
+def naive_pass_bytes(shape, dtype=torch.float32, is_causal: bool = False) -> int:
+    """Peak of bench_attention("naive") on (B, H, T, d): q, k, v, dO, the graph pass_steps keeps for "bwd" (P, O)
+    and the worst pass, fwd+bwd. With S one score matrix and X one (B, H, T, d) tensor: as its backward starts, 4 S
+    and 7 X (its own P, dP, dS beside the kept P) and both causal masks; or, once the score matrices die, 2 S and
+    9 X (the gradients) and one mask, where T < 2d. Exact on the CPU's tracker (tests/test_gpu_plans.py)."""
+    B, H, T, d = shape
+    S, X, mask = score_matrix_bytes(B * H, T, T, dtype), B * H * T * d * dtype.itemsize, T * T if is_causal else 0
+    return max(4 * S + 7 * X + 2 * mask, 2 * S + 9 * X + mask)
+
+
+def fused_graph_bytes(shape, dtype=torch.float32) -> int:
+    """What a fused attention (sdpa's flash kernel, FlashAttention) keeps for backward on (B, H, T, d): O and the fp32
+    logsumexp (attention.saved_bytes_formula, which notebook 06 asserts byte-exact)."""
+    return attention.saved_bytes_formula("flash_triton", shape, dtype, is_causal=True)
+
+
+def models_side_by_side_bytes(size, models: int, batch_size: int, context_length: int, autocast: bool) -> int:
+    """compare_models: `models` copies of `size` with their gradients, one stepping (retained_graph_bytes: its
+    activations, loss gradients and, under autocast, the weights' 16-bit copies)."""
+    step = retained_graph_bytes(size, batch_size, context_length, autocast)
+    return step + (models - 1) * (2 * F.param_bytes(size) + F.buffer_bytes(size))
+
+
+def plan_06(profile: str = "gpu", gpus: int = 1) -> list[dict]:
+    """Notebook 06: §1's naive grid (fp32, not causal) and §4's benchmark (causal, each dtype), where an OOM is
+    recorded as a row (by design); the compile comparison, §6's models and the leaderboard, where it is not."""
+    c = attention.PROFILES[profile]
+    rows = [
+        _row("06", f"naive grid {(c['batch'], 1, T, d)} fp32", naive_pass_bytes((c["batch"], 1, T, d)), 1, True)
+        for d in c["head_dims"]
+        for T in c["seq_lens"]
+    ]
+    for dt in c["bench_dtypes"]:
+        for shape in c["bench_shapes"] if "naive" in c["bench_impls"] else ():
+            rows.append(_row("06", f"bench naive {shape} {str(dt)[6:]}", naive_pass_bytes(shape, dt, True), 1, True))
+    shape = c["compile_shape"]  # naive and compiled, each with its kept graph (compiled's taken as naive's P and O)
+    rows.append(_row("06", f"compile {shape}", naive_pass_bytes(shape) + naive_pass_bytes(shape) // 4))
+    n, B, ac = len(c["model_impls"]), c["model_batch"], c["model_dtype"] is not None
+    rows += [
+        _row(
+            "06", f"models {s}: {n} side by side", models_side_by_side_bytes(s, n, B, get_config(s).context_length, ac)
+        )
+        for s in c["model_sizes"]
+    ]
+    if profile == "gpu":  # the leaderboard: flash_triton, sdpa and naive on one input, each with its kept graph
+        lb = attention.LEADERBOARD
+        shape, dt = tuple(lb[k] for k in ("batch", "heads", "T", "d")), lb["dtype"]
+        peak = naive_pass_bytes(shape, dt, True) + 2 * fused_graph_bytes(shape, dt)
+        rows.append(_row("06", f"leaderboard {shape} {str(dt)[6:]}", peak))
+    return rows
+
+
+# ---- notebook 07: every kind side by side per rank; the checkpoint sweep's model alone ----
+
+MEASURE_KINDS = ("fsdp", "ddp", "zero1", "torch_fsdp")  # fsdp.measure_worker's default kinds
+
+
+def fsdp_state_bytes(size, world: int = 2) -> int:
+    """helpers.fsdp.FSDP's resting states on a rank after a step (formulas.fsdp_live_bytes: shards, gradients,
+    AdamW); torch's fully_shard taken as the same (whole tensors sharded, padding aside)."""
+    parts = F.fsdp_live_bytes(size, world, 1, 1, "after step")
+    return parts["parameters"] + parts["gradients"] + parts["optimizer state"]
+
+
+def fsdp_flight_bytes(size, batch_per_rank: int, context_length: int, world: int = 2) -> int:
+    """FSDP's step above its resting states: activations and loss gradients, two gathered modules, and the full
+    gradient and its shard of every unit whose reduce-scatter waits for finish_gradient_synchronization (helpers.fsdp
+    keeps them all to the end of backward). An upper bound: activations die as those gradients come."""
+    act = sum(F.activation_bytes(size, batch_per_rank, context_length).values()) + F.loss_grad_bytes(
+        size, batch_per_rank, context_length
+    )
+    e = F.fsdp_shard_elements(size, world)
+    pending = 4 * e["sharded"] * (world + 1)  # the padded full gradients (N shards' worth) and this rank's shards
+    gathered = F.fsdp_gathered_peak_bytes(size, world)
+    return act + pending + gathered + F.token_bytes(batch_per_rank, context_length)
+
+
+def fsdp_launch_bytes(size, batch_per_rank: int, context_length: int, world: int = 2, kinds=MEASURE_KINDS) -> int:
+    """measure_worker on one rank: every kind's resting states at once (ddp = unsharded, zero1 as in notebook 05,
+    FSDP's shards) plus the largest step in flight (fsdp_flight_bytes, or a kind's kind_peak_bytes above its
+    states)."""
+    states = {"ddp": kind_state_bytes("unsharded", size, world), "zero1": kind_state_bytes("zero1", size, world)}
+    flight = {k: kind_peak_bytes(v, size, batch_per_rank, context_length, world) - states[k] for k, v in
+              (("ddp", "unsharded"), ("zero1", "zero1"))}  # fmt: skip
+    for k in ("fsdp", "torch_fsdp"):
+        states[k] = fsdp_state_bytes(size, world)
+        flight[k] = fsdp_flight_bytes(size, batch_per_rank, context_length, world)
+    return sum(states[k] for k in kinds) + max(flight[k] for k in kinds)
+
+
+def plan_07(profile: str = "gpu", gpus: int = 1, world: int = 2) -> list[dict]:
+    """Notebook 07: §2-§4's measure launch (2 ranks), the checkpoint sweep (one process, no checkpointing is its
+    largest), the ring's messages (NCCL with a GPU per rank; otherwise gloo on the CPU, none on the GPU)."""
+    c = fsdp.PROFILES[profile]
+    launch = fsdp_launch_bytes(c["model"], c["batch"] // world, c["context"], world)
+    sweep = retained_graph_bytes(c["ckpt_model"], c["ckpt_batch"], c["ckpt_context"])
+    rows = [
+        _row("07", f"measure {c['model']}: {', '.join(MEASURE_KINDS)}", launch, ranks_per_gpu(world, gpus)),
+        _row("07", f"checkpoint sweep {c['ckpt_model']}, no checkpointing", sweep),
+    ]
+    if gpus >= max(c["ring_worlds"]):
+        rows.append(_row("07", "ring all-reduce", COLLECTIVE_BUFFERS * 4 * max(c["ring_sizes"])))
+    return rows
+
+
 # ---- the table ----
 
-PLANS = {"01": plan_01, "02": plan_02, "03": plan_03, "04": plan_04, "05": plan_05}
+PLANS = {"01": plan_01, "02": plan_02, "03": plan_03, "04": plan_04, "05": plan_05, "06": plan_06, "07": plan_07}
 
 
 def gpus_here() -> int:
     """GPUs this process sees (1 without CUDA: the plans are for one card unless told otherwise)."""
-    import torch
-
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
@@ -260,12 +384,14 @@ def gpu_plan(gpu_bytes: float = H100_BYTES, profile: str = "gpu", gpus: int = 1)
     """Every notebook's runs on `gpus` GPUs of gpu_bytes each: peak per GPU, whether it fits, how much more it needs
     (multi-rank runs share a GPU only when there are fewer GPUs than ranks)."""
     plan = pd.DataFrame([row for fn in PLANS.values() for row in fn(profile, gpus=gpus)])
+    by_design = plan.pop("oom_by_design")
     plan["budget_GB"] = gpu_bytes / GB
     plan["fits"] = plan["peak_per_gpu_GB"] <= plan["budget_GB"]
     plan["needs"] = [
         ("" if ok else f"+{peak - budget:.1f} GB")
         for peak, budget, ok in zip(plan["peak_per_gpu_GB"], plan["budget_GB"], plan["fits"], strict=True)
     ]
+    plan["oom_by_design"] = by_design  # an OOM there is recorded as a row, not a failure (notebook 06's naive runs)
     return plan
 
 
@@ -279,7 +405,8 @@ def fits_here(notebook: str, gpu_bytes: float, gpus: int | None = None) -> pd.Da
 
 
 def fit_summary(notebook: str, gpu_bytes: float, gpus: int | None = None) -> str:
-    """A line per run of `notebook` that will not fit gpu_bytes (with what it needs), or one line saying all fit."""
+    """A line per run of `notebook` that will not fit gpu_bytes (with what it needs): a warning, or for a run whose
+    OOM the notebook records by design, an expected OOM; or one line saying all fit."""
     plan = fits_here(notebook, gpu_bytes, gpus)
     short = plan[~plan["fits"]]
     if short.empty:
@@ -288,7 +415,10 @@ def fit_summary(notebook: str, gpu_bytes: float, gpus: int | None = None) -> str
             f"(largest {plan['peak_per_gpu_GB'].max():.1f} GB, with a {ALLOCATOR_MARGIN:.0%} margin)"
         )
     return "\n".join(
-        f"warning: {r.run} needs about {r.peak_per_gpu_GB:.1f} GB per GPU ({r.needs} over this GPU's "
+        f"expected OOM (recorded as a row, by design): {r.run} needs about {r.peak_per_gpu_GB:.1f} GB "
+        f"({r.needs} over this GPU's {r.budget_GB:.1f} GB)"
+        if r.oom_by_design
+        else f"warning: {r.run} needs about {r.peak_per_gpu_GB:.1f} GB per GPU ({r.needs} over this GPU's "
         f"{r.budget_GB:.1f} GB): expect an OOM there"
         for r in short.itertuples()
     )

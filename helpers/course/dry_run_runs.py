@@ -1,0 +1,278 @@
+"""The dry run's runs, one function per notebook (helpers.course.dry_run calls them inside dry_run_meta.on_meta): each
+calls the notebook's own experiment functions at the gpu profile's sizes, the largest launch of each kind (the others
+are the same code at smaller shapes: gpu_plans ranks them), and returns rows of the tracked peak beside gpu_plans'
+estimate of the same run. Multi-rank launches run as rank 0 of two on the fake process group; a launch shares one
+GPU between its ranks (gpu_plans' default of one GPU)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from helpers import memory as M
+from helpers.attention import naive_attention
+from helpers.course.dry_run_meta import fake_group
+from helpers.experiments import attention as XA
+from helpers.experiments import benchmarking as XB
+from helpers.experiments import collectives as XC
+from helpers.experiments import ddp as XD
+from helpers.experiments import fsdp as XF
+from helpers.experiments import gpu_plans as G
+from helpers.experiments import rmsnorm as XR
+from helpers.experiments import sharding as XS
+from helpers.experiments.common import make_batches
+from helpers.model import build_model, get_config, lm_loss, random_batch, sizes_for
+from helpers.rmsnorm import RMSNormPyTorchFunction
+
+WORLD = 2  # the multi-rank notebooks' ranks
+
+
+def _row(notebook, run, peak_bytes, plan_bytes=None, ranks_per_gpu=1, oom_by_design=False, extra_bytes=0) -> dict:
+    """One run: its tracked peak (one rank), extra_bytes the dry run cannot run but the launch holds (planned), the
+    bytes per GPU with gpu_plans' margins, the plan's estimate of the same run, and whether it fits the card."""
+    per_gpu = G.peak_per_gpu(peak_bytes + extra_bytes, ranks_per_gpu)
+    return {
+        "notebook": notebook,
+        "run": run,
+        "peak_GB": peak_bytes / G.GB,
+        "extra_GB": extra_bytes / G.GB,
+        "ranks_per_gpu": ranks_per_gpu,
+        "per_gpu_GB": per_gpu / G.GB,
+        "plan_GB": math.nan if plan_bytes is None else plan_bytes / G.GB,
+        "budget_GB": G.H100_BYTES / G.GB,
+        "fits": per_gpu <= G.H100_BYTES,
+        "oom_by_design": oom_by_design,
+    }
+
+
+def _peak(fn, existing=()) -> int:
+    """Tracked peak bytes of fn(), counting `existing` from the start."""
+    return M.track(fn, existing=existing).peak_bytes
+
+
+def run_00(batch_size: int = 4) -> list[dict]:
+    """Notebook 00: the warm-up demo, the gpu profile's first size's forward on a batch of 4 at its own context."""
+    size = sizes_for("gpu")[0]
+    lm = build_model(size)
+    inputs, _ = random_batch(lm.cfg, batch_size=batch_size)
+    with torch.no_grad():
+        trace = M.track(lambda: lm(inputs), existing=[inputs])
+    return [_row("00", f"warm-up demo {size} forward, batch {batch_size}", trace.peak_bytes - trace.baseline_bytes)]
+
+
+def run_01(c=None) -> list[dict]:
+    """Notebook 01, at the size with the largest planned peak (the others are the same code at smaller shapes): §1's
+    warm timing (one model, the "backward" pass's graph kept while "forward" and "both" build theirs) and §5's steady
+    AdamW step in fp32 and under autocast (§4's precision loop holds one graph at a time, as §5's autocast step does
+    with AdamW's state beside it)."""
+    c = c or XB.PROFILES["gpu"]
+    B, T = c["batch"], c["context"]
+    size = max(sizes_for("gpu"), key=lambda s: G.warm_timing_bytes(s, B, T))
+    return [
+        _row(
+            "01",
+            f"warm timing {size} (two graphs)",
+            _peak(functools.partial(_warm_round, size, B, T)),
+            G.warm_timing_bytes(size, B, T),
+        ),
+        *(
+            _row(
+                "01",
+                f"memory peaks {size}, {'autocast bf16' if dt else 'fp32'} step",
+                XB.step_peaks(size, B, T, dt, "meta")["full step"].peak_bytes,
+                G.step_peak_bytes(size, B, T, autocast=dt is not None),
+            )
+            for dt in (None, torch.bfloat16)  # fp16's tensors have bf16's bytes
+        ),
+    ]
+
+
+def _warm_round(size, batch_size: int, context_length: int) -> None:
+    """One round of time_size's warm loop: the three passes of one model (pass_fn: "backward" keeps its graph from
+    the start), each once (its later rounds repeat the same allocations)."""
+    lm = build_model(size, device="meta")
+    x, y = random_batch(lm.cfg, batch_size, context_length, device="meta")
+    _each_once([XB.pass_fn(lm, x, y, kind) for kind in ("forward", "backward", "both")])
+
+
+def run_02(c=None) -> list[dict]:
+    """Notebook 02: the PyTorch RMSNorm fwd+bwd on (rows, H) per width; the largest model's fwd+bwd at its batch."""
+    c = c or XR.PROFILES["gpu"]
+    rows = []
+    for H in c["hidden"]:
+        x = torch.empty(c["rows"], H, requires_grad=True)  # (rows, H)
+        g = torch.empty(H, requires_grad=True)
+        trace = M.track(lambda x=x, g=g: RMSNormPyTorchFunction.apply(x, g).sum().backward(), existing=(x, g))
+        peak = trace.peak_bytes - trace.baseline_bytes
+        rows.append(_row("02", f"norm {c['rows']} x {H} fwd+bwd", peak, G.norm_peak_bytes(c["rows"], H)))
+    size = c["compile_model_sizes"][-1]
+    lm = build_model(size)
+    x, y = (t.to("meta") for t in make_batches(size, 1, c["batch"], lm.cfg.context_length, 0)[0])
+    peak = _peak(lambda: lm_loss(lm(x), y).backward(), existing=list(lm.parameters()))
+    plan = G.retained_graph_bytes(size, c["batch"], lm.cfg.context_length)
+    return rows + [_row("02", f"model {size} fwd+bwd, batch {c['batch']}", peak, plan)]
+
+
+def run_03(c=None, gpus: int = 1) -> list[dict]:
+    """Notebook 03: one rank's message buffers (source, output, expected, the work copy timed) for every op at the
+    largest message, per CUDA backend and world size; gloo puts every rank on the `gpus` GPUs, NCCL one per rank."""
+    c = c or XC.PROFILE_GRID["gpu"]
+    size, rows = max(c["sizes"]), []
+    for backend, device in c["combos"]:
+        for n in c["world_sizes"] if device == "cuda" else ():
+            numel = max(n, size // 4 // n * n)  # as bench_worker: float32, n equal chunks
+            peak = max(_peak(functools.partial(_buffers, op, numel, n)) for op in XC.OPS)
+            run = f"{backend}+cuda, {n} ranks, {XC.format_size(size)} messages"
+            rows.append(
+                _row("03", run, peak, G.collective_bytes(size), 1 if backend == "nccl" else G.ranks_per_gpu(n, gpus))
+            )
+    return rows
+
+
+def _buffers(op: str, numel: int, n: int) -> list:
+    """One rank's buffers for `op` (collectives._buffers) and the work copy of the source that is timed."""
+    return [t.clone() if i == 0 else t for i, t in enumerate(XC._buffers(op, numel, 0, n, "meta")) if t is not None]
+
+
+def torch_ddp_stand_in(variants) -> list[tuple]:
+    """Notebook 04's variants with torch DDP as DDPBucketed at its bucket size (its C++ reducer reads values, which
+    meta tensors have none of; with gradient_as_bucket_view=True both hold parameters and buckets, 2Ψ)."""
+    return [(label, "bucketed", mb) if kind == "torch_ddp" else (label, kind, mb) for label, kind, mb in variants]
+
+
+def run_04(c=None) -> list[dict]:
+    """Notebook 04 §2: the speed launch with the largest plan (the sweep model's, with every bucket size): every
+    wrapper built on a copy of the model and stepped twice (each then holds its gradients or buckets while the
+    others step), as rank 0 of two on the fake process group."""
+    c = c or XD.PROFILES["gpu"]
+    size = max(c["sizes"], key=lambda s: G.ddp_rank_bytes(s, G.ddp_variants(s), c["batch"] // WORLD, c["context"]))
+    variants = XD.SPEED_VARIANTS + (
+        [v for v in XD.sweep_variants(G.sweep_buckets_mb()) if v not in XD.SPEED_VARIANTS]
+        if size == c["sweep_model"]
+        else []
+    )
+    work = functools.partial(
+        XD.speed_worker,
+        model=size,
+        variants=torch_ddp_stand_in(variants),
+        steps=1,
+        warmup=1,
+        batch_size=c["batch"],
+        context_length=c["context"],
+        traced=0,
+    )
+    with fake_group(WORLD):
+        peak = _peak(work)
+    plan = G.ddp_rank_bytes(size, len(variants), c["batch"] // WORLD, c["context"])
+    return [_row("04", f"speed {size}, {len(variants)} variants", peak, plan, G.ranks_per_gpu(WORLD, 1))]
+
+
+def run_05(c=None) -> list[dict]:
+    """Notebook 05 §2: the memory launch, each kind (DDP's buckets with AdamW, ShardedOptimizer, ZeRO-1) built,
+    stepped twice and freed in turn. The speed launches hold one kind each at a context of 64 (less); torch's
+    ZeroRedundancyOptimizer, theirs alone, is planned as ShardedOptimizer's states."""
+    c = c or XS.PROFILES["gpu"]
+    kinds = ["unsharded", "sharded", "zero1"]
+    rows = []
+    for size in c["memory_models"]:
+        work = functools.partial(
+            XS.memory_worker, model=size, kinds=kinds, batch_size=c["batch"], context_length=c["context"], steps=2
+        )
+        with fake_group(WORLD):
+            peak = _peak(work)
+        plan = max(G.kind_peak_bytes(k, size, c["batch"] // WORLD, c["context"], WORLD) for k in kinds)
+        rows.append(_row("05", f"memory {size}: {', '.join(kinds)}", peak, plan, G.ranks_per_gpu(WORLD, 1)))
+    return rows
+
+
+def _naive_passes(shape, dtype, is_causal) -> int:
+    """Peak of bench_attention's three passes of naive attention on one input, from drawing it (as XA.inputs: its
+    generator cannot draw on meta) through pass_steps' kept "bwd" graph to the last pass."""
+
+    def passes():
+        q, k, v = (torch.empty(shape, dtype=dtype, requires_grad=True) for _ in range(3))  # (B, H, T, d)
+        do = torch.empty(shape, dtype=dtype)
+        steps = XA.pass_steps(lambda q, k, v: naive_attention(q, k, v, is_causal), q, k, v, do)
+        _each_once([steps[p] for p in XA.PASSES])
+
+    return _peak(passes)
+
+
+def _each_once(calls) -> None:
+    """Call each in turn, dropping each result (and the graph it holds) as a timing loop does."""
+    for call in calls:
+        call()
+
+
+def run_06(c=None) -> list[dict]:
+    """Notebook 06: naive attention's passes at every shape of §1's grid and §4's benchmark (where an OOM is a row,
+    by design) and at the leaderboard's; §6's models side by side under autocast, each stepping naive attention."""
+    c = c or XA.PROFILES["gpu"]
+    rows = [
+        _row("06", f"naive grid {s} fp32", _naive_passes(s, torch.float32, False), G.naive_pass_bytes(s), 1, True)
+        for s in [(c["batch"], 1, T, d) for d in c["head_dims"] for T in c["seq_lens"]]
+    ]
+    for dt in c["bench_dtypes"]:
+        for s in c["bench_shapes"] if "naive" in c["bench_impls"] else ():
+            plan = G.naive_pass_bytes(s, dt, True)
+            rows.append(_row("06", f"bench naive {s} {str(dt)[6:]}", _naive_passes(s, dt, True), plan, 1, True))
+    lb = XA.LEADERBOARD
+    s, dt = tuple(lb[k] for k in ("batch", "heads", "T", "d")), lb["dtype"]
+    fused = 2 * G.fused_graph_bytes(s, dt)  # flash_triton's and sdpa's kept graphs (not runnable on meta)
+    rows.append(
+        _row(
+            "06",
+            f"leaderboard {s} {str(dt)[6:]}",
+            _naive_passes(s, dt, True),
+            G.naive_pass_bytes(s, dt, True) + fused,
+            extra_bytes=fused,
+        )
+    )
+    n, B, dt = len(c["model_impls"]), c["model_batch"], c["model_dtype"]
+    plans = {
+        m: G.models_side_by_side_bytes(m, n, B, get_config(m).context_length, dt is not None) for m in c["model_sizes"]
+    }
+    size = max(plans, key=plans.get)
+    peak = _peak(functools.partial(_models_side_by_side, size, n, B, dt))
+    return rows + [_row("06", f"models {size}: {n} side by side", peak, plans[size])]
+
+
+def _models_side_by_side(size, models: int, batch_size: int, dtype) -> None:
+    """compare_models' round with naive attention in every model (meta cannot run the fused ones, whose tensors
+    naive's bound): the models built at once, each stepped under torch.autocast as its step does."""
+    x, y = random_batch(size, batch_size, device="meta", generator=torch.Generator().manual_seed(0))
+    nets = [build_model(size, attention="naive", device="meta") for _ in range(models)]
+    for net in nets:
+        net.zero_grad(set_to_none=True)
+        with torch.autocast("meta", dtype, enabled=dtype is not None):
+            loss = lm_loss(net(x), y)
+        loss.backward()
+
+
+def run_07(c=None) -> list[dict]:
+    """Notebook 07: §5's checkpoint sweep's model without checkpointing (its largest step); §2-§4's measure launch
+    as rank 0 of two: FSDP, DDP and ZeRO-1 built side by side, each stepped at least twice (its first phase, each
+    kind alone, holds less); torch's fully_shard refuses meta parameters, so its planned share is added."""
+    c = c or XF.PROFILES["gpu"]
+    sweep = functools.partial(
+        XF.checkpoint_sweep, c["ckpt_model"], n_layers=c["ckpt_layers"], batch_size=c["ckpt_batch"],
+        context_length=c["ckpt_context"], segments=[0], steps=1, warmup=0,
+    )  # fmt: skip
+    run = f"checkpoint sweep {c['ckpt_model']}, context {c['ckpt_context']}, no checkpointing"
+    rows = [_row("07", run, _peak(sweep), G.retained_graph_bytes(c["ckpt_model"], c["ckpt_batch"], c["ckpt_context"]))]
+    kinds = ("fsdp", "ddp", "zero1")
+    work = functools.partial(
+        XF.measure_worker, model=c["model"], batch_size=c["batch"], context_length=c["context"], steps=1, warmup=1,
+        kinds=kinds, memory=False, trace=False,
+    )  # fmt: skip
+    with fake_group(WORLD):
+        peak = _peak(work)
+    plan = G.fsdp_launch_bytes(c["model"], c["batch"] // WORLD, c["context"], WORLD)
+    run = f"measure {c['model']}: {', '.join(kinds)} (+ fully_shard planned)"
+    extra = G.fsdp_state_bytes(c["model"], WORLD)
+    return rows + [_row("07", run, peak, plan, G.ranks_per_gpu(WORLD, 1), extra_bytes=extra)]
+
+
+RUNS = {"00": run_00, "01": run_01, "02": run_02, "03": run_03, "04": run_04, "05": run_05, "06": run_06, "07": run_07}
