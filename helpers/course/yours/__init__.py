@@ -90,7 +90,8 @@ def inventory(adapters_path) -> dict:
 def first_launch_worker(adapters_path: str, opts: Options, topics: list[str]) -> tuple[dict, dict]:
     """The inventory and then every requested kernel topic the file implements, in one launched rank: the student's
     code is imported once instead of once per launch (about 4 s each on a 2-core CPU). (inventory, {topic: result});
-    when this launch crashes or hangs, run() goes back to a launch per step, which pins the failure down."""
+    when this launch crashes or hangs, run() goes back to a launch per step, which pins the failure down; a topic
+    that meets a CUDA error (and those after it) is left out, to run in launches of its own."""
     found = inventory_worker(adapters_path)
     if "error" in found:
         return found, {}
@@ -99,7 +100,10 @@ def first_launch_worker(adapters_path: str, opts: Options, topics: list[str]) ->
         named = [impl for impl, status in found[topic] if status == "ok"]
         if topic in IN_ONE_RANK and named:
             module, name = RUNNERS[topic]
-            done[topic] = getattr(importlib.import_module(module), name)(adapters_path, opts, named)
+            result = getattr(importlib.import_module(module), name)(adapters_path, opts, named)
+            if result.poisoned:  # a CUDA error: this process can run nothing more on the GPU
+                break
+            done[topic] = result
     return found, done
 
 
@@ -120,46 +124,6 @@ def _first_launch(adapters_path, topics: list[str], opts: Options) -> tuple[dict
     return found, done
 
 
-def _in_rank(fn, path: str, opts: Options, *args):
-    """fn(path, opts, *args) in one launched rank: its TopicResult, or the launch failure (crash, hang)."""
-    from helpers.launch import RankError, launch
-
-    try:
-        return launch(fn, 1, path, opts, *args, timeout_s=opts.timeout_s)[0]
-    except (RankError, TimeoutError) as exc:
-        return exc
-
-
-def run_kernel_topic(adapters_path: str, topic: str, opts: Options, impls: list[str]):
-    """A kernel topic: every implementation checked and (those that passed) timed in one launch; if that launch
-    crashes or hangs, each implementation again in a launch of its own, then the timing in another, so the failure is
-    pinned on one implementation and hides nothing else."""
-    from helpers.course.yours.report import ERROR, Check, TopicResult, failure_summary, passed
-
-    module, name = RUNNERS[topic]
-    fn = getattr(importlib.import_module(module), name)
-    got = _in_rank(fn, adapters_path, opts, impls)
-    if not isinstance(got, BaseException):
-        return got
-    result, timed = TopicResult(topic), []
-    for impl in impls:
-        got = _in_rank(fn, adapters_path, replace(opts, timed=False), [impl])
-        if isinstance(got, BaseException):
-            result.checks.append(Check(topic, impl, "runs to the end", ERROR, failure_summary(got)))
-            continue
-        result.checks += got.checks
-        if passed(got.checks, impl):
-            timed.append(impl)
-    if opts.timed:
-        got = _in_rank(fn, adapters_path, opts, [], timed)
-        if isinstance(got, BaseException):
-            result.checks.append(Check(topic, "-", "timing runs", ERROR, failure_summary(got), beyond=True))
-        else:
-            result.checks += got.checks
-            result.rows += got.rows
-    return result
-
-
 def run_topic(adapters_path, topic: str, opts: Options, impls: list[str] | None = None):
     """One topic's TopicResult; a crash, a timeout or an error of ours becomes an ERROR check, never an exception."""
     from helpers.course.yours.adapters import ADAPTERS
@@ -168,6 +132,8 @@ def run_topic(adapters_path, topic: str, opts: Options, impls: list[str] | None 
 
     try:
         if topic in IN_ONE_RANK:
+            from helpers.course.yours.kernel_launch import run_kernel_topic
+
             return run_kernel_topic(str(adapters_path), topic, opts, list(ADAPTERS[topic]) if impls is None else impls)
         module, name = RUNNERS[topic]
         return getattr(importlib.import_module(module), name)(str(adapters_path), opts)

@@ -1,18 +1,125 @@
 """Where a student's Triton can be judged: the device Triton runs on here, whether block pointers work, and the
 companion's own kernel as the proof that a case can run; a kernel that cannot run here is "needs a GPU" or "needs
 another Triton", never a failure.
+
+Without a GPU, Triton's interpreter runs a kernel on CPU tensors. The handouts' example wrapper asserts `x.is_cuda`;
+such a wrapper is run again with `is_cuda` answering True (pretend_cuda), so its kernel is judged rather than skipped.
+On a GPU, a CUDA error in a student's kernel (an illegal address, a device-side assert) leaves the process's CUDA
+context unusable: the check raises Poisoned, and the caller reruns what is left in a fresh process.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
+from helpers.course.yours.numerics import DTYPE_MISMATCH
 from helpers.course.yours.report import NEEDS_GPU, NEEDS_TRITON
 from helpers.env import import_triton
 
 triton, tl = import_triton()  # None e.g. on macOS: no Triton, so no Triton implementation can be judged here
+
+
+def fix_bf16_dot() -> bool:
+    """Triton's interpreter (3.6 to 3.9 at least) keeps bf16 tiles as their raw 16-bit patterns and tl.dot multiplies
+    those integers: give it the tiles in fp32 (exact for bf16), accumulated in fp32 as a GPU's tensor cores do, so a
+    kernel in the handout's style (bf16 tiles into tl.dot) computes here what it computes on a GPU. True when the
+    patch is in place."""
+    if triton is None:
+        return False
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = type(interpreter.interpreter_builder)
+    dot = builder.create_dot
+    if getattr(dot, "widens_bf16", False):
+        return True
+
+    def widen(t):
+        if t.dtype != tl.bfloat16:
+            return t
+        return interpreter.TensorHandle((t.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot.widens_bf16 = True
+    builder.create_dot = create_dot
+    return True
+
+
+fix_bf16_dot()
+
+
+class OutOfBounds(Exception):
+    """A kernel in the interpreter reached memory outside every tensor it was given."""
+
+
+_ARGUMENTS: list = []  # (name, first byte, one past the last byte) of the running kernel's tensor arguments
+
+
+def guard_memory() -> bool:
+    """Make the interpreter refuse a load or store outside the tensors a kernel was given (OutOfBounds, naming the
+    tensor and how far past its end), as compute-sanitizer would on a GPU: without it such an access reads garbage
+    or corrupts this process's heap (a crash, or a hang, later and elsewhere). True when the guard is in place."""
+    if triton is None:
+        return False
+    import numpy as np
+    from triton.runtime import interpreter
+
+    executor, builder = interpreter.GridExecutor, type(interpreter.interpreter_builder)
+    if getattr(builder.create_masked_load, "guarded", False):
+        return True
+    init_args = executor._init_args_hst
+
+    def _init_args_hst(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
+        named = list(zip(self.arg_names, args_hst, strict=False)) + list(kwargs_hst.items())
+        _ARGUMENTS[:] = [
+            (name, t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+            for name, t in named
+            if isinstance(t, torch.Tensor)
+        ]
+        return args_hst, kwargs_hst
+
+    def check(ptrs, mask, what: str):
+        if not _ARGUMENTS:
+            return
+        size = ptrs.get_element_ty().primitive_bitwidth // 8
+        addrs = ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)].astype(np.int64)
+        inside = np.zeros(addrs.shape, dtype=bool)
+        for _, start, end in _ARGUMENTS:
+            inside |= (addrs >= start) & (addrs + size <= end)
+        if inside.all():
+            return
+        bad = int(addrs[~inside][0])
+        below = [(name, start, end) for name, start, end in _ARGUMENTS if start <= bad] or _ARGUMENTS
+        name, start, end = max(below, key=lambda a: a[1])
+        where = f"byte {bad - start} of {name}, a tensor of {end - start} bytes" if bad >= start else "before them"
+        raise OutOfBounds(
+            f"tl.{what} reaches {int((~inside).sum())} elements outside every tensor the kernel was given (the "
+            f"first at {where}): an offset or a grid axis beyond the tensor, or a {what} without a mask or "
+            "boundary check"
+        )
+
+    def create_masked_load(self, ptrs, mask, *args, **kwargs):
+        check(ptrs, mask, "load")
+        return load(self, ptrs, mask, *args, **kwargs)
+
+    def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
+        check(ptrs, mask, "store")
+        return store(self, ptrs, value, mask, *args, **kwargs)
+
+    load, store = builder.create_masked_load, builder.create_masked_store
+    create_masked_load.guarded = True
+    executor._init_args_hst = _init_args_hst
+    builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
+    return True
+
+
+guard_memory()
 
 if triton is not None:
 
@@ -54,9 +161,13 @@ class TritonRuntime:
     ours: object  # the companion's Function.apply for this topic
     check: object  # check(apply, case, device) -> '' | what differed
     seen: dict = None
+    pretend_cuda: bool = False  # the student's wrapper asserted is_cuda: run it with is_cuda answering True
 
     def cannot_run(self, case) -> str:
-        """'' when our kernel passes `case` here, else why this environment cannot judge a kernel on it."""
+        """'' when our kernel passes `case` here, else why this environment cannot judge a kernel on it. Only the
+        CPU's interpreter can fall short: on a GPU every case in the contract runs, so this is always ''."""
+        if self.device != "cpu":
+            return ""
         if self.seen is None:
             self.seen = {}
         if case not in self.seen:
@@ -66,6 +177,121 @@ class TritonRuntime:
                 detail = f"{type(exc).__name__}: {exc}"
             self.seen[case] = detail
         return self.seen[case]
+
+    @contextlib.contextmanager
+    def running(self):
+        """The context a student's Triton call runs in: is_cuda answering True once pretend_cuda is set; NumPy's
+        warnings about the interpreter's overflows silenced (a wrong kernel's values are judged, not its noise)."""
+        import numpy as np
+
+        with pretend_cuda() if self.pretend_cuda else contextlib.nullcontext(), np.errstate(all="ignore"):
+            yield
+
+
+@contextlib.contextmanager
+def pretend_cuda():
+    """Tensors answer True to `is_cuda` inside: a wrapper that asserts it (the handouts' example does) runs its
+    kernel in the interpreter, on the CPU tensors it was given. Only where there is no GPU."""
+    if torch.cuda.is_available():
+        yield
+        return
+    torch.Tensor.is_cuda = property(lambda self: True)  # shadows the C property of torch._C.TensorBase
+    try:
+        yield
+    finally:
+        del torch.Tensor.is_cuda
+
+
+def asserts_is_cuda(exc: BaseException) -> bool:
+    """The student's code stopped at an assertion about is_cuda (and could run in the interpreter without it)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return isinstance(exc, AssertionError) and bool(frames) and "is_cuda" in (frames[-1].line or "")
+
+
+class NotHere(Exception):
+    """A case this environment cannot judge (the message says why): NEEDS_GPU, not a failure."""
+
+
+INTERPRETED_BF16 = (
+    "needs a GPU: Triton's interpreter does not compute in bf16 (it keeps bf16 tiles as raw 16-bit patterns and "
+    "does arithmetic on those), so a bf16 case's values are judged on a GPU; its output dtype was checked here"
+)
+
+
+def interpreted(check):
+    """check(apply, case, device) for a Triton implementation: in the CPU's interpreter a bf16 case counts for its
+    output's dtype, and for its values only when they are right (NotHere otherwise, and when the interpreter itself
+    raises)."""
+
+    def run(apply, case, device="cpu"):
+        if device != "cpu" or case.dtype != torch.bfloat16:
+            return check(apply, case, device)
+        try:
+            detail = check(apply, case, device)
+        except Exception as exc:
+            if not _in_triton(exc) or out_of_bounds(exc):
+                raise
+            raise NotHere(f"{case}: {INTERPRETED_BF16} ({type(exc).__name__}: {str(exc)[:200]})") from None
+        if detail and DTYPE_MISMATCH not in detail:
+            raise NotHere(f"{INTERPRETED_BF16} ({detail[:300]})")
+        return detail
+
+    return run
+
+
+def out_of_bounds(exc: BaseException) -> OutOfBounds | None:
+    """The OutOfBounds behind an exception (the interpreter wraps what a kernel raises), or None."""
+    while exc is not None and not isinstance(exc, OutOfBounds):
+        exc = exc.__cause__
+    return exc
+
+
+def _in_triton(exc: BaseException) -> bool:
+    """The exception came from inside Triton (its interpreter or language), not from the student's Python."""
+    import os
+    import traceback
+
+    package = os.path.dirname(triton.__file__) + os.sep if triton is not None else None
+    return bool(package) and any(f.filename.startswith(package) for f in traceback.extract_tb(exc.__traceback__))
+
+
+class Poisoned(Exception):
+    """A CUDA error in the student's code: this process's CUDA context is unusable, what is left of the checks must
+    run in a fresh process. Carries the checks made so far (the last one names the error)."""
+
+    def __init__(self, checks: list):
+        super().__init__("a CUDA error left this process's CUDA context unusable")
+        self.checks = checks
+
+
+CUDA_ERROR_WORDS = (
+    "cuda error",
+    "illegal memory access",
+    "illegal address",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "cudaerror",
+)
+
+
+def is_cuda_error(exc: BaseException) -> bool:
+    """An error of the CUDA context (sticky: every later CUDA call in this process fails too)."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return type(exc).__name__ == "AcceleratorError" or any(w in text for w in CUDA_ERROR_WORDS)
+
+
+def cuda_broken() -> bool:
+    """True when this process has a GPU and its CUDA context no longer works (a synchronize raises)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return True
 
 
 def triton_runtime(topic: str) -> TritonRuntime:
