@@ -269,8 +269,9 @@ def test_pretend_cuda_lets_an_is_cuda_assertion_pass_and_restores_it():
 
 
 def test_bf16_in_the_interpreter_counts_for_its_dtype_and_only_right_values():
-    """In the CPU's interpreter a bf16 case's wrong values are 'needs a GPU'; a wrong output dtype, an exception in
-    the student's own Python and an out-of-bounds access still count; fp32 is judged as always."""
+    """In the CPU's interpreter a bf16 case's wrong values, and an operation the interpreter lacks, are 'needs a
+    GPU'; a wrong output dtype, an exception in the student's own Python, Triton's front end refusing the kernel and
+    an out-of-bounds access still count; fp32 is judged as always."""
     from helpers.course.yours.triton_runtime import NotHere, OutOfBounds, interpreted
 
     bf16, fp32 = N.NormCase((2, 8), torch.bfloat16), N.NormCase((2, 8))
@@ -280,12 +281,23 @@ def test_bf16_in_the_interpreter_counts_for_its_dtype_and_only_right_values():
         check(lambda c: "y[0] = 3, float64 says 1", bf16)
     dtype = f"y is torch.float32, {N.DTYPE_MISMATCH} torch.bfloat16"
     assert check(lambda c: dtype, bf16) == dtype
-    with pytest.raises(RuntimeError):  # the student's PyTorch backward: not inside Triton
-        check(lambda c: (_ for _ in ()).throw(RuntimeError("expected m1 and m2 to have the same dtype")), bf16)
-    err = RuntimeError("InterpreterError")
-    err.__cause__ = OutOfBounds("tl.load reaches 4 elements outside")
-    with pytest.raises(RuntimeError):
-        check(lambda c: (_ for _ in ()).throw(err), bf16)
+
+    def raising(exc):
+        def apply(case):
+            raise exc
+
+        return apply
+
+    with pytest.raises(RuntimeError):  # the student's PyTorch backward
+        check(raising(RuntimeError("expected m1 and m2 to have the same dtype")), bf16)
+    for cause in (OutOfBounds("tl.load reaches 4 elements outside"), AssertionError("Both operands must be same")):
+        err = RuntimeError("InterpreterError")  # what a GPU refuses too: counts
+        err.__cause__ = cause
+        with pytest.raises(RuntimeError):
+            check(raising(err), bf16)
+    err.__cause__ = AttributeError("'InterpreterBuilder' object has no attribute 'get_bf16'")
+    with pytest.raises(NotHere):  # what only the interpreter lacks
+        check(raising(err), bf16)
 
 
 class _StickyCudaError(torch.autograd.Function):

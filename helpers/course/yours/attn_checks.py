@@ -163,12 +163,15 @@ def _variants(case: AttnCase) -> list[tuple[str, Variant]]:
                 Variant(c, keys=case.Tq),
             )
         )
-    for tile in (32, 64, 128, 256):
-        if case.Tk < tile:
+    padded = set()
+    for tile in (16, 32, 64, 128, 256):
+        length = -(-case.Tk // tile) * tile
+        if length != case.Tk and length not in padded:  # a tile of `tile` keys pads N_k with zero keys
+            padded.add(length)
             out.append(
                 (
-                    f"a tile of {tile} keys pads N_k = {case.Tk} with zero keys, and they enter the softmax (mask "
-                    "the keys j >= N_k, or use tiles no longer than N)",
+                    f"tiles of {tile} keys pad N_k = {case.Tk} to {length} with zero keys, and they enter the "
+                    "softmax (mask the keys j >= N_k, or use tiles no longer than N)",
                     Variant(c, pad_to=tile),
                 )
             )
