@@ -6,6 +6,7 @@ tests/corpus/mutants must fail within the handout, with the right diagnosis or n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -95,8 +96,7 @@ def test_each_kernel_mutant_fails_exactly_its_rule(mutant, impl, props, says):
     topic = mutant.split("_")[0]
     path = CORPUS / "mutants" / f"{mutant}.py"
     course_cases_pass(path, topic, impl)
-    results = run(path, [topic], CHECKS_ONLY, progress=False)
-    failed = {c.prop: c.detail for c in within(results) if c.impl == impl and c.status in FAILED}
+    failed = {c.prop: c.detail for c in judged(path, topic, impl) if c.impl == impl and c.status in FAILED}
     assert set(failed) == props, failed
     assert all(says in detail for detail in failed.values()), failed
 
@@ -113,7 +113,7 @@ def test_the_eps_and_the_grid_mutants_fail_where_their_rule_shows():
         topic = mutant.split("_")[0]
         path = CORPUS / "mutants" / f"{mutant}.py"
         course_cases_pass(path, topic, "triton")
-        failed = {c.prop: c for c in within(run(path, [topic], CHECKS_ONLY, progress=False)) if c.status in FAILED}
+        failed = {c.prop: c for c in judged(path, topic, "triton") if c.status in FAILED}
         assert says in next(c for p, c in failed.items() if p.startswith(first)).detail, failed
         for c in failed.values():
             assert ("eps" in c.detail) if topic == "rmsnorm" else ("swapped" in c.detail or "outside" in c.detail)
@@ -127,18 +127,39 @@ def course_cases_pass(path: Path, topic: str, impl: str) -> None:
 
     device = "cuda" if K.torch.cuda.is_available() else "cpu"
     name = A.ADAPTERS[topic][impl][0]
-    modules, sys_path = set(sys.modules), list(sys.path)
-    try:
+    with corpus_loaded():
         apply = getattr(A.load(path), name)().apply
         _course_cases(apply, topic, impl, device)
-    finally:  # the corpus's packages leave this process: another file's student has its own cs336_systems
-        for module in set(sys.modules) - modules:
-            where = getattr(sys.modules[module], "__file__", None) or next(
-                iter(getattr(sys.modules[module], "__path__", None) or []), ""
-            )
-            if str(where).startswith(str(CORPUS)):
+
+
+def judged(path: Path, topic: str, impl: str) -> list:
+    """A mutant's checks within the handout: in this process on a CPU (the interpreter refuses an access outside
+    the tensors, so nothing crashes), in a launched one on a GPU (a CUDA error would poison this one)."""
+    if K.torch.cuda.is_available():
+        return within(run(path, [topic], CHECKS_ONLY, progress=False))
+    worker = K.rmsnorm_worker if topic == "rmsnorm" else K.attention_worker
+    with corpus_loaded():
+        return within([worker(str(path), CHECKS_ONLY, [impl])])
+
+
+@contextlib.contextmanager
+def corpus_loaded():
+    """Inside: the corpus's packages may be imported here; after, they leave this process (another test file's
+    student has its own cs336_systems) and sys.path is as before."""
+    modules, sys_path = set(sys.modules), list(sys.path)
+    try:
+        yield
+    finally:
+        where = {m: _location(sys.modules[m]) for m in set(sys.modules) - modules}  # all before any is removed
+        for module, place in where.items():
+            if place.startswith(str(CORPUS)):
                 del sys.modules[module]
         sys.path[:] = sys_path
+
+
+def _location(module) -> str:
+    """Where a module's code lives: its file, or a namespace package's first folder."""
+    return str(getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or []), ""))
 
 
 def _course_cases(apply, topic: str, impl: str, device: str) -> None:
