@@ -245,6 +245,28 @@ def test_the_interpreter_refuses_a_store_past_a_tensor_and_names_it():
 
 
 @needs_triton
+def test_what_tritons_front_end_refuses_in_bf16_counts_in_the_interpreter():
+    """tl.dot of an fp32 and a bf16 tile is refused by Triton's front end, on a GPU as here: not 'needs a GPU'."""
+    import triton
+    import triton.language as tl
+
+    from helpers.course.yours.triton_runtime import interpreted
+
+    @triton.jit
+    def mixed(x_ptr, y_ptr, N: tl.constexpr):
+        rows, cols = tl.arange(0, N)[:, None], tl.arange(0, N)[None, :]
+        x = tl.load(x_ptr + rows * N + cols)
+        tl.store(y_ptr + rows * N + cols, tl.dot(x.to(tl.float32), x))
+
+    def apply(case):
+        mixed[(1,)](torch.zeros(16, 16, dtype=torch.bfloat16), torch.empty(16, 16), N=16)
+
+    check = interpreted(lambda apply, case, device="cpu": apply(case))
+    with pytest.raises(Exception, match="same dtype"):
+        check(apply, N.NormCase((2, 8), torch.bfloat16))
+
+
+@needs_triton
 def test_the_interpreter_multiplies_bf16_tiles_as_numbers():
     """tl.dot on bf16 tiles: the interpreter multiplied their bit patterns; fixed, it matches fp32 up to bf16."""
     _, square = _kernels()

@@ -11,6 +11,7 @@ context unusable: the check raises Poisoned, and the caller reruns what is left 
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -121,6 +122,31 @@ def guard_memory() -> bool:
 
 guard_memory()
 
+
+def autotune_without_timing() -> bool:
+    """Without a GPU, Triton's autotuner cannot time its configs (it asks for a GPU driver: "0 active drivers"): in
+    the interpreter every config ties and the first is used, so an autotuned kernel is judged on its first config
+    (the one the list puts first, often the largest tiles) rather than not at all. True when the patch is in place."""
+    if triton is None or torch.cuda.is_available():
+        return False
+    from triton.runtime.autotuner import Autotuner
+
+    if getattr(getattr(Autotuner, "do_bench", None), "fget", None) is not None and getattr(
+        Autotuner.do_bench.fget, "untimed", False
+    ):
+        return True
+
+    def do_bench(self):
+        return lambda kernel_call, quantiles: [0.0 for _ in quantiles]
+
+    prop = property(do_bench)
+    prop.fget.untimed = True
+    Autotuner.do_bench = prop
+    return True
+
+
+autotune_without_timing()
+
 if triton is not None:
 
     @triton.jit
@@ -203,11 +229,19 @@ def pretend_cuda():
 
 
 def asserts_is_cuda(exc: BaseException) -> bool:
-    """The student's code stopped at an assertion about is_cuda (and could run in the interpreter without it)."""
+    """The student's code stopped at a check of is_cuda (an assert, or an `if not x.is_cuda: raise` a line or two
+    above), and could run in the interpreter without it."""
+    import linecache
     import traceback
 
     frames = traceback.extract_tb(exc.__traceback__)
-    return isinstance(exc, AssertionError) and bool(frames) and "is_cuda" in (frames[-1].line or "")
+    if not frames:
+        return False
+    last = frames[-1]
+    if isinstance(exc, AssertionError):
+        return "is_cuda" in (last.line or "")
+    above = "".join(linecache.getline(last.filename, n) for n in range(max(1, last.lineno - 3), last.lineno + 1))
+    return "is_cuda" in above and "cuda" in f"{exc} {last.line}".lower()
 
 
 class NotHere(Exception):
@@ -242,13 +276,17 @@ def interpreted(check):
 
 
 def _interpreter_gap(exc: BaseException) -> bool:
-    """The interpreter lacks what the kernel asked for (an operation its builder does not have for bf16); not a
-    check of Triton's front end, which a GPU makes too."""
-    while exc is not None:
-        if "InterpreterBuilder" in str(exc):
-            return True
-        exc = exc.__cause__
-    return False
+    """The interpreter lacks what the kernel asked for in bf16 (an operation its builder does not have, or its
+    execution refuses, e.g. an atomic add "Unsupported data type"); not a check of Triton's front end, which a GPU
+    makes too."""
+    import traceback
+
+    chain = [exc]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    frames = traceback.extract_tb(chain[-1].__traceback__)  # where the first error was raised
+    inner = frames[-1].filename if frames else ""
+    return any("InterpreterBuilder" in str(e) for e in chain) or inner.endswith(f"runtime{os.sep}interpreter.py")
 
 
 def out_of_bounds(exc: BaseException) -> OutOfBounds | None:
