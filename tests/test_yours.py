@@ -267,6 +267,24 @@ def test_what_tritons_front_end_refuses_in_bf16_counts_in_the_interpreter():
 
 
 @needs_triton
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the autotuner times its configs")
+def test_an_autotuned_kernel_runs_its_first_config_without_a_gpu():
+    """The autotuner asks a GPU driver to time its configs ("0 active drivers" here): every config ties instead."""
+    import triton
+    import triton.language as tl
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 8})], key=["n"])
+    @triton.jit
+    def block_ids(y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.zeros((BLOCK,), tl.float32) + BLOCK, mask=offs < n)
+
+    y = torch.zeros(16)
+    block_ids[lambda meta: (triton.cdiv(16, meta["BLOCK"]),)](y, 16)
+    assert torch.equal(y, torch.full((16,), 16.0))
+
+
+@needs_triton
 def test_the_interpreter_multiplies_bf16_tiles_as_numbers():
     """tl.dot on bf16 tiles: the interpreter multiplied their bit patterns; fixed, it matches fp32 up to bf16."""
     _, square = _kernels()

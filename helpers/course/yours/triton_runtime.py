@@ -43,15 +43,15 @@ def fix_bf16_dot() -> bool:
             return t
         return interpreter.TensorHandle((t.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
 
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+    def create_dot(self, a, b, *args, **kwargs):
+        return dot(self, widen(a), widen(b), *args, **kwargs)
 
     create_dot.widens_bf16 = True
     builder.create_dot = create_dot
     return True
 
 
-fix_bf16_dot()
+_PATCHES = {}  # which of the interpreter's fixes are in place (a Triton that lacks what one patches keeps its own)
 
 
 class OutOfBounds(Exception):
@@ -120,9 +120,6 @@ def guard_memory() -> bool:
     return True
 
 
-guard_memory()
-
-
 def autotune_without_timing() -> bool:
     """Without a GPU, Triton's autotuner cannot time its configs (it asks for a GPU driver: "0 active drivers"): in
     the interpreter every config ties and the first is used, so an autotuned kernel is judged on its first config
@@ -131,21 +128,29 @@ def autotune_without_timing() -> bool:
         return False
     from triton.runtime.autotuner import Autotuner
 
-    if getattr(getattr(Autotuner, "do_bench", None), "fget", None) is not None and getattr(
-        Autotuner.do_bench.fget, "untimed", False
-    ):
+    if getattr(Autotuner, "untimed", False):
         return True
+    init = Autotuner.__init__
 
-    def do_bench(self):
-        return lambda kernel_call, quantiles: [0.0 for _ in quantiles]
+    def untimed(kernel_call, quantiles):
+        return [0.0 for _ in quantiles]
 
-    prop = property(do_bench)
-    prop.fget.untimed = True
-    Autotuner.do_bench = prop
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.__dict__["do_bench"] = untimed  # over a cached_property (3.6) or the attribute __init__ set (older)
+
+    if isinstance(Autotuner.__dict__.get("do_bench"), property):  # a plain property cannot be shadowed
+        Autotuner.do_bench = property(lambda self: untimed)
+    Autotuner.__init__ = __init__
+    Autotuner.untimed = True
     return True
 
 
-autotune_without_timing()
+for _patch in (fix_bf16_dot, guard_memory, autotune_without_timing):
+    try:
+        _PATCHES[_patch.__name__] = _patch()
+    except (AttributeError, TypeError, ImportError) as _exc:  # another Triton's internals: judged without it
+        _PATCHES[_patch.__name__] = f"not applied: {type(_exc).__name__}: {_exc}"
 
 if triton is not None:
 
