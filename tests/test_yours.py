@@ -11,10 +11,12 @@ import torch.nn.functional as F
 from browser import needs_chromium, start_chrome
 
 from helpers.course.yours import Options, inventory, run
+from helpers.course.yours import attn_checks as AC
 from helpers.course.yours import kernels as K
 from helpers.course.yours import norm_checks as N
 from helpers.course.yours.adapters import AdaptersError, assignment_root
 from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS
+from helpers.env import import_triton
 from helpers.results import load_results
 
 STUDENT = Path(__file__).parent / "student"
@@ -300,7 +302,319 @@ def test_triton_checks_draw_their_inputs_on_the_device_triton_runs_on(monkeypatc
     for impl, runtime, want in (("triton", K.TritonRuntime("cuda", "", None, None), "cuda"), ("pytorch", None, "cpu")):
         seen.clear()
         name = f"get_rmsnorm_autograd_function_{impl}"
-        _, checks = K._function_checks(
+        _, checks, poisoned = K._function_checks(
             Adapter("rmsnorm", impl, "ok", {name: lambda: RMSNormPyTorchFunction}), suites, runtime
         )
+        assert not poisoned
         assert checks and all(c.status == PASS for c in checks) and seen and set(seen) == {want}
+
+
+# ---- the Triton runtime: what the interpreter is given and refuses, what a GPU would do ---------------------------
+
+needs_triton = pytest.mark.skipif(import_triton()[0] is None, reason="no Triton here")
+
+
+def _kernels():
+    """Two tiny kernels without block pointers (they run under every Triton): a row copy that may run past its
+    tensor, and a bf16 tile product."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def copy_rows(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n, other=0.0), mask=offs < n + 8)
+
+    @triton.jit
+    def square(x_ptr, y_ptr, N: tl.constexpr):
+        rows, cols = tl.arange(0, N)[:, None], tl.arange(0, N)[None, :]
+        x = tl.load(x_ptr + rows * N + cols)
+        tl.store(y_ptr + rows * N + cols, tl.dot(x, tl.trans(x)))
+
+    return copy_rows, square
+
+
+@needs_triton
+def test_the_interpreter_refuses_a_store_past_a_tensor_and_names_it():
+    """A store 8 elements past y's end is an error naming y and the byte, not a corrupted heap."""
+    from helpers.course.yours.triton_runtime import OutOfBounds, out_of_bounds
+
+    copy_rows, _ = _kernels()
+    x, y = torch.arange(16.0), torch.zeros(16)
+    copy_rows[(1,)](x, y, 8, BLOCK=16)  # within y: 16 elements stored of 16
+    assert torch.equal(y[:8], x[:8])
+    with pytest.raises(Exception) as raised:
+        copy_rows[(1,)](x, y, 16, BLOCK=32)  # stores 24 of 16
+    oob = out_of_bounds(raised.value)
+    assert isinstance(oob, OutOfBounds) and "tl.store reaches 8 elements" in str(oob) and "of y_ptr" in str(oob)
+
+
+@needs_triton
+def test_what_tritons_front_end_refuses_in_bf16_counts_in_the_interpreter():
+    """tl.dot of an fp32 and a bf16 tile is refused by Triton's front end, on a GPU as here: not 'needs a GPU'."""
+    import triton
+    import triton.language as tl
+
+    from helpers.course.yours.triton_runtime import interpreted
+
+    @triton.jit
+    def mixed(x_ptr, y_ptr, N: tl.constexpr):
+        rows, cols = tl.arange(0, N)[:, None], tl.arange(0, N)[None, :]
+        x = tl.load(x_ptr + rows * N + cols)
+        tl.store(y_ptr + rows * N + cols, tl.dot(x.to(tl.float32), x))
+
+    def apply(case):
+        mixed[(1,)](torch.zeros(16, 16, dtype=torch.bfloat16), torch.empty(16, 16), N=16)
+
+    check = interpreted(lambda apply, case, device="cpu": apply(case))
+    with pytest.raises(Exception, match="same dtype"):
+        check(apply, N.NormCase((2, 8), torch.bfloat16))
+
+
+@needs_triton
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the autotuner times its configs")
+def test_an_autotuned_kernel_runs_its_first_config_without_a_gpu():
+    """The autotuner asks a GPU driver to time its configs ("0 active drivers" here): every config ties instead."""
+    import triton
+    import triton.language as tl
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 8})], key=["n"])
+    @triton.jit
+    def block_ids(y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.zeros((BLOCK,), tl.float32) + BLOCK, mask=offs < n)
+
+    y = torch.zeros(16)
+    block_ids[lambda meta: (triton.cdiv(16, meta["BLOCK"]),)](y, 16)
+    assert torch.equal(y, torch.full((16,), 16.0))
+
+
+@needs_triton
+def test_the_interpreter_multiplies_bf16_tiles_as_numbers():
+    """tl.dot on bf16 tiles: the interpreter multiplied their bit patterns; fixed, it matches fp32 up to bf16."""
+    _, square = _kernels()
+    x = torch.randn(16, 16, generator=torch.Generator().manual_seed(0)).bfloat16()
+    y = torch.empty(16, 16)
+    square[(1,)](x, y, N=16)
+    want = x.double() @ x.double().T
+    assert torch.allclose(y.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_pretend_cuda_lets_an_is_cuda_assertion_pass_and_restores_it():
+    from helpers.course.yours.triton_runtime import asserts_is_cuda, pretend_cuda
+
+    x = torch.zeros(2)
+    try:
+        assert x.is_cuda, "expected CUDA tensors"
+    except AssertionError as exc:
+        assert asserts_is_cuda(exc) or torch.cuda.is_available()
+    with pretend_cuda():
+        assert x.is_cuda
+    assert x.is_cuda == (x.device.type == "cuda") and "is_cuda" not in torch.Tensor.__dict__
+
+
+def test_bf16_in_the_interpreter_counts_for_its_dtype_and_only_right_values():
+    """In the CPU's interpreter a bf16 case's wrong values, and an operation the interpreter lacks, are 'needs a
+    GPU'; a wrong output dtype, an exception in the student's own Python, Triton's front end refusing the kernel and
+    an out-of-bounds access still count; fp32 is judged as always."""
+    from helpers.course.yours.triton_runtime import NotHere, OutOfBounds, interpreted
+
+    bf16, fp32 = N.NormCase((2, 8), torch.bfloat16), N.NormCase((2, 8))
+    check = interpreted(lambda apply, case, device="cpu": apply(case))
+    assert check(lambda c: "y[0] = 3, float64 says 1", fp32) == "y[0] = 3, float64 says 1"
+    with pytest.raises(NotHere, match="interpreter does not compute in bf16"):
+        check(lambda c: "y[0] = 3, float64 says 1", bf16)
+    dtype = f"y is torch.float32, {N.DTYPE_MISMATCH} torch.bfloat16"
+    assert check(lambda c: dtype, bf16) == dtype
+
+    def raising(exc):
+        def apply(case):
+            raise exc
+
+        return apply
+
+    with pytest.raises(RuntimeError):  # the student's PyTorch backward
+        check(raising(RuntimeError("expected m1 and m2 to have the same dtype")), bf16)
+    for cause in (OutOfBounds("tl.load reaches 4 elements outside"), AssertionError("Both operands must be same")):
+        err = RuntimeError("InterpreterError")  # what a GPU refuses too: counts
+        err.__cause__ = cause
+        with pytest.raises(RuntimeError):
+            check(raising(err), bf16)
+    err.__cause__ = AttributeError("'InterpreterBuilder' object has no attribute 'get_bf16'")
+    with pytest.raises(NotHere):  # what only the interpreter lacks
+        check(raising(err), bf16)
+
+
+class _StickyCudaError(torch.autograd.Function):
+    """Exact attention (SDPA, its gradients by autograd) that raises what a GPU's illegal address raises on
+    N_q != N_k, and on every call after it in the same process (a CUDA error is sticky)."""
+
+    failed = []
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        if q.shape[-2] != k.shape[-2] or _StickyCudaError.failed:
+            _StickyCudaError.failed.append(1)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        ctx.save_for_backward(q, k, v)
+        ctx.is_causal = is_causal
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    @staticmethod
+    def backward(ctx, do):
+        with torch.enable_grad():
+            q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=ctx.is_causal)
+            return (*torch.autograd.grad(o, (q, k, v), do), None)
+
+
+def test_a_cuda_error_stops_the_process_and_is_the_students_failure(monkeypatch):
+    """The property that met the CUDA error is the student's ERROR (never 'needs a GPU', even when our own proof
+    run would fail too in the poisoned process); nothing runs after it in this process."""
+    from helpers.course.yours.adapters import Adapter
+    from helpers.course.yours.report import NEEDS_GPU
+
+    _StickyCudaError.failed.clear()
+    runtime = K.TritonRuntime("cpu", "", None, lambda *a: "CUDA error: ours fails too in this process")
+    props = {"ok": [AC.AttnCase(16, 16, 16, False)], "nk": [AC.AttnCase(16, 32, 16, False)], "after": [LSE]}
+    name = "get_flashattention_autograd_function_triton"
+    adapter = Adapter("attention", "triton", "ok", {name: lambda: _StickyCudaError})
+    _, checks, poisoned = K._function_checks(adapter, [K.Suite(props, K.check_attn_function)], runtime)
+    assert poisoned and [c.prop for c in checks] == ["ok", "nk"]
+    assert checks[0].status == PASS and checks[1].status == ERROR != NEEDS_GPU
+    assert "CUDA error" in checks[1].detail and "fresh process" in checks[1].detail
+    on_gpu = K.TritonRuntime("cuda", "", None, lambda *a: "fails")
+    assert on_gpu.cannot_run(LSE) == ""  # on a GPU our kernel is never the proof that a case cannot run
+
+
+LSE = AC.AttnCase(32, 32, 16, False)
+
+
+def test_on_a_gpu_fp32_triton_is_held_to_the_courses_bound(monkeypatch):
+    """tl.dot rounds fp32 to TF32 on a GPU and the course's tests accept 1e-2: there the contract's bound for fp32 is
+    the course's; bf16 keeps its derived bound. On the CPU (the interpreter's exact fp32), the derived bound."""
+    from helpers.course.yours import kernel_suites as S
+
+    case = AC.AttnCase(32, 32, 16, False, batch=1)
+
+    def off_by(rel):
+        return lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c) * (1 + rel)
+
+    cpu = S.attention_suites("triton", Options())
+    assert "the bound" in cpu[0].check(off_by(3e-3), case, "cpu")  # far past fp32's arithmetic
+    monkeypatch.setattr(S, "triton_device", lambda: "cuda")
+    gpu = S.attention_suites("triton", Options())
+    assert gpu[0].check(off_by(3e-3), case, "cpu") == ""  # within rtol = atol = 1e-2
+    assert "the bound" in gpu[0].check(off_by(3e-2), case, "cpu")
+    bf16 = AC.AttnCase(32, 32, 16, False, torch.bfloat16, batch=1)
+    assert "the bound" in AC.check_attn_function(off_by(3e-2), bf16, tolerance=AC.COURSE)
+    assert S._attn_check_at(off_by(3e-2), bf16, tolerance=AC.COURSE) == ""  # bf16 keeps its own derived bound
+    assert "the bound" in S._attn_check_at(off_by(0.3), bf16, tolerance=AC.COURSE)
+
+
+def test_the_sdpa_baseline_is_given_4d_inputs(monkeypatch):
+    """PyTorch's fused SDPA kernels take (batch, heads, N, d) only: the 3-D inputs go in as (1, batch, N, d)."""
+    from helpers.course.yours import kernel_timing as T
+
+    seen, real = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        T.F, "scaled_dot_product_attention", lambda q, *a, **kw: seen.append(q.dim()) or real(q, *a, **kw)
+    )
+    q, k, v, _ = AC.attn_inputs(AC.AttnCase(32, 32, 16, True, batch=3))
+    o = T.sdpa_3d(q, k, v, True)
+    assert seen == [4] and o.shape == q.shape
+    assert torch.allclose(o, real(q, k, v, is_causal=True), atol=1e-6)
+
+
+def test_the_contract_cases_keep_the_handouts_promises():
+    """Within the contract: N and d powers of two and at least 16, 3-D; the Triton version's cases reach several
+    query tiles, batch elements that outnumber them, N = 16, N_q != N_k, d = 16 and 128, bf16 and fp32; RMSNorm
+    reaches H = 8192 with eps-sensitive rows."""
+
+    def power(n):
+        return n >= 16 and n & (n - 1) == 0
+
+    for props in (AC.ATTN_PYTORCH_CONTRACT, AC.ATTN_CAUSAL_RUNS, AC.ATTN_TRITON_CONTRACT, AC.ATTN_TRITON_GPU_CONTRACT):
+        for case in (c for cases in props.values() for c in cases):
+            assert power(case.Tq) and power(case.Tk) and power(case.d) and not case.heads, case
+    triton = [c for cases in AC.ATTN_TRITON_CONTRACT.values() for c in cases]
+    assert any(c.batch > c.Tq // 16 for c in triton) and any(c.Tq == 16 for c in triton)
+    assert any(c.Tq != c.Tk for c in triton) and {16, 128} <= {c.d for c in triton}
+    assert {torch.float32, torch.bfloat16} == {c.dtype for c in triton} and any(c.is_causal for c in triton)
+    widths = {c.shape[-1] for cases in N.NORM_CONTRACT.values() for c in cases}
+    assert {1024, 2048, 4096, 8192} <= widths and any(
+        c.scale < 1e-2 for c in N.NORM_CONTRACT[next(p for p in N.NORM_CONTRACT if p.startswith("eps"))]
+    )
+
+
+def test_the_float64_reference_is_the_same_in_query_chunks(monkeypatch):
+    from helpers.course.yours import attn_reference as R
+
+    case = AC.AttnCase(64, 128, 16, True)
+    q, k, v, do = AC.attn_inputs(case)
+    whole = R.attn_float64(q, k, v, do, R.Variant(True))
+    monkeypatch.setattr(R, "CHUNK_ELEMENTS", 5 * 128)  # 5 query rows at a time, the last chunk shorter
+    chunked = R.attn_float64(q, k, v, do, R.Variant(True))
+    for name in whole.want:
+        assert torch.allclose(whole.want[name], chunked.want[name], rtol=1e-12, atol=1e-12), name
+        assert torch.allclose(whole.scales[name], chunked.scales[name], rtol=1e-12, atol=1e-12), name
+    assert (whole.s_max, whole.s_abs_d) == pytest.approx((chunked.s_max, chunked.s_abs_d), rel=1e-12)
+
+
+STICKY_STUDENT = """
+import math, os, signal
+import torch
+import torch.nn.functional as F
+
+FAILED = []
+
+
+class Exact(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        if q.shape[-2] != k.shape[-2] or FAILED:
+            FAILED.append(1)
+            BREAK()
+        s = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if is_causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        lse = torch.logsumexp(s, -1)
+        ctx.save_for_backward(q, k, v, lse)
+        ctx.is_causal = is_causal
+        return (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, do):
+        with torch.enable_grad():
+            q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors[:3])
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=ctx.is_causal)
+            return (*torch.autograd.grad(o, (q, k, v), do), None)
+
+
+def get_flashattention_autograd_function_triton():
+    return Exact
+"""
+
+
+@pytest.mark.parametrize(
+    "how, says",
+    [
+        ("os.kill(os.getpid(), signal.SIGSEGV)", "died in this check (SIGSEGV)"),
+        ("raise RuntimeError('CUDA error: an illegal memory access was encountered')", "a CUDA error"),
+    ],
+    ids=["crash", "cuda-error"],
+)
+def test_a_process_broken_in_one_check_names_it_and_the_others_are_judged(tmp_path, how, says):
+    """A crash, or a CUDA error (simulated: it fails every later call in its process, as on a GPU), in the N_q != N_k
+    cases: that property is the student's ERROR, the others run in a fresh process and pass."""
+    from helpers.course.yours.kernel_launch import _impl_checks
+    from helpers.course.yours.report import NEEDS_GPU
+
+    path = tmp_path / "adapters.py"
+    path.write_text(STICKY_STUDENT.replace("BREAK()", how))
+    checks = _impl_checks(K.attention_worker, str(path), "attention", CHECKS_ONLY, "triton")
+    within = {c.prop: c for c in checks if not c.beyond}
+    broken = within.pop("N_q != N_k (powers of two)")
+    assert broken.status == ERROR != NEEDS_GPU and says in broken.detail, broken
+    assert within and all(c.status == PASS for c in within.values()), within
+    assert list(within)[0].startswith("batch elements")  # in the order the properties are checked

@@ -49,7 +49,6 @@ class Options:
     timed: bool = True  # time the implementations (the checks alone: False)
     compiled: bool = True  # time torch.compile'd PyTorch too (its first call compiles: seconds on a CPU)
     timeout_s: float = 300.0  # per launched check: a hung collective is reported after this
-    parts: tuple = ("course", "beyond")  # a kernel topic's checks within the handout, the probes beyond it, or both
 
 
 RUNNERS = {  # topic -> (module, function): kernels run in one launched rank here, distributed ones launch their own
@@ -94,7 +93,8 @@ def inventory(adapters_path) -> dict:
 def first_launch_worker(adapters_path: str, opts: Options, topics: list[str]) -> tuple[dict, dict]:
     """The inventory and then every requested kernel topic the file implements, in one launched rank: the student's
     code is imported once instead of once per launch (about 4 s each on a 2-core CPU). (inventory, {topic: result});
-    when this launch crashes or hangs, run() goes back to a launch per step, which pins the failure down."""
+    when this launch crashes or hangs, run() goes back to a launch per step, which pins the failure down; a topic
+    that meets a CUDA error (and those after it) is left out, to run in launches of its own."""
     found = inventory_worker(adapters_path)
     if "error" in found:
         return found, {}
@@ -103,7 +103,10 @@ def first_launch_worker(adapters_path: str, opts: Options, topics: list[str]) ->
         named = [impl for impl, status in found[topic] if status == "ok"]
         if topic in IN_ONE_RANK and named:
             module, name = RUNNERS[topic]
-            done[topic] = getattr(importlib.import_module(module), name)(adapters_path, opts, named)
+            result = getattr(importlib.import_module(module), name)(adapters_path, opts, named)
+            if result.poisoned:  # a CUDA error: this process can run nothing more on the GPU
+                break
+            done[topic] = result
     return found, done
 
 
@@ -124,61 +127,6 @@ def _first_launch(adapters_path, topics: list[str], opts: Options) -> tuple[dict
     return found, done
 
 
-def _in_rank(fn, path: str, opts: Options, *args):
-    """fn(path, opts, *args) in one launched rank: its TopicResult, or the launch failure (crash, hang)."""
-    from helpers.launch import RankError, launch
-
-    try:
-        return launch(fn, 1, path, opts, *args, timeout_s=opts.timeout_s)[0]
-    except (RankError, TimeoutError) as exc:
-        return exc
-
-
-def run_kernel_topic(adapters_path: str, topic: str, opts: Options, impls: list[str]):
-    """A kernel topic: every implementation checked and (those that passed) timed in one launch; if that launch
-    crashes or hangs, each implementation's checks within the handout in a launch of their own, its probes beyond the
-    handout in another, then the timing in another, so the failure is pinned on one implementation and one part and
-    hides nothing else (a 4-D probe that makes a 3-D kernel read outside its tensors in Triton's interpreter kills
-    the process: the contract's checks stand)."""
-    from helpers.course.yours.report import ERROR, Check, TopicResult, failure_summary, passed
-
-    module, name = RUNNERS[topic]
-    fn = getattr(importlib.import_module(module), name)
-    got = _in_rank(fn, adapters_path, opts, impls)
-    if not isinstance(got, BaseException):
-        return got
-    result, timed = TopicResult(topic), []
-    for impl in impls:
-        checks = _by_part(fn, adapters_path, topic, impl, opts)
-        result.checks += checks
-        if passed(checks, impl):
-            timed.append(impl)
-    if opts.timed:
-        got = _in_rank(fn, adapters_path, opts, [], timed)
-        if isinstance(got, BaseException):
-            result.checks.append(Check(topic, "-", "timing runs", ERROR, failure_summary(got), beyond=True))
-        else:
-            result.checks += got.checks
-            result.rows += got.rows
-    return result
-
-
-def _by_part(fn, path: str, topic: str, impl: str, opts: Options) -> list:
-    """One implementation's checks within the handout, then its probes beyond it, each in a launch of its own: a
-    crash or hang is an ERROR row of the part it happened in (beyond the handout: information, never the verdict)."""
-    from helpers.course.yours.report import ERROR, Check, failure_summary
-
-    course = _in_rank(fn, path, replace(opts, timed=False, parts=("course",)), [impl])
-    if isinstance(course, BaseException):
-        return [Check(topic, impl, "runs to the end", ERROR, failure_summary(course))]
-    beyond = _in_rank(fn, path, replace(opts, timed=False, parts=("beyond",)), [impl])
-    if isinstance(beyond, BaseException):
-        detail = failure_summary(beyond) + "; the checks within the handout ran to the end in a process of their own"
-        why = "these probes go past what the handout asks (other lengths and layouts, 16-bit dtypes)"
-        return course.checks + [Check(topic, impl, "the probes run", ERROR, detail, True, why)]
-    return course.checks + [c for c in beyond.checks if c.beyond]
-
-
 def run_topic(adapters_path, topic: str, opts: Options, impls: list[str] | None = None):
     """One topic's TopicResult; a crash, a timeout or an error of ours becomes an ERROR check, never an exception."""
     from helpers.course.yours.adapters import ADAPTERS
@@ -187,6 +135,8 @@ def run_topic(adapters_path, topic: str, opts: Options, impls: list[str] | None 
 
     try:
         if topic in IN_ONE_RANK:
+            from helpers.course.yours.kernel_launch import run_kernel_topic
+
             return run_kernel_topic(str(adapters_path), topic, opts, list(ADAPTERS[topic]) if impls is None else impls)
         module, name = RUNNERS[topic]
         return getattr(importlib.import_module(module), name)(str(adapters_path), opts)

@@ -1,16 +1,17 @@
-"""FlashAttention-2 checks (2025/2026 editions): a student's Function against float64 closed forms of FA-2's backward,
-the logsumexp it saves, and which inputs the handout promises.
+"""FlashAttention-2 checks (2025/2026 editions): a student's Function against the float64 reference of attn_reference
+(FA-2's backward in closed form), the logsumexp it saves, and which inputs the handout promises.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
+from helpers.course.yours.attn_reference import Reference, Variant, attn_float64
 from helpers.course.yours.numerics import (
+    DTYPE_MISMATCH,
     U32,
     BackwardMissing,
     ShapeError,
@@ -24,8 +25,6 @@ from helpers.course.yours.numerics import (
     unit,
     worst,
 )
-
-# ---- FlashAttention-2 -------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -47,10 +46,11 @@ class AttnCase:
         )
 
 
-# 2025/2026 handouts and tests (flash_forward, flash_backward): fp32, 3-D (batch, N, d), N and d powers of two and at
-# least 16 (the tests: 4 x 128 x 64), N_q and N_k may differ, is_causal may be ignored by the PyTorch version; the
-# Triton version masks causally (flash_forward (c)), with N_q = N_k there. Exactly one (batch, N_q) logsumexp is
-# saved (the tests look for it).
+BF16 = torch.bfloat16
+# 2025/2026 handouts and tests (flash_forward, flash_backward): 3-D (batch, N, d), N and d powers of two and at least 16
+# ("we will always test your code with" such sizes; the tests: fp32 4 x 128 x 64), N_q and N_k may differ; the
+# PyTorch version may ignore is_causal (flash_forward (a)). Exactly one (batch, N_q) logsumexp is saved (the tests
+# look for it).
 ATTN_PYTORCH_CONTRACT = {
     "output and gradients vs float64, fp32 (batch, N, d)": [
         AttnCase(128, 128, 64, False, batch=4),
@@ -62,20 +62,50 @@ ATTN_PYTORCH_CONTRACT = {
 ATTN_CAUSAL_RUNS = {  # the PyTorch version: is_causal=True must run; the mask may be ignored
     "is_causal=True runs (the mask may be ignored)": [AttnCase(16, 16, 16, True), AttnCase(128, 128, 64, True)],
 }
-ATTN_TRITON_CONTRACT = {  # small batches: the CPU's interpreter runs every program in Python
-    "output and gradients vs float64, fp32 (batch, N, d)": [AttnCase(128, 128, 64, False, batch=1)],
-    "N_q != N_k (powers of two)": [AttnCase(64, 128, 32, False, batch=1)],
+# The Triton version, in addition: the grid is (T_q, batch) (flash_forward (b)), it masks causally when asked
+# (flash_forward (c)), and flash_benchmarking (a) runs it at N 128 to 65,536, d 16 to 128, in bf16 and fp32 (its
+# output in the input's dtype: "cast O_i to the appropriate dtype"). Here the CPU-affordable cases that take the same
+# code paths: several query and key tiles, batch elements that outnumber the query tiles (a grid whose axes are
+# swapped against program_id reads and writes the wrong ones), N = 16 (shorter than most tiles: a load without a
+# boundary check, or a tile's zero-padded keys left in the softmax), N_q != N_k, d = 16 and 128, bf16 and fp32.
+ATTN_TRITON_CONTRACT = {
+    "batch elements apart from query tiles (the grid is (T_q, batch))": [AttnCase(64, 64, 32, False, batch=5)],
+    "output and gradients vs float64, fp32 (batch, N, d)": [AttnCase(128, 128, 64, False, batch=2)],
+    "N = 16, shorter than a tile of 32 or more": [
+        AttnCase(16, 16, 16, False, batch=3),
+        AttnCase(16, 16, 32, True, batch=3),
+    ],
+    "N_q != N_k (powers of two)": [AttnCase(64, 128, 32, False, batch=2), AttnCase(128, 64, 32, False, batch=2)],
     "causal mask (query i sees keys j <= i)": [AttnCase(128, 128, 32, True, batch=1)],
-    "head dims 16 to 128": [AttnCase(64, 64, 16, True, batch=1), AttnCase(32, 32, 128, False, batch=1)],
+    "head dims 16 to 128": [AttnCase(128, 128, 16, True, batch=1), AttnCase(64, 64, 128, False, batch=1)],
+    "bf16 (the handout benchmarks bf16 and fp32)": [
+        AttnCase(128, 128, 64, True, BF16, batch=1),
+        AttnCase(64, 64, 16, False, BF16, batch=2),
+    ],
 }
-ATTN_BEYOND = {  # probes past the handout: tails, 4-D, bf16
+# On a GPU (the gpu profile): the benchmark's sizes, up to the leaderboard's N = 16,384 (bf16, causal, which "must
+# pass the same tests"); its longest, 65,536, is reported only: a backward by recomputation in PyTorch, which the
+# handout suggests, may run out of memory there.
+ATTN_TRITON_GPU_CONTRACT = {
+    "the benchmark's sizes (N to 16,384, d 16 to 128, bf16 and fp32, causal)": [
+        AttnCase(16384, 16384, 64, True, BF16, batch=1),
+        AttnCase(16384, 16384, 128, True, batch=1),
+        AttnCase(4096, 4096, 16, True, BF16, batch=1),
+        AttnCase(128, 128, 128, True, batch=1),
+    ],
+}
+ATTN_TRITON_GPU_BEYOND = {
+    "N = 65,536, the benchmark's longest (a recomputing backward may run out of memory)": [
+        AttnCase(65536, 65536, 64, True, BF16, batch=1),
+    ],
+}
+ATTN_BEYOND = {  # probes past the handout: tails, 4-D
     "lengths that are not tile multiples": [
         AttnCase(37, 37, 16, False, batch=1),
         AttnCase(48, 80, 32, False, batch=1),
         AttnCase(100, 100, 16, True, batch=1),
     ],
     "4-D (batch, heads, N, d)": [AttnCase(32, 32, 32, True, batch=1, heads=2)],
-    "bf16": [AttnCase(32, 32, 32, True, torch.bfloat16, batch=1)],
 }
 ATTN_PYTORCH_BEYOND = {
     "causal mask applied (optional for the PyTorch version)": [
@@ -83,9 +113,15 @@ ATTN_PYTORCH_BEYOND = {
         AttnCase(128, 128, 64, True),
     ],
     **ATTN_BEYOND,
+    "bf16": [AttnCase(32, 32, 32, True, BF16, batch=1)],
 }
-ATTN_PROPERTIES = {**ATTN_PYTORCH_CONTRACT, **ATTN_TRITON_CONTRACT, **ATTN_BEYOND}  # every case a correct one passes
+ATTN_PROPERTIES = {**ATTN_PYTORCH_CONTRACT, **ATTN_TRITON_CONTRACT, **ATTN_PYTORCH_BEYOND}  # a correct one passes all
 LSE_CASE = AttnCase(64, 64, 32, False)
+
+# How close an output must be: DERIVED from the dtype's arithmetic (numerics.py); COURSE, the course's own bound for
+# its Triton tests on a GPU, assert_close(rtol=1e-2, atol=1e-2), where tl.dot rounds fp32 operands to TF32 by default.
+DERIVED, COURSE = "derived", "course"
+COURSE_TOL = 1e-2
 
 
 def attn_inputs(case: AttnCase, seed: int = 0, device="cpu") -> tuple[Tensor, ...]:
@@ -100,84 +136,108 @@ def attn_inputs(case: AttnCase, seed: int = 0, device="cpu") -> tuple[Tensor, ..
     return draw(case.Tq), draw(case.Tk), draw(case.Tk), draw(case.Tq, grad=False)
 
 
-def attn_float64(
-    q, k, v, do, is_causal: bool, *, shift: int = 0, scaled: bool = True, keys: int | None = None
-) -> tuple[dict, dict, float]:
-    """o, lse, dq, dk, dv in float64 (closed forms of FA-2's backward), their scales, and the scores' worst error.
-    shift moves the causal diagonal (query i sees keys j <= i + shift); scaled=False drops 1/sqrt(d); keys=n uses
-    only the first n keys (their gradients stay zero beyond)."""
-    q, k, v, do = (t.detach().double().cpu() for t in (q, k, v, do))
-    Tk = k.shape[-2]
-    if keys is not None:
-        k, v = k[..., :keys, :], v[..., :keys, :]
-    d = q.shape[-1]
-    c = d**-0.5 if scaled else 1.0
-    s = q @ k.transpose(-2, -1) * c  # (..., Tq, Tk)
-    if is_causal:
-        mask = torch.ones(s.shape[-2:], dtype=torch.bool).tril(shift).logical_not()  # (Tq, Tk) True: hidden
-        s = s.masked_fill(mask, -math.inf)
-    lse = torch.logsumexp(s, -1)  # (..., Tq)
-    p = torch.exp(s - lse[..., None])  # (..., Tq, Tk)
-    o = p @ v  # (..., Tq, d)
-    dp = do @ v.transpose(-2, -1)  # (..., Tq, Tk)
-    delta = (do * o).sum(-1, keepdim=True)  # (..., Tq, 1)
-    ds = p * (dp - delta)  # (..., Tq, Tk)
-    want = {"o": o, "lse": lse, "dq": ds @ k * c, "dk": ds.transpose(-2, -1) @ q * c, "dv": p.transpose(-2, -1) @ do}
-    ads = p * (do.abs() @ v.abs().transpose(-2, -1) + (do * o).abs().sum(-1, keepdim=True))  # (..., Tq, Tk)
-    scales = {
-        "o": p @ v.abs(),
-        "lse": torch.ones_like(lse) + lse.abs(),
-        "dq": ads @ k.abs() * c,
-        "dk": ads.transpose(-2, -1) @ q.abs() * c,
-        "dv": p.transpose(-2, -1) @ do.abs(),
-    }
-    if keys is not None and keys < Tk:  # the keys left out get zero gradients (and a zero scale)
-        for name in ("dk", "dv"):
-            pad = torch.zeros(*want[name].shape[:-2], Tk - keys, d, dtype=torch.float64)
-            want[name], scales[name] = torch.cat([want[name], pad], -2), torch.cat([scales[name], pad], -2)
-    s_abs = (q.abs() @ k.abs().transpose(-2, -1)) * c  # (..., Tq, Tk) sum of |terms| of each score
-    finite = s.isfinite()
-    return want, scales, (float(s.abs().where(finite, 0).amax()), float((d * s_abs).where(finite, 0).amax()))
-
-
-def attn_bounds(scales: dict, case: AttnCase, score_err: tuple[float, float]) -> dict:
-    """Derived bounds: roundings and float32 sums, plus the scores' error carried through exp (2 dS, relative);
-    score_err = (max |S|, max d * sum|q||k|/sqrt(d)) from attn_float64."""
-    s_max, s_abs_d = score_err
-    dS = unit(case.dtype) * s_max + U32 * s_abs_d
+def attn_bounds(ref: Reference, case: AttnCase, tolerance: str = DERIVED) -> dict:
+    """Each output's bound: COURSE's rtol = atol = 1e-2 on the reference, or the derived one (roundings and float32
+    sums, plus the scores' error carried through exp: 2 dS, relative)."""
+    if tolerance == COURSE:
+        return {name: COURSE_TOL + COURSE_TOL * w.abs() for name, w in ref.want.items()}
+    dS = unit(case.dtype) * ref.s_max + U32 * ref.s_abs_d
     n = {"o": case.Tk, "lse": case.Tk, "dq": case.Tk + case.d, "dk": case.Tq + case.d, "dv": case.Tq}
-    return bounds(scales, case.dtype, n, extra=2 * dS)
+    return bounds(ref.scales, case.dtype, n, extra=2 * dS)
 
 
-def attn_mistake(got: dict, q, k, v, do, case: AttnCase) -> str:
-    """The likely mistake when every output in `got` (o, and dq, dk, dv when there) matches a known wrong variant
-    within the same bounds, else ''."""
-    variants = [("no 1/sqrt(d) scaling of the scores", dict(is_causal=case.is_causal, scaled=False))]
+def _reference(q, k, v, do, case: AttnCase, tolerance: str, variant: Variant | None = None) -> tuple[dict, dict]:
+    """(want, bound) of the variant (default: the right attention for the case)."""
+    ref = attn_float64(q, k, v, do, variant or Variant(case.is_causal))
+    return ref.want, attn_bounds(ref, case, tolerance)
+
+
+def _variants(case: AttnCase) -> list[tuple[str, Variant]]:
+    """Known mistakes whose whole output signature names them."""
+    c = case.is_causal
+    out = [("no 1/sqrt(d) scaling of the scores", Variant(c, scaled=False))]
     if case.Tk > case.Tq:
-        variants.append(
+        out.append(
             (
                 "keys beyond the first N_q are ignored (the key loop must run over N_k, not N_q)",
-                dict(is_causal=case.is_causal, keys=case.Tq),
+                Variant(c, keys=case.Tq),
             )
         )
-    if case.is_causal:
-        variants += [
-            ("the causal mask is shifted by one: query i also sees key i+1", dict(is_causal=True, shift=1)),
-            ("is_causal is ignored (no mask applied)", dict(is_causal=False)),
+    padded = set()
+    for tile in (16, 32, 64, 128, 256):
+        length = -(-case.Tk // tile) * tile
+        if length != case.Tk and length not in padded:  # a tile of `tile` keys pads N_k with zero keys
+            padded.add(length)
+            out.append(
+                (
+                    f"tiles of {tile} keys pad N_k = {case.Tk} to {length} with zero keys, and they enter the "
+                    "softmax (mask the keys j >= N_k, or use tiles no longer than N)",
+                    Variant(c, pad_to=tile),
+                )
+            )
+    if c:
+        out += [
+            ("the causal mask is shifted by one: query i also sees key i+1", Variant(True, shift=1)),
+            ("is_causal is ignored (no mask applied)", Variant(False)),
         ]
-    for label, kwargs in variants:
-        want, scales, err = attn_float64(q, k, v, do, **kwargs)
-        if matches(got, want, attn_bounds(scales, case, err)):
+    return out
+
+
+def attn_mistake(got: dict, q, k, v, do, case: AttnCase, tolerance: str = DERIVED) -> str:
+    """The likely mistake when every output in `got` (o, and dq, dk, dv when there) matches a known wrong variant
+    within the same bounds, else ''."""
+    for label, variant in _variants(case):
+        if matches(got, *_reference(q, k, v, do, case, tolerance, variant)):
             return f"likely mistake: {label}"
     if case.is_causal and not torch.isfinite(got["o"].detach()[..., 0, :]).all():
         return "likely mistake: the causal mask hides the diagonal (query 0 sees no key: NaN)"
-    want, scales, err = attn_float64(q, k, v, do, case.is_causal)
-    bound = attn_bounds(scales, case, err)
+    want, bound = _reference(q, k, v, do, case, tolerance)
+    batch = _batch_mistake(got["o"], want["o"], bound["o"])
+    if batch:
+        return batch
     wrong = [n for n in got if got[n].shape == want[n].shape and worst(n, got[n], want[n], bound[n]) is not None]
     return constant_factor(wrong[0], got[wrong[0]], want[wrong[0]], bound[wrong[0]]) if len(wrong) == 1 else ""
 
 
-def check_attn_function(apply, case: AttnCase, device="cpu", *, mask_optional: bool = False) -> str:
+def _batch_mistake(o: Tensor, want: Tensor, bound: Tensor) -> str:
+    """A batch-shaped signature in the output: the first n batch elements right and the others not (a grid that
+    covers too few of them), or every one equal to element 0's attention (no batch offset). '' otherwise."""
+    if o.dim() != 3 or o.shape[0] < 2 or o.shape != want.shape:
+        return ""
+    right = [worst("o", o[b], want[b], bound[b]) is None for b in range(o.shape[0])]
+    n = right.index(False) if False in right else len(right)
+    if n == len(right) or any(right[n:]):
+        return ""
+    if all(worst("o", o[b], want[0], bound[0]) is None for b in range(1, o.shape[0])):
+        return (
+            "likely mistake: every batch element gets element 0's attention: the batch offset "
+            "(batch_index * stride_b) is not applied to the pointers"
+        )
+    if n == 0:
+        return ""
+    return (
+        f"likely mistake: only the first {n} of {o.shape[0]} batch elements are right: a launch grid whose axes are "
+        "swapped against tl.program_id? (the handout's grid is (T_q, batch): program_id(0) the query tile, "
+        "program_id(1) the batch element)"
+    )
+
+
+@dataclass
+class Differs:
+    """What differed in one case: the mismatch (or what is missing) and, when recognised, the likely mistake."""
+
+    case: AttnCase
+    what: str
+    mistake: str = ""
+    forward: bool = True  # the forward (o) differs, not only the gradients
+
+    def __str__(self) -> str:
+        return f"{self.case}: {self.what}" + (f". {self.mistake}" if self.mistake else "")
+
+
+def check_attn_function(
+    apply, case: AttnCase, device="cpu", *, mask_optional: bool = False, tolerance: str = DERIVED
+) -> str:
     """'' when o = apply(q, k, v, is_causal) and dq, dk, dv are within the bounds, else what differed.
     mask_optional: a causal case may also match the unmasked result (the PyTorch version may ignore is_causal)."""
     q, k, v, do = attn_inputs(case, device=device)
@@ -185,38 +245,55 @@ def check_attn_function(apply, case: AttnCase, device="cpu", *, mask_optional: b
     if not isinstance(o, Tensor):
         raise ShapeError(f"apply(q, k, v, is_causal) returned {type(o).__name__}, expected the output tensor")
     if o.dtype != q.dtype:
-        return f"{case}: o is {o.dtype}, expected the input's dtype {q.dtype}"
+        return f"{case}: o is {o.dtype}, {DTYPE_MISMATCH} {q.dtype}"
     grads = _grads(o, (q, k, v), do)
     got = (
         {"o": o}
         if not all(isinstance(g, Tensor) for g in grads)
         else dict(zip(("o", "dq", "dk", "dv"), (o, *grads), strict=True))
     )
-    results = [_attn_differs(got, grads, q, k, v, do, case)]
-    if mask_optional and results[0]:
-        results.append(_attn_differs(got, grads, q, k, v, do, replace(case, is_causal=False)))
-    return "" if not all(results) else results[0]
+    masked = _attn_differs(got, grads, (q, k, v, do), case, tolerance)
+    if not (mask_optional and masked):
+        return str(masked or "")
+    unmasked = _attn_differs(got, grads, (q, k, v, do), replace(case, is_causal=False), tolerance)
+    if not unmasked:
+        return ""
+    if unmasked.forward:
+        return str(masked)
+    # the forward ignores the mask (allowed) and its gradients are not that forward's
+    backward_masked = Variant(False, backward_causal=True)
+    likely = matches(got, *_reference(q, k, v, do, case, tolerance, backward_masked))
+    hint = (
+        "likely mistake: the backward applies the causal mask the forward left out"
+        if likely
+        else "does the backward apply the causal mask the forward left out?"
+    )
+    return (
+        f"{case}: the forward ignores is_causal (allowed for the PyTorch version), but the gradients are not that "
+        f"forward's: {unmasked.what}. {hint} (mask in both or in neither)"
+    )
 
 
-def _attn_differs(got: dict, grads, q, k, v, do, case: AttnCase) -> str:
-    want, scales, err = attn_float64(q, k, v, do, case.is_causal)
-    bound = attn_bounds(scales, case, err)
+def _attn_differs(got: dict, grads, inputs: tuple, case: AttnCase, tolerance: str) -> Differs | None:
+    """How got (o, and its gradients when there) differs from the case's attention, or None."""
+    want, bound = _reference(*inputs, case, tolerance)
     want.pop("lse")
     m = worst("o", got["o"], want["o"], bound["o"])  # the forward first: its error explains the gradients'
     if m is not None:  # the forward's own signature names the mistake (the gradients follow from it)
-        return f"{case}: {m}. {attn_mistake({'o': got['o']}, q, k, v, do, case)}".strip()
+        return Differs(case, str(m), attn_mistake({"o": got["o"]}, *inputs, case, tolerance))
     if isinstance(grads[0], str):
         raise BackwardMissing(f"{case}: forward within its bounds")
     if len(got) == 1:
-        return f"{case}: no gradient for {'qkv'[[gr is None for gr in grads].index(True)]} (is backward returning it?)"
+        missing = "qkv"[[gr is None for gr in grads].index(True)]
+        return Differs(case, f"no gradient for {missing} (is backward returning it?)", forward=False)
     try:
         m = first_mismatch(got, want, bound)
     except ShapeError as exc:
-        return f"{case}: {exc}"
-    return "" if m is None else f"{case}: {m}. {attn_mistake(got, q, k, v, do, case)}".strip()
+        return Differs(case, str(exc), forward=False)
+    return None if m is None else Differs(case, str(m), attn_mistake(got, *inputs, case, tolerance), forward=False)
 
 
-def check_lse_saved(apply, case: AttnCase = LSE_CASE, device="cpu") -> str:
+def check_lse_saved(apply, case: AttnCase = LSE_CASE, device="cpu", *, tolerance: str = DERIVED) -> str:
     """Exactly one logsumexp (shape (batch, N_q), as the course's tests look for it) saved for backward, equal to
     float64's L."""
     q, k, v, do = attn_inputs(case, device=device)
@@ -228,8 +305,8 @@ def check_lse_saved(apply, case: AttnCase = LSE_CASE, device="cpu") -> str:
             "(the logsumexp L = m + log(l)); "
             + ("saving m and l separately?" if len(rows) == 2 else "backward must rebuild P from L")
         )
-    want, scales, err = attn_float64(q, k, v, do, case.is_causal)
-    m = worst("L", rows[0], want["lse"], attn_bounds(scales, case, err)["lse"])
+    want, bound = _reference(q, k, v, do, case, tolerance)
+    m = worst("L", rows[0], want["lse"], bound["lse"])
     return "" if m is None else f"{case}: the saved (..., Tq) tensor is not the logsumexp of the scores: {m}"
 
 

@@ -1,50 +1,45 @@
 """The kernel topics of `yours`: a student's RMSNorm and FlashAttention-2 checked (norm_checks, attn_checks, with
 the numerics of numerics.py), judged only where this environment can run them (triton_runtime), and timed beside
-ours and PyTorch's. One launched rank runs one implementation's checks, or the timing.
+ours and PyTorch's (kernel_timing). One launched rank runs one implementation's checks, or the timing.
 
 What counts is what each edition's handout and tests promise (../shared/curricula.md, "The contract"): RMSNorm in fp32
-on (..., H) with eps 1e-5; FlashAttention-2 in fp32 on 3-D (batch, T, d) with T and d powers of two, at least 16, N_q
-and N_k possibly different; the PyTorch version may ignore is_causal. Everything else (bf16, non-contiguous views,
-lengths that are not tile multiples, 4-D inputs, an enforced causal mask in the PyTorch version) is a probe "beyond
-the handout": reported, never in the exit status. A Triton case this environment cannot run (no GPU for a wrapper
-that asks for CUDA, a Triton without block pointers, a case the companion's own kernel fails here) is "needs a GPU" or
-"needs another Triton", not a failure.
+on (..., H) with eps 1e-5, at the benchmark's widths up to 8192; FlashAttention-2 on 3-D (batch, N, d) with N and d
+powers of two, at least 16, N_q and N_k possibly different, the PyTorch version in fp32 and free to ignore is_causal,
+the Triton version also causal and in bf16, at the benchmark's sizes on a GPU. Everything else (bf16 for the others,
+non-contiguous views, lengths that are not tile multiples, 4-D inputs, an enforced causal mask in the PyTorch
+version) is a probe "beyond the handout": reported, never in the exit status. A Triton case this environment cannot
+run (no GPU for a wrapper that needs CUDA, a Triton without block pointers, a case the companion's own kernel fails
+in the interpreter) is "needs a GPU" or "needs another Triton", not a failure.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
+import contextlib
+import json
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
 from helpers.course.yours import Options
 from helpers.course.yours import adapters as A
-from helpers.course.yours.attn_checks import (
-    ATTN_BEYOND,
-    ATTN_CAUSAL_RUNS,
-    ATTN_PROPERTIES,  # noqa: F401
-    ATTN_PYTORCH_BEYOND,
-    ATTN_PYTORCH_CONTRACT,
-    ATTN_TRITON_CONTRACT,
-    LSE_CASE,
-    AttnCase,
-    attn_inputs,
-    check_attn_function,
-    check_lse_saved,
-    check_nothing_square_saved,
+from helpers.course.yours.attn_checks import ATTN_PROPERTIES, check_attn_function  # noqa: F401
+from helpers.course.yours.kernel_suites import (  # noqa: F401
+    Suite,
+    attention_suites,
+    backward_property,
+    norm_suites,
+    property_names,
 )
-from helpers.course.yours.norm_checks import (
-    NORM_BEYOND,
+from helpers.course.yours.kernel_timing import attn_timing, norm_timing
+from helpers.course.yours.norm_checks import (  # noqa: F401
     NORM_CONTRACT,
-    NormCase,  # noqa: F401
+    NormCase,
     check_norm_backward,
     check_norm_function,
     norm_inputs,
 )
-from helpers.course.yours.numerics import EPS, BackwardMissing, ShapeError, saved_tensors, short  # noqa: F401
+from helpers.course.yours.numerics import EPS, BackwardMissing, ShapeError  # noqa: F401
 from helpers.course.yours.report import (
     ERROR,
     FAIL,
@@ -56,10 +51,42 @@ from helpers.course.yours.report import (
     TopicResult,
     passed,
 )
-from helpers.course.yours.triton_runtime import TritonRuntime, block_pointer_probe, triton_runtime, unrunnable  # noqa: F401
-from helpers.timing import MIN_PAIRS, compare, ratio_columns, verdict
+from helpers.course.yours.triton_runtime import (  # noqa: F401
+    NotHere,
+    Poisoned,
+    TritonRuntime,
+    asserts_is_cuda,
+    block_pointer_probe,
+    cuda_broken,
+    is_cuda_error,
+    out_of_bounds,
+    triton_runtime,
+    unrunnable,
+)
 
-# ---- running a topic: inside a launched worker (student code never runs in the driver) ---------------------------
+# ---- running the checks: inside a launched worker (student code never runs in the driver) -----------------------
+
+_PROGRESS: str | None = None  # a file the driver reads after this process died: each property as it starts, each
+#                               check as it ends (JSON lines), so the crash is pinned on one property
+
+
+def _note(**entry) -> None:
+    if _PROGRESS:
+        with open(_PROGRESS, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def read_progress(path) -> tuple[list[Check], str | None]:
+    """(the checks a dead process finished, the property it was in when it died, or None)."""
+    checks, started = [], None
+    for line in Path(path).read_text().splitlines() if Path(path).exists() else []:
+        entry = json.loads(line)
+        if "start" in entry:
+            started = entry["start"]
+        else:
+            checks.append(Check(**entry["check"]))
+            started = None
+    return checks, started
 
 
 def _function_class(adapter: A.Adapter, name: str):
@@ -76,44 +103,38 @@ def _function_class(adapter: A.Adapter, name: str):
     return cls
 
 
-@dataclass
-class Suite:
-    """Properties ({name: cases}) checked by check(apply, case, device); beyond: past the handout's promises."""
-
-    properties: dict
-    check: object
-    beyond: bool = False
-
-
 def _function_checks(
-    adapter: A.Adapter, suites: list[Suite], runtime: TritonRuntime | None = None, parts=("course", "beyond")
-) -> tuple[object, list[Check]]:
-    """An adapter that returns an autograd.Function: (its apply or None, the checks); a wrong return kind is an
-    ERROR, NotImplementedError 'not implemented'. runtime: judge a Triton implementation only where ours runs.
-    parts: the suites within the handout ("course"), those beyond it ("beyond"), or both (Options.parts)."""
+    adapter: A.Adapter, suites: list[Suite], runtime: TritonRuntime | None = None, props=None
+) -> tuple[object, list[Check], bool]:
+    """An adapter that returns an autograd.Function: (its apply or None, the checks, poisoned); a wrong return kind
+    is an ERROR, NotImplementedError 'not implemented'. runtime: judge a Triton implementation only where ours runs.
+    props: only these properties. poisoned: a CUDA error stopped the checks (the last check names it)."""
     topic, impl = adapter.topic, adapter.impl
-    suites = [s for s in suites if ("beyond" if s.beyond else "course") in parts]
     try:
         cls = _function_class(adapter, A.ADAPTERS[topic][impl][0])
     except Exception as exc:  # noqa: BLE001 - the student's getter raised or returned the wrong kind
-        return None, [Check(topic, impl, "returns an autograd.Function", ERROR, str(exc))]
+        return None, [Check(topic, impl, "returns an autograd.Function", ERROR, str(exc))], False
     if cls is A.NOT_IMPLEMENTED:
-        return None, [Check(topic, impl, "implemented", NOT_IMPLEMENTED)]
+        return None, [Check(topic, impl, "implemented", NOT_IMPLEMENTED)], False
     kind = A.function_type(cls)  # judged through .apply; the type is information
     typed = [Check(topic, impl, FUNCTION_TYPE, FAIL, f"returned {kind}: its .apply was checked", True, ONLY_APPLY)]
     device = runtime.device if runtime else "cpu"
-    checks = [
-        c
-        for suite in suites
-        for c in _run_properties(
-            topic,
-            impl,
-            suite.properties,
-            lambda case, check=suite.check: check(cls.apply, case, device),
-            beyond=suite.beyond,
-            runtime=runtime,
-        )
-    ]
+    checks, poisoned = (typed if kind and props is None else []), False
+    for suite in suites:
+        chosen = {p: cs for p, cs in suite.properties.items() if props is None or p in props}
+        try:
+            checks += _run_properties(
+                topic,
+                impl,
+                chosen,
+                lambda case, check=suite.check: check(cls.apply, case, device),
+                beyond=suite.beyond,
+                runtime=runtime,
+            )
+        except Poisoned as stop:
+            checks += stop.checks
+            poisoned = True
+            break
     if any(c.detail == FORWARD_ONLY for c in checks):  # a student part-way through: the forward still counts
         checks.append(
             Check(
@@ -124,36 +145,69 @@ def _function_checks(
                 "backward raises NotImplementedError: the gradients were not checked",
             )
         )
-    return cls.apply, checks + (typed if kind and "beyond" in parts else [])
+    return cls.apply, checks, poisoned
 
 
 FUNCTION_TYPE = "a torch.autograd.Function subclass (the type the adapter's docstring names)"
 ONLY_APPLY = "the course's tests call only its .apply"  # why the type is information, not a rule
+FORWARD_ONLY = "forward only: the backward is not implemented"
+BACKWARD_MISSING = "backward missing"  # _one_case's status for a forward within its bounds and no backward
+
+
+class CudaFault(Exception):
+    """A case raised a CUDA error (the message says which and where)."""
+
+
+def _one_case(check, case, runtime: TritonRuntime | None) -> tuple[str, str]:
+    """(status, detail) of one case: PASS, FAIL, ERROR, BACKWARD_MISSING, or NEEDS_GPU / NEEDS_TRITON where this
+    environment cannot run it. CudaFault when the student's code left a CUDA error (the process is unusable)."""
+    try:
+        with runtime.running() if runtime else contextlib.nullcontext():
+            detail = check(case)
+        return (FAIL if detail else PASS), detail
+    except ShapeError as exc:
+        return FAIL, f"{case}: {exc}"
+    except BackwardMissing as exc:
+        return BACKWARD_MISSING, str(exc)
+    except NotHere as exc:
+        return NEEDS_GPU, str(exc)
+    except Exception as exc:  # noqa: BLE001 - the student's code raised: say what and where
+        oob = out_of_bounds(exc)
+        raised = f"{case}: {oob}" if oob else f"{case}: raised {type(exc).__name__}: {exc} (at {A.where(exc)})"
+        if runtime and (is_cuda_error(exc) or (runtime.device == "cuda" and cuda_broken())):
+            raise CudaFault(
+                f"{raised}: a CUDA error, which leaves this process unusable (the checks after it ran in a fresh "
+                "process; CUDA_LAUNCH_BLOCKING=1 pins an asynchronous one on the kernel that made it)"
+            ) from None
+        if runtime and runtime.device == "cpu" and not runtime.pretend_cuda and asserts_is_cuda(exc):
+            runtime.pretend_cuda = True  # the handout's example asserts is_cuda: the interpreter runs it on CPU
+            return _one_case(check, case, runtime)
+        why = unrunnable(exc, runtime) if runtime else None
+        return why if why else (ERROR, raised)
 
 
 def _run_properties(
     topic: str, impl: str, properties: dict, check, *, beyond: bool = False, runtime: TritonRuntime | None = None
 ) -> list[Check]:
     """One Check per property: the first failing case's detail, or pass; an exception in student code is ERROR;
-    a case this environment cannot run (runtime) makes the property NEEDS_GPU / NEEDS_TRITON, not a failure."""
+    a case this environment cannot run (runtime) makes the property NEEDS_GPU / NEEDS_TRITON, not a failure.
+    Poisoned (carrying the checks so far) when a case left a CUDA error."""
     out, forward_only = [], ""
     for prop, cases in properties.items():
+        _note(start=prop)
         failed, cannot = None, None  # (status, detail): the first case that fails; the first that cannot run here
         for case in cases:
             try:
-                detail = check(case)
-                status = FAIL if detail else PASS
-            except ShapeError as exc:
-                status, detail = FAIL, f"{case}: {exc}"
-            except BackwardMissing as exc:
-                status, detail = PASS, ""
-                forward_only = str(exc)
-            except Exception as exc:  # noqa: BLE001 - the student's code raised: say what and where
-                why = unrunnable(exc, runtime) if runtime else None
-                if why:
-                    cannot = cannot or (why[0], f"{case}: {why[1]}")
-                    continue
-                status, detail = ERROR, f"{case}: raised {type(exc).__name__}: {exc} (at {A.where(exc)})"
+                status, detail = _one_case(check, case, runtime)
+            except CudaFault as fault:
+                out.append(Check(topic, impl, prop, ERROR, str(fault), beyond=beyond))
+                _note(check=asdict(out[-1]))
+                raise Poisoned(out) from None
+            if status == BACKWARD_MISSING:
+                status, forward_only = PASS, detail
+            if status not in (PASS, FAIL, ERROR):  # NEEDS_GPU / NEEDS_TRITON
+                cannot = cannot or (status, detail)
+                continue
             why = runtime.cannot_run(case) if runtime and status != PASS else ""  # judged only where ours runs
             if why:
                 cannot = cannot or (
@@ -167,10 +221,8 @@ def _run_properties(
                 break
         status, detail = failed or cannot or (PASS, FORWARD_ONLY if forward_only else "")
         out.append(Check(topic, impl, prop, status, detail, beyond=beyond))
+        _note(check=asdict(out[-1]))
     return out
-
-
-FORWARD_ONLY = "forward only: the backward is not implemented"
 
 
 def _named(module, topic: str, res: TopicResult, only=None):
@@ -180,85 +232,12 @@ def _named(module, topic: str, res: TopicResult, only=None):
         if only is not None and adapter.impl not in only:
             continue
         name = A.ADAPTERS[topic][adapter.impl][0]
-        absent = _absent_or_missing(topic, adapter, name)
-        if absent:
-            res.checks.append(absent)
+        if not adapter.ok or name not in adapter.fns:
+            res.checks.append(
+                Check(topic, adapter.impl, "adapter present", SKIPPED, f"no {name} in the file (another edition's)")
+            )
         else:
             yield adapter, name
-
-
-def _absent_or_missing(topic: str, adapter: A.Adapter, name: str) -> Check | None:
-    if not adapter.ok or name not in adapter.fns:
-        return Check(topic, adapter.impl, "adapter present", SKIPPED, f"no {name} in the file (another edition's)")
-    return None
-
-
-def _fwd_bwd(apply, *inputs, grad_out):
-    """A callable: apply(*inputs) and its backward with grad_out (what every timing row measures)."""
-    leaves = [t for t in inputs if isinstance(t, Tensor) and t.requires_grad]
-    return lambda: torch.autograd.grad(apply(*inputs), leaves, grad_out)
-
-
-def timing_rows(topic: str, calls: dict, *, baseline: str, opts: Options, shape: str) -> list[dict]:
-    """Every call timed in ONE interleaved loop; a row each: median, the paired ratio to `baseline`, the verdict."""
-    comp = compare(calls, steps=max(opts.steps, MIN_PAIRS), warmup=opts.warmup, baseline=baseline)
-    rows = []
-    for label, samples in comp.samples.items():
-        who, impl = label.split(":", 1)
-        r = comp.ratio(label)
-        rows.append(
-            {
-                "topic": topic,
-                "measure": "fwd+bwd time",
-                "who": who,
-                "impl": impl,
-                "shape": shape,
-                "value": float(torch.tensor(samples).median()),
-                "unit": "s",
-                "device": comp.device,
-                "baseline": baseline,
-                **ratio_columns(r),
-                "verdict": "" if label == baseline else verdict(label, baseline, r),
-            }
-        )
-    return rows
-
-
-def saved_bytes(fn, inputs) -> int:
-    """Bytes autograd keeps for fn(*inputs)'s backward beyond the inputs themselves (unique storages)."""
-    _, saved = saved_tensors(lambda: fn(*inputs))
-    own = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, Tensor)}
-    kept = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved}
-    return sum(n for ptr, n in kept.items() if ptr not in own)
-
-
-def memory_rows(topic: str, fns: dict, inputs, *, shape: str, formula: int | None) -> list[dict]:
-    """Bytes each implementation saves for backward beyond its inputs, beside the closed form (FlashAttention: O, L)."""
-    rows = [
-        {
-            "topic": topic,
-            "measure": "saved for backward",
-            "who": label.split(":", 1)[0],
-            "impl": label.split(":", 1)[1],
-            "shape": shape,
-            "value": saved_bytes(f, inputs),
-            "unit": "B",
-        }
-        for label, f in fns.items()
-    ]
-    if formula is not None:
-        rows.append(
-            {
-                "topic": topic,
-                "measure": "saved for backward",
-                "who": "formula",
-                "impl": "FlashAttention-2: O and L",
-                "shape": shape,
-                "value": formula,
-                "unit": "B",
-            }
-        )
-    return rows
 
 
 def _timed(res: TopicResult, timing) -> None:
@@ -290,23 +269,35 @@ def _applies(module, topic: str, impls) -> dict:
     return out
 
 
-def rmsnorm_worker(adapters_path: str, opts: Options, impls=None, timed_impls=None) -> TopicResult:
-    """The file's RMSNorm implementations checked (those in `impls`; None: all), then, when opts.timed, timed beside
-    ours and PyTorch's: those that passed here, or `timed_impls` when given (checked in another launch). A launched
-    rank: student code never runs in the driver."""
+def _checked(res: TopicResult, adapter: A.Adapter, suites: list[Suite], props, yours: dict) -> bool:
+    """One implementation's checks added to res (its apply to `yours` when all passed); False once a CUDA error
+    poisoned this process (the caller stops: what is left runs in a fresh one)."""
+    runtime = triton_runtime(adapter.topic) if adapter.impl == "triton" else None
+    apply, checks, poisoned = _function_checks(adapter, suites, runtime, props)
+    res.checks += checks
+    if apply is not None and passed(checks, adapter.impl) and props is None:
+        yours[adapter.impl] = apply
+    res.poisoned = res.poisoned or poisoned
+    return not poisoned
+
+
+def rmsnorm_worker(
+    adapters_path: str, opts: Options, impls=None, timed_impls=None, props=None, progress=None
+) -> TopicResult:
+    """The file's RMSNorm implementations checked (those in `impls`; None: all; only the properties in `props` when
+    given), then, when opts.timed, timed beside ours and PyTorch's: those that passed here, or `timed_impls` when
+    given (checked in another launch). progress: a file to note each property in (read_progress). A launched rank:
+    student code never runs in the driver."""
     from helpers.rmsnorm import RMSNormPyTorchFunction, RMSNormTritonFunction
 
+    global _PROGRESS
+    _PROGRESS = progress
     module, res, yours = A.load(adapters_path), TopicResult("rmsnorm"), {}
-    suites = [Suite(NORM_CONTRACT, check_norm_function), Suite(NORM_BEYOND, check_norm_function, beyond=True)]
     for adapter, name in _named(module, "rmsnorm", res, impls):
         if adapter.impl in ("backward_g", "backward_x"):
             res.checks += _backward_checks(adapter, name)
-            continue
-        runtime = triton_runtime("rmsnorm") if adapter.impl == "triton" else None
-        apply, checks = _function_checks(adapter, suites, runtime, opts.parts)
-        res.checks += checks
-        if apply is not None and passed(checks, adapter.impl):
-            yours[adapter.impl] = apply
+        elif not _checked(res, adapter, norm_suites(adapter.impl, opts), props, yours):
+            return res
     if timed_impls is not None:
         yours = _applies(module, "rmsnorm", timed_impls)
     rows, H = (1024, 1024) if opts.profile == "cpu" else (50_000, 4096)
@@ -328,7 +319,7 @@ def _backward_checks(adapter: A.Adapter, name: str) -> list[Check]:
     return _run_properties(
         "rmsnorm",
         adapter.impl,
-        {f"{which} vs float64, fp32 (..., H)": cases},
+        {backward_property(adapter.impl): cases},
         lambda c: check_norm_backward(fn, which, c),
     )
 
@@ -346,88 +337,23 @@ def _probe(fn) -> tuple[str, str] | None:
         return ERROR, f"raised {type(exc).__name__}: {exc} (at {A.where(exc)})"
 
 
-def norm_timing(yours: dict, *, rows: int, H: int, dtype, opts: Options, ours: dict) -> list[dict]:
-    """fwd+bwd of yours, ours and PyTorch's (F.rms_norm; compiled when opts.compiled) on (rows, H), interleaved.
-    Triton implementations are timed on a GPU only (the CPU's interpreter measures Python, not the kernel)."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, H, generator=gen).to(device, dtype).requires_grad_()  # (rows, H)
-    g = (1 + 0.1 * torch.randn(H, generator=gen)).to(device, dtype).requires_grad_()  # (H,)
-    dy = torch.randn(rows, H, generator=gen).to(device, dtype)  # (rows, H)
-    fns = {f"ours:{k}": f for k, f in ours.items()}
-    fns.update({f"yours:{k}": f for k, f in yours.items()})
-    fns["pytorch:F.rms_norm"] = lambda x, g: F.rms_norm(x, (x.shape[-1],), g, EPS)
-    if opts.compiled:
-        fns["pytorch:compiled"] = torch.compile(lambda x, g: F.rms_norm(x, (x.shape[-1],), g, EPS), dynamic=False)
-    if device == "cpu":
-        fns = {k: f for k, f in fns.items() if not k.endswith("triton")}
-    calls = {k: _fwd_bwd(f, x, g, grad_out=dy) for k, f in fns.items()}
-    shape = f"{short(dtype)} {rows}x{H}"
-    eager = {k: f for k, f in fns.items() if not k.endswith("compiled")}
-    return timing_rows("rmsnorm", calls, baseline="ours:pytorch", opts=opts, shape=shape) + memory_rows(
-        "rmsnorm", eager, (x, g), shape=shape, formula=None
-    )
-
-
-def attention_worker(adapters_path: str, opts: Options, impls=None, timed_impls=None) -> TopicResult:
-    """The file's FlashAttention-2 implementations checked (those in `impls`; None: all), then, when opts.timed,
-    timed beside ours and SDPA (those that passed, or `timed_impls`). A launched rank."""
+def attention_worker(
+    adapters_path: str, opts: Options, impls=None, timed_impls=None, props=None, progress=None
+) -> TopicResult:
+    """The file's FlashAttention-2 implementations checked (those in `impls`; None: all; only the properties in
+    `props` when given), then, when opts.timed, timed beside ours and SDPA (those that passed, or `timed_impls`).
+    progress: a file to note each property in (read_progress). A launched rank."""
     from helpers.attention import FlashAttentionPyTorch, FlashAttentionTriton
 
+    global _PROGRESS
+    _PROGRESS = progress
     module, res, yours = A.load(adapters_path), TopicResult("attention"), {}
-    lse = Suite({"exactly one (batch, N_q) logsumexp saved for backward": [LSE_CASE]}, check_lse_saved)
-    square = Suite({"nothing N_q x N_k saved for backward": [LSE_CASE]}, check_nothing_square_saved, beyond=True)
     for adapter, _name in _named(module, "attention", res, impls):
-        if adapter.impl == "triton":
-            suites = [
-                Suite(ATTN_TRITON_CONTRACT, check_attn_function),
-                lse,
-                Suite(ATTN_BEYOND, check_attn_function, beyond=True),
-                square,
-            ]
-        else:
-            runs = functools.partial(check_attn_function, mask_optional=True)
-            suites = [
-                Suite(ATTN_PYTORCH_CONTRACT, check_attn_function),
-                Suite(ATTN_CAUSAL_RUNS, runs),
-                lse,
-                Suite(ATTN_PYTORCH_BEYOND, check_attn_function, beyond=True),
-                square,
-            ]
-        runtime = triton_runtime("attention") if adapter.impl == "triton" else None
-        apply, checks = _function_checks(adapter, suites, runtime, opts.parts)
-        res.checks += checks
-        if apply is not None and passed(checks, adapter.impl):
-            yours[adapter.impl] = apply
+        if not _checked(res, adapter, attention_suites(adapter.impl, opts), props, yours):
+            return res
     if timed_impls is not None:
         yours = _applies(module, "attention", timed_impls)
     ours = {"pytorch": FlashAttentionPyTorch.apply, "triton": FlashAttentionTriton.apply}
     if opts.timed:
         _timed(res, lambda: attn_timing(yours, opts=opts, ours=ours))
     return res
-
-
-def attn_timing(yours: dict, *, opts: Options, ours: dict) -> list[dict]:
-    """fwd+bwd of yours, ours and SDPA, interleaved, on 3-D inputs as the handout's skeleton takes them: on a GPU at
-    the 2025 leaderboard's work (bf16, causal, 16 heads x 16384 x 64, the heads as the batch) without the tiled
-    PyTorch versions (a million eager launches each: minutes), baseline our Triton; on a CPU a small fp32 shape
-    without Triton (the interpreter times Python), baseline our PyTorch version."""
-    gpu = torch.cuda.is_available() and opts.profile == "gpu"
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    case = (
-        AttnCase(16384, 16384, 64, True, torch.bfloat16, batch=16)
-        if gpu
-        else AttnCase(128, 128, 64, False, torch.float32, batch=4)
-    )  # the PyTorch version may ignore is_causal
-    q, k, v, do = attn_inputs(case, device=device)
-    fns = {f"ours:{k_}": f for k_, f in ours.items()}
-    fns.update({f"yours:{k_}": f for k_, f in yours.items()})
-    fns["pytorch:sdpa"] = lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c)
-    drop = "pytorch" if gpu else "triton" if device == "cpu" else None
-    fns = {k_: f for k_, f in fns.items() if not (drop and k_.endswith(drop))}
-    calls = {k_: _fwd_bwd(f, q, k, v, case.is_causal, grad_out=do) for k_, f in fns.items()}
-    formula = case.batch * case.Tq * case.d * case.dtype.itemsize + case.batch * case.Tq * 4  # O, and L in fp32
-    baseline = "ours:triton" if gpu else "ours:pytorch"
-    return timing_rows("attention", calls, baseline=baseline, opts=opts, shape=str(case)) + memory_rows(
-        "attention", fns, (q, k, v, case.is_causal), shape=str(case), formula=formula
-    )

@@ -23,6 +23,7 @@ from torch import Tensor
 
 U32 = torch.finfo(torch.float32).eps / 2
 EPS = 1e-5  # the course's RMSNorm epsilon
+DTYPE_MISMATCH = "expected the input's dtype"  # in the message of an output of another dtype
 ROUNDINGS = {"y": 8, "dx": 16, "dg": 16, "o": 8, "lse": 8, "dq": 16, "dk": 16, "dv": 16}
 
 

@@ -39,6 +39,7 @@ class TopicResult:
     topic: str
     checks: list[Check] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
+    poisoned: bool = False  # a CUDA error stopped the checks: what is left must run in a fresh process
 
     @property
     def failed(self) -> bool:

@@ -1,18 +1,156 @@
 """Where a student's Triton can be judged: the device Triton runs on here, whether block pointers work, and the
 companion's own kernel as the proof that a case can run; a kernel that cannot run here is "needs a GPU" or "needs
 another Triton", never a failure.
+
+Without a GPU, Triton's interpreter runs a kernel on CPU tensors. The handouts' example wrapper asserts `x.is_cuda`;
+such a wrapper is run again with `is_cuda` answering True (pretend_cuda), so its kernel is judged rather than skipped.
+On a GPU, a CUDA error in a student's kernel (an illegal address, a device-side assert) leaves the process's CUDA
+context unusable: the check raises Poisoned, and the caller reruns what is left in a fresh process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
 
+from helpers.course.yours.numerics import DTYPE_MISMATCH
 from helpers.course.yours.report import NEEDS_GPU, NEEDS_TRITON
 from helpers.env import import_triton
 
 triton, tl = import_triton()  # None e.g. on macOS: no Triton, so no Triton implementation can be judged here
+
+
+def fix_bf16_dot() -> bool:
+    """Triton's interpreter (3.6 to 3.9 at least) keeps bf16 tiles as their raw 16-bit patterns and tl.dot multiplies
+    those integers: give it the tiles in fp32 (exact for bf16), accumulated in fp32 as a GPU's tensor cores do, so a
+    kernel in the handout's style (bf16 tiles into tl.dot) computes here what it computes on a GPU. True when the
+    patch is in place."""
+    if triton is None:
+        return False
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = type(interpreter.interpreter_builder)
+    dot = builder.create_dot
+    if getattr(dot, "widens_bf16", False):
+        return True
+
+    def widen(t):
+        if t.dtype != tl.bfloat16:
+            return t
+        return interpreter.TensorHandle((t.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, *args, **kwargs):
+        return dot(self, widen(a), widen(b), *args, **kwargs)
+
+    create_dot.widens_bf16 = True
+    builder.create_dot = create_dot
+    return True
+
+
+_PATCHES = {}  # which of the interpreter's fixes are in place (a Triton that lacks what one patches keeps its own)
+
+
+class OutOfBounds(Exception):
+    """A kernel in the interpreter reached memory outside every tensor it was given."""
+
+
+_ARGUMENTS: list = []  # (name, first byte, one past the last byte) of the running kernel's tensor arguments
+
+
+def guard_memory() -> bool:
+    """Make the interpreter refuse a load or store outside the tensors a kernel was given (OutOfBounds, naming the
+    tensor and how far past its end), as compute-sanitizer would on a GPU: without it such an access reads garbage
+    or corrupts this process's heap (a crash, or a hang, later and elsewhere). True when the guard is in place."""
+    if triton is None:
+        return False
+    import numpy as np
+    from triton.runtime import interpreter
+
+    executor, builder = interpreter.GridExecutor, type(interpreter.interpreter_builder)
+    if getattr(builder.create_masked_load, "guarded", False):
+        return True
+    init_args = executor._init_args_hst
+
+    def _init_args_hst(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
+        named = list(zip(self.arg_names, args_hst, strict=False)) + list(kwargs_hst.items())
+        _ARGUMENTS[:] = [
+            (name, t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+            for name, t in named
+            if isinstance(t, torch.Tensor)
+        ]
+        return args_hst, kwargs_hst
+
+    def check(ptrs, mask, what: str):
+        if not _ARGUMENTS:
+            return
+        size = ptrs.get_element_ty().primitive_bitwidth // 8
+        addrs = ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)].astype(np.int64)
+        inside = np.zeros(addrs.shape, dtype=bool)
+        for _, start, end in _ARGUMENTS:
+            inside |= (addrs >= start) & (addrs + size <= end)
+        if inside.all():
+            return
+        bad = int(addrs[~inside][0])
+        below = [(name, start, end) for name, start, end in _ARGUMENTS if start <= bad] or _ARGUMENTS
+        name, start, end = max(below, key=lambda a: a[1])
+        where = f"byte {bad - start} of {name}, a tensor of {end - start} bytes" if bad >= start else "before them"
+        raise OutOfBounds(
+            f"tl.{what} reaches {int((~inside).sum())} elements outside every tensor the kernel was given (the "
+            f"first at {where}): an offset or a grid axis beyond the tensor, or a {what} without a mask or "
+            "boundary check"
+        )
+
+    def create_masked_load(self, ptrs, mask, *args, **kwargs):
+        check(ptrs, mask, "load")
+        return load(self, ptrs, mask, *args, **kwargs)
+
+    def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
+        check(ptrs, mask, "store")
+        return store(self, ptrs, value, mask, *args, **kwargs)
+
+    load, store = builder.create_masked_load, builder.create_masked_store
+    create_masked_load.guarded = True
+    executor._init_args_hst = _init_args_hst
+    builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
+    return True
+
+
+def autotune_without_timing() -> bool:
+    """Without a GPU, Triton's autotuner cannot time its configs (it asks for a GPU driver: "0 active drivers"): in
+    the interpreter every config ties and the first is used, so an autotuned kernel is judged on its first config
+    (the one the list puts first, often the largest tiles) rather than not at all. True when the patch is in place."""
+    if triton is None or torch.cuda.is_available():
+        return False
+    from triton.runtime.autotuner import Autotuner
+
+    if getattr(Autotuner, "untimed", False):
+        return True
+    init = Autotuner.__init__
+
+    def untimed(kernel_call, quantiles):
+        return [0.0 for _ in quantiles]
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.__dict__["do_bench"] = untimed  # over a cached_property (3.6) or the attribute __init__ set (older)
+
+    if isinstance(Autotuner.__dict__.get("do_bench"), property):  # a plain property cannot be shadowed
+        Autotuner.do_bench = property(lambda self: untimed)
+    Autotuner.__init__ = __init__
+    Autotuner.untimed = True
+    return True
+
+
+for _patch in (fix_bf16_dot, guard_memory, autotune_without_timing):
+    try:
+        _PATCHES[_patch.__name__] = _patch()
+    except (AttributeError, TypeError, ImportError) as _exc:  # another Triton's internals: judged without it
+        _PATCHES[_patch.__name__] = f"not applied: {type(_exc).__name__}: {_exc}"
 
 if triton is not None:
 
@@ -54,9 +192,13 @@ class TritonRuntime:
     ours: object  # the companion's Function.apply for this topic
     check: object  # check(apply, case, device) -> '' | what differed
     seen: dict = None
+    pretend_cuda: bool = False  # the student's wrapper asserted is_cuda: run it with is_cuda answering True
 
     def cannot_run(self, case) -> str:
-        """'' when our kernel passes `case` here, else why this environment cannot judge a kernel on it."""
+        """'' when our kernel passes `case` here, else why this environment cannot judge a kernel on it. Only the
+        CPU's interpreter can fall short: on a GPU every case in the contract runs, so this is always ''."""
+        if self.device != "cpu":
+            return ""
         if self.seen is None:
             self.seen = {}
         if case not in self.seen:
@@ -66,6 +208,134 @@ class TritonRuntime:
                 detail = f"{type(exc).__name__}: {exc}"
             self.seen[case] = detail
         return self.seen[case]
+
+    @contextlib.contextmanager
+    def running(self):
+        """The context a student's Triton call runs in: is_cuda answering True once pretend_cuda is set; NumPy's
+        warnings about the interpreter's overflows silenced (a wrong kernel's values are judged, not its noise)."""
+        import numpy as np
+
+        with pretend_cuda() if self.pretend_cuda else contextlib.nullcontext(), np.errstate(all="ignore"):
+            yield
+
+
+@contextlib.contextmanager
+def pretend_cuda():
+    """Tensors answer True to `is_cuda` inside: a wrapper that asserts it (the handouts' example does) runs its
+    kernel in the interpreter, on the CPU tensors it was given. Only where there is no GPU."""
+    if torch.cuda.is_available():
+        yield
+        return
+    torch.Tensor.is_cuda = property(lambda self: True)  # shadows the C property of torch._C.TensorBase
+    try:
+        yield
+    finally:
+        del torch.Tensor.is_cuda
+
+
+def asserts_is_cuda(exc: BaseException) -> bool:
+    """The student's code stopped at a check of is_cuda (an assert, or an `if not x.is_cuda: raise` a line or two
+    above), and could run in the interpreter without it."""
+    import linecache
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return False
+    last = frames[-1]
+    if isinstance(exc, AssertionError):
+        return "is_cuda" in (last.line or "")
+    above = "".join(linecache.getline(last.filename, n) for n in range(max(1, last.lineno - 3), last.lineno + 1))
+    return "is_cuda" in above and "cuda" in f"{exc} {last.line}".lower()
+
+
+class NotHere(Exception):
+    """A case this environment cannot judge (the message says why): NEEDS_GPU, not a failure."""
+
+
+INTERPRETED_BF16 = (
+    "needs a GPU: Triton's interpreter does not compute in bf16 (it keeps bf16 tiles as raw 16-bit patterns and "
+    "does arithmetic on those), so a bf16 case's values are judged on a GPU; its output dtype was checked here"
+)
+
+
+def interpreted(check):
+    """check(apply, case, device) for a Triton implementation: in the CPU's interpreter a bf16 case counts for its
+    output's dtype and for what Triton's front end refuses (as it would on a GPU), and for its values only when they
+    are right; wrong values, and an operation the interpreter lacks for bf16, are NotHere."""
+
+    def run(apply, case, device="cpu"):
+        if device != "cpu" or case.dtype != torch.bfloat16:
+            return check(apply, case, device)
+        try:
+            detail = check(apply, case, device)
+        except Exception as exc:
+            if not _interpreter_gap(exc):
+                raise
+            raise NotHere(f"{case}: {INTERPRETED_BF16} ({type(exc).__name__}: {str(exc)[:200]})") from None
+        if detail and DTYPE_MISMATCH not in detail:
+            raise NotHere(f"{INTERPRETED_BF16} ({detail[:300]})")
+        return detail
+
+    return run
+
+
+def _interpreter_gap(exc: BaseException) -> bool:
+    """The interpreter lacks what the kernel asked for in bf16 (an operation its builder does not have, or its
+    execution refuses, e.g. an atomic add "Unsupported data type"); not a check of Triton's front end, which a GPU
+    makes too."""
+    import traceback
+
+    chain = [exc]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    frames = traceback.extract_tb(chain[-1].__traceback__)  # where the first error was raised
+    inner = frames[-1].filename if frames else ""
+    return any("InterpreterBuilder" in str(e) for e in chain) or inner.endswith(f"runtime{os.sep}interpreter.py")
+
+
+def out_of_bounds(exc: BaseException) -> OutOfBounds | None:
+    """The OutOfBounds behind an exception (the interpreter wraps what a kernel raises), or None."""
+    while exc is not None and not isinstance(exc, OutOfBounds):
+        exc = exc.__cause__
+    return exc
+
+
+class Poisoned(Exception):
+    """A CUDA error in the student's code: this process's CUDA context is unusable, what is left of the checks must
+    run in a fresh process. Carries the checks made so far (the last one names the error)."""
+
+    def __init__(self, checks: list):
+        super().__init__("a CUDA error left this process's CUDA context unusable")
+        self.checks = checks
+
+
+CUDA_ERROR_WORDS = (
+    "cuda error",
+    "illegal memory access",
+    "illegal address",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "cudaerror",
+)
+
+
+def is_cuda_error(exc: BaseException) -> bool:
+    """An error of the CUDA context (sticky: every later CUDA call in this process fails too)."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return type(exc).__name__ == "AcceleratorError" or any(w in text for w in CUDA_ERROR_WORDS)
+
+
+def cuda_broken() -> bool:
+    """True when this process has a GPU and its CUDA context no longer works (a synchronize raises)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return True
 
 
 def triton_runtime(topic: str) -> TritonRuntime:

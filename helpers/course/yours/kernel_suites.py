@@ -1,0 +1,105 @@
+"""Which properties `yours` checks a kernel implementation on, and how close it must come: the suites of
+norm_checks' and attn_checks' cases for each implementation, the Triton ones by the device they run on (the course's
+bound for fp32 on a GPU, where tl.dot rounds to TF32; bf16 values judged on a GPU only, Triton's interpreter cannot
+compute them) and the profile (the benchmark's sizes on a GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from helpers.course.yours import Options
+from helpers.course.yours.attn_checks import (
+    ATTN_BEYOND,
+    ATTN_CAUSAL_RUNS,
+    ATTN_PYTORCH_BEYOND,
+    ATTN_PYTORCH_CONTRACT,
+    ATTN_TRITON_CONTRACT,
+    ATTN_TRITON_GPU_BEYOND,
+    ATTN_TRITON_GPU_CONTRACT,
+    COURSE,
+    DERIVED,
+    LSE_CASE,
+    check_attn_function,
+    check_lse_saved,
+    check_nothing_square_saved,
+)
+from helpers.course.yours.norm_checks import NORM_BEYOND, NORM_CONTRACT, NORM_GPU_CONTRACT, check_norm_function
+from helpers.course.yours.triton_runtime import interpreted
+
+
+@dataclass
+class Suite:
+    """Properties ({name: cases}) checked by check(apply, case, device); beyond: past the handout's promises."""
+
+    properties: dict
+    check: object
+    beyond: bool = False
+
+
+def triton_device() -> str:
+    """Where a Triton implementation's inputs live: the GPU when there is one, else the CPU (the interpreter)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def norm_suites(impl: str, opts: Options) -> list[Suite]:
+    """An RMSNorm Function's suites; on a GPU with the gpu profile, also the benchmark's own sizes."""
+    contract, check = dict(NORM_CONTRACT), check_norm_function
+    if impl == "triton":
+        check = interpreted(check_norm_function)
+        if triton_device() == "cuda" and opts.profile == "gpu":
+            contract.update(NORM_GPU_CONTRACT)
+    return [Suite(contract, check), Suite(NORM_BEYOND, check, beyond=True)]
+
+
+def attention_suites(impl: str, opts: Options) -> list[Suite]:
+    """A FlashAttention Function's suites. The Triton version on a GPU is held to the course's own bound for fp32
+    (tl.dot rounds fp32 to TF32 there by default; the course's tests accept 1e-2: a bound derived for TF32 is no
+    tighter at these sizes, one derived for fp32 fails every default kernel); with the gpu profile also the
+    benchmark's sizes."""
+    lse_case = {"exactly one (batch, N_q) logsumexp saved for backward": [LSE_CASE]}
+    square = Suite({"nothing N_q x N_k saved for backward": [LSE_CASE]}, check_nothing_square_saved, beyond=True)
+    if impl != "triton":
+        return [
+            Suite(ATTN_PYTORCH_CONTRACT, check_attn_function),
+            Suite(ATTN_CAUSAL_RUNS, functools.partial(check_attn_function, mask_optional=True)),
+            Suite(lse_case, check_lse_saved),
+            Suite(ATTN_PYTORCH_BEYOND, check_attn_function, beyond=True),
+            square,
+        ]
+    gpu = triton_device() == "cuda"
+    tolerance = COURSE if gpu else DERIVED  # the interpreter's tl.dot is exact fp32: the derived bound holds
+    check = interpreted(functools.partial(_attn_check_at, tolerance=tolerance))
+    contract = {**ATTN_TRITON_CONTRACT, **(ATTN_TRITON_GPU_CONTRACT if gpu and opts.profile == "gpu" else {})}
+    suites = [
+        Suite(contract, check),
+        Suite(lse_case, functools.partial(check_lse_saved, tolerance=tolerance)),
+        Suite(ATTN_BEYOND, check, beyond=True),
+        square,
+    ]
+    if gpu and opts.profile == "gpu":
+        suites.append(Suite(ATTN_TRITON_GPU_BEYOND, check, beyond=True))
+    return suites
+
+
+def _attn_check_at(apply, case, device="cpu", *, tolerance: str):
+    """check_attn_function with the course's bound for fp32 only (bf16 keeps the bound derived from its own unit)."""
+    use = tolerance if case.dtype == torch.float32 else DERIVED
+    return check_attn_function(apply, case, device, tolerance=use)
+
+
+def property_names(topic: str, impl: str, opts: Options) -> list[tuple[str, bool]]:
+    """(property, beyond) an implementation is checked on, in order (the driver resumes after a crash with those
+    not yet judged)."""
+    if topic == "rmsnorm" and impl in ("backward_g", "backward_x"):
+        return [(backward_property(impl), False)]
+    suites = norm_suites(impl, opts) if topic == "rmsnorm" else attention_suites(impl, opts)
+    return [(p, s.beyond) for s in suites for p in s.properties]
+
+
+def backward_property(impl: str) -> str:
+    """The one property of the 2024 edition's standalone backward functions."""
+    return f"{'dg' if impl == 'backward_g' else 'dx'} vs float64, fp32 (..., H)"
