@@ -114,13 +114,13 @@ def test_behaviour_is_judged_through_apply_and_the_type_is_information():
 
     suites = [K.Suite(N.NORM_CONTRACT, K.check_norm_function)]
     name = "get_rmsnorm_autograd_function_pytorch"
-    apply, checks = K._function_checks(Adapter("rmsnorm", "pytorch", "ok", {name: lambda: Plain}), suites)
+    apply, checks, _ = K._function_checks(Adapter("rmsnorm", "pytorch", "ok", {name: lambda: Plain}), suites)
     within = [c for c in checks if not c.beyond]
     assert apply is not None and within and all(c.status == PASS for c in within), checks
     [typed] = [c for c in checks if c.beyond]
     assert typed.prop == K.FUNCTION_TYPE and "the class Plain, not a torch.autograd.Function subclass" in typed.detail
     assert typed.why == K.ONLY_APPLY
-    _, checks = K._function_checks(Adapter("rmsnorm", "pytorch", "ok", {name: lambda: lambda x, g: x}), suites)
+    _, checks, _ = K._function_checks(Adapter("rmsnorm", "pytorch", "ok", {name: lambda: lambda x, g: x}), suites)
     assert [(c.status, c.beyond) for c in checks] == [(ERROR, False)] and "has no .apply" in checks[0].detail
 
 

@@ -18,6 +18,7 @@ from helpers.course.yours import Options, run
 from helpers.course.yours import kernels as K
 from helpers.course.yours.report import (
     CANNOT_RUN,
+    ERROR,
     FAILED,
     NEEDS_GPU,
     NEEDS_TRITON,
@@ -147,10 +148,17 @@ def judged(path: Path, topic: str, impl: str) -> list:
         return within([worker(str(path), CHECKS_ONLY, [impl])])
 
 
+STUDENT_PACKAGES = ("cs336_systems", "cs336_basics")  # every test's student repository names its packages so
+
+
 @contextlib.contextmanager
 def corpus_loaded():
-    """Inside: the corpus's packages may be imported here; after, they leave this process (another test file's
-    student has its own cs336_systems) and sys.path is as before."""
+    """Inside: the corpus's packages may be imported here, and another student's packages that an earlier test left
+    in this process are set aside (they would shadow the corpus's); after, the corpus's leave, the others come back
+    and sys.path is as before."""
+    other = {m: mod for m, mod in sys.modules.items() if m.split(".")[0] in STUDENT_PACKAGES and not _in_corpus(mod)}
+    for m in other:
+        del sys.modules[m]
     modules, sys_path = set(sys.modules), list(sys.path)
     try:
         yield
@@ -159,7 +167,12 @@ def corpus_loaded():
         for module, place in where.items():
             if place.startswith(str(CORPUS)):
                 del sys.modules[module]
+        sys.modules.update(other)
         sys.path[:] = sys_path
+
+
+def _in_corpus(module) -> bool:
+    return _location(module).startswith(str(CORPUS))
 
 
 def _location(module) -> str:
@@ -397,8 +410,8 @@ def test_a_crash_beyond_the_handout_keeps_the_contract_and_leaves_no_temporary_f
 
     rows = [r for r in load_results(out / "yours_checks.jsonl").rows if r["impl"] == "pytorch"]
     assert [r["status"] for r in rows if not r["beyond"]] == [PASS] * len(K.NORM_CONTRACT)
-    [crashed] = [r for r in rows if r["prop"] == "the probes run"]
-    assert crashed["beyond"] and "SIGSEGV while running your code" in crashed["detail"]
+    [crashed] = [r for r in rows if r["status"] == ERROR]  # pinned on the probe it died in (kernel_launch)
+    assert crashed["beyond"] and "SIGSEGV" in crashed["detail"], crashed
     assert not list(tmp.iterdir()), list(tmp.iterdir())
 
 
