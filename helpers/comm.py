@@ -4,6 +4,7 @@
     reduce_scatter(out, inp); all_gather(out, inp)     # torch's newer names where this torch has them
     with count_collectives() as log: train_step(...)   # [(op, bytes passed), ...]: nccl-tests' sizes
     with no_python_refs(): dist.all_reduce(g, async_op=True)   # from an autograd hook: nothing to abort at exit
+    flight.launching(g); ...; handle.wait(); del handle; flight.settle()   # the backend has let go: safe at exit
 
 Counting patches torch.distributed's functions while active, so it sees every call made through them
 (our wrappers and optimizers look the functions up at call time for this reason).
@@ -12,6 +13,7 @@ Counting patches torch.distributed's functions while active, so it sees every ca
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 import torch.distributed as dist
@@ -89,6 +91,62 @@ def python_objects_in_tls() -> list[str]:
     found = [key for key in _TLS_KEYS if hasattr(torch._C, "_is_key_in_tls") and torch._C._is_key_in_tls(key)]
     top = getattr(_AUTOGRAD, "_top_saved_tensors_default_hooks", lambda _: None)
     return found + (["saved-tensor hooks"] if top(True) is not None else [])
+
+
+SETTLE_TIMEOUT_S = 10.0  # a backend that still holds a finished work after this is stuck, not slow
+
+
+class InFlight:
+    """Tensors a wrapper handed to collectives and keeps from Python until the backend's threads have let go of them.
+
+    Why: a work is released by the process group's own worker thread a moment after it completes, or later still
+    when a barrier launched meanwhile took it as prior work. A tensor whose Python object dies while a work holds
+    it is not freed: PyTorch hands its Python object to the tensor (so it can come back), and the work's release
+    then decrefs that object from the worker thread. If the interpreter is finalizing by then (a script that
+    returns right after its last step, a barrier and destroy_process_group(), while torch._dynamo, imported by
+    torch.optim, keeps the process group alive), that thread cannot take the GIL: Python ends it with
+    pthread_exit, whose unwinding through a noexcept destructor calls std::terminate, and the rank dies by
+    SIGABRT ("terminate called without an active exception"). So every tensor given to a collective is held here
+    with its use count before the launch; settle(), at the wrapper's sync point, waits until each count is back
+    down (no backend thread holds it) and lets go, on the caller's thread."""
+
+    def __init__(self):
+        self._held: list[tuple[torch.Tensor, int]] = []
+
+    def launching(self, *tensors: torch.Tensor) -> None:
+        """Call right before handing `tensors` to a collective."""
+        self._held += [(t, _use_count(t)) for t in tensors]
+
+    def settle(self, timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
+        """After waiting for the works and dropping their handles: wait until the backend released every held
+        tensor, then let go of them. False when some backend thread still held one at the timeout (let go anyway)."""
+        deadline = time.monotonic() + timeout_s
+        released = True
+        for t, before in self._held:
+            while _use_count(t) > before:
+                if time.monotonic() > deadline:
+                    released = False
+                    break
+                time.sleep(1e-5)  # the worker thread that holds it needs the CPU (and this thread not the GIL)
+        self._held = []
+        return released
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+def wait_all(handles: list) -> None:
+    """Wait for every work of `handles`; no name here outlives the call (a handle kept alive keeps its work, and
+    the work its tensors, so InFlight.settle() would wait for it)."""
+    for handle in handles:
+        handle.wait()
+
+
+def _use_count(t: torch.Tensor) -> int:
+    """How many C++ references the tensor has (its Python object's, its views', and any backend work's); 0 where
+    this torch cannot say (then settle() waits for nothing)."""
+    count = getattr(t, "_use_count", None)
+    return count() if count is not None else 0
 
 
 _COUNTED = {

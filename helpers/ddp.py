@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers.comm import no_python_refs
+from helpers.comm import InFlight, no_python_refs, wait_all
 from helpers.formulas import MiB
 from helpers.timing import WaitClock
 
@@ -46,9 +46,12 @@ class _DataParallel(nn.Module):
         super().__init__()
         self.module = module
         self.world = dist.get_world_size()
+        self.in_flight = InFlight()  # what the collectives were given, held until the backend lets go (comm.InFlight)
         with torch.no_grad(), no_python_refs():
             for t in list(module.parameters()) + list(module.buffers()):
+                self.in_flight.launching(t)
                 dist.broadcast(t, src=0)
+        self.in_flight.settle()
         self.params = [p for _, p in module.named_parameters() if p.requires_grad]  # deduped, registration order
         self.clock = WaitClock()  # waits in finish_gradient_synchronization (CUDA events on a GPU)
         self.timeline: list | None = None  # set to [] to record [launch, done] pairs per all-reduce (see _span)
@@ -83,6 +86,7 @@ class _DataParallel(nn.Module):
         launched = torch.cuda.Event(enable_timing=True) if nccl else time.perf_counter()
         if nccl:
             launched.record()  # when the stream reaches the launch: the gradient is ready
+        self.in_flight.launching(flat)
         with no_python_refs():  # called from autograd hooks: see helpers.comm.no_python_refs
             handle = dist.all_reduce(flat, async_op=True)
         if self.timeline is not None:
@@ -104,6 +108,7 @@ class NaiveDDP(_DataParallel):
         with self.clock.waiting(self._device()):
             for g in self._grads():
                 self._all_reduce(g).wait()
+            self.in_flight.settle()
 
 
 class FlatDDP(_DataParallel):
@@ -114,6 +119,7 @@ class FlatDDP(_DataParallel):
             grads = self._grads()
             flat = torch.cat([g.reshape(-1) for g in grads])  # (total numel,)
             self._all_reduce(flat).wait()
+            self.in_flight.settle()  # before the views below: they count as holders too
             for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
                 g.copy_(part.view_as(g))
 
@@ -206,9 +212,9 @@ class DDPBucketed(_DataParallel):
         """Wait for any all-reduce still in flight, then remove the gradient hooks (a module wrapped again gets a
         fresh wrapper and this one stops syncing). Pending collectives or hooks left firing into a process group that
         is being torn down are what can abort a process at exit."""
-        for h in self._handles:
-            h.wait()
+        wait_all(self._handles)
         self._reset()
+        self.in_flight.settle()
         _remove_hooks(self._handles_hooks)
         for p in self.params:
             if _HOOKED.get(id(p)) is self:
@@ -256,9 +262,9 @@ class DDPBucketed(_DataParallel):
                     p.grad = view
                     self._ready[k] += 1
             self._launch_ready()
-            for h in self._handles:
-                h.wait()
-            self._reset()
+            wait_all(self._handles)
+            self._reset()  # drops the handles: now only the backend's threads may hold the buckets
+            self.in_flight.settle()
 
 
 class DDPIndividualParameters(DDPBucketed):

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers.comm import no_python_refs
+from helpers.comm import InFlight, no_python_refs
 from helpers.fsdp_accounting import Accounting
 from helpers.fsdp_hooks import GatherHooks
 from helpers.fsdp_storage import Shard, ShardedWeight, ShardStore, Use
@@ -150,9 +150,12 @@ class FSDP(nn.Module):
         self.device = check_model(module, compute_dtype, shard_types)
         self.module, self.compute_dtype = module, compute_dtype
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        flight = InFlight()
         with torch.no_grad(), no_python_refs():  # ranks may start from different weights: rank 0's win
             for t in list(module.parameters()) + list(module.buffers()):
+                flight.launching(t)
                 dist.broadcast(t, src=0)
+        flight.settle()
         self.account = Accounting()
         self.store = ShardStore(module, shard_types, self.rank, self.world, self.account)
         self.local_shards = self.store.local_shards  # after .module: .parameters() lists the model's first

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from helpers.comm import wait_all
 from helpers.fsdp_accounting import Accounting
 from helpers.fsdp_storage import ShardStore, Use
 
@@ -48,9 +49,9 @@ class GatherHooks:
 
     def wait(self, use: Use, timed: bool = True) -> None:
         with self.account.clock.waiting(self.store.device) if timed else contextlib.nullcontext():
-            for handle, _ in use.handles:
-                handle.wait()
-        use.handles = []
+            wait_all([handle for handle, _ in use.handles])
+            use.handles = []
+            use.in_flight.settle()  # before the gathered buffers get views (comm.InFlight)
 
     def drop(self, use: Use | None, timed: bool = True) -> None:
         """A prefetch nobody used (the call order changed): wait for it, free it."""

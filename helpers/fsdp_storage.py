@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers.comm import all_gather, no_python_refs, reduce_scatter
+from helpers.comm import InFlight, all_gather, no_python_refs, reduce_scatter, wait_all
 from helpers.fsdp_accounting import Accounting
 
 
@@ -99,6 +99,7 @@ class Use:
         for flat in self.flats:
             flat.untyped_storage().resize_(0)  # allocated by the gather
         self.fulls, self.handles = [], []
+        self.in_flight = InFlight()  # what this use's gathers were given, until the backend lets go (comm.InFlight)
         self.needs_backward = self.backward_seen = False
 
     def gathered(self, k: int) -> bool:
@@ -119,6 +120,7 @@ class ShardStore:
 
     def __init__(self, module: nn.Module, shard_types: tuple[type, ...], rank: int, world: int, account: Accounting):
         self.world, self.account = world, account
+        self.scattering = InFlight()  # the reduce-scatters' tensors until the backend lets go (comm.InFlight)
         self.param_names = [name for name, _ in module.named_parameters()]  # gather_full_params' keys, tied once
         names = {id(p): name for name, p in module.named_parameters()}
         self.shards: dict[int, Shard] = {}  # id(parameter) -> its shard, a tied one once
@@ -155,7 +157,9 @@ class ShardStore:
             self.account.allocated(flat)
         inp = shard.param.detach().to(flat.dtype)  # (padded/N,) cast before the gather: half the bytes in 16 bits
         self.account.collective("all_gather", flat)
-        use.handles.append((_all_gather(flat.data, inp, async_op=True), inp))  # .data: autograd sees no write
+        out = flat.data  # autograd sees no write
+        use.in_flight.launching(out, inp)
+        use.handles.append((_all_gather(out, inp, async_op=True), inp))
 
     def free(self, use: Use, k: int) -> None:
         if use.gathered(k):  # the tensors autograd saved keep their shape and lose their bytes until the next gather
@@ -169,15 +173,21 @@ class ShardStore:
         flat.div_(self.world)  # mean over ranks
         out = torch.empty_like(shard.param)  # (padded/N,)
         self.account.collective("reduce_scatter", flat)
+        self.scattering.launching(out, flat)
         shard.pending.append((_reduce_scatter(out, flat, async_op=True), out, flat))
 
     def wait_reduce_scatters(self) -> None:
-        """Every shard's gradient: the sum of its reduce-scatters (a tied one has one per use); zeros if none."""
+        """Every shard's gradient: the sum of its reduce-scatters (a tied one has one per use); zeros if none. The
+        backend lets go of them before any becomes a gradient (comm.InFlight)."""
+        outs = {}
         for shard in self.shards.values():
-            for handle, out, _ in shard.pending:
-                handle.wait()
-                shard.param.grad = out if shard.param.grad is None else shard.param.grad.add_(out)
+            wait_all([handle for handle, _, _ in shard.pending])
+            outs[shard] = [out for _, out, _ in shard.pending]
             shard.pending = []
+        self.scattering.settle()
+        for shard, parts in outs.items():
+            for out in parts:
+                shard.param.grad = out if shard.param.grad is None else shard.param.grad.add_(out)
             if shard.param.requires_grad and shard.param.grad is None:
                 shard.param.grad = torch.zeros_like(shard.param)
 
@@ -188,8 +198,11 @@ class ShardStore:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.replicated]
         flat = torch.cat([g.reshape(-1) for g in grads]).div_(self.world)  # (replicated numel,)
         self.account.collective("all_reduce", flat)
+        flight = InFlight()
+        flight.launching(flat)
         with no_python_refs():
             dist.all_reduce(flat)
+        flight.settle()
         for p, part in zip(self.replicated, flat.split([p.numel() for p in self.replicated]), strict=True):
             p.grad = part.view_as(p).clone()
 
@@ -204,6 +217,9 @@ class ShardStore:
                 continue
             shard = self.by_name[name]
             flat = torch.empty(shard.padded, dtype=torch.float32, device=shard.param.device)  # (padded,)
-            _all_gather(flat, value(shard.param).float())
+            inp, flight = value(shard.param).float(), InFlight()
+            flight.launching(flat, inp)
+            _all_gather(flat, inp)
+            flight.settle()
             out[name] = flat[: shard.numel].view(shard.shape).clone()  # (*shape,)
         return out

@@ -22,7 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from helpers.comm import all_gather, no_python_refs, reduce_scatter
+from helpers.comm import InFlight, all_gather, no_python_refs, reduce_scatter
 from helpers.timing import sync
 
 
@@ -56,6 +56,7 @@ class _Sharded(torch.optim.Optimizer):
     def __init__(self, params, optimizer_cls, **kwargs):
         self.rank, self.world = _rank_world()
         self.optimizer_cls, self.local, self.comm_s = optimizer_cls, None, 0.0
+        self.in_flight = InFlight()  # what the collectives were given, held until the backend lets go (comm.InFlight)
         super().__init__(params, kwargs)
         self.state = self.local.state  # only this rank's share has state
 
@@ -93,6 +94,7 @@ class _Sharded(torch.optim.Optimizer):
         start = time.perf_counter()
         with no_python_refs():  # step() may run under saved-tensor hooks or in a hook: see helpers.comm
             fn()
+        self.in_flight.settle()
         sync(dev)
         self.comm_s += time.perf_counter() - start
 
@@ -142,6 +144,7 @@ class ShardedOptimizer(_Sharded):
     def _broadcast(self) -> None:
         """Each owner broadcasts its flat buffer; the others receive straight into their parameters' storage."""
         for src, _, flat in self._buckets:
+            self.in_flight.launching(flat)
             dist.broadcast(flat, src)
 
     def _index(self) -> dict:
@@ -206,7 +209,9 @@ class NaiveShardedOptimizer(ShardedOptimizer):
     def _broadcast(self) -> None:
         for src, params, _ in self._buckets:
             for p in params:
-                dist.broadcast(p.data, src)
+                data = p.data  # an alias of its own: held until the backend lets go
+                self.in_flight.launching(data)
+                dist.broadcast(data, src)
 
 
 class Zero1Optimizer(_Sharded):
@@ -241,8 +246,10 @@ class Zero1Optimizer(_Sharded):
                 v.copy_(p.reshape(-1))
                 p.data = v.view_as(p)
             if self.world > 1 and S:
+                self.in_flight.launching(flat)
                 with no_python_refs():
                     dist.broadcast(flat, 0)  # every rank starts from rank 0's parameters
+                self.in_flight.settle()
         grad_views = [
             v.view_as(p) for p, v in zip(params, grad[:numel].split([p.numel() for p in params]), strict=True)
         ]
@@ -285,9 +292,11 @@ class Zero1Optimizer(_Sharded):
         for f in self.flats:
             if f["shard"].numel():
                 f["grad"].div_(self.world)  # as helpers.ddp: divide, then sum over ranks
+                self.in_flight.launching(f["shard"].grad, f["grad"])
                 reduce_scatter(f["shard"].grad, f["grad"])
 
     def _all_gather(self) -> None:
         for f in self.flats:
             if f["shard"].numel():
+                self.in_flight.launching(f["flat"], f["shard"])
                 all_gather(f["flat"], f["shard"])

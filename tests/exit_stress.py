@@ -2,8 +2,10 @@
 
 Each run spawns 2 ranks (gloo) that wrap a toy model, train 5 steps, call barrier and destroy_process_group, and
 return with the wrapper and its hooks still alive, as students' scripts and course test suites do. A rank that dies
-by SIGABRT ("terminate called without an active exception") is counted. The cause and the fix are in
-helpers.comm.no_python_refs; `launch` runs notebook 05's memory worker through helpers.launch.launch instead.
+by SIGABRT ("terminate called without an active exception") is counted. The causes and their fixes are in
+helpers.comm (no_python_refs: no Python object in a work's thread-local state; InFlight: no tensor given to a
+collective released by the backend's thread after its Python object died); `launch` runs notebook 05's memory
+worker through helpers.launch.launch instead.
 
     python tests/exit_stress.py --runs 200                      # every variant, one after another (make stress)
     python tests/exit_stress.py --runs 30 --variants torch_ddp  # torch's DDP, for comparison
