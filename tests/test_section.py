@@ -24,7 +24,7 @@ def test_a_result_shows_notes_table_figure_and_where_it_was_saved():
     assert "data/local/x.jsonl" in page and str(ROOT) not in page  # relative: pages never show the clone's path
     text = repr(r)
     assert text.startswith("b takes 1.67x") and "2.5" in text and r.values["ratio"] == 1.67
-    assert not plt.get_fignums()  # the figure was embedded and closed: not drawn twice
+    assert fig.number not in plt.get_fignums()  # the figure was embedded and closed: not drawn twice
 
 
 def test_source_is_read_from_the_running_package_and_folded():
