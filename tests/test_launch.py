@@ -164,6 +164,17 @@ def test_function_defined_in_main_is_pickled_by_value(tmp_path):
     assert proc.stdout.strip() == "[100, 101]"
 
 
+def test_a_long_temporary_folder_does_not_stop_the_launch(tmp_path):
+    """multiprocessing's forkserver binds a socket under TMPDIR; pytest's per-worker folders and macOS's are long
+    enough to pass a socket path's 107 bytes ("AF_UNIX path too long", the CI failure of 2026-11-26)."""
+    deep = tmp_path / ("a-long-temporary-folder-" * 4)
+    deep.mkdir()
+    code = "from helpers.launch import launch, all_reduce_rank_ids\nprint(launch(all_reduce_rank_ids, 2))\n"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(deep), "LAUNCH_START_METHOD": "forkserver"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_script_without_main_guard_gets_a_hint(tmp_path):
     script = tmp_path / "no_guard.py"
     script.write_text("from helpers.launch import launch, all_reduce_rank_ids\nlaunch(all_reduce_rank_ids, 2)\n")

@@ -192,6 +192,26 @@ def _launch_torchrun(fn, world_size, args, backend, device_type, timeout_s):
     return gathered
 
 
+SOCKET_PATH_MAX = 107  # bytes in a Unix socket's path (sun_path) on Linux; macOS allows 103
+
+
+def _short_socket_folder() -> None:
+    """Make multiprocessing's private folder (where the forkserver's socket lives) short enough for a socket path.
+
+    It is made once per process under the temporary folder; a long TMPDIR (pytest's per-worker folders, macOS's
+    /var/folders/...) makes `bind` fail with "AF_UNIX path too long" before any rank starts. Then it goes under /tmp."""
+    import multiprocessing.util
+
+    if len(tempfile.gettempdir()) + len("/pymp-12345678/listener-12345678") <= SOCKET_PATH_MAX - 4:
+        return
+    before = tempfile.tempdir
+    tempfile.tempdir = "/tmp" if os.access("/tmp", os.W_OK) else before
+    try:
+        multiprocessing.util.get_temp_dir()  # made now (and removed at exit by multiprocessing), cached for the process
+    finally:
+        tempfile.tempdir = before
+
+
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 600, device: str = "auto") -> list:
     """Run fn(*args) on `world_size` ranks with the process group initialised; return each rank's result in rank order.
 
@@ -223,6 +243,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
     ctx = mp.get_context(start_method())
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload(["helpers.launch"])  # torch and helpers imported once, in the server
+        _short_socket_folder()
     with tempfile.TemporaryDirectory(prefix="launch-") as workdir:
         procs = [
             ctx.Process(
