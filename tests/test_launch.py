@@ -171,7 +171,9 @@ def test_a_long_temporary_folder_does_not_stop_the_launch(tmp_path):
     deep.mkdir()
     code = "from helpers.launch import launch, all_reduce_rank_ids\nprint(launch(all_reduce_rank_ids, 2))\n"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(deep), "LAUNCH_START_METHOD": "forkserver"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
