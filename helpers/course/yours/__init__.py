@@ -34,31 +34,10 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
-
-@dataclass
-class Options:
-    """What a run of the checks asks for."""
-
-    profile: str = "cpu"  # "cpu": small shapes, gloo; "gpu": the course's shapes
-    repeat: int = 1  # distributed checks run this many times (races show up as a differing repeat)
-    steps: int = 10  # timed steps per implementation (interleaved; at least 6 pairs for a verdict)
-    warmup: int = 2
-    timed: bool = True  # time the implementations (the checks alone: False)
-    compiled: bool = True  # time torch.compile'd PyTorch too (its first call compiles: seconds on a CPU)
-    timeout_s: float = 300.0  # per launched check: a hung collective is reported after this
-
-
-RUNNERS = {  # topic -> (module, function): kernels run in one launched rank here, distributed ones launch their own
-    "rmsnorm": ("helpers.course.yours.kernels", "rmsnorm_worker"),
-    "attention": ("helpers.course.yours.kernels", "attention_worker"),
-    "ddp": ("helpers.course.yours.distributed", "run_ddp"),
-    "sharding": ("helpers.course.yours.distributed", "run_sharding"),
-    "fsdp": ("helpers.course.yours.distributed", "run_fsdp"),
-}
-IN_ONE_RANK = ("rmsnorm", "attention")
+from helpers.course.yours.options import IN_ONE_RANK, RUNNERS, Options  # noqa: F401 (the package's API)
 
 
 def inventory_worker(adapters_path: str) -> dict:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from helpers.course.yours import student_env as E
+import helpers.course.yours.student_env as E
 
 ADAPTERS = {  # topic -> implementation -> the adapter names that make it up (first: the constructor)
     "rmsnorm": {

@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers.course.yours import adapters as A
-from helpers.course.yours import course_models as CM
-from helpers.course.yours import sharding_rules as R
-from helpers.course.yours import student_calls as S
+import helpers.course.yours.adapters as A
+import helpers.course.yours.course_models as CM
+import helpers.course.yours.sharding_rules as R
+import helpers.course.yours.student_calls as S
 from helpers.course.yours.report import FAIL, PASS, Check
 from helpers.experiments.common import rank_rows
 

@@ -11,10 +11,10 @@ import copy
 import torch
 import torch.distributed as dist
 
+import helpers.course.yours.course_models as CM
+import helpers.course.yours.student_calls as S
 from helpers import launch as L
 from helpers import memory as M
-from helpers.course.yours import course_models as CM
-from helpers.course.yours import student_calls as S
 from helpers.course.yours.fsdp_rules import PROBE_DTYPES, probe_checks
 from helpers.course.yours.report import FAIL, PASS, Check
 from helpers.experiments import fsdp as XF

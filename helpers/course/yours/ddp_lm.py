@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+import helpers.course.yours.adapters as A
+import helpers.course.yours.course_models as CM
+import helpers.course.yours.student_calls as S
 from helpers.comm import count_collectives
-from helpers.course.yours import adapters as A
-from helpers.course.yours import course_models as CM
-from helpers.course.yours import student_calls as S
 from helpers.experiments.common import rank_rows
 from helpers.experiments.ddp_equivalence import gradient_bound, worst_element
 from helpers.formulas import MiB

@@ -7,8 +7,8 @@ mistake, each bucket's all-reduce against bucket_size_mb; beyond the handout, ho
 
 from __future__ import annotations
 
-from helpers.course.yours import course_models as CM
-from helpers.course.yours import student_calls as S
+import helpers.course.yours.course_models as CM
+import helpers.course.yours.student_calls as S
 from helpers.course.yours.ddp_lm import HANDOUT_BUCKETS_MB, LM_WORLD, SLACK_BYTES
 from helpers.course.yours.dist_common import failure_detail
 from helpers.course.yours.report import ERROR, FAIL, PASS, SKIPPED, Check

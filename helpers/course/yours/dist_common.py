@@ -9,10 +9,10 @@ import re
 
 import numpy as np
 
+import helpers.course.yours.student_calls as S
 from helpers import formulas as F
 from helpers import launch as L
-from helpers.course.yours import Options
-from helpers.course.yours import student_calls as S
+from helpers.course.yours.options import Options
 from helpers.course.yours.report import ERROR, Check, TopicResult
 from helpers.experiments.common import slowest_rank
 from helpers.timing import paired_ratio, ratio_columns, verdict

@@ -9,13 +9,12 @@ import functools
 import torch
 import torch.distributed as dist
 
+import helpers.course.yours.adapters as A
+import helpers.course.yours.contract as C
+import helpers.course.yours.student_calls as S
 from helpers import formulas as F
 from helpers import memory as M
 from helpers.comm import count_collectives
-from helpers.course.yours import Options
-from helpers.course.yours import adapters as A
-from helpers.course.yours import contract as C
-from helpers.course.yours import student_calls as S
 from helpers.course.yours.ddp_lm import LM_WORLD, lm_worker
 from helpers.course.yours.ddp_lm_checks import lm_checks
 from helpers.course.yours.dist_common import (
@@ -29,6 +28,7 @@ from helpers.course.yours.dist_common import (
     status_checks,
     timing_rows,
 )
+from helpers.course.yours.options import Options
 from helpers.course.yours.report import FAIL, PASS, Check, TopicResult
 from helpers.ddp import wrap
 from helpers.experiments import ddp as XD

@@ -9,13 +9,12 @@ import functools
 
 import torch.distributed as dist
 
+import helpers.course.yours.adapters as A
+import helpers.course.yours.contract as C
+import helpers.course.yours.contract_fsdp as CF
+import helpers.course.yours.course_models as CM
+import helpers.course.yours.student_calls as S
 from helpers.comm import count_collectives
-from helpers.course.yours import Options
-from helpers.course.yours import adapters as A
-from helpers.course.yours import contract as C
-from helpers.course.yours import contract_fsdp as CF
-from helpers.course.yours import course_models as CM
-from helpers.course.yours import student_calls as S
 from helpers.course.yours.dist_common import (
     PARTS,
     SPEED,
@@ -33,6 +32,7 @@ from helpers.course.yours.dist_fsdp_checks import (
     fsdp_memory_checks,
 )
 from helpers.course.yours.fsdp_probe import probe_step
+from helpers.course.yours.options import Options
 from helpers.course.yours.report import SKIPPED, Check, TopicResult
 from helpers.experiments import fsdp as XF
 from helpers.experiments.common import make_batches, rank_share

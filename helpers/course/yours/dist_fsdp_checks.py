@@ -8,8 +8,8 @@ import functools
 import numpy as np
 import torch
 
+import helpers.course.yours.student_calls as S
 from helpers import formulas as F
-from helpers.course.yours import student_calls as S
 from helpers.course.yours.dist_common import WORLD
 from helpers.course.yours.report import FAIL, PASS, SKIPPED, Check
 from helpers.experiments import fsdp as XF

@@ -11,14 +11,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import helpers.course.yours.adapters as A
+import helpers.course.yours.contract as C
+import helpers.course.yours.course_models as CM
+import helpers.course.yours.sharding_rules as R
+import helpers.course.yours.sharding_rules_checks as RC
+import helpers.course.yours.student_calls as S
 from helpers import formulas as F
-from helpers.course.yours import Options
-from helpers.course.yours import adapters as A
-from helpers.course.yours import contract as C
-from helpers.course.yours import course_models as CM
-from helpers.course.yours import sharding_rules as R
-from helpers.course.yours import sharding_rules_checks as RC
-from helpers.course.yours import student_calls as S
 from helpers.course.yours.dist_common import (
     PARTS,
     SPEED,
@@ -30,6 +29,7 @@ from helpers.course.yours.dist_common import (
     status_checks,
     timing_rows,
 )
+from helpers.course.yours.options import Options
 from helpers.course.yours.report import FAIL, PASS, Check, TopicResult
 from helpers.experiments import sharding as XS
 from helpers.formulas import MiB

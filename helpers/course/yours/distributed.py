@@ -26,13 +26,13 @@ this module keeps the names the CLI (helpers.course.yours.RUNNERS), the notebook
 
 from __future__ import annotations
 
-from helpers.course.yours import Options
-from helpers.course.yours import adapters as A
+import helpers.course.yours.adapters as A
 from helpers.course.yours.dist_common import PARTS, SPEED, TOY, WORLD
 from helpers.course.yours.dist_ddp import ddp_bucket_sizes, ddp_worker, run_ddp
 from helpers.course.yours.dist_fsdp import fsdp_worker, run_fsdp
 from helpers.course.yours.dist_fsdp_checks import FSDP_CHECK, FSDP_DTYPES
 from helpers.course.yours.dist_sharding import SHARDING_MEMORY, run_sharding, sharding_worker
+from helpers.course.yours.options import Options
 from helpers.course.yours.report import CHECK_COLUMNS
 
 __all__ = [  # re-exported: importers of helpers.course.yours.distributed need no change

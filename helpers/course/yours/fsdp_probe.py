@@ -24,9 +24,9 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
+import helpers.course.yours.course_models as CM
+import helpers.course.yours.student_calls as S
 from helpers import memory as M
-from helpers.course.yours import course_models as CM
-from helpers.course.yours import student_calls as S
 from helpers.experiments import fsdp as XF
 from helpers.experiments.common import rank_rows
 

@@ -9,7 +9,7 @@ state fp32. Each is a check within the contract (it decides the exit status).
 
 from __future__ import annotations
 
-from helpers.course.yours import student_calls as S
+import helpers.course.yours.student_calls as S
 from helpers.course.yours.fsdp_probe import AHEAD, PROBE_STEPS, forward_window
 from helpers.course.yours.report import FAIL, PASS, SKIPPED, Check
 from helpers.experiments import fsdp as XF

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 
-from helpers.course.yours import Options
 from helpers.course.yours.attn_checks import (
     ATTN_BEYOND,
     ATTN_CAUSAL_RUNS,
@@ -28,6 +27,7 @@ from helpers.course.yours.attn_checks import (
     check_nothing_square_saved,
 )
 from helpers.course.yours.norm_checks import NORM_BEYOND, NORM_CONTRACT, NORM_GPU_CONTRACT, check_norm_function
+from helpers.course.yours.options import Options
 from helpers.course.yours.triton_runtime import interpreted
 
 

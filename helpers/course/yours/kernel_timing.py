@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from helpers.course.yours import Options
 from helpers.course.yours.attn_checks import AttnCase, attn_inputs
 from helpers.course.yours.numerics import EPS, saved_tensors, short
+from helpers.course.yours.options import Options
 from helpers.timing import MIN_PAIRS, compare, ratio_columns, verdict
 
 

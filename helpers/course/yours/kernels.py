@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-from helpers.course.yours import Options
-from helpers.course.yours import adapters as A
+import helpers.course.yours.adapters as A
 from helpers.course.yours.attn_checks import ATTN_PROPERTIES, check_attn_function  # noqa: F401
 from helpers.course.yours.kernel_suites import (  # noqa: F401
     Suite,
@@ -40,6 +39,7 @@ from helpers.course.yours.norm_checks import (  # noqa: F401
     norm_inputs,
 )
 from helpers.course.yours.numerics import EPS, BackwardMissing, ShapeError  # noqa: F401
+from helpers.course.yours.options import Options
 from helpers.course.yours.report import (
     ERROR,
     FAIL,

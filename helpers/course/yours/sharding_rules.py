@@ -25,8 +25,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+import helpers.course.yours.course_models as CM
 from helpers import memory as M
-from helpers.course.yours import course_models as CM
 
 WIDTH, LAYERS = 8, 6  # six Linear(8, 8): equal tensors, so a partition by count and one by bytes agree
 STEPS, ADD_AT, ROWS = 5, 2, 32  # 5 steps on 32 rows; add_param_group before step 2 (0-based)
