@@ -4,12 +4,14 @@
     x, y = random_batch(model.cfg, batch_size=4)         # (B, T) int64 each, y is x shifted by one
     loss = lm_loss(model(x), y)
 
-A pre-norm decoder: token + learned position embeddings, `n_layers` blocks of
-`x + attn(norm1(x))` and `x + ffn(norm2(x))`, a final norm and an untied LM head.
-Every Linear is bias-free. Attention is written out by default (`attention="naive"`, no fused
-kernel) so a profiler shows the softmax as its own op; `attention="sdpa" | "flash_pytorch" |
-"flash_triton"` swaps in F.scaled_dot_product_attention or helpers.attention's FlashAttention-2
-(notebook 06), e.g. build_model("small", attention="flash_triton").
+A pre-norm decoder: token embeddings, `n_layers` blocks of `x + attn(norm1(x))` and `x + ffn(norm2(x))`, a final
+norm and an untied LM head; every Linear is bias-free. Two architectures (`arch`, ARCHS): the 2024 edition's ("gpt":
+learned positions, GELU feed-forward w2(gelu(w1 x))) and the cs336-basics model the 2025 and 2026 editions measure
+("basics": RoPE on queries and keys, SwiGLU w2(silu(w1 x) * w3 x)); each edition's Table 1 is in EDITION_SIZES
+("xl-2026", "small-2025/cpu"). Attention is written out by default (`attention="naive"`, no fused kernel) so a
+profiler shows the softmax as its own op; `attention="sdpa" | "flash_pytorch" | "flash_triton"` swaps in
+F.scaled_dot_product_attention or helpers.attention's FlashAttention-2 (notebook 06), e.g. build_model("small",
+attention="flash_triton").
 
 Sizes: the five reference sizes (small ... 2.7B) are for GPUs. Each has a CPU-scale preset
 "<name>/cpu" (`cpu_preset`) that keeps the ratios the notebooks' answers depend on: the same head_dim
@@ -33,6 +35,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 ATTENTION_IMPLS = ("naive", "sdpa", "flash_pytorch", "flash_triton")  # ModelConfig.attention (notebook 06)
+ARCHS = {  # ModelConfig.arch: the two architectures the course's editions measure
+    "gpt": "2024: GELU feed-forward (w1, w2), learned positions",
+    "basics": "2025/2026 (cs336-basics): SwiGLU feed-forward (w1, w2, w3), rotary positions (RoPE)",
+}
 
 
 @dataclass(frozen=True)
@@ -48,8 +54,14 @@ class ModelConfig:
     context_length: int = 128
     norm: str = "rmsnorm"
     attention: str = "naive"  # one of ATTENTION_IMPLS
+    arch: str = "gpt"  # one of ARCHS
+    rope_theta: float = 10_000.0  # "basics" only
 
     def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown arch {self.arch!r}; known: {', '.join(ARCHS)}")
+        if self.arch == "basics" and self.head_dim % 2:
+            raise ValueError(f"RoPE rotates pairs: head_dim ({self.head_dim}) must be even")
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.attention not in ATTENTION_IMPLS:
@@ -91,37 +103,50 @@ _REFERENCE = [  # name, d_model, d_ff, n_layers, n_heads
     ModelConfig("2.7B", 2560, 10240, 32, 32),
 ]
 MODEL_SIZES: dict[str, ModelConfig] = {c.name: c for c in _REFERENCE + [cpu_preset(c) for c in _REFERENCE]}
-# The 2026 handout's Table 1 renames the sizes: its xl is the 2.7B's shape and it adds a 10B (context 512). They live
-# beside MODEL_SIZES, so "xl" keeps the 2024/2025 meaning the notebooks use; get_config("xl-2026") reads them.
+# The 2025 and 2026 editions measure their assignment 1's model (cs336-basics: SwiGLU, RoPE). 2025's Table 1 has the
+# 2024 shapes; 2026's renames them (its xl is the 2.7B's shape) and adds a 10B, at context 512. They live beside
+# MODEL_SIZES under their edition's suffix ("xl-2026", "small-2025/cpu"), so "xl" keeps the 2024 meaning.
+SIZES_2025: dict[str, ModelConfig] = {
+    f"{c.name}-2025": dataclasses.replace(c, name=f"{c.name}-2025", arch="basics") for c in _REFERENCE
+}
 SIZES_2026: dict[str, ModelConfig] = {
     c.name: c
     for c in (
-        ModelConfig("small-2026", 768, 3072, 12, 12, context_length=512),
-        ModelConfig("medium-2026", 1024, 4096, 24, 16, context_length=512),
-        ModelConfig("large-2026", 1280, 5120, 36, 20, context_length=512),
-        ModelConfig("xl-2026", 2560, 10240, 32, 32, context_length=512),
-        ModelConfig("10B-2026", 4608, 12288, 50, 36, context_length=512),
+        ModelConfig("small-2026", 768, 3072, 12, 12, context_length=512, arch="basics"),
+        ModelConfig("medium-2026", 1024, 4096, 24, 16, context_length=512, arch="basics"),
+        ModelConfig("large-2026", 1280, 5120, 36, 20, context_length=512, arch="basics"),
+        ModelConfig("xl-2026", 2560, 10240, 32, 32, context_length=512, arch="basics"),
+        ModelConfig("10B-2026", 4608, 12288, 50, 36, context_length=512, arch="basics"),
     )
+}
+EDITION_SIZES: dict[str, dict[str, ModelConfig]] = {  # each edition's Table 1, then its cpu presets
+    "2024": MODEL_SIZES,
+    **{
+        edition: {**sizes, **{f"{n}/cpu": cpu_preset(c) for n, c in sizes.items()}}
+        for edition, sizes in (("2025", SIZES_2025), ("2026", SIZES_2026))
+    },
 }
 
 
-def sizes_for(profile: str) -> list[str]:
-    """The model sizes a profile runs: the "/cpu" presets on "cpu", the reference sizes on "gpu"."""
-    if profile == "cpu":
-        return list(CPU_SIZES)
-    if profile == "gpu":
-        return list(REFERENCE_SIZES)
-    raise ValueError(f"unknown profile {profile!r}; expected 'cpu' or 'gpu'")
+def sizes_for(profile: str, edition: str = "2024") -> list[str]:
+    """The model sizes a profile runs for an edition: the "/cpu" presets on "cpu", Table 1's sizes on "gpu"."""
+    if profile not in ("cpu", "gpu"):
+        raise ValueError(f"unknown profile {profile!r}; expected 'cpu' or 'gpu'")
+    if edition not in EDITION_SIZES:
+        raise ValueError(f"unknown edition {edition!r}; known: {', '.join(EDITION_SIZES)}")
+    names = [n for n in EDITION_SIZES[edition] if n.endswith("/cpu") == (profile == "cpu")]
+    return names
 
 
 def get_config(name_or_cfg: str | ModelConfig, **overrides) -> ModelConfig:
     """A ModelConfig from a MODEL_SIZES name or a config, with fields replaced by `overrides`."""
     if isinstance(name_or_cfg, ModelConfig):
         cfg = name_or_cfg
-    elif name_or_cfg in MODEL_SIZES or name_or_cfg in SIZES_2026:
-        cfg = MODEL_SIZES.get(name_or_cfg) or SIZES_2026[name_or_cfg]
     else:
-        raise ValueError(f"unknown model size {name_or_cfg!r}; known: {', '.join([*MODEL_SIZES, *SIZES_2026])}")
+        known = {n: c for sizes in EDITION_SIZES.values() for n, c in sizes.items()}
+        if name_or_cfg not in known:
+            raise ValueError(f"unknown model size {name_or_cfg!r}; known: {', '.join(known)}")
+        cfg = known[name_or_cfg]
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -191,11 +216,26 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         T = cfg.context_length
         self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)), persistent=False)
+        self.rope = cfg.arch == "basics"
+        if self.rope:  # the angles of RoPE (Su et al., 2021): position t turns pair i by t·theta^(-2i/D)
+            inv = cfg.rope_theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+            angles = torch.outer(torch.arange(T, dtype=torch.float32), inv)  # (T, D/2)
+            self.register_buffer("cos", angles.cos(), persistent=False)
+            self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def rotate(self, t: Tensor) -> Tensor:
+        """RoPE on (B, H, T, D): each pair (2i, 2i+1) of a position's vector turned by that position's angle."""
+        T = t.shape[-2]
+        cos, sin = self.cos[:T].to(t.dtype), self.sin[:T].to(t.dtype)  # (T, D/2)
+        even, odd = t[..., 0::2], t[..., 1::2]  # (B, H, T, D/2) each
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)  # (B, H, T, D)
 
     def forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=-1)  # 3 x (B, T, C)
         q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        if self.rope:
+            q, k = self.rotate(q), self.rotate(k)  # (B, H, T, D)
         if self.impl != "naive":
             y = (
                 F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -211,15 +251,18 @@ class CausalSelfAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Position-wise MLP: w2(gelu(w1(x)))."""
+    """Position-wise MLP: w2(gelu(w1(x))) ("gpt"), or SwiGLU w2(silu(w1(x)) * w3(x)) ("basics")."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.w3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False) if cfg.arch == "basics" else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.gelu(self.w1(x)))  # (B, T, d_ff) -> (B, T, C)
+        if self.w3 is None:
+            return self.w2(F.gelu(self.w1(x)))  # (B, T, d_ff) -> (B, T, C)
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, d_ff) -> (B, T, C)
 
 
 class Block(nn.Module):
@@ -244,7 +287,7 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.context_length, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.context_length, cfg.d_model) if cfg.arch == "gpt" else None  # basics: RoPE
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm_f = make_norm(cfg.norm, cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -259,11 +302,17 @@ class TransformerLM(nn.Module):
         B, T = idx.shape
         if self.cfg.context_length < T:
             raise ValueError(f"sequence length {T} exceeds context_length {self.cfg.context_length}")
-        pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C)
+        x = self.embed(idx)  # (B, T, C)
         for block in self.blocks:
             x = block(x)  # (B, T, C)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+    def embed(self, idx: Tensor) -> Tensor:
+        """Token ids (B, T) -> the first residual (B, T, C): token embeddings, plus learned positions ("gpt")."""
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.pos_emb is None:
+            return x
+        return x + self.pos_emb(torch.arange(idx.shape[1], device=idx.device))  # (B, T, C)
 
 
 def build_model(name_or_cfg: str | ModelConfig, device=None, dtype=None, **overrides) -> TransformerLM:
@@ -278,7 +327,9 @@ def parameter_shapes(name_or_cfg: str | ModelConfig) -> dict[str, tuple[int, ...
     """Every parameter's shape, named and ordered as TransformerLM.named_parameters(), from the config alone."""
     c = get_config(name_or_cfg)
     d = c.d_model
-    shapes = {"tok_emb.weight": (c.vocab_size, d), "pos_emb.weight": (c.context_length, d)}
+    shapes = {"tok_emb.weight": (c.vocab_size, d)}
+    if c.arch == "gpt":
+        shapes["pos_emb.weight"] = (c.context_length, d)
     for i in range(c.n_layers):
         shapes.update(
             {
@@ -290,6 +341,8 @@ def parameter_shapes(name_or_cfg: str | ModelConfig) -> dict[str, tuple[int, ...
                 f"blocks.{i}.ffn.w2.weight": (d, c.d_ff),
             }
         )
+        if c.arch == "basics":
+            shapes[f"blocks.{i}.ffn.w3.weight"] = (c.d_ff, d)
     shapes.update({"norm_f.weight": (d,), "lm_head.weight": (c.vocab_size, d)})
     return shapes
 

@@ -12,6 +12,7 @@ from helpers.calculator import MAX_COMBINATIONS, Calculator
 from helpers.experiments import fsdp as X
 from helpers.experiments import sharding as S
 from helpers.formulas import zero_memory
+from helpers.model import count_parameters
 
 INPUTS = {"model": ["small", "xl"], "world_size": [1, 2, 4, 8], "precision": ["mixed", "fp32"]}
 
@@ -293,8 +294,11 @@ def test_gradient_checkpointing_2026_xl_and_the_least_memory():
     assert F.get_config("xl").d_model == 1600  # the 2024/2025 xl keeps its meaning
     block_in = F.residual_stream_bytes(4, 2048, xl.d_model)  # I: one block's input
     A = F.activation_bytes(xl, 4, 2048)["blocks"] / xl.n_layers
+    # the handout's block (SwiGLU saves four d_ff-wide tensors): (10R + 2BT + 4BT·d_ff + BHT²)·4 + T², R = B·T·d
+    R = 4 * 2048 * 2560
+    assert A == (10 * R + 2 * 4 * 2048 + 4 * 4 * 2048 * 10240 + 4 * 32 * 2048**2) * 4 + 2048**2
     k, best = F.best_segment(xl.n_layers, block_in, A)
-    assert round(k, 2) == 0.86 and best == 1
+    assert round(k, 2) == 0.79 and best == 1  # k* = sqrt(L·I/A)
     s = F.checkpoint_strategies(12)
     assert (s["nested"]["memory_blocks"], s["sqrt"]["memory_blocks"], s["prefix"]["memory_blocks"]) == (8, 7, 2)
     assert min(s, key=lambda name: s[name]["memory_blocks"]) == "prefix"
@@ -303,6 +307,7 @@ def test_gradient_checkpointing_2026_xl_and_the_least_memory():
 
 def test_fsdp_accounting_2026_xl_on_two_gpus():
     psi = F.basics_params("xl-2026")
+    assert psi == count_parameters("xl-2026")  # the closed form is the zoo's basics model
     assert psi == 32 * (4 * 2560**2 + 3 * 2560 * 10240 + 2 * 2560) + 2 * 10_000 * 2560 + 2560
     st = F.sharded_state_bytes(psi, 2)
     assert round((st["DDP"] - st["FSDP"]) / 1e9, 1) == 27.3 and round((st["ZeRO-1"] - st["FSDP"]) / 1e9) == 14

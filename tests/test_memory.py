@@ -1,5 +1,6 @@
 """The memory tracker on allocation patterns with known byte counts, and the analytic accounting of a step."""
 
+import pytest
 import torch
 
 from helpers import formulas, memory, model
@@ -53,8 +54,9 @@ def test_analytic_state_bytes_match_a_measured_adamw_step():
     assert trace.current_bytes == trace.baseline_bytes + formulas.param_bytes(cfg) + formulas.adamw_state_bytes(cfg) + 4
 
 
-def test_saved_activations_and_peak_match_analytic():
-    cfg = model.get_config("small/cpu")
+@pytest.mark.parametrize("size", ["small/cpu", "small-2026/cpu"])  # GELU and learned positions; SwiGLU and RoPE
+def test_saved_activations_and_peak_match_analytic(size):
+    cfg = model.get_config(size)
     lm = model.build_model(cfg)
     opt = torch.optim.AdamW(lm.parameters())
     B, T = 8, 64
@@ -67,6 +69,9 @@ def test_saved_activations_and_peak_match_analytic():
     assert saved == expected
     step = memory.track(lambda: train_step(lm, opt, x, y), existing=memory.model_state(lm, opt, x, y))
     predicted = sum(formulas.peak_breakdown(cfg, B, T).values())
+    if cfg.arch == "basics":  # the peak comes later, in the last block's SwiGLU backward: up to 3 d_ff-wide gradients
+        assert predicted < step.peak_bytes <= predicted + 3 * B * T * cfg.d_ff * 4  # while its saved ones still live
+        return
     assert step.peak_bytes == predicted  # activations dominate at this shape: the peak is backward's start
     table = benchmarking.breakdown_table(step, lm, opt, x, y)  # notebook 01's table: measured == analytic, per kind
     assert table["live at the peak (measured)"].tolist() == table["live at the peak (analytic)"].tolist()

@@ -330,3 +330,77 @@ def test_every_attention_gives_the_naive_logits_and_gradients(impl):
     for n, g in runs["naive"][1].items():
         torch.testing.assert_close(runs[impl][1][n], g, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
     assert runs[impl][2] == runs["naive"][2] == ATTN_TINY.n_layers * ATTN_TINY.context_length**2
+
+
+# ---- the two architectures: 2024's ("gpt") and cs336-basics' of 2025/2026 ("basics", SwiGLU and RoPE) ----
+
+EVERY_EDITION_SIZE = [n for e in ("2025", "2026") for n in M.EDITION_SIZES[e]]  # 2024's: tests above
+TOY_BASICS = ModelConfig("toy-basics", 32, 64, 2, 4, vocab_size=50, context_length=16, arch="basics")
+
+
+@pytest.mark.parametrize("name", EVERY_EDITION_SIZE)
+def test_every_editions_sizes_count_and_name_their_parameters_as_built(name):
+    model = build_model(name, device="meta")
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == list(M.parameter_shapes(name).items())
+    assert count_parameters(name) == _numel(model)
+
+
+def test_editions_tables_and_architectures():
+    """2025 keeps 2024's shapes on the basics model; 2026's xl is the 2.7B's shape, its 10B is 4608/12288/50/36;
+    one block's fp32 gradients of the 2026 xl: (4·2560² + 3·2560·10240 + 2·2560)·4 B, about 400 MiB."""
+    assert {c.arch for c in M.EDITION_SIZES["2024"].values()} == {"gpt"}
+    assert {c.arch for e in ("2025", "2026") for c in M.EDITION_SIZES[e].values()} == {"basics"}
+    assert [(c.d_model, c.d_ff, c.n_layers, c.n_heads) for c in M.SIZES_2025.values()] == [
+        (c.d_model, c.d_ff, c.n_layers, c.n_heads) for c in map(get_config, REFERENCE_SIZES)
+    ]
+    xl, big = get_config("xl-2026"), get_config("10B-2026")
+    assert (xl.d_model, xl.d_ff, xl.n_layers, xl.n_heads, xl.context_length) == (2560, 10240, 32, 32, 512)
+    assert (big.d_model, big.d_ff, big.n_layers, big.n_heads) == (4608, 12288, 50, 36)
+    block = sum(math.prod(s) for k, s in M.parameter_shapes(xl).items() if k.startswith("blocks.0."))
+    assert block == 4 * 2560**2 + 3 * 2560 * 10240 + 2 * 2560
+    assert sizes_for("cpu", "2026") == [n + "/cpu" for n in M.SIZES_2026] and sizes_for("gpu", "2025") == list(
+        M.SIZES_2025
+    )
+    with pytest.raises(ValueError, match="unknown edition"):
+        sizes_for("cpu", "2023")
+    with pytest.raises(ValueError, match="unknown arch"):
+        ModelConfig("x", 32, 64, 1, 4, arch="llama")
+
+
+def test_basics_model_has_swiglu_and_no_position_table():
+    model = build_model(TOY_BASICS)
+    assert model.pos_emb is None and model.blocks[0].ffn.w3 is not None
+    ffn, x = model.blocks[0].ffn, torch.randn(2, 3, 32)
+    expected = ffn.w2(torch.nn.functional.silu(ffn.w1(x)) * ffn.w3(x))  # SwiGLU, by its definition
+    torch.testing.assert_close(ffn(x), expected, rtol=0, atol=0)
+
+
+def test_rope_turns_pairs_and_scores_depend_on_relative_position_only():
+    """RoPE rotates each pair (2i, 2i+1) by t·theta^(-2i/D): norms are kept, position 0 is unchanged, and the score
+    of a query at m with a key at n depends on m - n alone (fp32: agreement to a few units of 2^-24 per term)."""
+    attn = build_model(TOY_BASICS).blocks[0].attn
+    D = attn.head_dim
+    q = torch.randn(1, 1, 1, D, dtype=torch.float64).expand(1, 1, 16, D)  # the same vector at every position
+    k = torch.randn(1, 1, 1, D, dtype=torch.float64).expand(1, 1, 16, D)
+    rq, rk = attn.rotate(q), attn.rotate(k)  # (1, 1, 16, D)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1), rtol=1e-6, atol=0)
+    torch.testing.assert_close(rq[..., 0, :], q[..., 0, :], rtol=0, atol=0)
+    scores = rq[0, 0] @ rk[0, 0].T  # (16, 16): m, n
+    for shift in (0, 3, 7):
+        diagonal = torch.diagonal(scores, offset=-shift)  # pairs (m, m - shift)
+        torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(scores.diagonal(0)[:1], scores.diagonal(-3)[:1])  # and it does depend on m - n
+
+
+@pytest.mark.parametrize("t", [0, 5, 15])
+def test_basics_model_is_causal_and_every_parameter_gets_a_grad(t):
+    torch.manual_seed(0)
+    model = build_model(TOY_BASICS)
+    x = torch.randint(50, (2, 16), generator=torch.Generator().manual_seed(1))
+    x2 = x.clone()
+    x2[:, t] = (x[:, t] + 1) % 50
+    a, b = model(x), model(x2)
+    torch.testing.assert_close(a[:, :t], b[:, :t])
+    assert not torch.allclose(a[:, t], b[:, t])
+    lm_loss(a, x).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())

@@ -32,9 +32,11 @@ def residual_stream_bytes(batch_size: int, context_length: int, d_model: int, dt
 
 
 def buffer_bytes(cfg: ModelConfig | str) -> int:
-    """The causal-mask buffers: one (context, context) bool matrix per block."""
+    """The causal-mask buffers: one (context, context) bool matrix per block; with RoPE ("basics") also its cos and
+    sin tables, (context, head_dim / 2) fp32 each."""
     c = get_config(cfg)
-    return c.n_layers * c.context_length**2
+    rope = 2 * c.context_length * (c.head_dim // 2) * 4 if c.arch == "basics" else 0
+    return c.n_layers * (c.context_length**2 + rope)
 
 
 def activation_bytes(
@@ -45,20 +47,29 @@ def activation_bytes(
     Per block, with R = B·T·d: the block input, norm1's y and output, q, k and v made contiguous
     for the matmuls (3R), the re-assembled heads, the mid-block residual, norm2's y and output
     (10 R in all), two rsqrt columns (2 B·T), the attention probabilities (B·H·T²), the negated
-    causal mask (T² bool), and the FFN's d_ff-wide w1 output and GELU output. After the blocks:
+    causal mask (T² bool), and the FFN's d_ff-wide tensors (ffn_saved_widths). After the blocks:
     the last residual, the final norm's y, output and rsqrt, the log-softmax output (B·T·V) and
-    the loss with its total weight (2 scalars). The position ids (int64 T) for the embedding backward.
+    the loss with its total weight (2 scalars). The position ids (int64 T) for the embedding backward
+    ("gpt"; RoPE's rotation saves only its tables, buffers already counted, and its outputs are the q and k
+    the matmuls save).
     """
     c = get_config(cfg)
     B, T = batch_size, context_length or c.context_length
     e = dtype_bytes(dtype)
     R = B * T * c.d_model
-    per_block = (10 * R + 2 * B * T + 2 * B * T * c.d_ff + B * c.n_heads * T * T) * e + T * T
+    ffn = ffn_saved_widths(c) * B * T * c.d_ff
+    per_block = (10 * R + 2 * B * T + ffn + B * c.n_heads * T * T) * e + T * T
     return {
         "blocks": c.n_layers * per_block,
         "final norm + head + loss": (3 * R + B * T + B * T * c.vocab_size + 2) * e,
-        "position ids": T * 8,
+        "position ids": T * 8 if c.arch == "gpt" else 0,
     }
+
+
+def ffn_saved_widths(cfg: ModelConfig | str) -> int:
+    """How many (B, T, d_ff) tensors the feed-forward saves: GELU's input and output ("gpt": 2); SwiGLU's w1 and w3
+    outputs, silu(w1 x) and the product w2 reads ("basics": 4)."""
+    return {"gpt": 2, "basics": 4}[get_config(cfg).arch]
 
 
 def block_saved_parts(
@@ -70,10 +81,18 @@ def block_saved_parts(
     B, T = batch_size, context_length or c.context_length
     e = dtype_bytes(dtype)
     R = B * T * c.d_model * e
+    ffn_parts = {
+        "gpt": ("ffn w1 output (B·T·d_ff)", "GELU output (B·T·d_ff)"),
+        "basics": (
+            "ffn w1 output (B·T·d_ff)",
+            "ffn w3 output (B·T·d_ff)",
+            "SiLU output (B·T·d_ff)",
+            "SiLU(w1 x) · w3 x, w2's input (B·T·d_ff)",
+        ),
+    }[c.arch]
     parts = {
         "softmax output (attention probabilities, B·H·T²)": B * c.n_heads * T * T * e,
-        "ffn w1 output (B·T·d_ff)": B * T * c.d_ff * e,
-        "GELU output (B·T·d_ff)": B * T * c.d_ff * e,
+        **dict.fromkeys(ffn_parts, B * T * c.d_ff * e),
         "q, k, v made contiguous for the matmuls (3 B·T·d)": 3 * R,
         "norm1: normalised x and output (2 B·T·d)": 2 * R,
         "norm2: normalised x and output (2 B·T·d)": 2 * R,

@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import torch
 
 from helpers.formulas.step_bytes import buffer_bytes, token_bytes
-from helpers.model import ModelConfig, get_config, parameter_shapes
+from helpers.model import ModelConfig, count_parameters, get_config, parameter_shapes
 from helpers.sharding import partition_by_bytes
 
 # ---- optimizer-state sharding and ZeRO (notebook 05; ZeRO paper, section 5: (2 + 2 + K)Ψ) ----
@@ -161,11 +162,9 @@ def fsdp_gathered_peak_bytes(model, world_size: int, bytes_per_element: int = 4,
 
 
 def basics_params(cfg) -> int:
-    """Parameters of the handout's cs336_basics model at a size: per block 4d² attention, SwiGLU's 3·d·d_ff and two
-    RMSNorm gains; RoPE (no position table); untied embedding and LM head; a final gain."""
-    c = get_config(cfg)
-    d = c.d_model
-    return c.n_layers * (4 * d * d + 3 * d * c.d_ff + 2 * d) + 2 * c.vocab_size * d + d
+    """Parameters of the handout's cs336_basics model at a size's shape: per block 4d² attention, SwiGLU's 3·d·d_ff
+    and two RMSNorm gains; RoPE (no position table); untied embedding and LM head; a final gain (the zoo's "basics")."""
+    return count_parameters(dataclasses.replace(get_config(cfg), arch="basics"))
 
 
 def sharded_state_bytes(psi: int, world_size: int) -> dict[str, float]:

@@ -195,8 +195,10 @@ def block_memory(q, saved):
     top = "; ".join(f"{k} {fmt_mib(v / 2**20)} ({pct(v / total)})" for k, v in list(parts.items())[:5])
     assert total * xl.n_layers == formulas.activation_bytes(xl, B, T)["blocks"]
     return Answer(
-        f"Closed form for this project's block (fp32, naive attention keeping its probabilities; `formulas."
-        f"block_saved_parts`), batch {B} × {T}: the 2026 xl's block saves {fmt_mib(total / 2**20)} for "
+        f"Closed form for the handout's block (cs336-basics: SwiGLU with three matrices, RoPE; fp32, naive "
+        f"attention keeping its probabilities; `formulas.block_saved_parts`, equal to the bytes measured on a cpu "
+        f"preset of the same model in tests/test_memory.py), batch {B} × {T}: the 2026 xl's block saves "
+        f"{fmt_mib(total / 2**20)} for "
         f"backward; the 5 largest contributions: {top}. One block's gradients are its parameters' bytes "
         "(fp32): the backward's per-block rise in a memory profile. Every 2026 size:",
         table=tuple(rows),

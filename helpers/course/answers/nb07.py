@@ -270,8 +270,9 @@ def best_block(q, saved):
     k_cont, k_int = formulas.best_segment(xl.n_layers, block_input, block_saved)
     return Answer(
         f"The 2026 handout's xl (Table 1: d {xl.d_model}, d_ff {xl.d_ff}, {xl.n_layers} layers, "
-        f"{xl.n_heads} heads) at batch 4 × 2048, fp32, with this project's block (I = one block input, A = "
-        f"its saved activations): k* = √(L·I/A) = {k_cont:.2f}, best integer k = {k_int}, since one block's "
+        f"{xl.n_heads} heads) at batch 4 × 2048, fp32, with the handout's block (cs336-basics: SwiGLU, RoPE; "
+        f"attention keeping its probabilities; I = one block input, A = its saved activations): "
+        f"k* = √(L·I/A) = {k_cont:.2f}, best integer k = {k_int}, since one block's "
         f"activations outweigh its input. Measured here ({p.get('model')}, {p.get('n_blocks')} blocks, batch "
         f"{p.get('batch')} × {p.get('context')}): the lowest peak is at k = {best} (the model's optimum there "
         f"{float(p['k_continuous']):.2f}). The price is one more forward, about a third of a step in FLOPs; "
