@@ -238,3 +238,29 @@ def test_a_saved_reference_run_is_named_beside_the_answer(tmp_path, monkeypatch)
         [{"x": 1}], q.reads[0], profile="gpu", kind="reference", directory=tmp_path / "reference" / "h100"
     )
     assert "reference runs beside this one" in page._reference_runs(q) and "profile gpu" in page._reference_runs(q)
+
+
+def test_each_later_map_lists_exactly_its_handouts_parts_and_every_answer_links_back(synthetic):
+    """2025/2026 maps: one row per part the handout asks (handouts.PARTS), none it does not (2024's
+    minimal_ddp_benchmarking and overlap part (c) are not in the later handouts); every answer links back to each map
+    that links it."""
+    from helpers.course.answers import handouts as H
+    from helpers.course.answers import page as P
+
+    page = P.render("cpu", synthetic)
+    maps = {y: re.search(rf'<table class="map" id="map{y}">.*?</table>', page, re.S).group(0) for y in P.EDITIONS}
+    for year in (2025, 2026):
+        labels = re.findall(r"<tr><td><code>([^<]+)</code></td>", maps[year])
+        assert labels == [P._handout_id(*part) for part in H.parts(year)], year
+        assert "minimal_ddp_benchmarking" not in maps[year]
+        assert "ddp_overlap_individual_parameters_benchmarking (c)" not in maps[year]
+    assert "<code>nsys_profile (e)</code>" in maps[2026] and "<code>mixed_precision_accumulation</code>" in maps[2026]
+    tp_d = re.search(r"<code>tp_calcs \(d\)</code></td><td>(.*?)</td>", maps[2026]).group(1)
+    assert 'href="#a2026-tp_calcs-b"' in tp_d or "tp_calcs(b)" in tp_d
+    assert "ddp_bucketed_benchmarking" in maps[2025] and "ddp_bucketed_benchmarking" not in maps[2026]
+    for q in A.QUESTIONS:
+        anchor = P.answer_id(q)
+        entry = re.search(rf'<div class="q [^"]*" id="{re.escape(anchor)}">.*?</div>', page, re.S).group(0)
+        back = set(re.findall(r'<a href="#map(\d{4})">', entry))
+        linked = {str(y) for y, m in maps.items() if f'href="#{anchor}"' in m}
+        assert back == linked and back, (q.number, back, linked)

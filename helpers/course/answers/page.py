@@ -10,6 +10,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+import helpers.course.answers.handouts as handouts
 from helpers.course.answers.core import QUESTIONS, STATUSES, Answered, Question, Saved, answer, shown
 from helpers.env import machine_facts
 from helpers.results import DATA_DIR, device_slug
@@ -35,9 +36,10 @@ EDITIONS = {  # year -> (title, what it kept from the one before, as a note)
     ),
     2026: (
         "2026 edition: activation checkpointing, FSDP, the parallelism calculators",
-        "Attention and FlashAttention-2 are as in 2025: the map lists them and links their answers in the 2025 "
-        "section. Bucketed DDP is removed; the hardware in the handout is a B200; Table 1 redefines the sizes (xl "
-        "is 2560/10240/32 layers/32 heads, and a 10B is added), which these answers use.",
+        "nsys_profile, mixed_precision_accumulation, attention and FlashAttention-2 are as in 2025: the map lists "
+        "them and links their answers in the 2025 section. Bucketed DDP is removed; the hardware in the handout is a "
+        "B200; Table 1 redefines the sizes (xl is 2560/10240/32 layers/32 heads, and a 10B is added) on the "
+        "cs336-basics model (SwiGLU, RoPE), which the closed forms here use.",
     ),
 }
 SECTIONS_2024 = {
@@ -155,6 +157,7 @@ def _entry(q: Question, got: Answered, year: int) -> str:
         f"; also in the {' and '.join(str(y) for y in q.editions if y != year)} edition" if len(q.editions) > 1 else ""
     )
     missing = f" ({html.escape(got.missing)})" if got.missing else ""
+    back = " · ".join(f'<a href="#map{y}">{y}</a>' for y in _maps_listing(q))
     return (
         f'<div class="q {slug(got.status)}" id="{answer_id(q)}">'
         f'<p class="ask"><b>{html.escape(q.number)}</b> {_code(q.ask)}</p>'
@@ -162,7 +165,7 @@ def _entry(q: Question, got: Answered, year: int) -> str:
         f"<li>status: {html.escape(got.status)}{missing}</li>"
         f'<li>details: <a href="{page}{"#" + anchor if anchor else ""}">notebook {q.notebook}, '
         f"{html.escape(q.section)}</a>; reads {reads}{shared}</li>{refs}{_reference_runs(q)}"
-        f"<li>on a GPU: {_code(got.gpu)}</li></ul></div>"
+        f"<li>on a GPU: {_code(got.gpu)}</li><li>back to the map: {back}</li></ul></div>"
     )
 
 
@@ -191,43 +194,50 @@ def _sources(saved: Saved) -> str:
     )
 
 
-# What the later editions keep from 2024, under the 2024 numbers (their answers stay in the 2024 section), and the
-# letters a later handout gives a part when they differ: benchmarking_mixed_precision (a) dtypes, (b) the norm,
-# (c) time.
-KEPT_FROM_2024 = {
-    2025: ("2.1.1", "2.1.4", "2.4.1", "3.1.1", "3.3.1", "3.3.2", "3.4.1", "3.4.2", "3.4.3", "3.4.4", "3.4.5"),
-    2026: ("2.1.1", "2.1.4", "2.4.1", "3.1.1", "3.3.1", "3.3.2", "3.4.1", "3.4.2", "3.4.3", "3.4.5"),
-}
-LATER_LETTERS = {"2.1.4(a)": "c", "2.1.4(b)": "a", "2.1.4(c)": "b"}  # 2024 part -> its letter in 2025/2026
+def _handout_id(problem: str, letter: str) -> str:
+    """The problem id and letter as a handout names them: "benchmarking_script (b)", "leaderboard"."""
+    return problem + (f" ({letter})" if letter else "")
 
 
-def _handout_id(q: Question, year: int) -> str:
-    """The problem id and letter as the edition's handout names them: "benchmarking_script (b)", "leaderboard"."""
-    m = re.search(r"\(([a-h])\)$", q.number)
-    letter = LATER_LETTERS.get(q.number, m.group(1) if m else "") if year != 2024 else (m.group(1) if m else "")
-    return f"{q.problem}" + (f" ({letter})" if letter else "")
+def _maps_listing(q: Question) -> list[int]:
+    """The editions whose map links answer `q`."""
+    return [y for y in EDITIONS if (y == 2024 and 2024 in q.editions) or (y != 2024 and handouts.covers(q, y))]
+
+
+def _map_row(label: str, qs: list[Question], year: int, got: dict[str, Answered]) -> str:
+    if not qs:
+        implementation = label.split(" (")[0] in handouts.IMPLEMENTATIONS
+        what = (
+            "code only: the notebooks show ours; <code>python -m helpers yours</code> checks yours"
+            if implementation
+            else "not answered here"
+        )
+        return f"<tr><td><code>{html.escape(label)}</code></td><td colspan=3>{what}</td></tr>"
+    links, sections, statuses = [], [], []
+    for q in qs:
+        where = "" if min(q.editions) == year else f" (in the {min(q.editions)} section)"
+        links.append(f'<a href="#{answer_id(q)}">{html.escape(q.number)}</a>{where}')
+        nb = f"{NOTEBOOKS[q.notebook]}.html" + (f"#{section_anchor(q)}" if section_anchor(q) else "")
+        section = f'<a href="{nb}">notebook {q.notebook}, {html.escape(q.section)}</a>'
+        sections += [section] if section not in sections else []
+        statuses.append(html.escape(got[q.number].status))
+    return (
+        f"<tr><td><code>{html.escape(label)}</code></td><td>{'<br>'.join(links)}</td>"
+        f"<td>{'<br>'.join(sections)}</td><td>{'<br>'.join(statuses)}</td></tr>"
+    )
 
 
 def _map(year: int, got: dict[str, Answered]) -> str:
-    """The edition's map: handout problem id and letter -> the answer's anchor -> the notebook section's anchor.
-    Answers shown in an earlier edition's section are listed here and linked there, not repeated."""
-    rows = [q for q in QUESTIONS if year in q.editions]
-    if year in KEPT_FROM_2024:
-        kept = [q for q in QUESTIONS if 2024 in q.editions and q.group in KEPT_FROM_2024[year]]
-        rows = kept + [q for q in rows if q not in kept]
-    cells = []
-    for q in rows:
-        where = "" if min(q.editions) == year else f" (in the {min(q.editions)} section)"
-        nb = f"{NOTEBOOKS[q.notebook]}.html" + (f"#{section_anchor(q)}" if section_anchor(q) else "")
-        cells.append(
-            f"<tr><td><code>{html.escape(_handout_id(q, year))}</code></td>"
-            f'<td><a href="#{answer_id(q)}">{html.escape(q.number)}</a>{where}</td>'
-            f'<td><a href="{nb}">notebook {q.notebook}, {html.escape(q.section)}</a></td>'
-            f"<td>{html.escape(got[q.number].status)}</td></tr>"
-        )
+    """The edition's map: every part its handout asks (handouts.PARTS; 2024: this page's numbering) -> the answers
+    that cover it -> the notebook sections. Answers shown in an earlier edition's section are linked there."""
+    if year == 2024:
+        letter = lambda q: q.number[-2] if q.number.endswith(")") else ""  # noqa: E731
+        rows = [_map_row(_handout_id(q.problem, letter(q)), [q], year, got) for q in QUESTIONS if 2024 in q.editions]
+    else:
+        rows = [_map_row(_handout_id(*part), qs, year, got) for part, qs in handouts.covering(year).items()]
     return (
         f'<table class="map" id="map{year}"><tr><th>{year} handout: problem (part)</th><th>answer</th>'
-        f"<th>notebook section</th><th>status</th></tr>{''.join(cells)}</table>"
+        f"<th>notebook section</th><th>status</th></tr>{''.join(rows)}</table>"
     )
 
 
