@@ -8,6 +8,7 @@ import nbformat
 import pytest
 
 from helpers import writeup
+from helpers.writeup import index
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -207,6 +208,16 @@ def test_headline_figure_and_left_out_notes_come_from_the_executed_notebook():
     assert writeup.headline_figure(nb) is None  # no cell tagged headline
     nb.cells[1].metadata["tags"] = [writeup.HEADLINE_TAG]
     assert writeup.headline_figure(nb) == PNG
+    import matplotlib.pyplot as plt
+
+    from helpers.section import Result  # a section's Result embeds its figure in its HTML: the front page finds it
+
+    fig = plt.figure()
+    html_ = Result(figure=fig, notes=["a note"])._repr_html_()
+    shown = nbformat.v4.new_output("display_data", data={"text/html": html_, "text/plain": "a note"})
+    nb.cells[1].outputs = [shown, *[o for o in nb.cells[1].outputs if "image/png" not in o.get("data", {})]]
+    embedded = index.EMBEDDED_PNG.search(html_).group(1)
+    assert writeup.headline_figure(nb) == embedded and len(embedded) > 100
     note = f"{writeup.LEFT_OUT}: mixed precision at medium (about 30 s more); run them with make writeup BUDGET=90"
     nb.cells[1].outputs.append(nbformat.v4.new_output("stream", name="stdout", text=f"timed\n- {note}\n{note}\n"))
     assert writeup.left_out_notes(nb) == [note]  # once, without the list dash

@@ -5,6 +5,7 @@ status and what the time budget left out; the machine and profile; the extra pag
 from __future__ import annotations
 
 import html
+import re
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -36,14 +37,20 @@ LEFT_OUT_LINES = (
 Front = Callable[[str, str], str]  # front(notebook file name, profile) -> one HTML sentence from its saved results
 
 
+EMBEDDED_PNG = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=\s]+)"')  # a Result's figure, inside its HTML
+
+
 def headline_figure(nb) -> str | None:
-    """The base64 PNG of the first image in the outputs of the cell tagged `headline`, or None."""
+    """The base64 PNG of the first image in the outputs of the cell tagged `headline` (a plain figure, or the one a
+    helpers.section.Result embeds in its HTML), or None."""
     for cell in nb.cells:
         if cell.cell_type == "code" and HEADLINE_TAG in cell.get("metadata", {}).get("tags", []):
             for out in cell.get("outputs", []):
-                png = out.get("data", {}).get("image/png")
-                if png:
-                    return "".join(png.split())
+                data = out.get("data", {})
+                png = data.get("image/png")
+                embedded = EMBEDDED_PNG.search("".join(data.get("text/html", "")))
+                if png or embedded:
+                    return "".join((png or embedded.group(1)).split())
     return None
 
 
