@@ -384,3 +384,59 @@ def test_on_cuda_a_sample_is_a_batch_of_calls_between_one_event_pair(monkeypatch
     monkeypatch.setattr(C, "run_collective", collective)
     seconds = C._timed_batch("all_reduce", None, None, C.BATCH_CALLS)
     assert calls == ["all_reduce"] * C.BATCH_CALLS and seconds == pytest.approx(40e-6)
+
+
+# ---- notebook 03's sections: one call each, a Result whose sentences come from its rows ----
+
+
+def test_grid_section_names_what_the_profile_leaves_out():
+    from helpers.experiments import collectives_sections as S
+
+    cpu, gpu = S.grid_section("cpu"), S.grid_section("gpu")
+    assert cpu.notes[1].startswith("left out of the seed's grid here: {") and "'process counts': [6]" in cpu.notes[1]
+    assert gpu.notes[1] == "left out of the seed's grid here: nothing"  # the seed's grid is the gpu profile
+    assert cpu.values["runnable"] == int(cpu.table["run"].sum()) == 2
+
+
+def test_run_section_saves_checks_and_its_readers_narrate_the_rows(tmp_path, monkeypatch):
+    from helpers import results
+    from helpers.experiments import collectives_sections as S
+
+    monkeypatch.setattr(results, "DATA_DIR", tmp_path)
+    grid = dict(C.PROFILE_GRID["cpu"], sizes=(4 * F.KiB, 16 * F.KiB, 64 * F.KiB), world_sizes=(2,), iters=6)
+    run = S.run_section("cpu", grid)
+    saved = results.load_results(run.saved)
+    assert run.saved.name == "03_collectives.jsonl" and saved.provenance["method"] == C.METHOD
+    assert len(saved.rows) == len(C.OPS) * 3 and run.values == {"wrong": 0, "timed_calls": int(run.df["iters"].sum())}
+    assert f"all {run.values['timed_calls']} timed results were exactly right" in run.notes[0]
+    assert list(run.table.index) == ["4 KB", "16 KB", "64 KB"]
+    fits = C.fit_table(run.df)
+    fit = S.fit_section(fits)
+    assert f"{fit.values['worst_median_rel_err']:.1%}" in fit.notes[0]
+    for section in (S.steadiness_section, S.slopes_section, S.ranks_section, S.ops_section):
+        assert section(run.df).notes, section.__name__
+    assert "α·β ≈" in S.latency_section(run.df, fits).notes[0]
+    wrong = run.df.assign(wrong=[0] * (len(run.df) - 1) + [1])  # one wrong call in the last row
+    with pytest.raises(AssertionError):
+        S.check_rows(wrong)
+    with pytest.raises(AssertionError):  # busbw not size / time x factor: a wrong factor
+        S.check_rows(run.df.assign(busbw_GBps=run.df["algbw_GBps"]))
+
+
+def test_ops_and_backends_sections_name_a_winner_only_outside_the_noise():
+    from helpers.experiments import collectives_sections as S
+
+    base = list(np.linspace(1.0, 2.0, 20))
+    df = C.pd.DataFrame([_row("all_reduce", base), _row("all_gather", [t / 2 for t in base])])
+    df["size"] = "4 KB"
+    ops = S.ops_section(df)
+    assert "all_gather takes 0.50x all_reduce's time" in ops.notes[0] and ops.values["medians_inside_intervals"]
+    assert S.backends_section(df).notes[0].startswith("not measurable here: NCCL needs one GPU per rank")
+    both = C.pd.DataFrame(
+        [_row("all_reduce", [10.0, 11.0, 12.0, 13.0]), _row("all_reduce", [1.0, 1.1, 1.2, 1.3], "nccl", "cuda")]
+    )
+    vs = S.backends_section(both)
+    assert vs.notes == [
+        "gloo+cpu / NCCL: median 10x (10x to 10x) over 1 points; NCCL faster (quartile ranges apart) at 1, "
+        "within each other's quartiles at 0"
+    ]

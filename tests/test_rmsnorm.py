@@ -1,6 +1,7 @@
 """RMSNorm (notebook 02): hand-derived gradients, the PyTorch Function, the Triton kernels (interpreter on CPU), the
 layer."""
 
+import pandas as pd
 import pytest
 import torch
 
@@ -231,3 +232,116 @@ def test_model_norms_swapped_in_one_model_and_one_loop():
     }
     text = XR.model_lines({"tiny": comp}, ["layernorm", "rmsnorm"])
     assert text.count("RMSNorm (PyTorch ops)") == 2
+
+
+# ---- notebook 02's sections: one call each, a Result whose notes come from the values it saved ----
+
+SCALE = dict(  # the cpu profile, shrunk: 64 rows, one width, MIN_PAIRS rounds
+    XR.PROFILES["cpu"], rows=64, hidden=[32], warmup=1, steps=6, compile_hidden=[], triton_shape=(4, 16)
+)
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    from helpers import results
+
+    monkeypatch.setattr(results, "DATA_DIR", tmp_path)
+    return tmp_path
+
+
+def _saved(path):
+    from helpers.results import load_results
+
+    return load_results(path).frame()
+
+
+def test_shapes_and_bandwidth_sections_save_what_the_answers_page_reads(data_dir):
+    shapes = XR.shapes_section(SCALE, "cpu", "cpu", yours={"yours:torchfn": RMSNormPyTorchFunction.apply})
+    assert list(shapes.table.columns) == XR.PYTORCH_NORMS and shapes.saved.name == "rmsnorm_ratios.jsonl"
+    ratios = _saved(shapes.saved)
+    assert {"a", "b", "pass", "dtype", "H"} <= set(ratios.columns) and "yours:torchfn" in set(ratios["a"])
+    low = shapes.values["forward_over_both_low"]
+    assert low <= 1 and f"is {low:.2f})" in shapes.notes[1]  # the sentence states the value the cell asserts on
+    assert sum(n.startswith("yours, ") for n in shapes.notes) == 2  # yours vs torchfn, per pass
+    bw = XR.bandwidth_section(shapes, SCALE, "cpu", "cpu")
+    bench = _saved(bw.saved)
+    assert bw.saved.name == "rmsnorm_bench.jsonl" and {"impl", "pass", "median_ms", "frac_of_copy"} <= set(bench)
+    assert bw.values["max_fraction_of_copy"] == pytest.approx(bw.big["frac_of_copy"].max())
+    assert ("triton", 4) in set(zip(bench["impl"], bench["rows"], strict=True))  # the interpreter's tiny shape
+    assert {"fraction of copy", "median ms"} == set(bw.table.columns.get_level_values(0))
+    fast = XR.fastest_section(shapes, bw, SCALE, "cpu")
+    assert len(fast.notes) == 3 and "judged on the gpu profile" in fast.notes[-1] and fast.table is None
+    shapes.rows[0] = {**shapes.rows[0], "frac_of_copy": 1.2}  # a norm faster than the copy: a wrong byte count
+    with pytest.raises(AssertionError, match="copy bandwidth"):
+        XR.bandwidth_section(shapes, SCALE, "cpu", "cpu")
+
+
+def test_gradients_section_catches_a_wrong_derivation(data_dir, monkeypatch):
+    from helpers.experiments import rmsnorm_sections
+
+    r = XR.gradients_section("cpu")
+    assert r.values["gradcheck"] and r.values["max_abs_error"] < 1e-12
+    assert _saved(r.saved)["check"].tolist() == list(r.table.index)
+    assert f"{r.values['max_abs_error']:.1e}" in r.notes[0]
+
+    def no_mean_term(grad_out, x, g, eps=R.EPS):  # forgets that r depends on x: r * dy * g
+        return grad_out * g * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+    monkeypatch.setattr(rmsnorm_sections, "rmsnorm_backward_x", no_mean_term)
+    with pytest.raises(AssertionError):
+        XR.gradients_section("cpu")
+
+
+@needs_triton
+def test_spec_section_catches_a_norm_off_its_spec(monkeypatch):
+    from helpers.experiments import rmsnorm_sections
+
+    r = XR.spec_section(DEVICE, shape=(3, 37))
+    assert list(r.table.index) == ["float32", "float16", "bfloat16"]
+    assert r.values["loss_rel_diff"] <= XR.LOSS_TOL["rtol"] and "bfloat16" in r.notes[0]
+
+    class Off:  # a gain 1% too large: outside float32's tolerance
+        apply = staticmethod(lambda x, g: rmsnorm_reference(x, g * 1.01))
+
+    monkeypatch.setattr(rmsnorm_sections, "RMSNormTritonFunction", Off)
+    with pytest.raises(AssertionError, match="float32"):
+        XR.spec_section(DEVICE, shape=(3, 37))
+
+
+def test_model_and_compile_sections_save_both_loops(data_dir, monkeypatch):
+    from helpers.budget import Budget
+    from helpers.experiments import rmsnorm_speed
+
+    models = XR.model_section(Budget(None), [XR.TINY], dict(SCALE, steps=3), "cpu", "cpu")
+    assert list(models.table.columns) == XR.model_norms("cpu") and XR.TRITON_LEFT_OUT in models.notes
+    assert set(models.comps) == {"tiny"} and {r["size"] for r in models.rows} == {"tiny"}
+
+    def eager_twice(size, device, batch, warmup, steps):  # torch.compile stood in by the eager model (seconds)
+        rows, comp = XR.compare_model_norms(size, ["rmsnorm"], device, batch, warmup, steps)
+        comp.samples = {f"{c}|{label.split('|')[1]}": s for label, s in comp.samples.items() for c in (False, True)}
+        return [{**row, "compiled": c} for row in rows for c in (False, True)], comp
+
+    monkeypatch.setattr(rmsnorm_speed, "compare_compiled", eager_twice)
+    r = XR.compile_section(models, dict(SCALE, steps=3, compile_model_sizes=[XR.TINY]), [XR.TINY, "x"], "cpu", "cpu")
+    assert list(r.table.columns) == ["eager", "compiled"] and r.notes[0].startswith("compiled here: tiny of")
+    saved = _saved(r.saved)  # section 2's rows and the compiled ones
+    assert r.saved.name == "rmsnorm_models.jsonl" and len(saved) == len(models.rows) + 2
+    loops = _saved(r.saved.with_name("rmsnorm_model_ratios.jsonl"))["loop"]
+    assert set(loops) == {"norms", "compile"}
+
+
+def test_fastest_section_judges_the_kernels_targets_on_the_gpu_profile():
+    from helpers.timing import Comparison
+
+    def row(impl, pass_, ms, frac):
+        return dict(impl=impl, dtype="float32", H=4096, rows=8, median_s=ms / 1e3, GBps=1.0, frac_of_copy=frac,
+                    **{"pass": pass_})  # fmt: skip
+
+    rows = [row("triton", "fwd", 1, 0.9), row("triton", "fwd+bwd", 2, 0.5)]
+    rows += [row(o, p, 4, 0.3) for o in ("compiled", "F.rms_norm") for p in ("fwd", "fwd+bwd")]
+    samples = {f"{r['impl']}|{r['pass']}": [r["median_s"] * (1 + i / 100) for i in range(6)] for r in rows}
+    shapes = XR.Timed(rows=rows, comps={("float32", 4096): Comparison(samples, "triton|fwd", "cpu")})
+    bw = XR.Bandwidth(big=pd.DataFrame(rows))
+    r = XR.fastest_section(shapes, bw, dict(SCALE, hidden=[4096]), "gpu")
+    assert r.table["met"].tolist() == [True, False, True]  # forward 0.9 >= 0.85; fwd+bwd 0.5 < 0.6; 2x faster
+    assert r.values == {"targets_met": 2, "targets": 3} and r.notes[0].startswith("float32 fwd H=4096 : fastest is")

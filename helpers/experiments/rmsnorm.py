@@ -11,7 +11,9 @@ The code, one idea per module (all importable from here, as the notebook, the te
     rmsnorm_bench    the norms by name, the copy yardstick and its bound, one norm timed alone on (rows, H)
     rmsnorm_compare  every norm and the copy in one interleaved loop per shape; the sentences and answer rows
     rmsnorm_model    the norms inside the model: timed, swapped in one loop, eager vs torch.compile
-and here: PROFILES, `python -m helpers bench rmsnorm` and the published bandwidth mark beside this machine's rates.
+    rmsnorm_sections the notebook's sections 1-3, one call each returning a Result (helpers.section)
+    rmsnorm_speed    sections 4 and 5: bandwidth vs copy, the published mark, the fastest, torch.compile
+and here: PROFILES and `python -m helpers bench rmsnorm`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import argparse
 import pandas as pd
 import torch
 
-from helpers.experiments.common import log_ticks, positive_int
+from helpers.experiments.common import positive_int
 from helpers.experiments.rmsnorm_bench import (
     MAX_FRACTION_OF_COPY,
     NORM_FUNCTIONS,
@@ -63,6 +65,29 @@ from helpers.experiments.rmsnorm_model import (
     model_lines,
     plan_model_norms,
 )
+from helpers.experiments.rmsnorm_sections import (
+    PYTORCH_NORMS,
+    TRITON_LEFT_OUT,
+    Bandwidth,
+    Timed,
+    gradients_section,
+    kernels_at,
+    model_norms,
+    model_section,
+    shapes_section,
+    spec_section,
+    where,
+)
+from helpers.experiments.rmsnorm_speed import (
+    TARGETS,
+    bandwidth_mark_table,
+    bandwidth_section,
+    compile_section,
+    fastest_section,
+    fraction_of_copy_figure,
+    mark_section,
+    plot_bandwidth_mark,
+)
 
 __all__ = [
     # rmsnorm_checks
@@ -102,11 +127,30 @@ __all__ = [
     "model_lines",
     "compare_compiled",
     "compiled_lines",
+    # rmsnorm_sections: notebook 02's sections 1-3, one Result each
+    "PYTORCH_NORMS",
+    "TRITON_LEFT_OUT",
+    "Timed",
+    "Bandwidth",
+    "where",
+    "kernels_at",
+    "model_norms",
+    "shapes_section",
+    "model_section",
+    "gradients_section",
+    "spec_section",
+    # rmsnorm_speed: sections 4 and 5
+    "TARGETS",
+    "bandwidth_section",
+    "fraction_of_copy_figure",
+    "plot_bandwidth_mark",
+    "bandwidth_mark_table",
+    "mark_section",
+    "fastest_section",
+    "compile_section",
     # here
     "PROFILES",
     "bench_main",
-    "plot_bandwidth_mark",
-    "bandwidth_mark_table",
 ]
 
 PROFILES = {  # what notebook 02 measures per profile
@@ -170,37 +214,3 @@ def bench_main(argv: list[str]) -> int:
     print(f"RMSNorm on {device} ({torch.cuda.get_device_name() if cuda else 'cpu'}), {args.rows} rows, {args.dtype}")
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return 0
-
-
-# ---- the published mark: what the best memory-bound kernels reach on an H100 (notebook 02) ----
-
-
-def plot_bandwidth_mark(big: pd.DataFrame, mark, comparable: bool, title: str = ""):
-    """Achieved GB/s per implementation vs H (float32, forward and forward+backward), with the published mark drawn
-    as a labelled line (helpers.published): compared only on the device it was measured on."""
-    import matplotlib.pyplot as plt
-
-    from helpers.published import draw_mark
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    f32 = big[big["dtype"] == "float32"]
-    for ax, pass_ in zip(axes, ("fwd", "fwd+bwd"), strict=True):
-        for impl, part in f32[f32["pass"] == pass_].groupby("impl"):
-            part = part.sort_values("H")
-            ax.plot(part["H"], part["GBps"], marker="o", label=impl)
-        draw_mark(ax, mark, comparable)
-        ax.set(xscale="log", yscale="log", xlabel="H (columns)", ylabel="achieved GB/s", title=f"{pass_}, float32")
-        log_ticks(ax, sorted(f32["H"].unique()))
-    axes[0].legend(fontsize=7)
-    fig.suptitle(title or "RMSNorm bandwidth against the published mark", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def bandwidth_mark_table(big: pd.DataFrame, mark, comparable: bool) -> pd.DataFrame:
-    """Beside the plot: the best GB/s per implementation and pass, and its "% of mark" where comparable."""
-    from helpers.published import share_column
-
-    best = big.groupby(["dtype", "pass", "impl"])["GBps"].max().reset_index()
-    best[f"% of mark ({mark.label})"] = share_column(best["GBps"], mark, comparable)
-    return best.set_index(["dtype", "pass", "impl"])
