@@ -232,3 +232,11 @@ def test_the_front_pages_autocast_sentence_names_the_dtype_once(tmp_path):
     D.write(tmp_path, D.notebook_01_rows())
     claim = front.autocast(A.Saved(tmp_path, "cpu"))
     assert claim.lead.startswith("autocast bfloat16, ") and "autocast, " not in claim.lead, claim.lead
+
+
+def test_the_bucket_model_answer_gives_the_handouts_optimum_and_how_far_the_model_misses(synthetic):
+    """3.4.4(b): b* = sqrt(s·w·o) under the handout's assumption (S = 4 MB, β = 1.5 GB/s, α = 300 µs: 1.28 MiB), and
+    the model's miss from the saved rows (measured 0.2/0.16 and 0.2/0.25 of one step: +25% and -20%)."""
+    text = D.all_answers(synthetic)["3.4.4(b)"][0]
+    assert "√(s·w·o)" in text and "the handout's b* = 1.28 MiB" in text
+    assert "(median over the 2 sizes; -20% to +25%)" in text

@@ -440,3 +440,20 @@ def test_ops_and_backends_sections_name_a_winner_only_outside_the_noise():
         "gloo+cpu / NCCL: median 10x (10x to 10x) over 1 points; NCCL faster (quartile ranges apart) at 1, "
         "within each other's quartiles at 0"
     ]
+
+
+def test_the_handouts_bucket_optimum_is_the_models_under_its_assumption():
+    """With T_b = S/β (a bucket computes as long as it sends), bucket_overhead is n·α + S/(n·β): its integer argmin
+    is next to sqrt(S/(α·β)), and b* = S/n* = sqrt(S·β·α) (the handout's sqrt(s·w·o))."""
+    import math
+
+    import numpy as np
+
+    from helpers import formulas as F
+
+    S, alpha, beta = 25_642_240.0, 1.6e-4, 9.05e8
+    n = np.arange(1, 2000)
+    best = n[np.argmin(F.bucket_overhead(n, S, S / beta, alpha, beta))]
+    n_star = math.sqrt(S / (alpha * beta))
+    assert abs(best - n_star) <= 1
+    assert math.isclose(S / n_star, F.handout_bucket_size(S, alpha, beta), rel_tol=1e-12)

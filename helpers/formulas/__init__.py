@@ -32,7 +32,15 @@ from helpers.formulas.calculators import (
     tp_calc,
 )
 from helpers.formulas.checkpointing import best_segment, checkpoint_memory, checkpoint_strategies
-from helpers.formulas.collectives import algbw, bucket_overhead, busbw, busbw_factor, optimal_buckets, wire_factor
+from helpers.formulas.collectives import (
+    algbw,
+    bucket_overhead,
+    busbw,
+    busbw_factor,
+    handout_bucket_size,
+    optimal_buckets,
+    wire_factor,
+)
 from helpers.formulas.flops import PEAK_FLOPS, forward_flops, matmul_params, mfu, peak_flops, shape_ratios, train_flops
 from helpers.formulas.plans import (
     HEAD_CHUNK_TOKENS,
@@ -137,6 +145,7 @@ __all__ = [
     "wire_factor",
     "bucket_overhead",
     "optimal_buckets",
+    "handout_bucket_size",
     "SHARDED_KINDS",
     "PRECISIONS",
     "expected_collectives",

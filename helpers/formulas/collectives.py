@@ -54,3 +54,9 @@ def bucket_overhead(n_buckets, grad_bytes: float, backward_s: float, alpha_s: fl
 def optimal_buckets(grad_bytes: float, backward_s: float, alpha_s: float, beta_Bps: float) -> float:
     """The n minimizing bucket_overhead: max((T_b - S/beta)/alpha, sqrt(T_b/alpha)), at least 1."""
     return max(1.0, (backward_s - grad_bytes / beta_Bps) / alpha_s, math.sqrt(backward_s / alpha_s))
+
+
+def handout_bucket_size(grad_bytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """The handout's optimum bucket size in bytes, b* = sqrt(s·w·o): its assumption (a bucket's gradients take as long
+    to compute as to send, T_b = S/β) turns bucket_overhead into n·α + S/(n·β), least at n* = sqrt(S/(α·β))."""
+    return math.sqrt(grad_bytes * beta_Bps * alpha_s)

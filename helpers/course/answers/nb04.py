@@ -269,10 +269,18 @@ def bucket_model(q, saved):
         if n > tensors
         else ""
     )
+    b_handout = formulas.handout_bucket_size(S, a, b)
+    miss = sweep["step_s"] / sweep["predicted_s"] - 1  # measured over modelled step, per swept size
     return (
         f"With n equal buckets of S/n bytes, each all-reduce costing α + S/(nβ), the overhead after backward is "
         f"max(α + S/(nβ), nα + S/β − T_b(1 − 1/n)), minimised at n* = max((T_b − S/β)/α, √(T_b/α)) and "
-        f"b* = S/n* (derived and checked numerically in notebook 04 §4). Here S = {S / 2**20:.3g} MiB, "
+        f"b* = S/n* (derived and checked numerically in notebook 04 §4). Under the handout's assumption (a bucket's "
+        f"gradients take as long to compute as to send: T_b = S/β) the overhead is nα + S/(nβ), least at "
+        f"n* = √(S/(αβ)), so b* = √(S·β·α), in the handout's letters √(s·w·o). Here S = {S / 2**20:.3g} MiB, "
         f"T_b = {fmt_s(Tb)}, α = {a * 1e6:.0f} µs, β = {b / 1e9:.2f} GB/s give n* = {n:.1f} and b* = "
-        f"{S / n / 2**20:.3g} MiB; the sweep's lowest median was at {best:g} MB." + finest
+        f"{S / n / 2**20:.3g} MiB (the handout's b* = {b_handout / 2**20:.3g} MiB); the sweep's lowest median was "
+        f"at {best:g} MB. The model misses the measured steps by {miss.median():+.0%} (median over the "
+        f"{len(miss)} sizes; {miss.min():+.0%} to {miss.max():+.0%}): it adds only the all-reduces' overhead after "
+        "backward to the step without communication, not their contention with backward for the same cores and "
+        "memory." + finest
     )
