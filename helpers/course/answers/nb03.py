@@ -10,7 +10,7 @@ QUESTIONS = [
         "3.1.1",
         "How long does an all-reduce take per backend, device, message size and process count on one node?",
         notebook="03",
-        section="Tables, plots and the α–β fit",
+        section="Plots, with the α–β model drawn over the points",
         reads=("03_collectives",),
         gpu="Only gloo on CPU runs here. NCCL needs one GPU per rank: `torchrun --standalone --nproc-per-node 8 -m "
         "helpers bench collectives --backend nccl --device cuda`.",
