@@ -240,3 +240,10 @@ def test_the_bucket_model_answer_gives_the_handouts_optimum_and_how_far_the_mode
     text = D.all_answers(synthetic)["3.4.4(b)"][0]
     assert "√(s·w·o)" in text and "the handout's b* = 1.28 MiB" in text
     assert "(median over the 2 sizes; -20% to +25%)" in text
+
+
+def test_a_model_far_above_the_times_is_off_by_its_factor_not_by_a_percentage():
+    from helpers.course.answers.nb07 import miss_text
+
+    text = miss_text([100.0, 200.0, 430.0], [860.0, 200.0, 215.0])  # 8.6x over, exact, 2x under
+    assert "a factor of 2.00 in the median and up to 8.6 (1 of 3 timings below the model, 1 above)" in text
