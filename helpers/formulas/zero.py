@@ -150,11 +150,10 @@ def fsdp_live_bytes(
 
 def fsdp_gathered_peak_bytes(model, world_size: int, bytes_per_element: int = 4, modules: int = 2) -> int:
     """Gathered weights alive at once: the `modules` largest sharded modules' padded weights (2: one computing, one
-    prefetched, the bound; 1: the LM head alone, as backward starts)."""
-    c = get_config(model)
-    d, f, V, T = c.d_model, c.d_ff, c.vocab_size, c.context_length
+    prefetched, the bound; 1: the LM head alone, as backward starts). Sharded: every Linear's and Embedding's weight
+    (the 2-D parameters of the model's own table)."""
     pad = lambda k: -(-k // world_size) * world_size  # noqa: E731
-    sizes = sorted([pad(V * d), pad(T * d), pad(V * d), pad(3 * d * d), pad(d * d), pad(d * f), pad(f * d)])
+    sizes = sorted(pad(math.prod(s)) for s in parameter_shapes(model).values() if len(s) == 2)
     return sum(sizes[-modules:]) * bytes_per_element
 
 
