@@ -117,6 +117,7 @@ def test_the_header_counts_four_statuses_honestly(synthetic):
     assert got["2.2.1(a)"].status == "needs a GPU"  # "the Triton kernel was not timed" is not an answer
     assert got["2.2.4(a)"].status == "partial" and got["2.2.4(a)"].missing
     assert got["nsys_profile"].status == "partial" and got["communication_accounting(c)"].status == "closed form"
+    assert got["3.2.1"].status == "partial"  # the rehearsal is not the two-node measurement it asks
     assert got["2.1.1(b)"].status == "measured" and counts["not run"] == 0
 
 
@@ -258,6 +259,7 @@ def test_each_later_map_lists_exactly_its_handouts_parts_and_every_answer_links_
     tp_d = re.search(r"<code>tp_calcs \(d\)</code></td><td>(.*?)</td>", maps[2026]).group(1)
     assert 'href="#a2026-tp_calcs-b"' in tp_d or "tp_calcs(b)" in tp_d
     assert "ddp_bucketed_benchmarking" in maps[2025] and "ddp_bucketed_benchmarking" not in maps[2026]
+    assert page.count("B for the global batch in tokens") == 1  # the calculators' variables, said once
     for q in A.QUESTIONS:
         anchor = P.answer_id(q)
         entry = re.search(rf'<div class="q [^"]*" id="{re.escape(anchor)}">.*?</div>', page, re.S).group(0)

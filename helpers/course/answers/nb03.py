@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers.course.answers.core import Question, answers, fmt_s, ref, register
+from helpers.course.answers.core import Answer, Question, answers, fmt_s, ref, register
 
 Q = Question
 QUESTIONS = [
@@ -69,9 +69,11 @@ def collectives_two_nodes(q, saved):
 
     r = saved.frame("03_two_node_rehearsal")
     recipe = " and ".join(f"`{c}`" for c in collectives.two_node_recipe("HEAD_NODE:29500", nproc_per_node=8))
-    return (
+    return Answer(
         f"Not measurable on one machine. What ran here is a rehearsal of the path: two torchrun agents on this "
         f"host as two nodes, {len(r)} all-reduce sizes, {int(r['wrong'].sum())} wrong results; their loopback "
         f"times say nothing about a network. On two real GPU nodes run {recipe} (one per node); rank 0 saves the "
-        "rows and notebook 03 plots them."
+        "rows and notebook 03 plots them.",
+        status="partial",
+        missing="the times over a network need two nodes; only the path was rehearsed here",
     )

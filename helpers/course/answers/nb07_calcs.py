@@ -143,12 +143,19 @@ def _calc_rows(parts) -> tuple:
 
 
 def _calc_answer(parts, head: str) -> Answer:
-    """The head sentence, the variables, and the worked example's inputs; the expressions in the table below."""
+    """The head sentence and the worked example's inputs (the variables are named once, in CALC_VARIABLES); the
+    expressions in the table below."""
     return Answer(
-        f"{head} B is the global batch in tokens, 16-bit weights and activations, C FLOP/s and W bytes/s of "
-        f"egress per device. Worked example (`formulas.CALC_EXAMPLE`, H100-like): {_example(parts[0])}.",
+        f"{head} Worked example: {_example(parts[0])}.",
         table=_calc_rows(parts),
     )
+
+
+CALC_VARIABLES = (  # said once, in the 2026 edition's note, for the four calculators
+    "The calculators (data_parallel_calcs, fsdp_calcs, tp_calcs, fsdp_tp_calcs) write B for the global batch in "
+    "tokens, with 16-bit weights and activations, C FLOP/s and W bytes/s of egress per device; each worked example "
+    "uses `formulas.CALC_EXAMPLE` (H100-like)."
+)
 
 
 @answers("data_parallel_calcs")

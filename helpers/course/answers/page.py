@@ -12,6 +12,7 @@ from pathlib import Path
 
 import helpers.course.answers.handouts as handouts
 from helpers.course.answers.core import QUESTIONS, STATUSES, Answered, Question, Saved, answer, shown
+from helpers.course.answers.nb07_calcs import CALC_VARIABLES
 from helpers.env import machine_facts
 from helpers.results import DATA_DIR, device_slug
 
@@ -39,7 +40,7 @@ EDITIONS = {  # year -> (title, what it kept from the one before, as a note)
         "nsys_profile, mixed_precision_accumulation, attention and FlashAttention-2 are as in 2025: the map lists "
         "them and links their answers in the 2025 section. Bucketed DDP is removed; the hardware in the handout is a "
         "B200; Table 1 redefines the sizes (xl is 2560/10240/32 layers/32 heads, and a 10B is added) on the "
-        "cs336-basics model (SwiGLU, RoPE), which the closed forms here use.",
+        "cs336-basics model (SwiGLU, RoPE), which the closed forms here use. " + CALC_VARIABLES,
     ),
 }
 SECTIONS_2024 = {
