@@ -27,6 +27,9 @@ def test_the_2025_and_2026_closed_forms_on_the_page(synthetic):
     assert "17.5 MB per token" in got["communication_accounting(a)"][0]
     assert "10,828 tokens per device" in got["communication_accounting(b)"][0]
     assert "communication_accounting(d)" in A.BY_NUMBER  # tricks are their own part
+    assert "overall batch must reach 25,302 tokens" in c and "Austin et al." in c
+    d = got["communication_accounting(d)"][0]
+    assert "halves it to 10,222 tokens" in d and "keeps the overall batch at 20,444" in d
     assert "k* = √(L·I/A) = 0.79" in got["gradient_checkpointing(b)"][0]
     a = got["gradient_checkpointing(a)"][0]
     assert "O(1)" in a and "O(N²)" in a and "recursive prefix" in a

@@ -278,6 +278,13 @@ def test_communication_accounting_2025_uses_the_mesh_links():
     assert b["tp_ok"] and round(b["tp_min_d_ff"]) == 10222  # F = 53,248 >= Y·C/(W·M_Y)
     assert F.xxl_compute_bound_tokens(n_tp=4) == pytest.approx(319.44, abs=0.01)  # notebook 07 prints this × 64
     assert F.xxl_compute_bound_tokens(n_tp=4) * 64 == pytest.approx(20_444, abs=1)  # not 40,889
+    # collectives summed, not overlapped: 4BDF/(XYC) >= 4DF/(Y·W·M_X) + 4BD/(X·W·M_Y), solved for B by hand
+    C, W, Fd = 4.6e14, 1.8e11, 53_248
+    by_hand = (Fd / (4 * W * 2)) / (Fd / (16 * 4 * C) - 1 / (16 * W * 1))
+    assert b["overall_summed"] == pytest.approx(by_hand) and round(b["overall_summed"]) == 25_302
+    moved = F.xxl_compute_bound(X=8, Y=8)  # the same 64 chips, half of them moved from FSDP to TP
+    assert round(moved["overall"]) == 10_222 and moved["tp_ok"]
+    assert F.xxl_compute_bound(d_ff=1000)["overall_summed"] == float("inf")  # TP alone communication-bound
 
 
 def test_communication_accounting_2025_memory():

@@ -6,6 +6,8 @@ compute-bound on a TPU v5p-like mesh.
 
 from __future__ import annotations
 
+import math
+
 # the 2025 "XXL" FFN-only model: fp32 master weights, gradients, AdamW moments (16 B/param), bf16 activations
 
 XXL = dict(d_model=16_384, d_ff=53_248, n_blocks=126)
@@ -63,12 +65,16 @@ def xxl_compute_bound(
     """Forward, FSDP over X × TP over Y (the Scaling Book's mixed FSDP/TP): per layer T_math = 4BDF/(XYC), the FSDP
     all-gather 4DF/(Y·W·M_X), TP's activation collective 4BD/(X·W·M_Y). Compute-bound on the FSDP side once the
     tokens per FSDP shard B/X >= C/(W·M_X); per device that is B/(XY), overall B. The TP side holds whatever the
-    batch when F >= Y·C/(W·M_Y)."""
+    batch when F >= Y·C/(W·M_Y). Those bounds let the two axes' collectives overlap each other; when they cannot (the
+    time of both summed against T_math), the overall batch must reach "overall_summed" (inf when TP alone is
+    communication-bound)."""
     shard = C / (W * M_X)
+    margin = d_ff / (X * Y * C) - 1 / (X * W * M_Y)  # per token: compute left after TP's collective
     return {
         "per_fsdp_shard": shard,
         "per_device": shard / Y,
         "overall": shard * X,
+        "overall_summed": (d_ff / (Y * W * M_X)) / margin if margin > 0 else math.inf,
         "tp_min_d_ff": Y * C / (W * M_Y),
         "tp_ok": d_ff >= Y * C / (W * M_Y),
     }

@@ -177,21 +177,29 @@ def xxl_compute_bound(q, saved):
         f"{b['per_device']:,.0f} tokens per device (B/(XY), Y = {mesh['Y']}); the overall batch is "
         f"B = {mesh['X']} · {b['per_fsdp_shard']:,.0f} ≈ {b['overall']:,.0f} tokens. TP side: compute-bound "
         f"whatever the batch when F ≥ Y·C/(W·M_Y) = {b['tp_min_d_ff']:,.0f}; F = {formulas.XXL['d_ff']:,} "
-        f"{'satisfies' if b['tp_ok'] else 'does not satisfy'} it."
+        f"{'satisfies' if b['tp_ok'] else 'does not satisfy'} it. These bounds let the two axes' collectives overlap "
+        f"each other, each hidden under compute on its own; if they cannot (both summed against T_math), the "
+        f"overall batch must reach {b['overall_summed']:,.0f} tokens. (The notation and the model are those of "
+        "Austin et al., How to Scale Your Model, 2025, the chapter on training.)"
     )
 
 
 @answers("communication_accounting(d)")
 def xxl_tricks(q, saved):
     b = formulas.xxl_compute_bound(**formulas.MESH_2025)
-    more = formulas.xxl_compute_bound(**{**formulas.MESH_2025, "Y": 8})
+    mesh = formulas.MESH_2025
+    more = formulas.xxl_compute_bound(**{**mesh, "Y": 2 * mesh["Y"]})  # more TP, the FSDP axis kept
+    moved = formulas.xxl_compute_bound(**{**mesh, "X": mesh["X"] // 2, "Y": 2 * mesh["Y"]})  # same chips, X -> Y
     return (
-        f"The bound is B/X ≥ C/(W·M_X), per device C/(W·M_X·Y). To lower the batch and stay compute-bound: "
-        f"more TP (Y = 8 halves the per-device threshold to {more['per_device']:,.0f} tokens, while "
-        f"F = {formulas.XXL['d_ff']:,} ≥ {more['tp_min_d_ff']:,.0f} keeps the TP side compute-bound); more links on "
-        f"the FSDP axis (a larger M_X, e.g. a wraparound torus axis); gather the weights in a lower precision "
-        f"(int8/fp8 halves the bytes, halving {b['per_fsdp_shard']:,.0f}); overlap each layer's gather with the "
-        "previous layer's compute; or keep the weights resident (pure TP or pipeline stages) instead of gathering."
+        f"The bound is B/X ≥ C/(W·M_X): the overall batch is X·C/(W·M_X) = {b['overall']:,.0f} tokens at X = "
+        f"{mesh['X']}. To lower it and stay compute-bound: move chips from the FSDP axis to TP (X = {mesh['X'] // 2}, "
+        f"Y = {2 * mesh['Y']}, the same {mesh['X'] * mesh['Y']} chips, halves it to {moved['overall']:,.0f} tokens, "
+        f"while F = {formulas.XXL['d_ff']:,} ≥ {moved['tp_min_d_ff']:,.0f} keeps the TP side compute-bound); adding "
+        f"TP with X kept (Y = {2 * mesh['Y']}) keeps the overall batch at {more['overall']:,.0f} and only spreads it "
+        f"over twice the chips ({more['per_device']:,.0f} per device); more links on the FSDP axis (a larger M_X, "
+        f"e.g. a wraparound torus axis); gather the weights in a lower precision (int8/fp8 halves the bytes, halving "
+        f"{b['per_fsdp_shard']:,.0f} per shard); overlap each layer's gather with the previous layer's compute; or "
+        "keep the weights resident (pure TP or pipeline stages) instead of gathering."
     )
 
 
