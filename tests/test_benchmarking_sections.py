@@ -102,7 +102,7 @@ def test_dtype_and_norm_precision_sections(tmp_path, monkeypatch):
 
 def test_memory_sections_agree_with_their_formulas(run):
     S, timed, _ = run
-    S = dataclasses.replace(S, batch=8, context=64)  # activations dominate: the analytic peak is exact (test_memory)
+    S = dataclasses.replace(S, batch=8, context=32)  # activations dominate: the analytic peak holds (0.1% here)
     M = sections.profiled_model(S)
     train_step(M.lm, M.opt, M.x, M.y)  # AdamW's state, as section 2's profile leaves it
     tl = sections.timeline_section(S, M)
@@ -112,7 +112,7 @@ def test_memory_sections_agree_with_their_formulas(run):
     assert peaks.values["full_below_forward"] == 0
     assert {r["pass"] for r in saved_run(peaks.saved).rows} == {"forward", "full step"}
     res = sections.residual_section(S, M)
-    assert res.values["measured_bytes"] == res.values["formula_bytes"] == 8 * 64 * M.lm.cfg.d_model * 4
+    assert res.values["measured_bytes"] == res.values["formula_bytes"] == 8 * 32 * M.lm.cfg.d_model * 4
     assert res.values["2.7B_MiB"] == sections.SEED_H100["residual stream 2.7B MiB"]
     largest = sections.largest_section(S, tl.traces["full step"], n=3)
     assert len(largest.values["MiB"]) == 3 and largest.values["MiB"] == sorted(largest.values["MiB"], reverse=True)
