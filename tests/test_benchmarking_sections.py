@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from helpers import results  # noqa: E402
-from helpers.budget import Budget  # noqa: E402
+from helpers.budget import Budget, Calibration  # noqa: E402
 from helpers.experiments import benchmarking_sections as sections  # noqa: E402
 from helpers.experiments.common import train_step  # noqa: E402
 
@@ -129,3 +129,24 @@ def test_flop_sections(run):
     assert math.isnan(flops.values["max_mfu"])  # no datasheet peak for "test cpu"
     assert "MFU is not defined here" in flops.notes[0]
     assert saved_run(flops.saved).rows[0]["device"] == "test cpu"
+
+
+def test_attention_section_reads_its_values_from_one_run(run):
+    S, _, M = run
+    attn = sections.attention_section(S, M)
+    heads, d = M.lm.cfg.n_heads, M.lm.cfg.d_model // M.lm.cfg.n_heads
+    flops = sections.XB.attention_flops(S.batch, heads, S.context, d)
+    assert attn.values["flop_ratio"] == flops["softmax"] / (flops["QKᵀ"] + flops["PV"])
+    assert attn.values["time_ratio"] > 0 and f"takes {attn.values['time_ratio']:.2f}x their time" in attn.notes[0]
+    assert list(attn.table.data.index) == ["QKᵀ", "softmax", "PV"] and attn.saved.name == "01_attention_parts.jsonl"
+
+
+def test_budget_section_lists_what_was_left_out():
+    cal = Calibration(fp32_flops=1e9, bf16_flops=1e9, allreduce_s=1e-3)
+    budget = Budget(0.5, "01", cal)
+    plan = budget.fit(["small/cpu", "xl/cpu"], lambda size: 1.0, what="section 1 timing at", keep_first=True)
+    assert plan.dropped == ["xl/cpu"]
+    S = dataclasses.replace(tiny_setup(), budget=budget)
+    notes = sections.budget_section(S).notes
+    assert notes[0] == budget.summary() and notes[1] == f"- {plan.note}" and "BUDGET=" in notes[1]
+    assert sections.budget_section(tiny_setup()).notes == ["no time budget: every planned run is made"]

@@ -28,6 +28,12 @@ from helpers.experiments.benchmarking_sections_memory import (
     seed_peaks,
     timeline_section,
 )
+from helpers.experiments.benchmarking_sections_precision import (
+    cpu_bf16_line,
+    dtype_section,
+    norm_precision_section,
+    precision_section,
+)
 from helpers.experiments.common import train_step
 from helpers.model import build_model, get_config, random_batch, sizes_for
 from helpers.results import ROOT, save_results
@@ -42,6 +48,8 @@ __all__ = [
     "ProfileResult",
     "Setup",
     "TimingResult",
+    "attention_section",
+    "budget_section",
     "breakdown_section",
     "cpu_bf16_line",
     "dtype_section",
@@ -257,89 +265,23 @@ def flame_section(S: Setup, prof: ProfileResult, m: Profiled) -> Result:
     )
 
 
-# --- 4 · mixed precision ------------------------------------------------------------------------------
-
-
-def cpu_bf16_line(S: Setup) -> str:
-    """Which case this machine is for bf16: on a GPU its datasheet's bf16 peak over fp32's; on a CPU its bf16
-    instructions (from /proc/cpuinfo's flags) and the calibration's own bf16 matmuls."""
-    if S.device.type == "cuda":
-        bf16, fp32 = formulas.peak_flops(S.device_name, "bf16"), formulas.peak_flops(S.device_name, "fp32")
-        if not bf16:
-            return f"no datasheet peak known for {S.device_name}"
-        return f"dense peak on {S.device_name}: bf16 is {bf16 / fp32:.0f}x the fp32 peak"
-    units = sorted({"avx512_bf16", "amx_bf16"} & env.cpu_flags())
-    cal = S.budget.calibration
-    return (
-        f"this CPU's bf16 instructions: {', '.join(units) or 'none (no avx512_bf16, no amx_bf16 in /proc/cpuinfo)'}; "
-        f"{cal.bf16_sentence() if cal else 'not calibrated (no budget)'}"
-    )
-
-
-def precision_section(S: Setup, times: pd.DataFrame, m: Profiled) -> Result:
-    """Section 4: per size ONE model whose forward+backward runs in fp32 and under each autocast dtype in one
-    interleaved loop, the sizes the budget fits (section 1's fp32 times and the calibration's bf16 rate estimate
-    them); the profiled model waits on the CPU meanwhile. Saved as 01_mixed_precision and, every pair of precisions
-    per size paired per round, as 01_precision_ratios. The notes give each speed-up with its interval, a winner only
-    outside the noise."""
-    fp32_s = XB.warm_cold(times, S.warmup)[1].xs("both", level="pass")["median_s"].to_dict()  # section 1
-    with XB.offloaded(m.lm, m.opt):  # each size gets the whole card
-        plan = XB.plan_precision(
-            S.budget,
-            S.sizes,
-            S.batch,
-            S.context,
-            S.warmup,
-            S.steps,
-            fp32_s,
-            run=lambda size: XB.compare_precisions([size], S.batch, S.context, S.autocast, S.warmup, S.steps, S.device),
-        )
-    amp, comps = XB.planned_precisions(plan, S.autocast, S.warmup, S.device)  # left-out sizes: NOT_TIMED
-    amp["profile"] = S.profile
-    saved = save_results(amp, "01_mixed_precision", **S.provenance())
-    cal = S.budget.calibration
-    save_results(
-        XB.precision_ratios(comps),
-        "01_precision_ratios",
-        **S.provenance(bf16_slowdown=cal.bf16_slowdown if cal else None),
-    )  # for the answers page
-    table = XB.speedup_table(amp, S.sizes)
-    speedups = table[[c for c in table.columns if c.startswith("speed")]]
-    notes = [f"{cal.bf16_sentence()}.\n{plan.note}"] if plan.dropped else []  # why: bf16's rate here
-    notes += [
-        XB.same_quantity_note(times, amp, S.warmup),
-        f"forward+backward median (ms), fp32 and autocast interleaved, {S.where} (—: not timed, budget, or OOM)",
-        XB.speedup_lines(comps, skipped=plan.dropped),  # paired per round, 95% interval
-        cpu_bf16_line(S),
-    ]
-    styled = table.style.format(
-        {c: (lambda v: f"{v * 1e3:.1f}") for c in table.columns if not c.startswith("speed")}
-        | {c: "{:.2f}x" for c in speedups.columns},
-        na_rep="—",
-    )
-    return Result(table=styled, notes=notes, saved=saved, values={"speedups": speedups.stack().tolist()})
-
-
-def dtype_section(S: Setup) -> Result:
-    """Section 4: the dtype autocast gives each tensor of the handout's toy model (a fresh one per autocast dtype),
-    read by forward hooks and from the tensors; saved as 01_autocast_dtypes."""
-    dtypes = XB.autocast_dtype_table(S.autocast, S.device)
-    saved = save_results(dtypes.rename_axis("tensor").reset_index(), "01_autocast_dtypes", profile=S.profile)
-    kept = dtypes.loc[["parameters", "gradients"]]
+def attention_section(S: Setup, m: Profiled) -> Result:
+    """Section 3: QKᵀ, the masked scores' softmax and PV of one attention forward at the profiled model's shapes,
+    each timed alone, interleaved (benchmarking.attention_parts); saved as 01_attention_parts. values: softmax's
+    time over the two matmuls' (median of ratios paired per round) and its FLOPs over theirs."""
+    parts = XB.attention_parts(m.lm.cfg, S.batch, S.context, S.device, profile=S.profile)
+    fmt = {"median_s": "{:.3g}", "p25_s": "{:.3g}", "p75_s": "{:.3g}", "GFLOP/s": "{:.3g}"}
     return Result(
-        table=dtypes, saved=saved, values={"fp32_parameters_and_grads": bool((kept == "torch.float32").all().all())}
+        table=parts.table.style.format(fmt),
+        notes=[parts.summary()],
+        saved=parts.saved,
+        values={"time_ratio": parts.ratio.median, "flop_ratio": parts.flop_ratio},
     )
 
 
-def norm_precision_section(S: Setup) -> Result:
-    """Section 4: the largest relative error of mean(x²) over 4096 values in fp32, bf16 and fp16 (against fp64):
-    why norms stay in fp32; saved as 01_norm_precision."""
-    err = XB.mean_square_errors(S.device)
-    saved = save_results(
-        [{"dtype": k, "max_rel_error": v} for k, v in err.items()], "01_norm_precision", profile=S.profile
-    )
-    line = "largest relative error of mean(x²) over 4096 values: " + ", ".join(f"{k} {v:.1e}" for k, v in err.items())
-    return Result(notes=[line], saved=saved, values=err)
+def budget_section(S: Setup) -> Result:
+    """What the time budget left out of this run (cpu profile), each with the command that runs it."""
+    return Result(notes=[S.budget.summary()] + [f"- {plan.note}" for plan in S.budget.plans if plan.note])
 
 
 # --- 6 · FLOPs and utilisation --------------------------------------------------------------------
