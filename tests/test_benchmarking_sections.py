@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from helpers import results  # noqa: E402
+from helpers import formulas, results  # noqa: E402
 from helpers.budget import Budget, Calibration  # noqa: E402
 from helpers.experiments import benchmarking_sections as sections  # noqa: E402
 from helpers.experiments.common import train_step  # noqa: E402
@@ -85,7 +85,7 @@ def test_precision_section_saves_both_runs_and_says_which_machine_it_is(run):
     assert {r["precision"] for r in saved_run(amp.saved).rows} == {"fp32", "autocast bfloat16"}
     ratios = saved_run(amp.saved.with_name("01_precision_ratios.jsonl"))
     assert ratios.rows and "bf16_slowdown" in ratios.provenance
-    assert amp.notes[-1] == sections.cpu_bf16_line(S) and amp.notes[-1].startswith("this CPU's bf16 instructions")
+    assert amp.notes[-1] == sections.bf16_line(S) and amp.notes[-1].startswith("this CPU's bf16 instructions")
     assert any(n.startswith("small/cpu: ") for n in amp.notes)  # the verdict with its interval
     assert len(amp.values["speedups"]) == 1 and amp.values["speedups"][0] > 0
     assert next(p for p in M.lm.parameters()).device.type == "cpu"  # offloaded and back
@@ -150,3 +150,12 @@ def test_budget_section_lists_what_was_left_out():
     notes = sections.budget_section(S).notes
     assert notes[0] == budget.summary() and notes[1] == f"- {plan.note}" and "BUDGET=" in notes[1]
     assert sections.budget_section(tiny_setup()).notes == ["no time budget: every planned run is made"]
+
+
+def test_the_bf16_line_on_a_gpu_reads_the_datasheet():
+    """No GPU needed: the line only reads the device's type and name."""
+    h100 = dataclasses.replace(tiny_setup(), device=torch.device("cuda"), device_name="NVIDIA H100 80GB HBM3")
+    peaks = formulas.peak_flops(h100.device_name, "bf16") / formulas.peak_flops(h100.device_name, "fp32")
+    assert sections.bf16_line(h100) == f"dense peak on NVIDIA H100 80GB HBM3: bf16 is {peaks:.0f}x the fp32 peak"
+    unknown = dataclasses.replace(h100, device_name="Some GPU")
+    assert sections.bf16_line(unknown) == "no datasheet peak known for Some GPU"

@@ -29,7 +29,7 @@ from helpers.experiments.benchmarking_sections_memory import (
     timeline_section,
 )
 from helpers.experiments.benchmarking_sections_precision import (
-    cpu_bf16_line,
+    bf16_line,
     dtype_section,
     norm_precision_section,
     precision_section,
@@ -51,7 +51,7 @@ __all__ = [
     "attention_section",
     "budget_section",
     "breakdown_section",
-    "cpu_bf16_line",
+    "bf16_line",
     "dtype_section",
     "flame_section",
     "flop_count_section",

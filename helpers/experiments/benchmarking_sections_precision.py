@@ -15,7 +15,7 @@ from helpers.results import save_results
 from helpers.section import Result
 
 
-def cpu_bf16_line(S) -> str:
+def bf16_line(S) -> str:
     """Which case this machine is for bf16: on a GPU its datasheet's bf16 peak over fp32's; on a CPU its bf16
     instructions (from /proc/cpuinfo's flags) and the calibration's own bf16 matmuls."""
     if S.device.type == "cuda":
@@ -65,7 +65,7 @@ def precision_section(S, times: pd.DataFrame, m) -> Result:
         XB.same_quantity_note(times, amp, S.warmup),
         f"forward+backward median (ms), fp32 and autocast interleaved, {S.where} (—: not timed, budget, or OOM)",
         XB.speedup_lines(comps, skipped=plan.dropped),  # paired per round, 95% interval
-        cpu_bf16_line(S),
+        bf16_line(S),
     ]
     styled = table.style.format(
         {c: (lambda v: f"{v * 1e3:.1f}") for c in table.columns if not c.startswith("speed")}
