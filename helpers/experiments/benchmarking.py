@@ -25,6 +25,8 @@ from helpers import formulas
 from helpers.experiments.benchmarking_attention import AttentionParts, attention_flops, attention_parts
 from helpers.experiments.benchmarking_common import (
     NOT_TIMED,
+    SEED,
+    SEED_H100,
     MiB,
     forward_step,
     guarded,
@@ -75,6 +77,8 @@ __all__ = [  # what notebook 01, the tests and helpers.course import from here
     "NOT_TIMED",
     "PEAK_FIXED_S",
     "PROFILES",
+    "SEED",
+    "SEED_H100",
     "TRACK_OVERHEAD",
     "MiB",
     "MixedPrecisionToyModel",

@@ -20,6 +20,18 @@ MiB = 2**20
 
 NOT_TIMED = "not timed here (budget)"
 
+# Cited reference figures, typed from the seed writeup (one H100, batch 16 × context 128, fp32/TF32). Not ours.
+SEED = "004_7287c5c69baef1ef.txt"
+SEED_H100 = {
+    "both_s": {"small": 2.41e-2, "medium": 5.36e-2, "large": 1.04e-1, "xl": 1.80e-1, "2.7B": 2.13e-1},  # §2.1.1(b)
+    "mm share, fwd+bwd": 0.30,
+    "mm share, full step": 0.18,  # §2.1.2(d)
+    "RMSNorm share": 0.0291,
+    "softmax share": 0.0288,  # §2.1.3(b, c), xl
+    "peak_full_step_GiB": {"small": 2.81, "medium": 7.19, "large": 13.72, "xl": 23.88, "2.7B": 38.56},  # §2.4.1(b)
+    "residual stream 2.7B MiB": 20,  # §2.4.1(d)
+}
+
 
 def forward_step(lm, x, autocast_dtype=None):
     """Forward pass only, no graph (inference), optionally under autocast."""
