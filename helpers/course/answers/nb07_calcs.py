@@ -296,7 +296,9 @@ def leaderboard_2026(q, saved):
         f"GPU; the fused, chunked head + cross-entropy keeps "
         f"{next(r for r in plan if r['head'] == 'chunked')['head + loss (GB)']:.1f} GB. Without fp32 master weights "
         "(bf16 weights updated in place) the states drop from 16 to 12 bytes per parameter, at the risk of losing "
-        "updates below bf16's resolution unless rounded stochastically. Chosen (fp32 masters): "
+        "updates below bf16's resolution unless rounded stochastically. The table ranks every plan that fits on 2× "
+        "B200, both precisions; the chosen one is the fastest with fp32 masters (ties broken by memory among those), "
+        "so a bf16-weights plan as fast and smaller is listed but not chosen. Chosen (fp32 masters): "
         + "; ".join(lines)
         + f". The published best, {best.value:g} ms on 2× B200 ({best.source}, {best.year}; {best.status}), implies "
         f"MFU {min(implied):.0%}-{max(implied):.0%} (without / with recomputing every block); the baseline is about "
