@@ -47,6 +47,11 @@ class Result:
     def _repr_html_(self) -> str:
         return "\n".join(self._parts_html())
 
+    def _repr_pretty_(self, p, cycle) -> None:
+        """The plain-text view IPython shows and saves (text/plain): the same as repr(), also for subclasses, whose
+        @dataclass would otherwise replace __repr__ with a dump of every field."""
+        p.text(Result.__repr__(self))
+
     def __repr__(self) -> str:
         lines = list(self.notes)
         if self.table is not None:

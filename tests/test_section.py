@@ -46,3 +46,18 @@ def test_source_of_a_triton_kernel_is_its_python_function():
         pytest.skip("no Triton here")
     [(where, code)] = section.source(rmsnorm.rmsnorm_fwd_kernel).blocks()
     assert where.startswith("helpers/rmsnorm.py · ") and "def rmsnorm_fwd_kernel" in code
+
+
+def test_a_subclass_keeps_the_plain_text_view():
+    """A section's own @dataclass subclass of Result gets a generated __repr__; IPython's text/plain (what the
+    writeup's left-out notes read) must still be the notes and table, not a dump of the fields."""
+    from dataclasses import dataclass, field
+
+    from IPython.lib.pretty import pretty
+
+    @dataclass
+    class WithTraces(section.Result):
+        traces: dict = field(default_factory=dict)
+
+    r = WithTraces(notes=["left out of the budget: large"], traces={"forward": object()})
+    assert pretty(r) == "left out of the budget: large"
