@@ -47,10 +47,12 @@ class Result:
     def _repr_html_(self) -> str:
         return "\n".join(self._parts_html())
 
-    def _repr_pretty_(self, p, cycle) -> None:
-        """The plain-text view IPython shows and saves (text/plain): the same as repr(), also for subclasses, whose
-        @dataclass would otherwise replace __repr__ with a dump of every field."""
-        p.text(Result.__repr__(self))
+    def __init_subclass__(cls, **kwargs):
+        """A subclass keeps this plain-text view (text/plain, which the writeup's left-out notes read): set before
+        its own @dataclass runs, which then leaves __repr__ alone instead of writing a dump of every field."""
+        super().__init_subclass__(**kwargs)
+        if "__repr__" not in cls.__dict__:
+            cls.__repr__ = Result.__repr__
 
     def __repr__(self) -> str:
         lines = list(self.notes)
