@@ -87,9 +87,10 @@ TILED_STEPS = 10  # the PyTorch tiles' timed steps at most: ~10^4-10^5 eager lau
 # so 100 steps at T = 4096 took 5-8 minutes of notebook 06 on a GPU; their medians need no more
 
 
-def check_physical_bounds(rows, device_name: str) -> int:
+def check_physical_bounds(rows, device_name: str, order: bool = True) -> int:
     """Assert TFLOP/s <= the device's peak (bf16/fp16 peak for 16-bit, tf32 peak for fp32: the highest an fp32 run
-    may reach) and forward <= forward+backward (fastest calls, 5% slack); returns how many rows had a known peak."""
+    may reach) and, with `order`, forward <= forward+backward (fastest calls, 5% slack; left out where the calls are
+    so short that a busy machine's preemption could outlast them); returns how many rows had a known peak."""
     df = pd.DataFrame(rows)
     df = df[~df.oom]
     known = 0
@@ -100,7 +101,7 @@ def check_physical_bounds(rows, device_name: str) -> int:
             assert r["TFLOPs"] * 1e12 <= peak, f"{r['impl']} {r['pass']} T={r['T']}: {r['TFLOPs']:.0f} TFLOP/s > peak"
     key = ["impl", "batch", "heads", "T", "d", "dtype"]
     t = df.pivot_table(index=key, columns="pass", values="min_s")  # fastest calls: a busy machine only adds time
-    if {"fwd", "fwd+bwd"} <= set(t.columns):
+    if order and {"fwd", "fwd+bwd"} <= set(t.columns):
         bad = t[t["fwd"] > 1.05 * t["fwd+bwd"]]
         assert bad.empty, f"forward slower than forward+backward:\n{bad}"
     return known
