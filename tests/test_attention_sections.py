@@ -135,7 +135,7 @@ def test_benchmark_and_tflops_from_the_same_rows(saved, peak_only):
     assert any(line.startswith(LEFT_OUT_LINES) for line in repr(bench).splitlines())  # the front page's left-out note
     t = X.tflops(CTX, bench)
     fb = rows[rows["pass"] == "fwd+bwd"].set_index("impl")["median_s"]
-    assert f"sdpa {fb['naive'] / fb['sdpa']:.1f}x" in t.notes[1], t.notes
+    assert f"sdpa {fb['naive'] / fb['sdpa']:.2g}x" in t.notes[1], t.notes
     assert t.table.max().max() > 0
 
 
@@ -184,3 +184,18 @@ def test_notebook_06_cells_are_short_and_show_the_code_they_measure():
     assert "attn_bwd_dkdv_kernel" in shown and "attn_bwd_dq_kernel" in shown
     text = "".join("".join(c["source"]) for c in cells)
     assert "inspect.getsource" not in text and "```python" not in text
+
+
+def test_the_leaderboard_on_a_gpu_profile_saves_its_paired_rows(saved, monkeypatch):
+    """The gpu branch, at a tiny shape (Triton in its interpreter here): rows saved as 06_leaderboard with the pairs,
+    verdicts against flash_triton, and the marks compared on an H100."""
+    tiny = functools.partial(X.leaderboard_comparison, warmup=0, shape=(1, 1, 32, 16), dtype=torch.float32)
+    monkeypatch.setattr(attention_bench_sections, "leaderboard_comparison", tiny)
+    ctx = X.Setup("gpu", "cpu", "NVIDIA H100 80GB HBM3", {**SCALE, "model_steps": 3})
+    board = X.leaderboard(ctx)
+    run = results.load_results(board.saved)
+    assert board.saved.name == "06_leaderboard.jsonl" and [r["impl"] for r in run.rows] == list(board.table.index)
+    assert all(r["pairs"] == 3 and r["TFLOPs"] > 0 for r in run.rows)
+    assert sum("flash_triton" in n for n in board.notes) == 2, board.notes
+    marks = X.leaderboard_marks(ctx, board, Result())
+    assert list(marks.table.index) == sorted(r["impl"] for r in run.rows) and marks.table.shape[1] == 3

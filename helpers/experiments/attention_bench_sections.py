@@ -89,7 +89,7 @@ def tflops(ctx: Setup, bench: Result) -> Result:
     notes = [f"causal attention, TFLOP/s (attention_flops, causal half) · {ctx.where}"]
     t = rows[rows["pass"] == "fwd+bwd"].pivot_table(index=["dtype", "T"], columns="impl", values="median_s")
     for (dt, T), row in t.iterrows():
-        others = ", ".join(f"{impl} {row['naive'] / s:.1f}x" for impl, s in row.items() if impl != "naive")
+        others = ", ".join(f"{impl} {row['naive'] / s:.2g}x" for impl, s in row.items() if impl != "naive")
         notes.append(f"{dt} T={T}, fwd+bwd, naive's median / each one's (separate loops, no interval): {others}")
     return Result(table, notes=notes)
 
