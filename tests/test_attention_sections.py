@@ -52,14 +52,6 @@ def saved(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture
-def peak_only(monkeypatch):
-    """benchmark's bounds without the fwd <= fwd+bwd order: calls of 1 ms at these sizes on a loaded 2-core machine
-    can be preempted for longer than they take (test_attention_experiments checks the order on fixed times)."""
-    bounds = functools.partial(X.check_physical_bounds, order=False)
-    monkeypatch.setattr(attention_bench_sections, "check_physical_bounds", bounds)
-
-
 def test_setup_resolves_the_profile_and_names_the_device():
     ctx = X.setup("cpu")
     assert ctx.device == "cpu" and ctx.scale is X.PROFILES["cpu"]
@@ -127,7 +119,7 @@ def test_kernel_checks_and_the_summary_the_answers_page_reads(saved):
         assert any(c.startswith(start) for c in checks), start  # what helpers.course.answers.nb06 looks for
 
 
-def test_benchmark_and_tflops_from_the_same_rows(saved, peak_only):
+def test_benchmark_and_tflops_from_the_same_rows(saved):
     bench = X.benchmark(CTX)
     rows = bench.values["rows"]
     assert bench.saved.name == "attention_bench.jsonl" and set(rows["impl"]) == {"naive", "sdpa", "flash_pytorch"}
@@ -137,6 +129,16 @@ def test_benchmark_and_tflops_from_the_same_rows(saved, peak_only):
     fb = rows[rows["pass"] == "fwd+bwd"].set_index("impl")["median_s"]
     assert f"sdpa {fb['naive'] / fb['sdpa']:.2g}x" in t.notes[1], t.notes
     assert t.table.max().max() > 0
+
+
+def test_benchmark_asserts_the_order_on_device_time_and_notes_it_on_host_time(saved, monkeypatch):
+    rows = X.bench_attention("naive", (1, 1, 16, 16), warmup=0, steps=1)
+    slow = [dict(r, min_s=5.0 if r["pass"] == "fwd" else 1.0) for r in rows]  # a forward 5x its forward+backward
+    monkeypatch.setattr(attention_bench_sections, "sweep", lambda *a, **k: slow)
+    notes = X.benchmark(CTX).notes
+    assert any(n.startswith("naive float32 T=16: the fastest forward took 5.0x") for n in notes), notes
+    with pytest.raises(AssertionError, match="forward slower"):
+        X.benchmark(X.Setup("gpu", "cuda", "NVIDIA H100 80GB HBM3", SCALE))
 
 
 def test_yours_against_ours_interleaves_one_loop():
@@ -157,7 +159,7 @@ def test_memory_curves_are_t_squared_and_t_and_the_plot_reaches_the_front_page()
     assert bundle["image/png"] and bundle["image/png"] in bundle["text/html"]
 
 
-def test_model_and_leaderboard_sections_on_a_cpu(saved, peak_only):
+def test_model_and_leaderboard_sections_on_a_cpu(saved):
     assert "sdpa, flash_pytorch" in X.model_outputs(CTX, ("naive", "sdpa", "flash_pytorch")).notes[0]
     steps = X.model_steps(CTX)
     assert list(steps.values["ratios"]) == [(X.TINY, "sdpa")] and len(steps.notes) == 2
