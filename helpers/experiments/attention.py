@@ -15,6 +15,8 @@ The code, one idea per module (all importable from here, as the notebook, the te
     attention_checks       the algorithm step by step, any function and each Triton kernel against naive attention
     attention_model        the attention choice inside the model: outputs and gradients, an interleaved step
     attention_leaderboard  interleaved comparisons on one input, the leaderboard configuration and its marks
+    attention_sections     sections 1-3 as one call each (run, check, save, one helpers.section.Result)
+    attention_bench_sections  sections 4-6 and the leaderboard, the same way
 and here: PROFILES and `python -m helpers bench attention` (which saves through this module's `save_results`, as
 tests/test_attention_experiments.py replaces it).
 """
@@ -28,6 +30,16 @@ import torch
 
 from helpers.env import triton_mode
 from helpers.experiments.attention_bench import TILED_STEPS, bench_attention, check_physical_bounds, sweep
+from helpers.experiments.attention_bench_sections import (
+    benchmark,
+    leaderboard,
+    leaderboard_marks,
+    memory_curves,
+    model_outputs,
+    model_steps,
+    tflops,
+    yours_against_ours,
+)
 from helpers.experiments.attention_checks import (
     KERNELS,
     TOL,
@@ -49,6 +61,17 @@ from helpers.experiments.attention_leaderboard import (
 )
 from helpers.experiments.attention_memory import saved_bytes_formula, saved_memory
 from helpers.experiments.attention_model import MODEL_TOL, TINY, check_model_outputs, compare_models, tiny_model_outputs
+from helpers.experiments.attention_sections import (
+    Setup,
+    backward_check,
+    checks_summary,
+    compile_ratios,
+    function_checks,
+    kernel_checks,
+    naive_memory,
+    naive_times,
+    online_softmax_check,
+)
 from helpers.experiments.common import positive_int
 from helpers.model import ATTENTION_IMPLS
 from helpers.results import save_results
@@ -90,8 +113,27 @@ __all__ = [
     "leaderboard_comparison",
     "plot_leaderboard_marks",
     "leaderboard_mark_table",
+    # attention_sections and attention_bench_sections: one call per notebook section
+    "Setup",
+    "naive_times",
+    "naive_memory",
+    "compile_ratios",
+    "online_softmax_check",
+    "backward_check",
+    "function_checks",
+    "kernel_checks",
+    "checks_summary",
+    "benchmark",
+    "tflops",
+    "yours_against_ours",
+    "memory_curves",
+    "model_outputs",
+    "model_steps",
+    "leaderboard",
+    "leaderboard_marks",
     # here
     "PROFILES",
+    "setup",
     "bench_main",
 ]
 
@@ -137,6 +179,11 @@ PROFILES = {  # what notebook 06 measures per profile
         kernel_shape=(1, 2, 40, 16),
     ),
 }
+
+
+def setup(profile: str = "auto") -> Setup:
+    """Notebook 06's set-up: `profile` ("auto" | "cpu" | "gpu") resolved, the device, what it measures (PROFILES)."""
+    return Setup.resolve(profile, PROFILES)
 
 
 def bench_main(argv: list[str]) -> int:

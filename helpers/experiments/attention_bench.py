@@ -87,9 +87,12 @@ TILED_STEPS = 10  # the PyTorch tiles' timed steps at most: ~10^4-10^5 eager lau
 # so 100 steps at T = 4096 took 5-8 minutes of notebook 06 on a GPU; their medians need no more
 
 
-def check_physical_bounds(rows, device_name: str) -> int:
+def check_physical_bounds(rows, device_name: str, order: bool = True) -> int:
     """Assert TFLOP/s <= the device's peak (bf16/fp16 peak for 16-bit, tf32 peak for fp32: the highest an fp32 run
-    may reach) and forward <= forward+backward (fastest calls, 5% slack); returns how many rows had a known peak."""
+    may reach) and, with `order`, forward <= forward+backward (order_violations); returns how many rows had a known
+    peak. `order` only where the times are the device's own (CUDA events): on a CPU each pass is timed in its own
+    window of host time, and a busy machine can slow one window's every call (issue 40: a forward 6x its
+    forward+backward on a shared 2-core machine)."""
     df = pd.DataFrame(rows)
     df = df[~df.oom]
     known = 0
@@ -98,9 +101,19 @@ def check_physical_bounds(rows, device_name: str) -> int:
         if peak is not None:
             known += 1
             assert r["TFLOPs"] * 1e12 <= peak, f"{r['impl']} {r['pass']} T={r['T']}: {r['TFLOPs']:.0f} TFLOP/s > peak"
-    key = ["impl", "batch", "heads", "T", "d", "dtype"]
-    t = df.pivot_table(index=key, columns="pass", values="min_s")  # fastest calls: a busy machine only adds time
-    if {"fwd", "fwd+bwd"} <= set(t.columns):
-        bad = t[t["fwd"] > 1.05 * t["fwd+bwd"]]
+    if order:
+        bad = order_violations(rows)
         assert bad.empty, f"forward slower than forward+backward:\n{bad}"
     return known
+
+
+def order_violations(rows) -> pd.DataFrame:
+    """The (impl, shape, dtype) whose fastest forward took over 1.05x its fastest forward+backward: impossible for
+    the same work on a quiet device (fastest calls: a busy machine only adds time)."""
+    df = pd.DataFrame(rows)
+    df = df[~df.oom]
+    key = ["impl", "batch", "heads", "T", "d", "dtype"]
+    t = df.pivot_table(index=key, columns="pass", values="min_s")
+    if not {"fwd", "fwd+bwd"} <= set(t.columns):
+        return t.iloc[0:0]
+    return t[t["fwd"] > 1.05 * t["fwd+bwd"]]

@@ -1,0 +1,203 @@
+"""Notebook 06's section calls on CPU at a tiny scale: each runs, checks, saves the rows the answers page reads (names,
+columns, provenance) and returns a Result whose notes carry the same numbers as its values; a wrong implementation
+or a wrong ratio is caught."""
+
+import functools
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import helpers  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before triton is imported)
+from helpers import attention as A
+from helpers import results
+from helpers.experiments import attention as X
+from helpers.experiments import attention_bench_sections, attention_sections
+from helpers.section import Result
+from helpers.timing import Comparison
+from helpers.writeup.index import LEFT_OUT_LINES
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_flash_attention.ipynb"
+
+SCALE = dict(  # a PROFILES entry at the smallest sizes that still exercise every branch
+    batch=1,
+    head_dims=[16],
+    seq_lens=[32, 64],
+    warmup=1,
+    steps=2,
+    compile_shape=(1, 1, 32, 16),
+    bench_shapes=[(1, 1, 32, 16)],
+    bench_dtypes=[torch.float32],
+    bench_impls=["naive", "sdpa", "flash_pytorch"],
+    flash_pytorch_max_T=32,
+    memory_seq_lens=[32, 64, 128],
+    memory_shape=(1, 1, 16),
+    model_sizes=[X.TINY],
+    model_impls=["naive", "sdpa"],
+    model_batch=2,
+    model_dtype=None,
+    model_steps=2,
+    kernel_shape=(1, 1, 20, 16),
+)
+CTX = X.Setup("cpu", "cpu", "test CPU", SCALE)
+
+
+@pytest.fixture
+def saved(tmp_path, monkeypatch):
+    """The section calls save under tmp_path (never the repository's data folders); returns that folder."""
+    for mod in (attention_sections, attention_bench_sections):
+        monkeypatch.setattr(mod, "save_results", functools.partial(results.save_results, directory=tmp_path))
+    return tmp_path
+
+
+def test_setup_resolves_the_profile_and_names_the_device():
+    ctx = X.setup("cpu")
+    assert ctx.device == "cpu" and ctx.scale is X.PROFILES["cpu"]
+    assert ctx.where.startswith(ctx.device_name) and "profile cpu" in ctx.where
+
+
+def test_naive_sections_save_their_rows_and_state_the_growth_they_measured(saved):
+    times = X.naive_times(CTX)
+    run = results.load_results(times.saved)
+    assert times.saved.name == "06_naive_attention.jsonl" and run.provenance["profile"] == "cpu"
+    assert len(run.rows) == 2 * len(X.PASSES) and times.values["oom"].empty
+    assert list(times.table.columns) == list(X.PASSES)
+
+    memory = X.naive_memory(CTX, times)
+    assert memory.saved.name == "06_naive_memory.jsonl" and memory.values["mismatched"] == 0
+    [(t_x, bytes_x)] = memory.values["growth"]
+    assert t_x == 2 and 2 < bytes_x < 4  # P + O: T^2 + T d per row grows between 2x and 4x when T doubles
+    assert any(f"saved memory grows {bytes_x:.1f}x" in n for n in memory.notes), memory.notes
+    assert any(n.startswith("nothing ran out of memory") for n in memory.notes)
+
+
+def test_naive_memory_names_the_first_shape_that_ran_out(saved):
+    times = X.naive_times(CTX)
+    rows = times.values["rows"]
+    oom = rows[rows["T"] == 64].assign(oom=True)  # as a device that ran out at T = 64 would record it
+    memory = X.naive_memory(CTX, Result(values={"rows": rows, "oom": oom}))
+    assert any(n.startswith("first OOM: T=64, d=16") for n in memory.notes), memory.notes
+
+
+@pytest.mark.parametrize(("compiled_s", "says"), [(0.5, "compiled takes 0.50x naive's time"), (1.0, "no measurable")])
+def test_compile_ratios_notes_and_saved_rows_come_from_one_comparison(saved, monkeypatch, compiled_s, says):
+    fake = Comparison({"naive": [1.0] * 8, "compiled": [compiled_s] * 8}, "naive", "cpu")
+    monkeypatch.setattr(attention_sections, "compare_impls", lambda *a, **k: fake)
+    r = X.compile_ratios(CTX)
+    assert [n.split(":")[0] for n in r.notes[:2]] == ["fwd, (1, 1, 32, 16) fp32", "fwd+bwd, (1, 1, 32, 16) fp32"]
+    assert all(says in n for n in r.notes[:2]), r.notes
+    run = results.load_results(r.saved)
+    assert run.provenance["shape"] == [1, 1, 32, 16]
+    rows = pd.DataFrame(run.rows)
+    compiled = rows[rows["label"] == "compiled"]
+    assert list(compiled["pass"]) == ["fwd", "fwd+bwd"] and (compiled["ratio"] == compiled_s).all()
+    assert (rows["pairs"] == SCALE["steps"]).all()
+
+
+def test_check_sections_pass_and_a_wrong_attention_fails():
+    assert X.online_softmax_check().values["largest_error"] < 1e-10
+    assert X.backward_check((1, 2, 21, 8)).values["largest_error"] < 1e-10
+    ok = X.function_checks(A.FlashAttentionPyTorch.apply, "ours", (1, 2, 20, 8), (torch.float64,))
+    assert list(ok.table.index) == [("float64", False), ("float64", True)] and ok.values["largest_error"] < 1e-10
+    with pytest.raises(AssertionError):  # causal where it should not be, and the reverse
+        X.function_checks(
+            lambda q, k, v, c: A.naive_attention(q, k, v, not c), "wrong", (1, 2, 20, 8), (torch.float64,)
+        )
+
+
+def test_kernel_checks_and_the_summary_the_answers_page_reads(saved):
+    pytest.importorskip("triton")
+    r = X.kernel_checks(CTX, "dq")
+    assert len(r.table) == 4 and r.values["largest_error"] < 2e-2 and "attn_bwd_dq_kernel" in r.notes[0]
+    summary = X.checks_summary(CTX)
+    run = results.load_results(summary.saved)
+    assert summary.saved.name == "06_checks.jsonl" and run.provenance["triton_mode"]
+    checks = [row["check"] for row in run.rows]
+    for start in ("online softmax", "backward from L", "FlashAttentionPyTorch", "Triton forward", "Triton backward"):
+        assert any(c.startswith(start) for c in checks), start  # what helpers.course.answers.nb06 looks for
+
+
+def test_benchmark_and_tflops_from_the_same_rows(saved):
+    bench = X.benchmark(CTX)
+    rows = bench.values["rows"]
+    assert bench.saved.name == "attention_bench.jsonl" and set(rows["impl"]) == {"naive", "sdpa", "flash_pytorch"}
+    assert (rows["ms"] == rows["median_s"] * 1e3).all() and "Triton is not timed here" in bench.notes[0]
+    assert any(line.startswith(LEFT_OUT_LINES) for line in repr(bench).splitlines())  # the front page's left-out note
+    t = X.tflops(CTX, bench)
+    fb = rows[rows["pass"] == "fwd+bwd"].set_index("impl")["median_s"]
+    assert f"sdpa {fb['naive'] / fb['sdpa']:.2g}x" in t.notes[1], t.notes
+    assert t.table.max().max() > 0
+
+
+def test_benchmark_asserts_the_order_on_device_time_and_notes_it_on_host_time(saved, monkeypatch):
+    rows = X.bench_attention("naive", (1, 1, 16, 16), warmup=0, steps=1)
+    slow = [dict(r, min_s=5.0 if r["pass"] == "fwd" else 1.0) for r in rows]  # a forward 5x its forward+backward
+    monkeypatch.setattr(attention_bench_sections, "sweep", lambda *a, **k: slow)
+    notes = X.benchmark(CTX).notes
+    assert any(n.startswith("naive float32 T=16: the fastest forward took 5.0x") for n in notes), notes
+    with pytest.raises(AssertionError, match="forward slower"):
+        X.benchmark(X.Setup("gpu", "cuda", "NVIDIA H100 80GB HBM3", SCALE))
+
+
+def test_yours_against_ours_interleaves_one_loop():
+    r = X.yours_against_ours(CTX, {"yours:pytorch": A.FlashAttentionPyTorch.apply})
+    assert list(r.table.index) == ["flash_pytorch", "yours:pytorch", "sdpa"] and set(r.values["ratios"]) == {
+        "yours:pytorch",
+        "sdpa",
+    }
+    assert len(r.notes) == 3
+
+
+def test_memory_curves_are_t_squared_and_t_and_the_plot_reaches_the_front_page():
+    r = X.memory_curves(CTX)
+    growth, T_x = r.values["growth"], r.values["T_ratio"]
+    assert r.values["mismatched"] == 0 and T_x == 4 and growth["flash_pytorch"] == 4 and growth["naive"] > 4
+    assert r.notes[0] == f"T x4: naive keeps {growth['naive']:.1f}x more, FlashAttention 4.0x more"
+    bundle = r._repr_mimebundle_()  # the writeups' front page reads the headline cell's first image/png
+    assert bundle["image/png"] and bundle["image/png"] in bundle["text/html"]
+
+
+def test_model_and_leaderboard_sections_on_a_cpu(saved):
+    assert "sdpa, flash_pytorch" in X.model_outputs(CTX, ("naive", "sdpa", "flash_pytorch")).notes[0]
+    steps = X.model_steps(CTX)
+    assert list(steps.values["ratios"]) == [(X.TINY, "sdpa")] and len(steps.notes) == 2
+    board = X.leaderboard(CTX)
+    assert board.values["rows"] == [] and board.saved is None and "not timed" in board.notes[-1]
+    assert any(line.startswith(LEFT_OUT_LINES) for line in repr(board).splitlines())
+    assert f"{X.PUBLISHED_MS['best class entry']:g} ms" in board.notes[0]
+    marks = X.leaderboard_marks(CTX, board, X.benchmark(CTX))
+    assert marks.figure is not None and set(marks.table.index) == {"naive", "sdpa", "flash_pytorch"}
+
+
+def test_notebook_06_cells_are_short_and_show_the_code_they_measure():
+    """Issue 40: one idea per code cell (the parameters and set-up cells aside), and every implementation the
+    notebook measures shown by source() from the package, never pasted into markdown or read by inspect."""
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    lines = [sum(1 for x in src.splitlines() if x.strip() and not x.strip().startswith("#")) for src in code]
+    assert max(lines[2:]) <= 12, [src for src, n in zip(code[2:], lines[2:], strict=True) if n > 12]
+    shown = "\n".join(line for src in code for line in src.splitlines() if line.startswith("source("))
+    for impl in ("naive_attention", "online_softmax", "backward_from_lse", "FlashAttentionPyTorch", "_launch_config"):
+        assert impl in shown, impl
+    for impl in ("flash_forward_torch", "flash_backward_torch", "_fwd_tile", "attn_fwd_kernel", "FlashAttentionTriton"):
+        assert impl in shown, impl
+    assert "attn_bwd_dkdv_kernel" in shown and "attn_bwd_dq_kernel" in shown
+    text = "".join("".join(c["source"]) for c in cells)
+    assert "inspect.getsource" not in text and "```python" not in text
+
+
+def test_the_leaderboard_on_a_gpu_profile_saves_its_paired_rows(saved, monkeypatch):
+    """The gpu branch, at a tiny shape (Triton in its interpreter here): rows saved as 06_leaderboard with the pairs,
+    verdicts against flash_triton, and the marks compared on an H100."""
+    tiny = functools.partial(X.leaderboard_comparison, warmup=0, shape=(1, 1, 32, 16), dtype=torch.float32)
+    monkeypatch.setattr(attention_bench_sections, "leaderboard_comparison", tiny)
+    ctx = X.Setup("gpu", "cpu", "NVIDIA H100 80GB HBM3", {**SCALE, "model_steps": 3})
+    board = X.leaderboard(ctx)
+    run = results.load_results(board.saved)
+    assert board.saved.name == "06_leaderboard.jsonl" and [r["impl"] for r in run.rows] == list(board.table.index)
+    assert all(r["pairs"] == 3 and r["TFLOPs"] > 0 for r in run.rows)
+    assert sum("flash_triton" in n for n in board.notes) == 2, board.notes
+    marks = X.leaderboard_marks(ctx, board, Result())
+    assert list(marks.table.index) == sorted(r["impl"] for r in run.rows) and marks.table.shape[1] == 3
