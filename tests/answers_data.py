@@ -106,6 +106,21 @@ def notebook_01_rows() -> dict:
             [{"MiB": 1.5, "op": "aten::mm", "module": "lm_head (Linear)"}],
             dict(size="medium/cpu", peak_MiB=28.0),
         ),
+        "01_block_memory": (
+            [
+                {
+                    "context": T,
+                    "saved_MiB": mib,
+                    "saved_formula_MiB": mib,
+                    "top5_share": 0.8,
+                    "top5_ops": "mm 1 MiB, mul 1 MiB",
+                    "grads_MiB": 25.0,
+                    "grads_formula_MiB": 25.0,
+                }
+                for T, mib in ((32, 8.25), (512, 162.3))
+            ],
+            dict(model="xl-2026/cpu", batch_size=4, block=0),
+        ),
     }
 
 

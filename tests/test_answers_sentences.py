@@ -257,3 +257,14 @@ def test_a_model_far_above_the_times_is_off_by_its_factor_not_by_a_percentage():
 
     text = miss_text([100.0, 200.0, 430.0], [860.0, 200.0, 215.0])  # 8.6x over, exact, 2x under
     assert "a factor of 2.00 in the median and up to 8.6 (1 of 3 timings below the model, 1 above)" in text
+
+
+def test_block_memory_answer_is_at_the_handouts_contexts_and_quotes_the_measurement(synthetic):
+    from helpers import formulas as F
+    from helpers.course.answers.core import fmt_mib
+
+    text = D.all_answers(synthetic)["memory_profiling(f)"][0]
+    for T in (128, 2048):
+        saved = sum(F.block_saved_parts("xl-2026", 4, T).values())
+        assert f"at context {T} one block saves {fmt_mib(saved / 2**20)}" in text
+    assert "context 512: 162 MiB saved (closed form 162 MiB)" in text and "xl-2026/cpu at batch 4" in text

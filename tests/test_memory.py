@@ -133,3 +133,19 @@ def test_track_resizing_sees_a_storage_grown_and_freed_in_place():
 
     trace = track_resizing(gather_and_free, existing=[buf])
     assert trace.peak_bytes >= 4096 and trace.current_bytes < 4096
+
+
+def test_one_blocks_saved_bytes_and_gradients_are_the_closed_forms_and_a_wrong_form_is_caught(monkeypatch, tmp_path):
+    """memory_profiling (f) on the handout's model: what block 0 keeps after the forward, by op, equals
+    formulas.block_saved_parts byte for byte (SwiGLU's four d_ff-wide tensors, RoPE's rotated q and k), its
+    gradients its parameters' bytes; a closed form off by one byte fails the section."""
+    from helpers.experiments import block_memory as BM
+
+    monkeypatch.setattr("helpers.results.DATA_DIR", tmp_path)
+    r = BM.block_memory_section("small-2026/cpu", batch_size=2, contexts=(8, 16), profile="cpu")
+    assert [row["saved_MiB"] for row in r.values["rows"]] == [row["saved_formula_MiB"] for row in r.values["rows"]]
+    assert "mul" in r.values["rows"][0]["top5_ops"] and "byte for byte" in r.notes[0]
+    right = formulas.block_saved_parts
+    monkeypatch.setattr(BM.formulas, "block_saved_parts", lambda *a: {**right(*a), "one byte more": 1})
+    with pytest.raises(AssertionError, match="formula"):
+        BM.block_memory_section("small-2026/cpu", batch_size=2, contexts=(8,), profile="cpu")

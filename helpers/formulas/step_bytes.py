@@ -93,7 +93,11 @@ def block_saved_parts(
     parts = {
         "softmax output (attention probabilities, B·H·T²)": B * c.n_heads * T * T * e,
         **dict.fromkeys(ffn_parts, B * T * c.d_ff * e),
-        "q, k, v made contiguous for the matmuls (3 B·T·d)": 3 * R,
+        (
+            "q, k, v made contiguous for the matmuls (3 B·T·d)"
+            if c.arch == "gpt"
+            else "q and k rotated (RoPE) and v made contiguous, for the matmuls (3 B·T·d)"
+        ): 3 * R,
         "norm1: normalised x and output (2 B·T·d)": 2 * R,
         "norm2: normalised x and output (2 B·T·d)": 2 * R,
         "block input (B·T·d)": R,
