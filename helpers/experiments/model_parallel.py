@@ -31,9 +31,13 @@ PROFILES = {  # what notebook 08 runs per profile
         model=ModelConfig("tp/cpu", d_model=64, d_ff=256, n_layers=2, n_heads=4, vocab_size=256, context_length=32),
         batch=4,
         world=2,
-        pipe_world=4,
+        pipe_world=2,  # 4 processes on a 2-core machine would time-share: the bubble would not be measurable
         pipe_micro=8,
         pipe_layers=4,
+        pipe_batch=16,
+        pipe_overrides=dict(d_model=128, d_ff=512, vocab_size=64),  # a few ms per stage and micro-batch; small head
+        pipe_steps=2,
+        pipe_fixed_ms=(20, 40),  # the fixed-cost stages' forward and backward
     ),
     "gpu": dict(
         model=ModelConfig("tp/gpu", d_model=768, d_ff=3072, n_layers=4, n_heads=12, context_length=512),

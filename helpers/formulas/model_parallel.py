@@ -108,3 +108,10 @@ def pipeline_peak_micro_batches(schedule: str, stages: int, micro_batches: int, 
     if schedule == "1f1b":
         return min(micro_batches, stages - stage)
     raise ValueError(f"unknown schedule {schedule!r}; expected 'gpipe' or '1f1b'")
+
+
+def reorder_bound(cfg, context_length: int, micro_batches: int, scale: float, dtype=torch.float32) -> float:
+    """Pipeline gradients against one process on the whole batch: the step's chains of sums (reduction_length) and
+    the m micro-batches' gradients accumulated one by one: 2·(n + m)·u·max|one process|."""
+    n = reduction_length(cfg, context_length) + micro_batches
+    return 2 * n * UNIT_ROUNDOFF[dtype] * scale
