@@ -38,6 +38,9 @@ PROFILES = {  # what notebook 08 runs per profile
         pipe_overrides=dict(d_model=128, d_ff=512, vocab_size=64),  # a few ms per stage and micro-batch; small head
         pipe_steps=2,
         pipe_fixed_ms=(20, 40),  # the fixed-cost stages' forward and backward
+        cp_batch_heads=4,
+        cp_context=128,
+        cp_head_dim=32,
     ),
     "gpu": dict(
         model=ModelConfig("tp/gpu", d_model=768, d_ff=3072, n_layers=4, n_heads=12, context_length=512),
@@ -46,6 +49,9 @@ PROFILES = {  # what notebook 08 runs per profile
         pipe_world=4,
         pipe_micro=8,
         pipe_layers=8,
+        cp_batch_heads=32,
+        cp_context=4096,
+        cp_head_dim=64,
     ),
 }
 MODES = {"TP": False, "TP+SP": True}

@@ -115,3 +115,17 @@ def reorder_bound(cfg, context_length: int, micro_batches: int, scale: float, dt
     the m micro-batches' gradients accumulated one by one: 2·(n + m)·u·max|one process|."""
     n = reduction_length(cfg, context_length) + micro_batches
     return 2 * n * UNIT_ROUNDOFF[dtype] * scale
+
+
+def cp_bytes_sent(batch_heads: int, context_length: int, head_dim: int, world: int, dtype=torch.float32) -> int:
+    """Bytes one rank sends in a ring-attention forward: N − 1 steps, each passing its K and V blocks of T/N rows:
+    2 (N − 1)/N · T · BH · d · b, an all-gather of K and V spread over the steps."""
+    return 2 * (world - 1) * (context_length // world) * batch_heads * head_dim * dtype_bytes(dtype)
+
+
+def cp_work(world: int, rank: int, causal: bool, balanced: bool = True) -> float:
+    """(query, key) chunk pairs rank `rank` computes, in (T/N)² units (a causal diagonal counts half): N without a
+    mask; causal, contiguous chunks r + 1/2; causal, chunks r and 2N − 1 − r: N/2 on every rank."""
+    if not causal:
+        return float(world)
+    return world / 2 if balanced else rank + 0.5
