@@ -76,3 +76,23 @@ def test_closed_forms():
     act = 2 * 8 * 32 * 4
     assert sent[False] == 8 * act * 1 / 2  # 4 all-reduces of BTC, each 2(N-1)/N
     assert sent[True] == (10 + 2) * act / 2 + 2 * 32 * 4  # 8 all-gathers, 4 reduce-scatters: (N-1)/N each
+
+
+def test_the_alpha_beta_model_of_a_tp_step():
+    from helpers.experiments import model_parallel_calc as S
+
+    m = FM.tp_ffn_seconds(B=256, D=64, D_FF=1024, N=2, C=1e10, alpha=1e-4, beta=1e9)
+    at_star = FM.tp_ffn_seconds(B=256, D=64, D_FF=m["d_ff_star"], N=2, C=1e10, alpha=1e-4, beta=1e9)
+    assert at_star["comm_share"] == pytest.approx(0.5, abs=1e-12)  # compute == communication at d_ff*
+    # a run whose step is exactly the model's: compute at C, two all-reduces on the fitted α-β line
+    sizes, alpha, beta = [4096, 65536, 262144], 1e-4, 1e9
+    ar = {s: alpha + s / beta for s in sizes}
+    comm = 2 * (alpha + 65536 / beta)  # two all-reduces of B·D·4 = 65536 bytes, 2(N-1)/N = 1
+    steps = {f: (12 * 256 * 64 * f / 2 / 1e10 + comm, 12 * 256 * 64 * f / 2 / 1e10) for f in (64, 4096)}
+    run = S.SpeedRun(
+        [{"all_reduce": ar, "steps": steps}] * 2, dict(tokens=256, d_model=64, widths=[64, 4096]), "test", "test"
+    )
+    table = S.speed_section(run).table
+    assert table["holds"].all() and (table["comm_share"] - table["model_comm_share"]).abs().max() < 1e-9, table
+    steps[64] = (steps[64][0] * 3, steps[64][1])  # a step that spends far more than its all-reduces
+    assert not S.speed_section(run).table.set_index("d_ff").loc[64, "holds"]

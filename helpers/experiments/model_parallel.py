@@ -41,6 +41,9 @@ PROFILES = {  # what notebook 08 runs per profile
         cp_batch_heads=4,
         cp_context=128,
         cp_head_dim=32,
+        speed_tokens=256,
+        speed_d_model=64,
+        speed_widths=[64, 256, 1024, 4096],
     ),
     "gpu": dict(
         model=ModelConfig("tp/gpu", d_model=768, d_ff=3072, n_layers=4, n_heads=12, context_length=512),
@@ -52,6 +55,9 @@ PROFILES = {  # what notebook 08 runs per profile
         cp_batch_heads=32,
         cp_context=4096,
         cp_head_dim=64,
+        speed_tokens=4096,
+        speed_d_model=1024,
+        speed_widths=[512, 2048, 8192, 32768],
     ),
 }
 MODES = {"TP": False, "TP+SP": True}

@@ -129,3 +129,15 @@ def cp_work(world: int, rank: int, causal: bool, balanced: bool = True) -> float
     if not causal:
         return float(world)
     return world / 2 if balanced else rank + 0.5
+
+
+def tp_ffn_seconds(*, B: int, D: int, D_FF: int, N: int, C: float, alpha: float, beta: float, b: int = 4) -> dict:
+    """One training step of a Megatron feed-forward (two matrices) on N ranks, B tokens: compute 12·B·D·D_FF/(N·C)
+    (forward 4, backward 8 FLOPs per weight and token), communication two all-reduces of B·D·b bytes (g forward, f
+    backward), each α + 2(N−1)/N·S/β on the α-β model; and the width D_FF* where the two are equal, above which the
+    step is compute-bound (notebook 07's tp_calcs, with α and this FFN's FLOPs)."""
+    compute = 12 * B * D * D_FF / (N * C)
+    comm = 2 * (alpha + 2 * (N - 1) / N * B * D * b / beta)
+    return dict(
+        compute_s=compute, comm_s=comm, comm_share=comm / (compute + comm), d_ff_star=comm * N * C / (12 * B * D)
+    )
