@@ -32,12 +32,12 @@ PROFILES = {  # what notebook 08 runs per profile
         batch=4,
         world=2,
         pipe_world=2,  # 4 processes on a 2-core machine would time-share: the bubble would not be measurable
-        pipe_micro=8,
-        pipe_layers=4,
-        pipe_batch=16,
-        pipe_overrides=dict(d_model=128, d_ff=512, vocab_size=64),  # a few ms per stage and micro-batch; small head
+        pipe_micro=4,  # the memory tracker costs ~0.1 s per micro-batch pass here: m = 4, one block per stage
+        pipe_layers=2,
+        pipe_batch=8,
+        pipe_overrides=dict(vocab_size=64),  # a small LM head: the last stage about as long as the others
         pipe_steps=2,
-        pipe_fixed_ms=(20, 40),  # the fixed-cost stages' forward and backward
+        pipe_fixed_ms=(10, 20),  # the fixed-cost stages' forward and backward
         cp_batch_heads=4,
         cp_context=128,
         cp_head_dim=32,
