@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from helpers.attention import _launch_config, flash_forward_torch
+from helpers.pipeline import staged
 
 
 def chunk_order(world: int, causal: bool, balanced: bool = True) -> list[list[int]]:
@@ -80,13 +81,14 @@ def _pass_on(blocks: list[Tensor], group) -> list[Tensor]:
     nxt, prev = (rank + 1) % world, (rank - 1) % world
     if group is not None:
         nxt, prev = dist.get_global_rank(group, nxt), dist.get_global_rank(group, prev)
-    received = [torch.empty_like(b) for b in blocks]
-    ops = [dist.P2POp(dist.isend, b, nxt, group) for b in blocks] + [
+    out = [staged(b.contiguous()) for b in blocks]  # CPU copies where gloo runs on a GPU
+    received = [torch.empty_like(b) for b in out]
+    ops = [dist.P2POp(dist.isend, b, nxt, group) for b in out] + [
         dist.P2POp(dist.irecv, r, prev, group) for r in received
     ]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    return received
+    return [r.to(b.device) for r, b in zip(received, blocks, strict=True)]
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, balanced: bool = True, group=None):

@@ -113,6 +113,12 @@ def schedule(kind: str, stages: int, micro_batches: int, stage: int) -> list[tup
     raise ValueError(f"unknown schedule {kind!r}; expected one of {', '.join(SCHEDULES)}")
 
 
+def staged(t: Tensor) -> Tensor:
+    """`t` itself, or a CPU copy where the backend is gloo and `t` is on a GPU (gloo's send/recv take CPU tensors;
+    one GPU shared by two ranks runs gloo, notebook 08's gpu profile on one device)."""
+    return t.cpu() if t.is_cuda and dist.get_backend() == "gloo" else t
+
+
 class _Channel:
     """send/recv between neighbouring stages: sends non-blocking (kept until the step ends), receives blocking."""
 
@@ -121,13 +127,14 @@ class _Channel:
 
     def send(self, t: Tensor, to: int) -> None:
         self.pending = [(h, s) for h, s in self.pending if not h.is_completed()]  # let delivered buffers go
-        t = t.contiguous()
+        t = staged(t).contiguous()
         self.pending.append((dist.isend(t, to), t))
 
     def recv(self, shape, dtype, device, frm: int) -> Tensor:
         t = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(t, frm)
-        return t
+        buf = staged(t)
+        dist.recv(buf, frm)
+        return t.copy_(buf) if buf is not t else t
 
     def finish(self) -> None:
         for handle, _ in self.pending:

@@ -68,7 +68,8 @@ def pipeline_worker(
 ) -> dict:
     """On every rank: one process's gradients on the whole batch; per schedule, this stage's gradients after one
     step, its compute timeline over `timed_steps` steps, its activation peak, one micro-batch's saved bytes, and
-    the timelines of the same stage made to cost fixed_ms = (forward, backward) milliseconds more."""
+    the timelines of the same stage made to cost fixed_ms = (forward, backward) milliseconds more (timed_steps=0:
+    the gradients alone)."""
     dev, rank, world = L.device(), dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)
     full = build_model(cfg).to(dev)
@@ -86,6 +87,9 @@ def pipeline_worker(
         diffs = {
             n: (float((p.grad - ref[n]).abs().max()), float(ref[n].abs().max())) for n, p in stage.named_parameters()
         }
+        if not timed_steps:  # gradients only
+            out[kind] = {"diffs": diffs}
+            continue
         timelines = [step() for _ in range(timed_steps)]
         trace = track(step, existing=[*stage.parameters(), *(p.grad for p in stage.parameters())])
         fixed = FixedCostStage(PipelineStage(tiny, rank, world), fixed_ms[0] / 1e3, fixed_ms[1] / 1e3)
