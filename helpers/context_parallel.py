@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from helpers.attention import _launch_config, flash_forward_torch
+from helpers.comm import InFlight, wait_all
 from helpers.pipeline import staged
 
 
@@ -86,8 +87,11 @@ def _pass_on(blocks: list[Tensor], group) -> list[Tensor]:
     ops = [dist.P2POp(dist.isend, b, nxt, group) for b in out] + [
         dist.P2POp(dist.irecv, r, prev, group) for r in received
     ]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
+    flight = InFlight()
+    flight.launching(*out, *received)
+    wait_all(dist.batch_isend_irecv(ops))
+    del ops
+    flight.settle()  # gloo's threads have let go of the buffers (helpers.comm.InFlight)
     return [r.to(b.device) for r, b in zip(received, blocks, strict=True)]
 
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch import Tensor
 
+from helpers.comm import InFlight, wait_all
 from helpers.model import lm_loss
 from helpers.timing import sync
 
@@ -126,20 +127,34 @@ class _Channel:
         self.pending = []
 
     def send(self, t: Tensor, to: int) -> None:
-        self.pending = [(h, s) for h, s in self.pending if not h.is_completed()]  # let delivered buffers go
+        self._let_go(lambda h: h.is_completed())  # delivered buffers go, once gloo's threads let go of them too
         t = staged(t).contiguous()
-        self.pending.append((dist.isend(t, to), t))
+        flight = InFlight()
+        flight.launching(t)
+        self.pending.append((dist.isend(t, to), flight))
+
+    def _let_go(self, done) -> None:
+        """Wait for the sends `done` picks, drop their works, then wait until the backend let go of their buffers."""
+        flags = [done(handle) for handle, _ in self.pending]
+        finished = [item for item, flag in zip(self.pending, flags, strict=True) if flag]
+        self.pending = [item for item, flag in zip(self.pending, flags, strict=True) if not flag]
+        flights = [flight for _, flight in finished]
+        wait_all([handle for handle, _ in finished])
+        del finished  # no name keeps a work (and through it a buffer) alive
+        for flight in flights:
+            flight.settle()
 
     def recv(self, shape, dtype, device, frm: int) -> Tensor:
         t = torch.empty(shape, dtype=dtype, device=device)
         buf = staged(t)
+        flight = InFlight()
+        flight.launching(buf)
         dist.recv(buf, frm)
+        flight.settle()
         return t.copy_(buf) if buf is not t else t
 
     def finish(self) -> None:
-        for handle, _ in self.pending:
-            handle.wait()
-        self.pending.clear()
+        self._let_go(lambda h: True)
 
 
 def run_schedule(stage: PipelineStage, actions, x: Tensor, y: Tensor, micro_batches: int, width: int) -> list:

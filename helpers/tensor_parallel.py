@@ -36,6 +36,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from helpers.comm import InFlight
+
 SEQ = 1  # activations are (B, T, C): the sequence dimension
 
 
@@ -43,10 +45,20 @@ def _world(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def settled(collective, *tensors: Tensor, **kwargs) -> None:
+    """Run a blocking `collective(*tensors, **kwargs)` and return once the backend's threads have let go of the
+    tensors (helpers.comm.InFlight): gloo releases a finished work a moment later, and until then its buffers stay
+    alive (a memory measurement would count them) and can abort the interpreter at exit (issue 43)."""
+    flight = InFlight()
+    flight.launching(*tensors)
+    collective(*tensors, **kwargs)
+    flight.settle()
+
+
 def all_reduce_sum(x: Tensor, group=None) -> Tensor:
     """The sum of `x` over the group's ranks, in a new tensor."""
     out = x.contiguous().clone()
-    dist.all_reduce(out, group=group)
+    settled(dist.all_reduce, out, group=group)
     return out
 
 
@@ -55,7 +67,7 @@ def gather_sequence(x: Tensor, group=None) -> Tensor:
     _, n = _world(group)
     xt = x.transpose(0, SEQ).contiguous()  # (T/N, B, C): all_gather concatenates along dim 0
     out = xt.new_empty((n * xt.shape[0], *xt.shape[1:]))  # (T, B, C)
-    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, xt, group=group)  # looked up now: counting
+    settled(getattr(dist, "all_gather_single", dist.all_gather_into_tensor), out, xt, group=group)  # looked up now
     return out.transpose(0, SEQ).contiguous()  # (B, T, C)
 
 
@@ -64,7 +76,7 @@ def reduce_scatter_sequence(x: Tensor, group=None) -> Tensor:
     _, n = _world(group)
     xt = x.transpose(0, SEQ).contiguous()  # (T, B, C)
     out = xt.new_empty((xt.shape[0] // n, *xt.shape[1:]))  # (T/N, B, C)
-    getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, xt, group=group)
+    settled(getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor), out, xt, group=group)
     return out.transpose(0, SEQ).contiguous()  # (B, T/N, C)
 
 
@@ -306,4 +318,4 @@ def sync_sequence_parallel_grads(model: nn.Module, group=None) -> None:
     """All-reduce the gradients of the gains that saw T/N positions each (after backward, SP only)."""
     for p in model.parameters():
         if getattr(p, "sequence_parallel_partial", False) and p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
+            settled(dist.all_reduce, p.grad, group=group)
