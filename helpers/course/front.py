@@ -165,6 +165,26 @@ def checkpointing(saved: Saved) -> Claim:
     )
 
 
+def pipeline_bubble(saved: Saved) -> Claim:
+    """08: 1F1B's idle share on the model's stages, mean over ranks, against (p − 1)/(m + p − 1); the ranks' range."""
+    rows = _rows(saved, "08_pipeline_bubble", schedule="1f1b", stages="model")
+    shares = [r["bubble"] for _, r in rows]
+    i, r = rows[0]
+    return Claim(
+        "08_pipeline_bubble",
+        i,
+        "bubble",
+        r["bubble"],
+        min(shares),
+        max(shares),
+        f"pipeline parallelism, 1F1B over {len(rows)} stages: stage 0 idles ",
+        f"of a step on {_machine(saved, '08_pipeline_bubble')}, against (p − 1)/(m + p − 1) = {r['formula']:.2f} "
+        "for equal stages",
+        unit="",
+        interval="range over the stages",
+    )
+
+
 CLAIMS = {
     "00": warmup,
     "01": autocast,
@@ -174,6 +194,7 @@ CLAIMS = {
     "05": sharding,
     "06": compiled_attention,
     "07": checkpointing,
+    "08": pipeline_bubble,
 }  # notebook number -> its front-page sentence
 
 

@@ -24,6 +24,7 @@ NOTEBOOKS = {
     "05": "05_optimizer_state_sharding",
     "06": "06_flash_attention",
     "07": "07_fsdp",
+    "08": "08_model_parallelism",
 }  # number -> file stem (and writeup page)
 EDITIONS = {  # year -> (title, what it kept from the one before, as a note)
     2024: (

@@ -1,0 +1,98 @@
+"""Tensor and sequence parallelism (helpers.tensor_parallel, notebook 08) on 2 gloo ranks: logits and every gradient
+shard within the fp32 bound of one process, collectives counted equal to the closed forms, one block's saved bytes
+equal to the formula; mutants (f without its backward all-reduce, SP without the gains' all-reduce) break exactly
+the mode they touch; sizes that do not split are refused before any rank starts."""
+
+import pytest
+
+from helpers import tensor_parallel as TP
+from helpers.experiments import model_parallel as X
+from helpers.formulas import model_parallel as FM
+from helpers.model import ModelConfig
+
+SMALL = ModelConfig("tp/test", d_model=32, d_ff=64, n_layers=1, n_heads=2, vocab_size=64, context_length=8)
+CONFIG = dict(model=SMALL, batch=2, world=2)
+
+
+def _both_worker(cfg, batch_size):
+    """The correct run, then two bugs at once, each touching one mode only: f's backward skips its all-reduce (TP;
+    SP's fused column layer does not use f) and the SP gains are never all-reduced (TP+SP). One launch for both."""
+    from helpers import tensor_parallel
+    from helpers.experiments import model_parallel
+
+    correct = model_parallel.tensor_parallel_worker(cfg, batch_size)
+    tensor_parallel.CopyToTensorParallel.backward = staticmethod(lambda ctx, grad: (grad, None))
+    model_parallel.sync_sequence_parallel_grads = lambda model, group=None: None
+    return correct, model_parallel.tensor_parallel_worker(cfg, batch_size)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    ranks = X.L.launch(_both_worker, 2, SMALL, CONFIG["batch"], backend="gloo", device="cpu")
+    return [X.TPRun([r[i] for r in ranks], CONFIG, "test", "test") for i in (0, 1)]
+
+
+def test_exact_bytes_and_memory_against_formulas(runs):
+    run = runs[0]
+    table = X.exactness_table(run)
+    assert (table["diff/bound"] <= 1).all(), table
+    assert X.bytes_table(run)["equal"].all(), X.bytes_table(run)
+    assert (X.memory_table(run)["measured/formula"] == 1).all(), X.memory_table(run)  # byte-exact
+
+
+def test_mutants_break_the_bound(runs):
+    table = X.exactness_table(runs[1])
+    grads = table[table["tensor"] == "gradients"].set_index(["mode", "rank"])
+    assert (grads["diff/bound"] > 10).all(), grads  # both modes' gradients far outside the bound
+    assert grads.loc[("TP+SP", 0), "worst"].endswith(("norm1.weight", "norm2.weight")), grads
+    logits = table[table["tensor"] == "logits"]
+    assert (logits["diff/bound"] <= 1).all(), logits  # forward untouched by either bug
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [(dict(n_heads=4, d_model=36), "n_heads"), (dict(d_ff=63), "d_ff"), (dict(context_length=9), "sequence length")],
+)
+def test_sizes_that_do_not_split_are_refused_before_launch(overrides, match):
+    cfg = ModelConfig(**{**SMALL.__dict__, **overrides})
+    with pytest.raises(ValueError, match=match):
+        X.tensor_parallel_run({**CONFIG, "model": cfg, "world": 3 if "n_heads" in overrides else 2}, "test")
+
+
+def test_shard_parameter_takes_heads_from_q_k_and_v():
+    import torch
+
+    full = torch.arange(6 * 4, dtype=torch.float32).view(6, 4)  # qkv weight, C = 2: q rows 0-1, k 2-3, v 4-5
+    assert TP.shard_parameter("attn.qkv.weight", full, 1, 2).tolist() == full[[1, 3, 5]].tolist()
+    assert TP.shard_parameter("ffn.w2.weight", full, 1, 2).tolist() == full[:, 2:].tolist()
+
+
+def test_closed_forms():
+    assert FM.bubble_fraction(4, 8) == pytest.approx(3 / 11)
+    assert (
+        FM.pipeline_peak_micro_batches("1f1b", 4, 8, 0) == 4 and FM.pipeline_peak_micro_batches("gpipe", 4, 8, 3) == 8
+    )
+    sent = {sp: FM.tp_bytes_sent(SMALL, 2, 8, 2, sp) for sp in (False, True)}
+    act = 2 * 8 * 32 * 4
+    assert sent[False] == 8 * act * 1 / 2  # 4 all-reduces of BTC, each 2(N-1)/N
+    assert sent[True] == (10 + 2) * act / 2 + 2 * 32 * 4  # 8 all-gathers, 4 reduce-scatters: (N-1)/N each
+
+
+def test_the_alpha_beta_model_of_a_tp_step():
+    from helpers.experiments import model_parallel_calc as S
+
+    m = FM.tp_ffn_seconds(B=256, D=64, D_FF=1024, N=2, C=1e10, alpha=1e-4, beta=1e9)
+    at_star = FM.tp_ffn_seconds(B=256, D=64, D_FF=m["d_ff_star"], N=2, C=1e10, alpha=1e-4, beta=1e9)
+    assert at_star["comm_share"] == pytest.approx(0.5, abs=1e-12)  # compute == communication at d_ff*
+    # a run whose step is exactly the model's: compute at C, two all-reduces on the fitted α-β line
+    sizes, alpha, beta = [4096, 65536, 262144], 1e-4, 1e9
+    ar = {s: alpha + s / beta for s in sizes}
+    comm = 2 * (alpha + 65536 / beta)  # two all-reduces of B·D·4 = 65536 bytes, 2(N-1)/N = 1
+    steps = {f: (12 * 256 * 64 * f / 2 / 1e10 + comm, 12 * 256 * 64 * f / 2 / 1e10) for f in (64, 4096)}
+    run = S.SpeedRun(
+        [{"all_reduce": ar, "steps": steps}] * 2, dict(tokens=256, d_model=64, widths=[64, 4096]), "test", "test"
+    )
+    table = S.speed_section(run).table
+    assert table["holds"].all() and (table["comm_share"] - table["model_comm_share"]).abs().max() < 1e-9, table
+    steps[64] = (steps[64][0] * 3, steps[64][1])  # a step that spends far more than its all-reduces
+    assert not S.speed_section(run).table.set_index("d_ff").loc[64, "holds"]
