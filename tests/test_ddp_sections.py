@@ -29,7 +29,9 @@ def _speed(runs: dict) -> R.SpeedResult:
     """A SpeedResult for MODEL from one rank's runs by label, both ranks alike (as speed_table builds it)."""
     raw = {MODEL: [runs, runs]}
     speed = pd.DataFrame([{"model": MODEL, "grad_MB": 1.0, **r} for r in R.summarize_speed(raw[MODEL])])
-    return R.SpeedResult(R.speed_pivot(speed), raw=raw, speed=speed, buckets_mb=[0.5, 1, 25], sweep_model=MODEL)
+    return R.SpeedResult(
+        R.speed_pivot(speed), notes=["timed"], raw=raw, speed=speed, buckets_mb=[0.5, 1, 25], sweep_model=MODEL
+    )
 
 
 @pytest.fixture
@@ -112,6 +114,7 @@ def test_bucket_section_notes_come_from_the_sweep(speed, tmp_path, monkeypatch):
     assert any(f"({spread:.0%})" in n for n in r.notes)
     assert any("2 sizes that all build one bucket" in n for n in r.notes)  # 1 and 25 MB planted as one bucket
     assert r.plot().axes[0].get_xscale() == "log"
+    assert repr(r).splitlines()[0] == r.notes[0] and repr(speed).splitlines()[0] == speed.notes[0]  # not their fields
     saved = results.load_results(r.saved)
     assert saved.provenance["n_star"] == pytest.approx(r.fit.n_star) and saved.provenance["model"] == MODEL
 

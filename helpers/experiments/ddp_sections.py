@@ -173,7 +173,7 @@ def correctness_result(checks: pd.DataFrame, saved=None, *, seconds: float, wher
     return Result(checks, None, [note], saved, values)
 
 
-@dataclass
+@dataclass(repr=False)  # shown as a Result: notes, table, where it was saved
 class SpeedResult(Result):
     """§2's Result, with what later sections read: the per-rank runs by model (raw), one row per (model, variant)
     (speed), the swept bucket sizes and the sweep model."""
@@ -285,7 +285,7 @@ def alpha_beta_section(s: Setting) -> Result:
     return Result(None, None, [note], None, {"alpha_s": ab.alpha_s, "beta_Bps": ab.beta_Bps, "fit": ab})
 
 
-@dataclass
+@dataclass(repr=False)  # shown as a Result: notes, table, where it was saved
 class BucketResult(Result):
     """§4's Result, with the measured sweep beside the model (sweep) and the fitted model (fit); plot() draws both."""
 
