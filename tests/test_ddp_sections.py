@@ -122,3 +122,23 @@ def test_bucket_section_notes_come_from_the_sweep(speed, tmp_path, monkeypatch):
 class _AB:
     def __init__(self, alpha_s, beta_Bps):
         self.alpha_s, self.beta_Bps = alpha_s, beta_Bps
+
+
+def test_the_notebooks_source_cells_show_the_wrappers_from_helpers():
+    """Every source() cell of notebook 04 shows code from helpers/ (not a decorator's file), and together they show
+    every wrapper the notebook measures."""
+    import json
+
+    from helpers import comm, ddp
+    from helpers.section import ROOT, source
+
+    cells = json.loads((ROOT / "notebooks" / "04_ddp.ipynb").read_text())["cells"]
+    shown = [
+        eval("".join(c["source"]), {"source": source, "ddp": ddp, "comm": comm})  # noqa: S307 (our own notebook)
+        for c in cells
+        if c["cell_type"] == "code" and "".join(c["source"]).startswith("source(")
+    ]
+    where = [w for s in shown for w, _ in s.blocks()]
+    assert all(w.startswith("helpers/") for w in where), where
+    for name in ("NaiveDDP", "FlatDDP", "DDPIndividualParameters", "DDPBucketed", "TorchDDP", "InFlight"):
+        assert any(w.endswith(f" · {name}") for w in where), name

@@ -98,3 +98,23 @@ def test_memory_summary_says_more_when_sharding_holds_more():
     text = memory_summary(pd.DataFrame(rows))
     assert "8.0 MiB with ShardedOptimizer (20% less)" in text
     assert "21.0 MiB with ShardedOptimizer (5% more)" in text  # never 'falls' when it rose
+
+
+def test_the_notebooks_source_cells_show_the_optimizers_from_helpers():
+    """Every source() cell of notebook 05 shows code from helpers/, and together they show every optimizer it
+    measures."""
+    import json
+
+    from helpers import comm, sharding
+    from helpers.section import ROOT, source
+
+    cells = json.loads((ROOT / "notebooks" / "05_optimizer_state_sharding.ipynb").read_text())["cells"]
+    shown = [
+        eval("".join(c["source"]), {"source": source, "sharding": sharding, "comm": comm})  # noqa: S307 (our own notebook)
+        for c in cells
+        if c["cell_type"] == "code" and "".join(c["source"]).startswith("source(")
+    ]
+    where = [w for s in shown for w, _ in s.blocks()]
+    assert all(w.startswith("helpers/") for w in where), where
+    for name in ("ShardedOptimizer", "NaiveShardedOptimizer", "Zero1Optimizer", "partition_by_bytes"):
+        assert any(w.endswith(f" · {name}") for w in where), name
