@@ -1,6 +1,7 @@
 """Notebook 05's experiments with helpers.sharding, one module per section, all importable from here: the kinds and
 their builder (sharding_build), equivalence and checkpoints (sharding_equivalence), memory at each point
-(sharding_memory), speed (sharding_speed); here the profiles and the speed plan, the partition and ZeRO tables, and
+(sharding_memory), speed (sharding_speed), and the sections the notebook's cells call, each returning one Result,
+with the profiles and the speed plan (sharding_sections); here the partition and ZeRO tables, and
 `python -m helpers bench sharding`. Workers take keyword arguments and return dataclasses; ranks return, the parent
 prints. The tests call the same functions.
 
@@ -59,6 +60,23 @@ from helpers.experiments.sharding_memory import (
     memory_worker,
     whole_tensor_slack,
 )
+from helpers.experiments.sharding_sections import (
+    CHECK_KINDS,
+    MEMORY_KINDS,
+    PROFILES,
+    CheckResult,
+    MemoryResult,
+    Setting,
+    SpeedResult,
+    breakdown_section,
+    collectives_section,
+    correctness_section,
+    memory_section,
+    plan_speed_steps,
+    ratios_section,
+    setting,
+    speed_section,
+)
 from helpers.experiments.sharding_speed import (
     SPEED_NAMES,
     SpeedRun,
@@ -73,21 +91,26 @@ from helpers.experiments.sharding_speed import (
     summarize_speed,
 )
 from helpers.formulas import zero_memory
-from helpers.model import count_parameters
 from helpers.sharding import _rank_world
 
 __all__ = [  # what notebook 05, the tests, helpers.course and the fsdp experiments import from here
     "CALC_TOL",
+    "CHECK_KINDS",
     "KINDS",
+    "MEMORY_KINDS",
     "OPTIMIZERS",
     "PEAK_TOL",
     "PROFILES",
     "SPEED_NAMES",
+    "CheckResult",
     "Checkpoint",
     "KindRun",
     "MemoryPoint",
+    "MemoryResult",
     "MemoryRun",
+    "Setting",
     "SpeedRun",
+    "SpeedResult",
     "_by_op",
     "_memory_runs",
     "_rank_world",
@@ -95,11 +118,14 @@ __all__ = [  # what notebook 05, the tests, helpers.course and the fsdp experime
     "_storage_bytes",
     "averaged_grads",
     "bench_main",
+    "breakdown_section",
     "build",
     "calculator_table",
     "checkpoint_worker",
+    "collectives_section",
     "collectives_table",
     "compare_text",
+    "correctness_section",
     "equivalence_table",
     "equivalence_worker",
     "forward_backward",
@@ -108,6 +134,7 @@ __all__ = [  # what notebook 05, the tests, helpers.course and the fsdp experime
     "make_model",
     "memory_breakdown",
     "memory_frame",
+    "memory_section",
     "memory_summary",
     "memory_table",
     "memory_worker",
@@ -117,8 +144,11 @@ __all__ = [  # what notebook 05, the tests, helpers.course and the fsdp experime
     "partition_balance",
     "plan_speed_steps",
     "ratio_rows",
+    "ratios_section",
     "run_all",
+    "setting",
     "speed_runs",
+    "speed_section",
     "speed_summary",
     "speed_table",
     "speed_worker",
@@ -127,58 +157,6 @@ __all__ = [  # what notebook 05, the tests, helpers.course and the fsdp experime
     "zero_plot",
     "zero_table",
 ]
-
-
-PROFILES = {  # notebook 05 per profile: the models for memory and speed, the global batch and context, timed steps
-    "cpu": dict(
-        memory_models=["small/cpu", "xl/cpu"],
-        speed_model="xl/cpu",
-        check_model="small/cpu",
-        batch=8,
-        context=128,
-        warmup=3,
-        steps=10,
-        speed_launches=[["unsharded", "naive_sharded", "sharded", "zero1", "torch_zero"]],
-    ),
-    # XL on one GPU shared by 2 ranks: one launch per variant, so only one copy of the model states per rank at a time
-    "gpu": dict(
-        memory_models=["xl"],
-        speed_model="xl",
-        check_model="small",
-        batch=4,
-        context=128,
-        warmup=2,
-        steps=5,
-        speed_launches=[["unsharded"], ["sharded"], ["zero1"], ["torch_zero"]],
-    ),
-}
-
-
-def plan_speed_steps(
-    budget, model: str, kinds, warmup: int, steps: int, batch_size: int, context_length: int, world: int = 2
-) -> int:
-    """Section 4's timed steps within the budget, never fewer than timing.MIN_PAIRS (a verdict needs them): each
-    round trains every kind once on each rank (one thread per rank: its share of the batch, the gradients'
-    all-reduce, AdamW over the parameters). Returns the steps to run; the plan (budget.plans[-1]) names the rest."""
-    from helpers.timing import MIN_PAIRS
-
-    cal = budget.calibration.per_thread() if budget.calibration else None
-    psi = count_parameters(model) * 4
-
-    def round_s():
-        step = cal.step_s(F.train_flops(model, batch_size // world, context_length))
-        # AdamW reads p, g, m, v and writes p, m, v: 7 tensors of psi bytes, at 10 GB/s (a planning figure)
-        return len(kinds) * (step + cal.allreduce_time(psi) + 7 * psi / 10e9)
-
-    first = f"warm-up and steps 1-{MIN_PAIRS}"
-    items = [first] + [f"step {i}" for i in range(MIN_PAIRS + 1, steps + 1)]
-    plan = budget.fit(
-        items,
-        lambda item: (warmup + MIN_PAIRS if item == first else 1) * round_s(),
-        what=f"{model}'s timed",
-        keep_first=True,
-    )
-    return MIN_PAIRS + len(plan.kept) - 1 if steps >= MIN_PAIRS else steps
 
 
 def partition_balance(models: list[str], world: int) -> pd.DataFrame:

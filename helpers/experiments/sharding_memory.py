@@ -241,9 +241,9 @@ def memory_summary(mem: pd.DataFrame) -> str:
         lines.append(
             f"{name} (Ψ = {count_parameters(name) * 4 / MiB:.1f} MiB of fp32 parameters): after the optimizer "
             f"step the worst rank holds {u.live_bytes:.1f} MiB unsharded, {s.live_bytes:.1f} MiB with "
-            f"ShardedOptimizer ({1 - s.live_bytes / u.live_bytes:.0%} less) and {z.live_bytes:.1f} MiB with "
-            f"Zero1Optimizer; the peak over {last} steps falls from {u.peak_bytes:.1f} to {s.peak_bytes:.1f} "
-            f"MiB ({1 - s.peak_bytes / u.peak_bytes:.0%})."
+            f"ShardedOptimizer ({_change(s.live_bytes, u.live_bytes)}) and {z.live_bytes:.1f} MiB with "
+            f"Zero1Optimizer; the peak over {last} steps is {u.peak_bytes:.1f} MiB unsharded and "
+            f"{s.peak_bytes:.1f} MiB with ShardedOptimizer ({_change(s.peak_bytes, u.peak_bytes)})."
         )
         first = g[(g["label"] == "after step 1") & (g["rank"] == 0)].set_index("kind")
         extra = (first["phase_peak_bytes"] - first["live_bytes"]) / MiB
@@ -252,6 +252,12 @@ def memory_summary(mem: pd.DataFrame) -> str:
             + ", ".join(f"{k} {v:.2f} MiB" for k, v in extra.items())
         )
     return "\n".join(lines)
+
+
+def _change(a: float, b: float) -> str:
+    """a against b in words: '25% less', '3% more' or 'the same' (to the percent shown)."""
+    pct = round(100 * abs(1 - a / b))
+    return "the same" if pct == 0 else f"{pct}% {'less' if a < b else 'more'}"
 
 
 def calculator_table(per_rank) -> pd.DataFrame:

@@ -1,0 +1,350 @@
+"""Notebook 04's sections, one call each: plan within the budget, run, save with provenance, and return a Result
+(helpers.section) whose notes are made from the same numbers as its table. The workers, tables and plots they call
+live in ddp_equivalence, ddp_speed, ddp_overlap and ddp_buckets.
+
+    s = setting("cpu", "auto")                       # profile, 2 ranks' backend and device, config, budget, caption
+    checks = correctness_section(s)                  # §1: every wrapper against one process
+    speed = speed_section(s)                         # §2: one interleaved launch per model size (raw, speed)
+    overlap = overlap_section(s, speed)              # §3: share of communication inside backward, and the timeline
+    bucket = bucket_section(s, speed, alpha_beta_section(s).values["fit"])   # §4: the model against the sweep
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from helpers import env, formulas, results
+from helpers.budget import Budget
+from helpers.ddp import MB
+from helpers.experiments.ddp_buckets import (
+    BucketModel,
+    alpha_beta,
+    bucket_sweep,
+    describe_bucket_model,
+    plot_bucket_sweep,
+    sweep_display,
+    sweep_optimum_text,
+)
+from helpers.experiments.ddp_equivalence import assert_equivalent, check_equivalence, toy_variants, transformer_variants
+from helpers.experiments.ddp_overlap import overlap_table, plot_timelines, shown_variants
+from helpers.experiments.ddp_speed import (
+    SPEED_VARIANTS,
+    backward_lines,
+    ratio_rows,
+    speed_lines,
+    speed_pivot,
+    speed_table,
+    sweep_variants,
+)
+from helpers.model import count_parameters
+from helpers.section import Result
+
+SEED_BUCKETS_MB = [1, 5, 10, 25, 50, 100, 500]  # the seed's bucket-size sweep
+
+
+PROFILES = {  # notebook 04 per profile: speed-table models, the sweep's model, batch (global) and context, steps
+    "cpu": dict(
+        sizes=["small/cpu", "medium/cpu", "large/cpu"],
+        sweep_model="large/cpu",
+        batch=8,
+        context=32,
+        warmup=3,
+        steps=10,
+        extra_buckets_mb=[0.03125, 0.0625, 0.125, 0.25, 0.5],
+    ),
+    "gpu": dict(
+        sizes=["small", "medium"], sweep_model="medium", batch=8, context=128, warmup=3, steps=10, extra_buckets_mb=[]
+    ),
+}
+
+
+def plan_speed(
+    budget,
+    sizes,
+    sweep_model: str,
+    extra_buckets_mb,
+    seed_buckets_mb,
+    warmup: int,
+    steps: int,
+    batch_size: int,
+    context_length: int,
+    world: int = 2,
+) -> tuple[int, list]:
+    """Notebook 04's speed runs within the budget: the speed table and the seed's sweep at timing.MIN_PAIRS steps
+    (always), then the sweep's extra bucket sizes below the seed's grid (largest first), then more timed steps. A
+    variant's step on a rank (one thread each): its share of the batch forward+backward and an all-reduce of the
+    gradients. Returns (steps, extra bucket sizes kept); the plans (budget.plans[-2:]) name what was left out."""
+    from helpers.timing import MIN_PAIRS
+
+    cal = budget.calibration.per_thread() if budget.calibration else None
+    base_steps = min(steps, MIN_PAIRS)
+
+    def variant_step(model):
+        return cal.step_s(formulas.train_flops(model, batch_size // world, context_length)) + cal.allreduce_time(
+            count_parameters(model) * 4
+        )
+
+    variants = {
+        m: len(SPEED_VARIANTS) + (len(sweep_variants(seed_buckets_mb)) if m == sweep_model else 0) for m in sizes
+    }
+
+    def round_s(extra):  # one round of every variant, plus `extra` swept bucket sizes of the sweep model
+        return sum(n * variant_step(m) for m, n in variants.items()) + extra * variant_step(sweep_model)
+
+    base = f"the speed table at {base_steps} steps"
+    sweep = budget.fit(
+        [base] + sorted(extra_buckets_mb, reverse=True),
+        lambda item: (warmup + base_steps) * (round_s(0) if item == base else variant_step(sweep_model)),
+        what=f"{sweep_model}'s bucket sweep at (MB)",
+        keep_first=True,
+    )
+    extra = sorted(sweep.kept[1:])
+    sweep.dropped = [mb for mb in sweep.dropped if mb != base]
+    more = budget.fit(
+        [f"step {i}" for i in range(base_steps + 1, steps + 1)],
+        lambda item: round_s(len(extra)),
+        what="the speed table's timed",
+    )
+    return base_steps + len(more.kept), extra
+
+
+@dataclass
+class Setting:
+    """Where notebook 04 runs: the profile, the two ranks' backend and device, the profile's config (PROFILES), the
+    time budget and the caption every table carries."""
+
+    profile: str
+    backend: str
+    device: str
+    config: dict
+    budget: Budget
+    where: str
+    trace_dir: object = None  # §3's Chrome traces go under it, one folder per model
+
+
+def setting(profile: str, budget: str | float = "auto") -> Setting:
+    """Notebook 04's setting from its parameters cell (PROFILE, BUDGET): 2 ranks, gloo on CPU (on one GPU the ranks
+    share it through gloo); on cpu the budget calibrates this machine (about a second)."""
+    from helpers.launch import choose_backend
+
+    profile, machine = env.resolve_profile(profile), env.machine_facts()["device"]
+    backend, device = choose_backend(2)
+    where = f"{machine} · {profile} profile · {backend} on {device}, 2 ranks"
+    traces = results.DATA_DIR / "local" / results.device_slug(machine) / "04_traces"
+    budget = Budget.resolve(budget, "04", profile)
+    return Setting(profile, backend, device, PROFILES[profile], budget, where, traces)
+
+
+def correctness_section(s: Setting) -> Result:
+    """§1: every wrapper on the toy model (tied, frozen, unused parameters) and on small/cpu against one process on
+    the full batch; one row per (model, wrapper), saved as 04_ddp_checks. values: the worst gradient and SGD-weight
+    ratios to their bound, and the toy's bucket counts by variant."""
+    start = time.perf_counter()
+    checks = pd.concat(
+        [
+            check_equivalence("toy", toy_variants(), backend=s.backend, device=s.device),
+            check_equivalence("small/cpu", transformer_variants(), backend=s.backend, device=s.device),
+        ],
+        ignore_index=True,
+    )
+    saved = results.save_results(checks, "04_ddp_checks", profile=s.profile, backend=s.backend, device_used=s.device)
+    return correctness_result(checks, saved, seconds=time.perf_counter() - start, where=s.where)
+
+
+def correctness_result(checks: pd.DataFrame, saved=None, *, seconds: float, where: str) -> Result:
+    """§1's Result from its checks: the sentence states the worst ratios, and only says 'compute one process's
+    gradients' when every row is within its bound (assert_equivalent is the cell's claim)."""
+    worst_g, worst_w = float(checks["grad_ratio"].max()), float(checks["weight_ratio"].max())
+    try:
+        assert_equivalent(checks)
+        what = "compute one process's gradients on both ranks"
+    except AssertionError:
+        what = "were compared with one process; NOT all within bound (rows below)"
+    note = (
+        f"{len(checks)} (model, wrapper) runs {what} ({seconds:.0f} s); largest |difference| / bound: "
+        f"{worst_g:.2g} (gradients), {worst_w:.2g} (SGD weights) · {where}"
+    )
+    toy = checks[checks["model"] == "toy"].set_index("variant")["buckets"]
+    values = {"grad_ratio": worst_g, "weight_ratio": worst_w, "toy_buckets": toy.to_dict()}
+    return Result(checks, None, [note], saved, values)
+
+
+@dataclass(repr=False)  # shown as a Result: notes, table, where it was saved
+class SpeedResult(Result):
+    """§2's Result, with what later sections read: the per-rank runs by model (raw), one row per (model, variant)
+    (speed), the swept bucket sizes and the sweep model."""
+
+    raw: dict = field(default_factory=dict)
+    speed: pd.DataFrame | None = None
+    buckets_mb: list = field(default_factory=list)
+    sweep_model: str = ""
+
+
+def speed_section(s: Setting) -> SpeedResult:
+    """§2: the budget's plan (timed steps, then the sweep's extra bucket sizes), one interleaved launch per model
+    size, saved as 04_ddp_speed; the table is ms per step and in finish, per variant and model."""
+    c, planned = s.config, len(s.budget.plans)
+    steps, extra_mb = plan_speed(
+        s.budget,
+        c["sizes"],
+        c["sweep_model"],
+        c["extra_buckets_mb"],
+        SEED_BUCKETS_MB,
+        c["warmup"],
+        c["steps"],
+        c["batch"],
+        c["context"],
+    )
+    buckets_mb = sorted(extra_mb + SEED_BUCKETS_MB)
+    start = time.perf_counter()
+    raw, speed = speed_table(
+        c["sizes"],
+        sweep_model=c["sweep_model"],
+        buckets_mb=buckets_mb,
+        steps=steps,
+        warmup=c["warmup"],
+        batch_size=c["batch"],
+        context_length=c["context"],
+        backend=s.backend,
+        device=s.device,
+        trace_dir=s.trace_dir,
+    )
+    saved = results.save_results(
+        speed,
+        "04_ddp_speed",
+        profile=s.profile,
+        backend=s.backend,
+        device_used=s.device,
+        batch=c["batch"],
+        context=c["context"],
+    )
+    notes = [p.note for p in s.budget.plans[planned:] if p.note] + [
+        f"{len(speed)} rows in {time.perf_counter() - start:.0f} s, {steps} timed steps per variant",
+        f"median ms per step / in finish (global batch {c['batch']} × {c['context']} tokens) · {s.where}",
+    ]
+    table = speed_pivot(speed).round(2)
+    return SpeedResult(table, None, notes, saved, {"steps": steps}, raw, speed, buckets_mb, c["sweep_model"])
+
+
+def ratios_section(s: Setting, sp: SpeedResult) -> Result:
+    """§2's comparisons: every pair of variants' step time per model, paired step by step with its 95% interval
+    (saved as 04_ddp_ratios, which the answers page reads); the notes name a winner only outside the noise."""
+    rows = ratio_rows(sp.raw)
+    saved = results.save_results(rows, "04_ddp_ratios", profile=s.profile, backend=s.backend, device_used=s.device)
+    return ratios_result(sp, rows, saved)
+
+
+def ratios_result(sp: SpeedResult, rows: list[dict], saved=None) -> Result:
+    """The step-time ratios against naive and against torch DDP (25 MB), per model, and speed_lines' sentences."""
+    table = pd.DataFrame(rows)
+    if not table.empty:
+        keep = (table["field"] == "step") & table["b"].isin(["naive", "torch_ddp 25 MB"]) & (table["a"] != table["b"])
+        table = table[keep].set_index(["model", "b", "a"]).sort_index()
+    return Result(table, None, speed_lines(sp.speed, sp.raw, list(sp.raw)).splitlines(), saved, {"rows": rows})
+
+
+def backward_section(sp: SpeedResult) -> Result:
+    """Backward's median time (ms) per variant and model, and whether the overlapped variants' backward is
+    measurably slower than compute alone (paired per step)."""
+    table = sp.speed.pivot_table(index="variant", columns="model", values="backward_s", sort=False) * 1e3
+    return Result(table.round(2), None, backward_lines(sp.speed, sp.raw, list(sp.raw)).splitlines())
+
+
+def overlap_section(s: Setting, sp: SpeedResult) -> Result:
+    """§3: per shown variant, the share of communication time inside backward (profiler trace on gloo, launch -> done
+    always), saved as 04_ddp_overlap, and the last step's timeline. values["overlap"]: the unformatted table."""
+    model = sp.sweep_model
+    shown = shown_variants(sp.speed, model)  # naive, per-parameter, a few buckets, 25 MB, torch DDP
+    traced = s.backend == "gloo"  # gloo's worker threads record each all-reduce; NCCL's run on the GPU
+    overlap = overlap_table(sp.raw[model], shown, traced=traced)
+    table = overlap.reset_index()
+    saved = results.save_results(table, "04_ddp_overlap", profile=s.profile, model=model, backend=s.backend)
+    notes = [f"share of communication time inside backward, {model} · {s.where}"]
+    if traced:
+        folder = (s.trace_dir / model.replace("/", "_")).relative_to(results.DATA_DIR.parent)
+        notes.append(f"Chrome traces, one per variant and rank: {folder}/")
+    styled = overlap.style.format({c: "{:.0f}" if c == "buckets" else "{:.0%}" for c in overlap.columns}, na_rep="–")
+    fig = plot_timelines(sp.raw[model][0], shown, traced=traced, title=f"{model} · {s.where}")
+    return Result(styled, fig, notes, saved, {"overlap": overlap})
+
+
+def alpha_beta_section(s: Setting) -> Result:
+    """§4's α and β for 2 ranks on this backend and device: notebook 03's saved fit, else its grid measured here.
+    values: alpha_s, beta_Bps and the fit."""
+    start = time.perf_counter()
+    ab, source = alpha_beta(s.profile, s.backend, s.device)
+    note = (
+        f"all-reduce, 2 ranks, {s.backend} on {s.device}: α = {ab.alpha_s * 1e6:.0f} µs, β = {ab.beta_Bps / 1e9:.2f} "
+        f"GB/s (median relative error of the fit {ab.median_rel_err:.0%}); from {source} "
+        f"({time.perf_counter() - start:.0f} s)"
+    )
+    return Result(None, None, [note], None, {"alpha_s": ab.alpha_s, "beta_Bps": ab.beta_Bps, "fit": ab})
+
+
+@dataclass(repr=False)  # shown as a Result: notes, table, where it was saved
+class BucketResult(Result):
+    """§4's Result, with the measured sweep beside the model (sweep) and the fitted model (fit); plot() draws both."""
+
+    sweep: pd.DataFrame | None = None
+    fit: BucketModel | None = None
+    buckets_mb: list = field(default_factory=list)
+    title: str = ""
+
+    def plot(self):
+        """Modelled and measured step time over bucket size (the notebook's headline figure)."""
+        return plot_bucket_sweep(self.sweep, self.fit, self.buckets_mb, title=self.title)
+
+
+def bucket_section(s: Setting, sp: SpeedResult, ab) -> BucketResult:
+    """§4: the bucket-size model (this machine's backward time, α, β) beside the measured DDPBucketed sweep, saved as
+    04_ddp_bucket_sweep; the notes say where the measured optimum is, where the model's is, and how far apart."""
+    model = sp.sweep_model
+    sweep, fit = bucket_sweep(sp.speed, model, alpha_s=ab.alpha_s, beta_Bps=ab.beta_Bps)
+    saved = results.save_results(
+        sweep,
+        "04_ddp_bucket_sweep",
+        profile=s.profile,
+        model=model,
+        alpha_s=ab.alpha_s,
+        beta_Bps=ab.beta_Bps,
+        backward_s=fit.backward_s,
+        grad_bytes=fit.grad_bytes,
+        n_star=fit.n_star,
+    )
+    notes = describe_bucket_model(fit, sweep, model, SEED_BUCKETS_MB).splitlines() + sweep_lines(
+        sp.raw[model], sweep, fit
+    )
+    title = f"{model} · {s.where}"
+    return BucketResult(sweep_display(sweep, s.where), None, notes, saved, {}, sweep, fit, sp.buckets_mb, title)
+
+
+def sweep_lines(per_rank, sweep: pd.DataFrame, fit: BucketModel) -> list[str]:
+    """The measured optimum against the model's, measured minus predicted, the sweep's spread, backward's slowdown
+    under bucketed, and the spread of sizes that build the same single bucket (the noise floor of the sweep)."""
+    best = sweep.loc[sweep["step_s"].idxmin()]
+    rel = (sweep["step_s"] - sweep["predicted_s"]) / sweep["predicted_s"]
+    lines = [
+        f"{sweep_optimum_text(per_rank, sweep)} ({int(best['buckets'])} buckets); model optimum: "
+        f"{fit.grad_bytes / fit.n_star / MB:.3g} MB ({fit.n_star:.1f} buckets). Measured minus predicted step time: "
+        f"median {rel.median():+.0%}, from {rel.min():+.0%} to {rel.max():+.0%} over {len(rel)} sizes.",
+        f"spread of the measured sweep: {sweep['step_s'].min() * 1e3:.1f} to {sweep['step_s'].max() * 1e3:.1f} ms "
+        f"({sweep['step_s'].max() / sweep['step_s'].min() - 1:.0%}); backward under bucketed ran "
+        f"{sweep['backward_s'].median() / fit.backward_s:.2f}x as long as alone (median over sizes)",
+    ]
+    one = sweep[sweep["buckets"] == 1]["step_s"]
+    if len(one) > 1:
+        lines.append(
+            f"the {len(one)} sizes that all build one bucket (the same configuration) spread "
+            f"{one.max() / one.min() - 1:.0%}: differences in the sweep smaller than that are noise on this machine"
+        )
+    return lines
+
+
+def optimum_is_minimal(fit: BucketModel, rtol: float = 1e-9) -> bool:
+    """The model's n* minimizes o(n) over a dense grid from 1 to 10·n* (relative tolerance rtol)."""
+    grid = np.linspace(1, 10 * fit.n_star, 200001)
+    return bool(fit.overhead(fit.n_star) <= fit.overhead(grid).min() * (1 + rtol))
