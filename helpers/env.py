@@ -124,14 +124,18 @@ def import_triton():
 
 
 def fix_triton_interpreter() -> bool:
-    """Triton 3.6's interpreter (the course's pin) turns a scalar, a one-element array, into a loop bound or an index
-    with int(array), which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"): every
-    `range(...)` over a kernel argument fails. Newer Tritons squeeze the array first; give older ones the same
-    `__index__`. True when the patch was applied (here or earlier)."""
+    """Make Triton's interpreter run what a GPU runs. (1) A grid given as a list (`lambda meta: [n]`, which the
+    compiled launcher takes) fails there with "can only concatenate list (not "tuple") to list" (3.6 to 3.9): it is
+    made a tuple. (2) Triton 3.6's interpreter (the course's pin) turns a scalar, a one-element array, into a loop
+    bound or an index with int(array), which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python
+    scalars"): every `range(...)` over a kernel argument fails. Newer Tritons squeeze the array first; give older ones
+    the same `__index__`. True when (2) was applied (here or earlier)."""
     import inspect
 
     import numpy as np
     from triton.runtime import interpreter
+
+    _tuple_grids(interpreter)
 
     patch = getattr(interpreter, "_patch_lang_tensor", None)
     if patch is None or getattr(patch, "squeezes", False):
@@ -151,6 +155,24 @@ def fix_triton_interpreter() -> bool:
     squeezing.squeezes = True
     interpreter._patch_lang_tensor = squeezing
     return True
+
+
+def _tuple_grids(interpreter) -> None:
+    """GridExecutor takes any sequence as its grid, as the compiled launcher does (fix_triton_interpreter, (1))."""
+    cls = getattr(interpreter, "GridExecutor", None)
+    if cls is None or getattr(cls, "tuple_grids", False):
+        return
+    init = cls.__init__
+
+    def as_tuple(grid):
+        return tuple(grid) if isinstance(grid, list) else grid
+
+    def __init__(self, fn, arg_names, grid, *args, **kwargs):
+        tupled = (lambda meta: as_tuple(grid(meta))) if callable(grid) else as_tuple(grid)
+        init(self, fn, arg_names, tupled, *args, **kwargs)
+
+    cls.__init__ = __init__
+    cls.tuple_grids = True
 
 
 def triton_mode() -> str:

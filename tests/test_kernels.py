@@ -86,6 +86,16 @@ def test_a_loop_over_a_kernel_argument_runs_in_this_triton():
     assert out.tolist() == [5, 5, 5]
 
 
+def test_a_grid_given_as_a_list_runs_as_on_a_gpu():
+    """The compiled launcher takes `lambda meta: [n]` (a student's 2024 RMSNorm does); Triton's interpreter (3.6 to
+    3.9) failed it with "can only concatenate list (not "tuple") to list", a red line over working code.
+    helpers.env.fix_triton_interpreter makes the interpreter take it. Runs under both Tritons `make test` uses."""
+    out = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    _count_to[lambda meta: [2]](out, 4)
+    _count_to[[2]](out, 3)
+    assert out.tolist() == [3, 3]
+
+
 def test_each_make_test_run_imports_the_triton_it_names(monkeypatch):
     """make test's second run puts NEWEST_TRITON first on PYTHONPATH and names it in EXPECT_TRITON; the default
     environment has the course's pin. A run that silently imported the other one would test nothing new."""
