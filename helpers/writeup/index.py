@@ -5,6 +5,7 @@ status and what the time budget left out; the machine and profile; the extra pag
 from __future__ import annotations
 
 import html
+import re
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -33,15 +34,19 @@ LEFT_OUT_LINES = (
     "Triton is not timed here",
     "not timed on ",
 )  # how the notebooks' printed notes of a cut begin
+EMBEDDED_PNG = re.compile(r'<img src="data:image/png;base64,([^"]+)"')  # a helpers.section.Result's figure
 Front = Callable[[str, str], str]  # front(notebook file name, profile) -> one HTML sentence from its saved results
 
 
 def headline_figure(nb) -> str | None:
-    """The base64 PNG of the first image in the outputs of the cell tagged `headline`, or None."""
+    """The base64 PNG of the first image in the outputs of the cell tagged `headline` (an image output, or the
+    figure a helpers.section.Result embeds in its HTML), or None."""
     for cell in nb.cells:
         if cell.cell_type == "code" and HEADLINE_TAG in cell.get("metadata", {}).get("tags", []):
             for out in cell.get("outputs", []):
                 png = out.get("data", {}).get("image/png")
+                embedded = None if png else EMBEDDED_PNG.search("".join(out.get("data", {}).get("text/html", "")))
+                png = png or (embedded.group(1) if embedded else None)
                 if png:
                     return "".join(png.split())
     return None
