@@ -171,9 +171,9 @@ def memory_formula_section(runs: list) -> Result:
     v = dict(within=bool(check["within"].all()), exact=bool((exact["measured"] == exact["formula"]).all()))
     v["largest_deviation"] = float(dev.max()) if len(dev) else 0.0
     notes = [
-        f"{len(exact)} points (after init, after each step) on every rank: measured "
-        f"{'= formula, to the byte' if v['exact'] else '≠ formula'}; {len(loose)} points after backward and at the "
-        f"peak: largest deviation {v['largest_deviation']:.1%} (tolerance {X.PEAK_TOL:.0%}). Rank 0:"
+        f"After init and after each step ({len(exact)} points over all ranks): measured "
+        f"{'= formula, to the byte' if v['exact'] else '≠ formula'}. After backward and at the forward/backward peak "
+        f"({len(loose)} points): largest deviation {v['largest_deviation']:.1%} (tolerance {X.PEAK_TOL:.0%}). Rank 0:"
     ]
     return Result(table=check[check["rank"] == 0], notes=notes, values=v)
 
