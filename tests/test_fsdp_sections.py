@@ -72,6 +72,7 @@ def test_a_table_over_its_bound_is_refused_and_not_saved(setup, monkeypatch):
 def test_the_measure_sections_read_one_launch(measured):
     setup, m = measured
     assert len(m.runs) == 2 and m.saved.name == "07_memory.jsonl"
+    assert repr(m).startswith(m.notes[0]) and "MeasureRun" not in repr(m)  # displayed as a Result, runs left out
     assert set(m.values["peak"]) == {"ddp", "zero1", "fsdp"}
     f = S.memory_formula_section(m.runs)
     assert f.values["within"] and f.values["exact"] and set(f.table["rank"]) == {0}

@@ -80,7 +80,7 @@ class Setup:
         return results.save_results(frame, name, profile=self.profile, directory=self.directory, **extra)
 
 
-@dataclass
+@dataclass(repr=False)  # Result's own repr: notes, table, saved path (never the runs)
 class Measured(Result):
     """§2's Result, with the per-rank runs (helpers.experiments.fsdp.MeasureRun) of the launch §2-§4 read."""
 
