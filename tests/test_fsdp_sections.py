@@ -79,6 +79,8 @@ def test_the_measure_sections_read_one_launch(measured):
     z = S.zero_section(setup, m.runs)
     assert z.values["largest_deviation"] < 0.01 and z.saved.name == "07_zero_check.jsonl"
     assert z.values["peak_fall"] > 0 and f"{z.values['states_saved']:.3f} MiB" in z.notes[1]
+    share = z.values["peak_fall"] / z.values["states_saved"]
+    assert ("more than" in z.notes[1]) == (share > 1.02) and ("less than" in z.notes[1]) == (share < 0.98)
     b = S.bytes_section(setup, m.runs)
     assert b.values["equal"] and abs(b.values["ratio"] - 1.5) < 0.01 and f"{b.values['ratio']:.4f}" in b.notes[0]
     t = S.timeliness_section(setup, m.runs)
@@ -101,6 +103,13 @@ def test_ring_section_is_exact_and_fits(setup):
     r = S.ring_section(setup)
     assert r.values["exact"] and r.values["bytes_exact"] and r.values["alpha_s"] > 0
     assert {"alpha_s", "W_Bps"} <= set(provenance(r.saved)) and f"{r.values['alpha_s'] * 1e6:.0f} µs" in r.notes[0]
+
+
+def test_ring_section_says_when_the_fit_found_no_bandwidth_term(setup, monkeypatch):
+    real = X.ring_fit
+    monkeypatch.setattr(X, "ring_fit", lambda table: {**real(table), "W_Bps": 1e15})  # ring_fit's floor on 1/W
+    r = S.ring_section(setup)
+    assert "at or below zero" in r.notes[0] and "GB/s" not in r.notes[0]
 
 
 def test_closed_form_sections(setup):

@@ -191,9 +191,11 @@ def zero_section(setup: Setup, runs: list) -> Result:
     notes = [f"Measured model states against ZeRO's formula: within {dev:.2%} for every kind and rank."]
     if "ddp" in states and "fsdp" in states:
         v["states_saved"], v["peak_fall"] = states["ddp"] - states["fsdp"], peak["ddp"] - peak["fsdp"]
+        share = v["peak_fall"] / v["states_saved"]
+        than = "about as much as" if abs(share - 1) <= 0.02 else "more than" if share > 1 else "less than"
         notes.append(
             f"FSDP keeps {v['states_saved']:.3f} MiB less model state per rank than DDP; its forward/backward peak "
-            f"is {v['peak_fall']:.3f} MiB lower ({v['peak_fall'] / v['states_saved']:.0%} of the states saved)."
+            f"is {v['peak_fall']:.3f} MiB lower: {than} the states saved ({share:.0%} of them)."
         )
     return Result(table=zero, notes=notes, saved=saved, values=v)
 
@@ -322,10 +324,15 @@ def ring_section(setup: Setup) -> Result:
     )
     _require(v["exact"] and v["bytes_exact"], "a ring's result or bytes differ", ring)
     saved = setup.save(ring, "07_ring", alpha_s=fit["alpha_s"], W_Bps=fit["W_Bps"])
+    fitted = (
+        f"α = {v['alpha_s'] * 1e6:.0f} µs, W = {v['W_Bps'] / 1e9:.2f} GB/s"
+        if v["W_Bps"] < 1e14  # ring_fit's floor on 1/W: the bandwidth term came out at or below zero
+        else f"α = {v['alpha_s'] * 1e6:.0f} µs per step alone (the bandwidth term came out at or below zero: "
+        "per-call latency and the machine's load dominate these sizes)"
+    )
     notes = [
         f"Every result bitwise dist.all_reduce's; bytes sent per rank exactly the formulas'. Fitted to the ring's "
-        f"times: α = {v['alpha_s'] * 1e6:.0f} µs, W = {v['W_Bps'] / 1e9:.2f} GB/s · {setup.machine} · "
-        f"{backend} on {device}, {c['ring_worlds']} ranks"
+        f"times: {fitted} · {setup.machine} · {backend} on {device}, {c['ring_worlds']} ranks"
     ]
     table = ring.pivot_table(index=["N", "S_bytes"], columns="method", values=["median_us", "model_us"]).round(0)
     return Result(table=table, notes=notes, saved=saved, values=v)
