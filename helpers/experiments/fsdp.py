@@ -20,6 +20,8 @@ The code, one idea per module (all importable from here, as the notebook, the te
     fsdp_trace        §3  did each prefetched all-gather arrive before its module needed it
     fsdp_ring         §6  the ring all-reduces by hand
     fsdp_plans        §7-8 closed-form tables: strategies, a gated FFN, the 2026 leaderboard plans
+    fsdp_sections     the notebook's cells: one function per section returning a helpers.section.Result (it imports
+                      this module, so it is not re-exported here)
 and here: PROFILES, §5 activation checkpointing (it builds its model through this module's `build`, which
 tests/test_dry_run.py replaces to plant a shape error) and `python -m helpers bench fsdp`.
 """

@@ -1,12 +1,15 @@
 """Notebook 07 §7-8: what the closed forms say, as tables and a plot (no measurement): memory and bytes per strategy
-(DDP, ZeRO-1/2, FSDP) for the calculator, a gated FFN under DP/FSDP/TP, and the 2026 leaderboard plans with the
-published marks."""
+(DDP, ZeRO-1/2, FSDP) for the calculator, a gated FFN under DP/FSDP/TP, the memory calculator's inputs, and the 2026
+leaderboard plans with the published marks (`leaderboard_section`, the notebook's headline)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from helpers import formulas as F
+from helpers.calculator import Calculator
+from helpers.published import MARKS
+from helpers.section import Result
 
 
 def strategies_table(
@@ -41,6 +44,57 @@ def ffn_table(*, tokens, d, f, n, C, W, n_tp) -> pd.DataFrame:
         for s in ("dp", "fsdp", "tp", "fsdp_tp")
     ]
     return pd.DataFrame(rows).set_index("strategy")
+
+
+def strategies_calculator() -> Calculator:
+    """§7's calculator over `strategies_table`: model, world size, GPU memory and batch size."""
+    return Calculator(
+        strategies_table,
+        {
+            "model": ["small", "medium", "large", "xl", "2.7B"],
+            "world_size": [2**i for i in range(11)],
+            "gpu_bytes": {f"{gb} GB": gb * 1e9 for gb in (16, 24, 40, 80, 141)},
+            "batch_size": [1, 4, 16],
+        },
+        default={"model": "xl", "world_size": 8, "gpu_bytes": 80e9, "batch_size": 4},
+        names={"gpu_bytes": "GPU memory"},
+        title="Which strategy fits: memory per rank and bytes sent per step, mixed precision + Adam",
+        note="GB = 10⁹ bytes. Activations: one batch (batch size × the model's full context in tokens), saved in bf16, "
+        "not sharded; sent per step: the bytes each rank sends in a ring.",
+    )
+
+
+def memory_calculator() -> Calculator:
+    """§7's calculator over formulas.memory_calculator: preset, ZeRO over dp replicas, pp stages, micro-batches and
+    recomputation."""
+    return Calculator(
+        F.memory_calculator,
+        {
+            "preset": list(F.CALCULATOR_PRESETS),
+            "dp": [1, 2, 8, 64],
+            "pp": [1, 2, 4, 8],
+            "micro_batch": [1, 2, 4],
+            "n_micro": [4, 16],
+            "recompute": list(F.RECOMPUTATION),
+        },
+        default={
+            "preset": "Llama-3-8B-like (MHA)",
+            "dp": 8,
+            "pp": 4,
+            "micro_batch": 1,
+            "n_micro": 4,
+            "recompute": "selective",
+        },
+        names={
+            "dp": "data-parallel replicas",
+            "pp": "pipeline stages",
+            "micro_batch": "micro-batch (sequences)",
+            "n_micro": "micro-batches per step",
+            "recompute": "recomputation",
+        },
+        title="Memory per GPU: ZeRO stage × recomputation × micro-batch × pipeline stages (mixed precision + Adam)",
+        note="GB = 10⁹ bytes; each preset at its full context; activations in 16 bits, GPT-style blocks.",
+    )
 
 
 # ---- 8 · the 2026 leaderboard as a plan (formulas.leaderboard_plan), with the published marks ----
@@ -96,3 +150,31 @@ def plot_plan(plan: list[dict], marks=(), gpu: str = "B200 ~180 GB", title: str 
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def leaderboard_section() -> Result:
+    """§8: every plan of formulas.leaderboard_plan as a table and a plot beside the published marks; per GPU, the
+    fastest plan that fits with fp32 master weights (ties to less memory, 10% of the card kept free)."""
+    plan = F.leaderboard_plan()
+    marks = [MARKS["leaderboard_2026_best"], MARKS["leaderboard_2026_baseline"]]
+    notes, best = [], {}
+    for gpu, spec in F.LEADERBOARD_GPUS.items():
+        b = best[gpu] = F.fastest_plan(plan, gpu, precision="fp32 master")
+        if b is not None and b["step_s"][gpu] < b["flops"] / 2 / spec["flops"]:  # two GPUs at their peak
+            raise AssertionError(f"{gpu}: a plan faster than two GPUs at peak FLOP/s: {b}")
+        notes.append(
+            f"{gpu}: fastest that fits with fp32 masters: {b['strategy']}, checkpointing {b['checkpointing']}, "
+            f"{b['head']} LM head, {b['memory_GB']:.0f} GB per GPU, {b['step_s'][gpu]:.2f} s predicted"
+            if b
+            else f"{gpu}: no plan fits"
+        )
+    notes.append(
+        f"Ψ = {plan[0]['params'] / 1e9:.2f} B; MFU {F.LEADERBOARD_MFU:.0%} (stated); marks: "
+        + "; ".join(m.label for m in marks)
+    )
+    return Result(
+        table=plan_table(plan, marks).round(2),
+        figure=plot_plan(plan, marks),
+        notes=notes,
+        values={"best": best, "plans": len(plan), "params": plan[0]["params"]},
+    )
