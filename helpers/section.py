@@ -96,7 +96,7 @@ class Source:
         """(where, code) per object: 'helpers/ddp.py · DDPBucketed', and the source text."""
         out = []
         for obj in self.objects:
-            target = getattr(obj, "fn", obj)  # a Triton JITFunction keeps the Python function in .fn
+            target = inspect.unwrap(getattr(obj, "fn", obj))  # Triton's JITFunction keeps it in .fn; decorators
             name = getattr(target, "__qualname__", getattr(target, "__name__", repr(target)))
             out.append((f"{_relative(inspect.getsourcefile(target))} · {name}", inspect.getsource(target)))
         return out

@@ -61,3 +61,11 @@ def test_a_subclass_keeps_the_plain_text_view():
 
     r = WithTraces(notes=["left out of the budget: large"], traces={"forward": object()})
     assert pretty(r) == "left out of the budget: large"
+
+
+def test_source_of_a_decorated_function_is_its_own_code():
+    """A @contextmanager function (helpers.comm.no_python_refs) is shown from its own file, not contextlib's."""
+    from helpers import comm
+
+    [(where, code)] = section.source(comm.no_python_refs).blocks()
+    assert where.startswith("helpers/comm.py") and "def no_python_refs" in code
