@@ -106,6 +106,13 @@ def notebook_01_rows() -> dict:
             [{"MiB": 1.5, "op": "aten::mm", "module": "lm_head (Linear)"}],
             dict(size="medium/cpu", peak_MiB=28.0),
         ),
+        "08_tp_speed": (
+            [
+                {"d_ff": f, "comm_share": c, "model_comm_share": m, "d_ff_star": 244.0, "holds": abs(c - m) <= 0.1}
+                for f, c, m in ((128, 0.94, 0.43), (1024, 0.22, 0.2))
+            ],
+            dict(world=2, alpha_s=1.33e-4, beta_Bps=2.9e8),
+        ),
         "01_block_memory": (
             [
                 {

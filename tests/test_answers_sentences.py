@@ -268,3 +268,10 @@ def test_block_memory_answer_is_at_the_handouts_contexts_and_quotes_the_measurem
         saved = sum(F.block_saved_parts("xl-2026", 4, T).values())
         assert f"at context {T} one block saves {fmt_mib(saved / 2**20)}" in text
     assert "context 512: 162 MiB saved (closed form 162 MiB)" in text and "xl-2026/cpu at batch 4" in text
+
+
+def test_tp_calcs_quotes_notebook_08s_measured_shares_beside_the_closed_form(synthetic, tmp_path):
+    got = D.all_answers(synthetic)["tp_calcs(b)"][0]
+    assert "d_ff 128: 94% measured / 43% modelled" in got and "the model holds at d_ff 1024." in got
+    empty = A.answer(A.BY_NUMBER["tp_calcs(b)"], A.Saved(tmp_path, "cpu"))  # notebook 08 not run: closed form only
+    assert empty.status == "closed form" and "Measured here" not in empty.text and empty.measured

@@ -249,6 +249,7 @@ class Question:
     references: tuple[Reference, ...] = ()
     editions: tuple[int, ...] = (2024,)
     name: str = ""  # the edition's problem name (2025, 2026); 2024's come from PROBLEMS
+    also_reads: tuple[str, ...] = ()  # results the answer adds when saved here, never needs (a closed form's check)
 
     @property
     def group(self) -> str:

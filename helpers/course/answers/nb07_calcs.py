@@ -5,9 +5,10 @@ and the leaderboard plan; answered from `formulas`, the same on every machine.""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from helpers import formulas
-from helpers.course.answers.core import Answer, Question, Reference, answers, fmt_s, register
+from helpers.course.answers.core import Answer, NotMeasured, Question, Reference, answers, fmt_s, register
 from helpers.published import MARKS
 
 Q = Question
@@ -52,6 +53,7 @@ QUESTIONS = [
         notebook="07",
         section="§7 Calculators",
         reads=(),
+        also_reads=("08_tp_speed",),  # notebook 08's measured TP steps join the closed form when saved here
         editions=(2026,),
         name="tp_calcs",
         gpu="Closed forms in C and W; the worked example uses H100-like figures.",
@@ -194,11 +196,33 @@ def tp_bounds(q, saved):
     parts = [formulas.tp_calc(p, **formulas.CALC_EXAMPLE) for p in ("forward", "backward")]
     fwd, bwd = (c.example["max_devices"] for c in parts)
     tighter = "forward" if fwd < bwd else "backward"
-    return _calc_answer(
+    got = _calc_answer(
         parts,
         f"Forward: {_m(parts[0].inequality)}; backward: {_m(parts[1].inequality)}. The "
         f"{tighter} bound is the tighter ({fwd:.1f} against {bwd:.1f} devices in the example): "
-        "forward does half the FLOPs for the same all-reduce.",
+        "forward does half the FLOPs for the same all-reduce." + _tp_measured(saved),
+    )
+    return replace(got, status="closed form")  # the handout asks the closed form; notebook 08's runs check it
+
+
+def _tp_measured(saved) -> str:
+    """Notebook 08's tensor-parallel FFN steps against the same α-β model, when it has run here ("" otherwise)."""
+    try:
+        run = saved.run("08_tp_speed")
+    except NotMeasured:
+        return ""
+    t, p = run.frame(), run.provenance
+    held = t.loc[t["holds"].astype(bool), "d_ff"].astype(int).tolist()
+    shares = ", ".join(
+        f"d_ff {int(r['d_ff'])}: {r['comm_share']:.0%} measured / {r['model_comm_share']:.0%} modelled"
+        for r in t.to_dict("records")
+    )
+    return (
+        f" Measured here (notebook 08: a column- then row-parallel FFN on {p.get('world')} ranks, α = "
+        f"{float(p['alpha_s']) * 1e6:.0f} µs and β = {float(p['beta_Bps']) / 1e9:.2f} GB/s fitted to its all-reduces): "
+        f"the model puts the communication-bound width at d_ff ≈ {float(t['d_ff_star'].median()):.0f}; the share of "
+        f"each step spent communicating, {shares}; "
+        + (f"the model holds at d_ff {', '.join(map(str, held))}." if held else "the model held at no width here.")
     )
 
 
