@@ -138,6 +138,11 @@ def sizes_for(profile: str, edition: str = "2024") -> list[str]:
     return names
 
 
+def edition_arch(edition: str) -> str:
+    """The architecture (a key of ARCHS) of an edition's model: "gpt" for 2024, "basics" for 2025 and 2026."""
+    return next(iter(EDITION_SIZES[str(edition)].values())).arch
+
+
 def get_config(name_or_cfg: str | ModelConfig, **overrides) -> ModelConfig:
     """A ModelConfig from a MODEL_SIZES name or a config, with fields replaced by `overrides`."""
     if isinstance(name_or_cfg, ModelConfig):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -25,6 +26,7 @@ from helpers import formulas
 from helpers.experiments.benchmarking_attention import AttentionParts, attention_flops, attention_parts
 from helpers.experiments.benchmarking_common import (
     NOT_TIMED,
+    PASSES,
     SEED,
     SEED_H100,
     MiB,
@@ -73,8 +75,12 @@ __all__ = [  # what notebook 01, the tests and helpers.course import from here
     "ACCUMULATION_CASES",
     "ACTIVATIONS_ROW",
     "AttentionParts",
+    "CPU_CONTEXT",
+    "EDITIONS",
+    "EditionPlan",
     "FLOPS_FORMAT",
     "NOT_TIMED",
+    "PASSES",
     "PEAK_FIXED_S",
     "PROFILES",
     "SEED",
@@ -132,6 +138,53 @@ PROFILES = {  # notebook 01 per profile: batch x context, warm-up and timed step
     "cpu": dict(batch=16, context=32, warmup=2, steps=6, cold_steps=3, profile_size="medium/cpu"),
     "gpu": dict(batch=16, context=128, warmup=5, steps=10, cold_steps=10, profile_size="xl"),  # the seed profiled xl
 }
+CPU_CONTEXT = 4  # the cpu profile runs an edition's contexts ÷ 4, as its presets are a quarter of the width
+
+
+@dataclass(frozen=True)
+class EditionPlan:
+    """What notebook 01 measures for one edition's handout: its batch and context (the gpu profile's; the cpu one runs
+    context ÷ CPU_CONTEXT), the passes its benchmarking_script times, the model memory_profiling profiles and at which
+    contexts (None: every size at the batch's context, as 2024 asks), and the size profiled in sections 2, 3 and 5."""
+
+    edition: str
+    batch: int
+    context: int
+    kinds: tuple[str, ...] = PASSES
+    memory_size: str | None = None
+    memory_contexts: tuple[int, ...] = ()
+    profile_size: str = "xl"  # the gpu profile's; the cpu profile profiles its edition's medium/cpu
+
+    def suffix(self) -> str:
+        """The edition's size-name suffix (model.EDITION_SIZES): "" for 2024, "-2026" after."""
+        return "" if self.edition == "2024" else f"-{self.edition}"
+
+    def for_profile(self, profile: str) -> dict:
+        """Batch, context, profiled size, memory size and contexts as `profile` runs them."""
+        cpu = profile == "cpu"
+        scale = (lambda t: t // CPU_CONTEXT) if cpu else (lambda t: t)
+        memory = self.memory_size and (f"{self.memory_size}/cpu" if cpu else self.memory_size)
+        return dict(
+            batch=PROFILES[profile]["batch"] if self.edition == "2024" else self.batch,
+            context=PROFILES[profile]["context"] if self.edition == "2024" else scale(self.context),
+            profile_size=f"medium{self.suffix()}/cpu" if cpu else self.profile_size,
+            memory_size=memory,
+            memory_contexts=tuple(scale(t) for t in self.memory_contexts),
+        )
+
+
+EDITIONS = {  # each handout's benchmarking_script and memory_profiling settings
+    "2024": EditionPlan("2024", batch=16, context=128),  # the seed's H100 runs: 16 × 128
+    # 2025: batch 4 (§1.1.2); benchmarking_script names no context: 128, the first of nsys_profile's 128-1024; memory
+    # profiling: the 2.7B at 128, 256 and 512
+    "2025": EditionPlan(
+        "2025", 4, 128, memory_size="2.7B-2025", memory_contexts=(128, 256, 512), profile_size="xl-2025"
+    ),
+    # 2026: batch 4 at context 512 (§2.1.2); the script times the optimizer step too; memory: the xl at 128 and 2048
+    "2026": EditionPlan(
+        "2026", 4, 512, PASSES + ("step",), memory_size="xl-2026", memory_contexts=(128, 2048), profile_size="xl-2026"
+    ),
+}
 
 
 # --- 1 · timing one model per size ----------------------------------------------------------------
@@ -144,7 +197,7 @@ def time_size(
     warmup: int,
     steps: int,
     device=None,
-    kinds=("forward", "backward", "both"),
+    kinds=PASSES,
     autocast_dtype=None,
 ) -> list[dict]:
     """One row per pass of `size`: timing stats and the first sample, or status "OOM".
@@ -184,6 +237,8 @@ def time_size(
             row.update(
                 {**t.as_row(), "p25_s": float(np.percentile(t.samples, 25)), "first_s": t.samples[0], "status": "ok"}
             )
+            if not warmup:  # what 1 and 2 warm-up steps would have timed: the mean of the steps after them
+                row.update({f"after_{w}_s": float(np.mean(t.samples[w:])) for w in (1, 2) if len(t.samples) > w})
             both = timings.get("both")
             if warmup and kind != "both" and both not in (None, "OOM"):
                 row.update({f"{k}_vs_both": v for k, v in ratio_columns(paired_ratio(t.samples, both.samples)).items()})
@@ -205,22 +260,33 @@ def time_sizes(sizes, batch_size: int, context_length: int, runs: list[dict], de
 
 
 def plan_timing(
-    budget, sizes, batch_size: int, context_length: int, warmup: int, steps: int, cold_steps: int, run=None
+    budget,
+    sizes,
+    batch_size: int,
+    context_length: int,
+    warmup: int,
+    steps: int,
+    cold_steps: int,
+    run=None,
+    kinds=PASSES,
 ):
     """Section 1's sizes within the budget (the smallest always): per size a cold run of each pass (forward 1/3 of a
-    step, backward 2/3 plus the forward of its graph, both 1) and a warm interleaved run of the three."""
+    step, backward 2/3 plus the forward of its graph, both 1, step about 1.2: AdamW's elementwise update) and a warm
+    interleaved run of them."""
+    per_round = 2 + 1.2 * ("step" in kinds)  # forward + backward + both (+ step), in forward+backward steps
 
     def cost(size):
         t = step_estimate(size, batch_size, context_length, budget.calibration)
-        return cold_steps * 2 * t + t / 3 + (warmup + steps) * 2 * t + t / 3
+        return (cold_steps + warmup + steps) * per_round * t + 2 * t / 3
 
     return budget.fit(sizes, cost, what="section 1 timing at", keep_first=True, run=run)
 
 
 def plot_timing(times: pd.DataFrame, warmup: int, title: str = ""):
     """Mean ± std per size, one panel per pass, cold (no warm-up) and warm; returns the figure."""
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
-    for ax, kind in zip(axes, ("forward", "backward", "both"), strict=True):
+    kinds = [k for k in (*PASSES, "step") if k in set(times["pass"])]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.4 * len(kinds), 3.5))
+    for ax, kind in zip(axes, kinds, strict=True):
         for w, marker in ((0, "o"), (warmup, "s")):
             sel = times[(times["pass"] == kind) & (times["warm-up"] == w) & (times["status"] == "ok")]
             ax.errorbar(

@@ -63,10 +63,18 @@ def attention_flops(batch: int, heads: int, context: int, head_dim: int) -> dict
 
 
 def attention_parts(
-    cfg, batch: int, context: int, device="cpu", steps: int = 20, warmup: int = 3, profile: str | None = None
+    cfg,
+    batch: int,
+    context: int,
+    device="cpu",
+    steps: int = 20,
+    warmup: int = 3,
+    profile: str | None = None,
+    **extra,
 ) -> AttentionParts:
     """QKᵀ, the masked scores' softmax and PV as the model runs them (helpers.model.CausalSelfAttention), each timed
-    alone, interleaved (timing.compare: CUDA events on a GPU); saved as 01_attention_parts when `profile` is given."""
+    alone, interleaved (timing.compare: CUDA events on a GPU); saved as 01_attention_parts when `profile` is given,
+    with `extra` as provenance."""
     heads, d = cfg.n_heads, cfg.d_model // cfg.n_heads
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(batch, heads, context, d, generator=gen).to(device) for _ in range(3))  # (B, H, T, d)
@@ -92,6 +100,6 @@ def attention_parts(
     )
     if profile is not None:
         parts.saved = save_results(
-            parts.rows(), "01_attention_parts", profile=profile, size=cfg.name, batch=batch, context=context
+            parts.rows(), "01_attention_parts", profile=profile, size=cfg.name, batch=batch, context=context, **extra
         )
     return parts

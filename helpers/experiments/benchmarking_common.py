@@ -8,6 +8,7 @@ the precision column, a step's estimated seconds for the budget, and the cold/wa
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pandas as pd
 import torch
@@ -54,9 +55,14 @@ def precision_name(autocast_dtype) -> str:
     return "fp32" if autocast_dtype is None else f"autocast {str(autocast_dtype)[6:]}"
 
 
+PASSES = ("forward", "backward", "both")  # what pass_fn times; "step" (both, then AdamW's step) where asked (2026)
+
+
 def pass_fn(lm, x, y, kind: str, autocast_dtype=None):
-    """A callable for one pass of `lm`: "forward" (building the graph), "backward" (re-run on one retained graph)
-    or "both"; the forward runs under autocast when `autocast_dtype` is given."""
+    """A callable for one pass of `lm`: "forward" (building the graph), "backward" (re-run on one retained graph),
+    "both", or "step" (gradients set to None, forward, backward and AdamW's step: a full training step, on a copy of
+    `lm` with an AdamW made here, so its updates never touch the graph "backward" keeps); the forward runs under
+    autocast when `autocast_dtype` is given."""
 
     def loss():
         ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
@@ -70,7 +76,18 @@ def pass_fn(lm, x, y, kind: str, autocast_dtype=None):
         return lambda: graph.backward(retain_graph=True)
     if kind == "both":
         return lambda: loss().backward()
-    raise ValueError(f"kind={kind!r}: use 'forward', 'backward' or 'both'")
+    if kind == "step":
+        return pass_fn(copy.deepcopy(lm), x, y, "full step", autocast_dtype)
+    if kind == "full step":  # on lm itself: pass_fn's "step" gives it a copy
+        opt = torch.optim.AdamW(lm.parameters())
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss().backward()
+            opt.step()
+
+        return step
+    raise ValueError(f"kind={kind!r}: use 'forward', 'backward', 'both' or 'step'")
 
 
 def step_estimate(size, batch_size: int, context_length: int, cal, bf16: bool = False, fp32_s=None) -> float:

@@ -25,16 +25,20 @@ TRACK_OVERHEAD = 1.5  # memory.track's dispatch mode runs Python per op; PEAK_FI
 PEAK_FIXED_S = 1.0  # estimates from one run (step_peaks on one thread: small/cpu 1.5 s, large/cpu 3.0x a step)
 
 
-def plan_peaks(budget, sizes, batch_size: int, context_length: int, fp32_s: dict, bf16: bool, run=None):
+def plan_peaks(budget, sizes, batch_size: int, context_length: int, fp32_s: dict, bf16: bool, run=None, contexts=None):
     """Section 5's peak sizes (fp32, or bf16 autocast) within the budget, the smallest always: per size a model built
-    and three tracked steps (AdamW's state, forward, full step)."""
+    and three tracked steps (AdamW's state, forward, full step). contexts: one size (sizes[0]) at each of these
+    contexts instead, the first always (an edition that profiles one model over its contexts)."""
+    items = list(sizes) if contexts is None else [(sizes[0], t) for t in contexts]
 
-    def cost(size):
-        t = step_estimate(size, batch_size, context_length, budget.calibration, bf16=bf16, fp32_s=fp32_s.get(size))
+    def cost(item):
+        size, t_ = item if contexts is not None else (item, context_length)
+        measured = fp32_s.get(size) if t_ == context_length else None
+        t = step_estimate(size, batch_size, t_, budget.calibration, bf16=bf16, fp32_s=measured)
         return PEAK_FIXED_S + 3 * TRACK_OVERHEAD * t
 
     return budget.fit(
-        sizes, cost, what="autocast memory peaks at" if bf16 else "memory peaks at", keep_first=True, run=run
+        items, cost, what="autocast memory peaks at" if bf16 else "memory peaks at", keep_first=True, run=run
     )
 
 
@@ -123,9 +127,18 @@ def peak_rows(sizes, batch_size: int, context_length: int, dtypes, device=None, 
     return pd.DataFrame(rows)
 
 
-def planned_peaks(budget, sizes, batch_size: int, context_length: int, fp32_s: dict, dtypes, device=None):
-    """Section 5: the fp32 and the autocast peaks of the sizes each plan fits in the budget: (rows, the table of
-    peak MiB by size x (pass, precision), the plans' notes on what they left out)."""
+def planned_peaks(
+    budget, sizes, batch_size: int, context_length: int, fp32_s: dict, dtypes, device=None, contexts=None
+):
+    """Section 5: the fp32 and the autocast peaks of the sizes each plan fits in the budget (or of sizes[0] at each of
+    `contexts`): (rows, the table of peak MiB by size or context x (pass, precision), the plans' notes on what they
+    left out)."""
+
+    def run(item, bf16):
+        size, t = item if contexts is not None else (item, context_length)
+        rows = peak_rows([size], batch_size, t, dtypes if bf16 else [], device, fp32=not bf16)
+        return rows.assign(context=t)
+
     plans = [
         plan_peaks(
             budget,
@@ -134,14 +147,14 @@ def planned_peaks(budget, sizes, batch_size: int, context_length: int, fp32_s: d
             context_length,
             fp32_s,
             bf16=bf16,
-            run=lambda size, bf16=bf16: peak_rows(
-                [size], batch_size, context_length, dtypes if bf16 else [], device, fp32=not bf16
-            ),
+            contexts=contexts,
+            run=lambda item, bf16=bf16: run(item, bf16),
         )
         for bf16 in (False, True)
     ]
     peaks = pd.concat([r for plan in plans for r in plan.results], ignore_index=True)
-    table = peaks.pivot_table(index="size", columns=["pass", "precision"], values="peak_MiB", sort=False).reindex(sizes)
+    by, order = ("size", sizes) if contexts is None else ("context", contexts)
+    table = peaks.pivot_table(index=by, columns=["pass", "precision"], values="peak_MiB", sort=False).reindex(order)
     return peaks, table, [plan.note for plan in plans if plan.note]
 
 

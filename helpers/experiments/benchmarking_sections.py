@@ -92,39 +92,65 @@ class Setup:
     profile_size: str  # the size sections 2, 3 and 5 profile (the seed profiled xl)
     prof_steps: int  # profiled steps per run
     autocast: list = field(default_factory=list)
+    edition: str = "2024"  # whose model, sizes, batch and context (benchmarking.EDITIONS; resolve's default: 2026)
+    kinds: tuple = XB.PASSES  # section 1's passes ("step" where the edition times the optimizer step too)
+    memory_size: str | None = None  # section 5's model when the edition profiles one size over contexts
+    memory_contexts: tuple = ()
 
     @classmethod
-    def resolve(cls, profile: str = "auto", budget: str | float = "auto") -> Setup:
+    def resolve(cls, profile: str = "auto", budget: str | float = "auto", edition: str = "2026") -> Setup:
         """The notebook's parameters made concrete: the profile ("auto": gpu when CUDA is present), this device, the
-        budget (on cpu it calibrates this machine, about a second), and the seed 0 everywhere."""
+        budget (on cpu it calibrates this machine, about a second), the edition's model, sizes, batch and context
+        (benchmarking.EDITIONS), and the seed 0 everywhere."""
+        edition = str(edition)
+        if edition not in XB.EDITIONS:
+            raise ValueError(f"EDITION = {edition!r}: the course's editions here are {', '.join(XB.EDITIONS)}")
         profile = env.resolve_profile(profile)
         device = launch.device()
         env.seed_everything(0)
-        c = XB.PROFILES[profile]
+        c, plan = XB.PROFILES[profile], XB.EDITIONS[edition]
+        e = plan.for_profile(profile)
         return cls(
             profile=profile,
             device=device,
             device_name=env.machine_facts()["device"],
             budget=Budget.resolve(budget, "01", profile),
-            sizes=sizes_for(profile),  # the '/cpu' presets on cpu, the five reference sizes on gpu
-            batch=c["batch"],
-            context=c["context"],
+            sizes=sizes_for(profile, edition),  # the '/cpu' presets on cpu, the edition's Table 1 on gpu
+            batch=e["batch"],
+            context=e["context"],
             warmup=c["warmup"],
             steps=c["steps"],
             cold_steps=c["cold_steps"],
-            profile_size=c["profile_size"],
+            profile_size=e["profile_size"],
             prof_steps=PROF_STEPS[profile],
             autocast=[torch.bfloat16, torch.float16] if device.type == "cuda" else [torch.bfloat16],
+            edition=edition,
+            kinds=plan.kinds,
+            memory_size=e["memory_size"],
+            memory_contexts=e["memory_contexts"],
         )
 
     @property
+    def arch(self) -> str:
+        """The edition's architecture (model.ARCHS): "gpt" (2024) or "basics" (2025, 2026)."""
+        return get_config(self.sizes[0]).arch
+
+    @property
     def where(self) -> str:
-        """One line naming the machine, the profile and the batch: the caption of every table here."""
-        return f"{self.device_name} · {self.profile} profile · batch {self.batch} × context {self.context}"
+        """One line naming the machine, the profile, the edition's model and the batch: every table's caption."""
+        return (
+            f"{self.device_name} · {self.profile} profile · {self.edition} model ({self.arch}) · batch {self.batch} × "
+            f"context {self.context}"
+        )
 
     def provenance(self, **extra) -> dict:
-        """save_results' keyword arguments for a run at this batch and context."""
-        return dict(profile=self.profile, batch=self.batch, context=self.context, **extra)
+        """save_results' keyword arguments for a run at this batch and context of this edition's model."""
+        return dict(profile=self.profile, batch=self.batch, context=self.context, **self.model_provenance(), **extra)
+
+    def model_provenance(self) -> dict:
+        """The edition and architecture every result measured on notebook 01's model carries (the answers page says
+        which edition's model an answer ran)."""
+        return dict(edition=self.edition, arch=self.arch)
 
 
 @dataclass
@@ -158,7 +184,7 @@ def time_section(S: Setup) -> TimingResult:
     interleaved on one model), the sizes the budget fits (the smallest always); saved as 01_timing. Asserts forward
     <= forward+backward on paired samples; values["forward_vs_both_low"]: the largest lower bound of forward's time
     over forward+backward's (paired per round, 95%), which is not above 1."""
-    runs = [dict(warmup=0, steps=S.cold_steps), dict(warmup=S.warmup, steps=S.steps)]
+    runs = [dict(warmup=0, steps=S.cold_steps, kinds=S.kinds), dict(warmup=S.warmup, steps=S.steps, kinds=S.kinds)]
     plan = XB.plan_timing(
         S.budget,
         S.sizes,
@@ -168,6 +194,7 @@ def time_section(S: Setup) -> TimingResult:
         S.steps,
         S.cold_steps,
         run=lambda size: XB.time_sizes([size], S.batch, S.context, runs, S.device),
+        kinds=S.kinds,
     )
     times = pd.concat(plan.results, ignore_index=True)
     times["profile"] = S.profile
@@ -214,7 +241,7 @@ def profile_section(S: Setup, m: Profiled) -> ProfileResult:
     error = float((shares.sum(axis=1) - 1).abs().max())
     assert error < 1e-9, f"the op classes' shares sum to 1 ± {error:.2g}"
     saved = save_results(
-        XB.profile_rows(tables, shares), "01_profile", profile=S.profile, size=S.profile_size, steps=S.prof_steps
+        XB.profile_rows(tables, shares), "01_profile", **S.provenance(size=S.profile_size, steps=S.prof_steps)
     )
     return ProfileResult(
         table=shares.style.format("{:.1%}"),
@@ -245,7 +272,7 @@ def flame_section(S: Setup, prof: ProfileResult, m: Profiled) -> Result:
     softmax = profiling.op_share(stacks, "aten::softmax", "aten::_softmax", "SoftmaxBackward0")
     assert 0 < rms < 1 and 0 < softmax < 1, (rms, softmax)
     parts = {"RMSNorm": (rms, n_norms), "softmax": (softmax, n_softmax)}
-    saved = save_results(XB.flame_rows(stacks, parts), "01_flame", profile=S.profile, size=S.profile_size)
+    saved = save_results(XB.flame_rows(stacks, parts), "01_flame", **S.provenance(size=S.profile_size))
     ax = profiling.plot_flame(stacks, title=f"full step, {S.profile_size} · {S.where}")
     ax.figure.tight_layout()
     notes = [
@@ -269,7 +296,7 @@ def attention_section(S: Setup, m: Profiled) -> Result:
     """Section 3: QKᵀ, the masked scores' softmax and PV of one attention forward at the profiled model's shapes,
     each timed alone, interleaved (benchmarking.attention_parts); saved as 01_attention_parts. values: softmax's
     time over the two matmuls' (median of ratios paired per round) and its FLOPs over theirs."""
-    parts = XB.attention_parts(m.lm.cfg, S.batch, S.context, S.device, profile=S.profile)
+    parts = XB.attention_parts(m.lm.cfg, S.batch, S.context, S.device, profile=S.profile, **S.model_provenance())
     fmt = {"median_s": "{:.3g}", "p25_s": "{:.3g}", "p75_s": "{:.3g}", "GFLOP/s": "{:.3g}"}
     return Result(
         table=parts.table.style.format(fmt),

@@ -16,7 +16,7 @@ from helpers import formulas, memory, results
 from helpers.experiments import benchmarking as XB
 from helpers.experiments.benchmarking_common import SEED, SEED_H100, MiB, forward_step, warm_cold
 from helpers.experiments.common import train_step
-from helpers.model import MODEL_SIZES
+from helpers.model import MODEL_SIZES, get_config
 from helpers.results import device_slug, save_results
 from helpers.section import Result
 
@@ -60,12 +60,16 @@ def peaks_section(S, times: pd.DataFrame, m) -> Result:
     the budget fits (section 1's fp32 times estimate them); the profiled model waits on the CPU meanwhile. Saved as
     01_memory_peaks. values["full_below_forward"]: how many (size, precision) have a full step below its forward."""
     fp32_s = warm_cold(times, S.warmup)[1].xs("both", level="pass")["median_s"].to_dict()  # section 1
+    sizes, contexts = ([S.memory_size], list(S.memory_contexts)) if S.memory_size else (S.sizes, None)
     with XB.offloaded(m.lm, m.opt):  # each size gets the whole card
-        peaks, table, plan_notes = XB.planned_peaks(S.budget, S.sizes, S.batch, S.context, fp32_s, S.autocast, S.device)
+        peaks, table, plan_notes = XB.planned_peaks(
+            S.budget, sizes, S.batch, S.context, fp32_s, S.autocast, S.device, contexts=contexts
+        )
     peaks["profile"] = S.profile
-    saved = save_results(peaks, "01_memory_peaks", profile=S.profile, batch=S.batch, context=S.context)
+    saved = save_results(peaks, "01_memory_peaks", **S.provenance(memory_size=S.memory_size))
     below = int((table["full step"] < table["forward"]).sum().sum())  # OOM or left-out sizes: nan, never below
-    notes = [f"peak live tensor memory (MiB) incl. parameters and AdamW state, {S.where}"]
+    what = f"{S.memory_size} by context (the {S.edition} handout's)" if S.memory_size else "per size"
+    notes = [f"peak live tensor memory (MiB) incl. parameters and AdamW state, {what}, {S.where}"]
     notes += plan_notes + [XB.peak_summary(table)]  # what the budget left out, then the summary
     return Result(
         table=table.round(1).style.format("{:.1f}", na_rep="—"),
@@ -81,6 +85,16 @@ def seed_peaks() -> pd.DataFrame:
     return pd.Series(SEED_H100["peak_full_step_GiB"], name=name).to_frame().T
 
 
+def handout_residual(edition: str) -> tuple[str, int, int]:
+    """The model, batch and context at which an edition's memory_profiling(d) asks the residual stream's size: 2024
+    the 2.7B at the seed's 16 × 128; 2025 the 2.7B at batch 4 and the first of its contexts (it names none for (d));
+    2026 the xl at its reference 4 × 512."""
+    plan = XB.EDITIONS[edition]
+    if plan.memory_size is None:
+        return "2.7B", plan.batch, plan.context
+    return plan.memory_size, plan.batch, plan.context
+
+
 def residual_section(S, m) -> Result:
     """The residual stream's bytes, B·T·d_model·4 (formulas.residual_stream_bytes), against the storage of the first
     block's output a forward hook sees; and the formula at the seed's 2.7B, 16 × 128."""
@@ -92,12 +106,20 @@ def residual_section(S, m) -> Result:
         hook.remove()
     formula = formulas.residual_stream_bytes(S.batch, S.context, m.lm.cfg.d_model)
     ref_27 = formulas.residual_stream_bytes(16, 128, MODEL_SIZES["2.7B"].d_model)
+    asked, b, t = handout_residual(S.edition)
+    asked_bytes = formulas.residual_stream_bytes(b, t, get_config(asked).d_model)
     notes = [
         f"{S.profile_size}: B·T·d·4 = {S.batch}·{S.context}·{m.lm.cfg.d_model}·4 = {formula / MiB:.3f} MiB; "
         f"measured {seen['bytes'] / MiB:.3f} MiB",
         f"2.7B at 16 × 128: {ref_27 / MiB:g} MiB; the seed states {SEED_H100['residual stream 2.7B MiB']} MiB ({SEED})",
+        f"the {S.edition} handout's {asked} at its batch {b} × context {t}: {asked_bytes / MiB:g} MiB",
     ]
-    values = {"measured_bytes": seen["bytes"], "formula_bytes": formula, "2.7B_MiB": ref_27 / MiB}
+    values = {
+        "measured_bytes": seen["bytes"],
+        "formula_bytes": formula,
+        "2.7B_MiB": ref_27 / MiB,
+        "handout_MiB": asked_bytes / MiB,
+    }
     return Result(notes=notes, values=values)
 
 
@@ -106,7 +128,7 @@ def largest_section(S, trace: memory.MemoryTrace, n: int = 8) -> Result:
     01_largest_tensors."""
     largest = pd.DataFrame(trace.largest(n, at_peak=True))
     saved = save_results(
-        largest, "01_largest_tensors", profile=S.profile, size=S.profile_size, peak_MiB=trace.peak_bytes / MiB
+        largest, "01_largest_tensors", **S.provenance(size=S.profile_size, peak_MiB=trace.peak_bytes / MiB)
     )
     return Result(table=largest.style.format({"MiB": "{:.3f}"}), saved=saved, values={"MiB": largest["MiB"].tolist()})
 

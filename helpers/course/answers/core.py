@@ -134,6 +134,15 @@ class Saved:
         """Whether `name` was saved by this profile (without marking it used)."""
         return not isinstance(self._get(name), NotMeasured)
 
+    def edition_of(self, names) -> str | None:
+        """The course edition whose model the first of `names` saved here measured (its provenance's "edition"), or
+        None when none records one (results that do not depend on the edition's model)."""
+        for name in names:
+            found = self._get(name)
+            if not isinstance(found, NotMeasured) and found.provenance.get("edition"):
+                return str(found.provenance["edition"])
+        return None
+
     def gpu_device(self, names) -> str | None:
         """The GPU that produced the first of `names` saved here, or None when it ran on a CPU (or nothing is saved)."""
         for name in names:
@@ -174,11 +183,12 @@ def cap(text: str) -> str:
     return text if keep else text[0].upper() + text[1:]
 
 
-def coverage(ran, profile: str) -> str:
-    """ "" when every size of the profile ran; else a clause naming how many of them the time budget ran."""
+def coverage(ran, profile: str, edition: str | None = None) -> str:
+    """ "" when every size of the profile (of the edition's Table 1; 2024's when None) ran; else a clause naming how
+    many of them the time budget ran."""
     from helpers.model import sizes_for
 
-    planned = sizes_for(profile) if profile in ("cpu", "gpu") else []
+    planned = sizes_for(profile, edition or "2024") if profile in ("cpu", "gpu") else []
     ran = [s for s in dict.fromkeys(ran)]
     missing = [s for s in planned if s not in ran]
     if not missing:
@@ -301,6 +311,17 @@ class Answered:
     status: str = "measured"
     missing: str = ""
     intervals: tuple = ()  # the comparisons' paired ratios, one row per compared value
+    model: str = ""  # the edition whose model the results it read measured ("" when they do not depend on one)
+
+    def for_edition(self, year: int, notebook: str) -> tuple[str, str]:
+        """(status, what is missing) for one edition's map: an answer measured on another edition's model is partial
+        there, and says how to run that edition's own."""
+        if not self.model or self.model == str(year) or self.status not in ("measured", "partial"):
+            return self.status, self.missing
+        return "partial", (
+            f"measured on the {self.model} edition's model; for the {year} handout's own, set EDITION = \"{year}\" "
+            f"in notebook {notebook}'s parameters and run it again"
+        )
 
 
 QUESTIONS: list[Question] = []  # every edition's, in page order within each edition
@@ -359,4 +380,5 @@ def answer(q: Question, saved: Saved) -> Answered:
         raise ValueError(f"answer {q.number}: status {status!r} is not one of {list(STATUSES)[:-1]}")
     gpu = saved.gpu_device(q.reads)
     line = got.gpu or q.gpu if gpu is None else f"Measured on one: this run's {gpu} (the answer above is its own)."
-    return Answered(cap(got.text), True, line, tuple(got.table), status, got.missing, tuple(collected))
+    model = saved.edition_of(q.reads) or ""
+    return Answered(cap(got.text), True, line, tuple(got.table), status, got.missing, tuple(collected), model)

@@ -21,6 +21,9 @@ from helpers.course.answers.core import (
     register,
     span,
 )
+from helpers.course.answers.nb01 import ran_on
+from helpers.experiments import benchmarking as XB
+from helpers.experiments.benchmarking_sections_memory import handout_residual
 from helpers.model import get_config
 
 Q = Question
@@ -88,12 +91,39 @@ register(QUESTIONS)
 
 
 def _peaks(saved: Saved, precision: str = "fp32") -> pd.DataFrame:
-    """01_memory_peaks: peak MiB per size (rows, in run order) and pass (columns) for one precision."""
+    """01_memory_peaks: peak MiB per size, or per context where the edition profiles one model over its contexts
+    (rows, in run order; "xl-2026/cpu, T = 32"), and pass (columns) for one precision."""
     p = saved.frame("01_memory_peaks")
     p = p[(p["precision"] == precision) & (p["status"] == "ok")]
     if p.empty:
         raise NotMeasured(f"01_memory_peaks has no {precision} rows")
+    if saved.run("01_memory_peaks").provenance.get("memory_size"):
+        p = p.assign(size=[f"{s}, T = {int(t)}" for s, t in zip(p["size"], p["context"], strict=True)])
     return p.pivot_table(index="size", columns="pass", values="peak_MiB", sort=False)
+
+
+def _context_coverage(saved: Saved) -> str:
+    """ "" unless the edition profiles one model over contexts and the budget left some out: then a clause naming
+    them (the cpu profile runs the handout's contexts ÷ 4)."""
+    prov = saved.run("01_memory_peaks").provenance
+    edition = prov.get("edition")
+    if not prov.get("memory_size") or edition not in XB.EDITIONS:
+        return ""
+    asked = XB.EDITIONS[edition].for_profile(saved.profile)["memory_contexts"]
+    ran = {int(t) for t in saved.frame("01_memory_peaks")["context"]}
+    left = [t for t in asked if t not in ran]
+    if not left:
+        return ""
+    quarter = " (the handout's contexts ÷ 4 on the cpu profile)" if saved.profile == "cpu" else ""
+    return (
+        f" The time budget ran T = {', '.join(str(t) for t in asked if t in ran)} of {', '.join(map(str, asked))}"
+        f'{quarter}; T = {", ".join(map(str, left))} needs BUDGET = "none" in notebook 01.'
+    )
+
+
+def _over(saved: Saved) -> str:
+    """ "over the sizes", or "over the contexts" where one model was profiled at several."""
+    return "over the contexts" if saved.run("01_memory_peaks").provenance.get("memory_size") else "over the sizes"
 
 
 @answers("2.4.1(a)")
@@ -104,7 +134,7 @@ def memory_timeline(q, saved):
         "Forward-only (no graph) stays nearly flat: each block's intermediates are freed once used. A full step "
         "climbs through forward as every block saves tensors for backward, peaks as backward starts, falls as "
         f"backward frees them and stays flat through AdamW (plot in notebook 01 §5). Here the full step's peak is "
-        f"{span(ratio)} the forward-only peak over the sizes."
+        f"{span(ratio)} the forward-only peak {_over(saved)}, on {ran_on(saved, '01_memory_peaks')}."
     )
 
 
@@ -112,9 +142,11 @@ def memory_timeline(q, saved):
 def memory_peaks(q, saved):
     p = _peaks(saved)
     return (
-        "Peak live tensor memory, forward only / full step (fp32, parameters and AdamW state included): "
+        f"Peak live tensor memory on {ran_on(saved, '01_memory_peaks')}, forward only / full step (fp32, parameters "
+        "and AdamW state included): "
         + ", ".join(f"{s} {fmt_mib(r['forward'])} / {fmt_mib(r['full step'])}" for s, r in p.iterrows())
         + "."
+        + _context_coverage(saved)
     )
 
 
@@ -130,7 +162,7 @@ def memory_autocast(q, saved):
         raise NotMeasured("01_memory_peaks has no autocast rows")
     return (
         "; ".join(parts)
-        + coverage(list(fp32.index), saved.profile)
+        + ("" if _over(saved).endswith("contexts") else coverage(list(fp32.index), saved.profile, _edition(saved)))
         + ". Autocast keeps the fp32 parameters, gradients and AdamW state and adds 16-bit copies "
         "of the weights and 16-bit activations beside the fp32 ones it keeps (norms, softmax, loss), so the peak "
         "is not halved."
@@ -141,14 +173,20 @@ def memory_autocast(q, saved):
 def residual_stream(q, saved):
     prov = saved.run("01_memory_peaks").provenance
     batch, context = int(prov["batch"]), int(prov["context"])
-    sizes = list(_peaks(saved).index)
-    here = formulas.residual_stream_bytes(batch, context, get_config(sizes[-1]).d_model)
-    ref_ = formulas.residual_stream_bytes(16, 128, get_config("2.7B").d_model)
+    size = prov.get("memory_size") or list(saved.frame("01_memory_peaks")["size"])[-1]
+    here = formulas.residual_stream_bytes(batch, context, get_config(size).d_model)
+    asked, b, t = handout_residual(_edition(saved) or "2024")
+    ref_ = formulas.residual_stream_bytes(b, t, get_config(asked).d_model)
     return (
-        f"One (B, T, d_model) fp32 tensor: B·T·d·4 bytes, {fmt_mib(here / 2**20)} for {sizes[-1]} at {batch} × "
-        f"{context} here and {fmt_mib(ref_ / 2**20)} for 2.7B at 16 × 128. Notebook 01 §5 checks the formula "
-        "against the block output a forward hook sees, byte for byte."
+        f"One (B, T, d_model) fp32 tensor: B·T·d·4 bytes, {fmt_mib(here / 2**20)} for {size} at {batch} × "
+        f"{context} here and {fmt_mib(ref_ / 2**20)} for the handout's {asked} at {b} × {t}. Notebook 01 §5 checks "
+        "the formula against the block output a forward hook sees, byte for byte."
     )
+
+
+def _edition(saved: Saved) -> str | None:
+    """The edition whose model 01_memory_peaks measured (None for a run saved before editions were recorded)."""
+    return saved.edition_of(["01_memory_peaks"])
 
 
 @answers("2.4.1(e)")

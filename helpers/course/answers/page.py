@@ -14,6 +14,7 @@ import helpers.course.answers.handouts as handouts
 from helpers.course.answers.core import QUESTIONS, STATUSES, Answered, Question, Saved, answer, shown
 from helpers.course.answers.nb07_calcs import CALC_VARIABLES
 from helpers.env import machine_facts
+from helpers.model import ARCHS, edition_arch
 from helpers.results import DATA_DIR, device_slug
 
 NOTEBOOKS = {
@@ -159,12 +160,20 @@ def _entry(q: Question, got: Answered, year: int) -> str:
         f"; also in the {' and '.join(str(y) for y in q.editions if y != year)} edition" if len(q.editions) > 1 else ""
     )
     missing = f" ({html.escape(got.missing)})" if got.missing else ""
-    back = " · ".join(f'<a href="#map{y}">{y}</a>' for y in _maps_listing(q))
+    years = _maps_listing(q)
+    status = f"status: {html.escape(got.status)}{missing}"
+    if got.model:  # which edition's model ran, and what that makes this answer for each edition that asks it
+        arch = ARCHS[edition_arch(got.model)]
+        per = [(y, *got.for_edition(y, q.notebook)) for y in years]
+        status = f"ran on the {got.model} edition's model ({html.escape(arch)}); " + "; ".join(
+            f"for {y}: {html.escape(st)}{f' ({html.escape(why)})' if why else ''}" for y, st, why in per
+        )
+    back = " · ".join(f'<a href="#map{y}">{y}</a>' for y in years)
     return (
         f'<div class="q {slug(got.status)}" id="{answer_id(q)}">'
         f'<p class="ask"><b>{html.escape(q.number)}</b> {_code(q.ask)}</p>'
         f'<p class="ans">{_code(got.text)}</p>{_table(got.table)}{_table(got.intervals)}<ul class="meta">'
-        f"<li>status: {html.escape(got.status)}{missing}</li>"
+        f"<li>{status}</li>"
         f'<li>details: <a href="{page}{"#" + anchor if anchor else ""}">notebook {q.notebook}, '
         f"{html.escape(q.section)}</a>; reads {reads}{shared}</li>{refs}{_reference_runs(q)}"
         f"<li>on a GPU: {_code(got.gpu)}</li><li>back to the map: {back}</li></ul></div>"
@@ -222,7 +231,7 @@ def _map_row(label: str, qs: list[Question], year: int, got: dict[str, Answered]
         nb = f"{NOTEBOOKS[q.notebook]}.html" + (f"#{section_anchor(q)}" if section_anchor(q) else "")
         section = f'<a href="{nb}">notebook {q.notebook}, {html.escape(q.section)}</a>'
         sections += [section] if section not in sections else []
-        statuses.append(html.escape(got[q.number].status))
+        statuses.append(html.escape(got[q.number].for_edition(year, q.notebook)[0]))
     return (
         f"<tr><td><code>{html.escape(label)}</code></td><td>{'<br>'.join(links)}</td>"
         f"<td>{'<br>'.join(sections)}</td><td>{'<br>'.join(statuses)}</td></tr>"

@@ -1,0 +1,126 @@
+"""Notebook 01 per course edition (benchmarking.EDITIONS): each edition's model, sizes, batch, context and passes;
+the full training step timed on a copy of the model; memory over the edition's contexts; and the answers page saying,
+per edition, whether an answer ran that edition's own model."""
+
+import math
+
+import answers_data as D
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+from helpers import results  # noqa: E402
+from helpers.budget import Budget  # noqa: E402
+from helpers.course import answers as A  # noqa: E402
+from helpers.course.answers.page import render  # noqa: E402
+from helpers.experiments import benchmarking as XB  # noqa: E402
+from helpers.experiments import benchmarking_sections as sections  # noqa: E402
+from helpers.model import build_model, edition_arch, get_config, random_batch  # noqa: E402
+
+
+def test_each_edition_runs_its_handouts_model_and_settings():
+    for profile in ("cpu", "gpu"):
+        for edition, plan in XB.EDITIONS.items():
+            e = plan.for_profile(profile)
+            arch = get_config(e["profile_size"]).arch
+            assert arch == edition_arch(edition) == ("gpt" if edition == "2024" else "basics"), (edition, profile)
+    assert XB.EDITIONS["2026"].for_profile("gpu") | {} == {
+        "batch": 4,
+        "context": 512,  # §2.1.2: "Use context length 512 unless otherwise specified"
+        "profile_size": "xl-2026",
+        "memory_size": "xl-2026",
+        "memory_contexts": (128, 2048),  # memory_profiling: the xl at 128 and 2048
+    }
+    cpu = XB.EDITIONS["2026"].for_profile("cpu")
+    assert (cpu["context"], cpu["memory_size"], cpu["memory_contexts"]) == (128, "xl-2026/cpu", (32, 512))
+    assert XB.EDITIONS["2025"].for_profile("gpu")["memory_contexts"] == (128, 256, 512)  # the 2.7B at these
+    assert "step" in XB.EDITIONS["2026"].kinds and "step" not in XB.EDITIONS["2024"].kinds
+    with pytest.raises(ValueError, match="EDITION = '2023'"):
+        sections.Setup.resolve("cpu", "none", "2023")
+
+
+def test_the_full_step_runs_on_a_copy_so_the_retained_graph_still_runs():
+    lm = build_model("small-2026/cpu", n_layers=1)
+    x, y = random_batch(lm.cfg, 2, 8)
+    backward = XB.pass_fn(lm, x, y, "backward")
+    step = XB.pass_fn(lm, x, y, "step")
+    before = [p.detach().clone() for p in lm.parameters()]
+    step(), step()
+    backward()  # AdamW updated the copy's weights in place; lm's graph is intact
+    assert all(torch.equal(a, b) for a, b in zip(before, lm.parameters(), strict=True))
+
+
+def edition_setup(edition: str) -> sections.Setup:
+    """A tiny Setup of an edition's smallest cpu preset (one layer less is not possible: the presets are built)."""
+    plan = XB.EDITIONS[edition]
+    return sections.Setup(
+        profile="cpu",
+        device=torch.device("cpu"),
+        device_name="test cpu",
+        budget=Budget(None, "01", None),
+        sizes=[f"small{plan.suffix()}/cpu"],
+        batch=2,
+        context=8,
+        warmup=1,
+        steps=6,
+        cold_steps=3,
+        profile_size=f"small{plan.suffix()}/cpu",
+        prof_steps=1,
+        autocast=[torch.bfloat16],
+        edition=edition,
+        kinds=plan.kinds,
+        memory_size=f"small{plan.suffix()}/cpu" if plan.memory_size else None,
+        memory_contexts=(8, 16) if plan.memory_size else (),
+    )
+
+
+@pytest.fixture(scope="module")
+def run_2026(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        folder = tmp_path_factory.mktemp("data")
+        mp.setattr(results, "DATA_DIR", folder)
+        S = edition_setup("2026")
+        timed = sections.time_section(S)
+        peaks = sections.peaks_section(S, timed.times, sections.profiled_model(S))
+        yield S, timed, peaks, folder
+
+
+def test_2026_times_the_full_step_and_says_which_model_ran(run_2026):
+    S, timed, _, _ = run_2026
+    saved = results.load_results(timed.saved)
+    assert {r["pass"] for r in saved.rows} == {"forward", "backward", "both", "step"}
+    assert saved.provenance["edition"] == "2026" and saved.provenance["arch"] == "basics"
+    cold = [r for r in saved.rows if r["warm-up"] == 0]
+    for r in cold:  # what 1 and 2 warm-up steps would have timed: the cold run's later steps
+        assert r["after_2_s"] <= max(r["after_1_s"], r["mean_s"]) * 3 and not math.isnan(r["after_1_s"])
+    assert "2026 model (basics)" in S.where
+
+
+def test_2026_memory_runs_one_model_over_the_contexts(run_2026):
+    S, _, peaks, _ = run_2026
+    saved = results.load_results(peaks.saved)
+    assert {int(r["context"]) for r in saved.rows} == {8, 16} and {r["size"] for r in saved.rows} == {S.memory_size}
+    assert saved.provenance["memory_size"] == S.memory_size and "by context" in peaks.notes[0]
+
+
+def test_an_answer_is_partial_for_the_editions_whose_model_did_not_run(run_2026):
+    _, _, _, folder = run_2026
+    local = next(p.parent for p in folder.rglob("01_timing.jsonl"))
+    saved = A.Saved(local, "cpu")
+    got = A.answer(A.BY_NUMBER["2.1.1(b)"], saved)
+    assert got.model == "2026" and "full step" in got.text and "2026 edition's model" in got.text
+    assert got.for_edition(2026, "01") == ("measured", "")
+    status, why = got.for_edition(2024, "01")
+    assert status == "partial" and 'EDITION = "2024"' in why
+    peaks = A.answer(A.BY_NUMBER["2.4.1(b)"], saved)
+    assert "T = 8" in peaks.text and "T = 16" in peaks.text
+    page = render("cpu", local)
+    assert "ran on the 2026 edition's model" in page and "for 2024: partial" in page and "for 2026: measured" in page
+
+
+def test_results_without_an_edition_keep_a_single_status(tmp_path):
+    folder = D.write(tmp_path, D.notebook_01_rows())
+    got = A.answer(A.BY_NUMBER["2.1.1(b)"], A.Saved(folder, "cpu"))
+    assert got.model == "" and got.for_edition(2026, "01") == (got.status, got.missing)
