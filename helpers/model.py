@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -141,6 +142,22 @@ def sizes_for(profile: str, edition: str = "2024") -> list[str]:
 def edition_arch(edition: str) -> str:
     """The architecture (a key of ARCHS) of an edition's model: "gpt" for 2024, "basics" for 2025 and 2026."""
     return next(iter(EDITION_SIZES[str(edition)].values())).arch
+
+
+def for_edition(name: str, edition: str) -> str:
+    """A size name as an edition's Table 1 names it: "xl/cpu" -> "xl-2026/cpu" (2024's names are the plain ones); a
+    size the edition's table lacks (2026 has no 2.7B: its xl has that shape) is an error naming the ones it has."""
+    edition = str(edition)
+    if edition not in EDITION_SIZES:
+        raise ValueError(f"unknown edition {edition!r}; known: {', '.join(EDITION_SIZES)}")
+    base, cpu = name.removesuffix("/cpu"), name.endswith("/cpu")
+    base = re.sub(r"-20\d\d$", "", base)
+    named = (base if edition == "2024" else f"{base}-{edition}") + ("/cpu" if cpu else "")
+    if named not in EDITION_SIZES[edition]:
+        raise ValueError(
+            f"the {edition} edition's Table 1 has no {base!r}; it has {', '.join(sizes_for('gpu', edition))}"
+        )
+    return named
 
 
 def get_config(name_or_cfg: str | ModelConfig, **overrides) -> ModelConfig:

@@ -124,3 +124,13 @@ def test_results_without_an_edition_keep_a_single_status(tmp_path):
     folder = D.write(tmp_path, D.notebook_01_rows())
     got = A.answer(A.BY_NUMBER["2.1.1(b)"], A.Saved(folder, "cpu"))
     assert got.model == "" and got.for_edition(2026, "01") == (got.status, got.missing)
+
+
+def test_a_size_named_as_each_edition_names_it():
+    from helpers.model import for_edition
+
+    assert for_edition("xl/cpu", "2026") == "xl-2026/cpu" and for_edition("small", "2025") == "small-2025"
+    assert for_edition("small-2026/cpu", "2024") == "small/cpu" and for_edition("xl-2025", "2026") == "xl-2026"
+    assert get_config(for_edition("xl", "2026")).d_model == 2560  # the 2026 xl has the 2.7B's shape
+    with pytest.raises(ValueError, match="no '2.7B'.*xl-2026"):
+        for_edition("2.7B", "2026")
