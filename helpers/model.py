@@ -160,6 +160,12 @@ def for_edition(name: str, edition: str) -> str:
     return named
 
 
+def size_edition(name: str) -> str:
+    """The edition whose Table 1 a size name comes from: "xl-2026/cpu" -> "2026", "small/cpu" -> "2024"."""
+    found = re.search(r"-(20\d\d)(/cpu)?$", name)
+    return found.group(1) if found else "2024"
+
+
 def get_config(name_or_cfg: str | ModelConfig, **overrides) -> ModelConfig:
     """A ModelConfig from a MODEL_SIZES name or a config, with fields replaced by `overrides`."""
     if isinstance(name_or_cfg, ModelConfig):

@@ -134,3 +134,14 @@ def test_a_size_named_as_each_edition_names_it():
     assert get_config(for_edition("xl", "2026")).d_model == 2560  # the 2026 xl has the 2.7B's shape
     with pytest.raises(ValueError, match="no '2.7B'.*xl-2026"):
         for_edition("2.7B", "2026")
+
+
+def test_notebook_05_names_its_models_by_edition_and_shrinks_only_what_a_shared_gpu_cannot_hold():
+    from helpers.experiments.sharding_sections import config_for
+
+    cpu = config_for("cpu", "2026")
+    assert cpu["memory_models"] == ["small-2026/cpu", "xl-2026/cpu"] and cpu["cut"] == []
+    assert config_for("gpu", "2026", shared=1, gpu_bytes=80e9)["speed_model"] == "xl-2026"  # a GPU per rank
+    shared = config_for("gpu", "2026", shared=2, gpu_bytes=80e9)  # two ranks on one H100: 2 × ~55 GB of states
+    assert shared["speed_model"] == "large-2026" and "xl-2026 -> large-2026" in shared["cut"][0]
+    assert config_for("gpu", "2024", shared=2, gpu_bytes=80e9)["speed_model"] == "xl"  # 2 × ~24 GB fit

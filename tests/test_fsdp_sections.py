@@ -7,32 +7,19 @@ import json
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+import torch
 
 from helpers.experiments import fsdp as X
 from helpers.experiments import fsdp_sections as S
+from helpers.model import build_model
 from helpers.section import Result, source
 from helpers.writeup import headline_figure
 
-SMALL = dict(
-    check_model="small/cpu",
-    check_layers=2,
-    check_batch=4,
-    check_context=16,
-    model="small/cpu",
-    batch=8,
-    context=64,
-    steps=2,
-    warmup=1,
-    ckpt_model="small/cpu",
-    ckpt_layers=4,
-    ckpt_batch=4,
-    ckpt_context=64,
-    segments=[0, 1, 4],
-    ckpt_steps=1,
-    ring_worlds=[2],
-    ring_sizes=[8, 1000],
-    ring_steps=1,
-)
+SMALL = {  # notebook 07's cpu profile as Setup.resolve makes it (the 2026 model), cut to a few quick steps
+    **S.Setup.resolve("cpu").config,
+    **dict(steps=2, warmup=1, ckpt_layers=4, segments=[0, 1, 4], ckpt_steps=1),
+    **dict(ring_worlds=[2], ring_sizes=[8, 1000], ring_steps=1),
+}
 
 
 @pytest.fixture
@@ -84,7 +71,10 @@ def test_the_measure_sections_read_one_launch(measured):
     b = S.bytes_section(setup, m.runs)
     assert b.values["equal"] and abs(b.values["ratio"] - 1.5) < 0.01 and f"{b.values['ratio']:.4f}" in b.notes[0]
     t = S.timeliness_section(setup, m.runs)
-    assert t.values["prefetched"] == 2 * 10 and provenance(t.saved)["model"] == "small/cpu"
+    lm = build_model(SMALL["model"])  # every sharded module (Linear, Embedding) but the first is prefetched, per rank
+    sharded = sum(isinstance(mod, torch.nn.Linear | torch.nn.Embedding) for mod in lm.modules())
+    assert t.values["prefetched"] == 2 * (sharded - 1) and provenance(t.saved)["model"] == "small-2026/cpu"
+    assert provenance(t.saved)["edition"] == "2026"
     s = S.speed_section(setup, m.runs)
     kinds = ["ddp", "zero1", "torch_fsdp"]  # 2 steps: too few pairs for a verdict either way
     assert all(f"tell {k} from FSDP" in n for k, n in zip(kinds, s.notes, strict=False))

@@ -34,7 +34,6 @@ import time
 
 import numpy as np
 import pandas as pd
-import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
@@ -207,7 +206,7 @@ class CheckpointedLM(nn.Module):
 
     def forward(self, idx):
         lm, k = self.lm, self.segment
-        x = lm.tok_emb(idx) + lm.pos_emb(torch.arange(idx.shape[1], device=idx.device))  # (B, T, C)
+        x = lm.embed(idx)  # (B, T, C)
         if k == 0:
             x = self._run(0, len(lm.blocks), x)
         for lo in range(0, len(lm.blocks), k or len(lm.blocks) + 1):

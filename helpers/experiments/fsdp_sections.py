@@ -25,6 +25,7 @@ from helpers.experiments import fsdp as X
 from helpers.experiments.fsdp_plans import leaderboard_section, memory_calculator, strategies_calculator
 from helpers.formulas import MiB
 from helpers.launch import choose_backend, launch
+from helpers.model import for_edition, size_edition
 from helpers.section import Result
 from helpers.timing import Ratio, verdict
 
@@ -51,6 +52,9 @@ __all__ = [
 FFN_EXAMPLE = dict(tokens=4096, d=4096, f=16384, n=8, C=989e12, W=450e9)  # H100-like: bf16 dense FLOP/s, NVLink B/s
 
 
+MODEL_KEYS = ("check_model", "model", "ckpt_model")  # PROFILES' entries that name a model size
+
+
 @dataclass
 class Setup:
     """What every section of notebook 07 runs with: the profile and its sizes (helpers.experiments.fsdp.PROFILES),
@@ -65,19 +69,25 @@ class Setup:
     directory: Path | None = None
 
     @classmethod
-    def resolve(cls, profile: str = "auto") -> Setup:
+    def resolve(cls, profile: str = "auto", edition: str = "2026") -> Setup:
         """The notebook's set-up: "auto" is gpu when CUDA is present, else cpu; gloo on the CPU, or both ranks on
-        one GPU through gloo."""
+        one GPU through gloo; the models as `edition`'s Table 1 names them (FSDP is asked by 2026 only: its
+        cs336-basics model)."""
         profile = env.resolve_profile(profile)
         backend, device = choose_backend(2)
-        return cls(profile, X.PROFILES[profile], backend, device, 2, env.machine_facts()["device"])
+        config = {k: for_edition(v, edition) if k in MODEL_KEYS else v for k, v in X.PROFILES[profile].items()}
+        return cls(profile, config, backend, device, 2, env.machine_facts()["device"])
 
     @property
     def where(self) -> str:
         return f"{self.machine} · {self.profile} profile · {self.backend} on {self.device}, {self.world} ranks"
 
     def save(self, frame: pd.DataFrame, name: str, **extra) -> Path:
-        return results.save_results(frame, name, profile=self.profile, directory=self.directory, **extra)
+        """Save with the profile and the edition whose model ran (the answers page says which)."""
+        edition = size_edition(self.config["model"])
+        return results.save_results(
+            frame, name, profile=self.profile, directory=self.directory, edition=edition, **extra
+        )
 
 
 @dataclass(repr=False)  # Result's own repr: notes, table, saved path (never the runs)

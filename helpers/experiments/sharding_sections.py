@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 import pandas as pd
+import torch
 
 from helpers import env, results
 from helpers import formulas as F
@@ -26,7 +27,7 @@ from helpers.experiments.sharding_equivalence import collectives_table, equivale
 from helpers.experiments.sharding_memory import memory_breakdown, memory_frame, memory_table, memory_worker
 from helpers.experiments.sharding_speed import ratio_rows, speed_runs, speed_summary, speed_table
 from helpers.formulas import MiB
-from helpers.model import count_parameters
+from helpers.model import count_parameters, for_edition, size_edition, sizes_for
 from helpers.section import Result
 
 PROFILES = {  # notebook 05 per profile: the models for memory and speed, the global batch and context, timed steps
@@ -97,14 +98,58 @@ class Setting:
     where: str
     world: int = 2
 
+    def save(self, rows, name: str, **extra):
+        """save_results with the profile, the backend and the edition whose model ran (the answers page says which)."""
+        model = self.config["speed_model"]
+        return results.save_results(
+            rows, name, profile=self.profile, backend=self.backend, edition=size_edition(model), **extra
+        )
 
-def setting(profile: str, budget: str | float = "auto") -> Setting:
-    """Notebook 05's setting from its parameters cell (PROFILE, BUDGET): 2 ranks, gloo on CPU (on one GPU both ranks
-    share it through gloo); on cpu the budget calibrates this machine (about a second)."""
+
+MODEL_KEYS = ("memory_models", "speed_model", "check_model")  # PROFILES' entries that name model sizes
+SHARED_GPU_SHARE = 0.75  # of a shared GPU's memory the ranks' model states may take (the rest: activations, margin)
+
+
+def config_for(profile: str, edition: str = "2026", shared: int = 1, gpu_bytes: float | None = None) -> dict:
+    """PROFILES[profile] with its models named as `edition`'s Table 1 names them (model.for_edition). Where `shared`
+    ranks share one GPU of `gpu_bytes`, a model whose unsharded states (parameters, gradients, AdamW: twice
+    state_bytes) do not fit SHARED_GPU_SHARE of it is replaced by the edition's largest that does, and "cut" says
+    which (the 2026 xl needs about 55 GB of states per rank: one GPU per rank, as its handout runs it)."""
+    cut = []
+
+    def fits(m: str) -> bool:
+        return gpu_bytes is None or shared * 2 * F.state_bytes("unsharded", m, 2, 0) <= SHARED_GPU_SHARE * gpu_bytes
+
+    def named(m: str) -> str:
+        m = for_edition(m, edition)
+        if fits(m):
+            return m
+        smaller = [s for s in sizes_for(profile, edition) if fits(s) and count_parameters(s) < count_parameters(m)]
+        if not smaller:
+            raise ValueError(f"no {edition} model fits {shared} ranks on one GPU of {gpu_bytes / 1e9:.0f} GB")
+        cut.append(f"{m} -> {smaller[-1]} ({shared} ranks share one GPU of {gpu_bytes / 1e9:.0f} GB)")
+        return smaller[-1]
+
+    config = {
+        k: ([named(m) for m in v] if isinstance(v, list) else named(v)) if k in MODEL_KEYS else v
+        for k, v in PROFILES[profile].items()
+    }
+    return {**config, "cut": cut}
+
+
+def setting(profile: str, budget: str | float = "auto", edition: str = "2026") -> Setting:
+    """Notebook 05's setting from its parameters cell (PROFILE, BUDGET, EDITION): 2 ranks, gloo on CPU (on one GPU
+    both ranks share it through gloo); on cpu the budget calibrates this machine (about a second); the models as
+    `edition`'s Table 1 names them, the largest that fits where ranks share a GPU (config_for)."""
     profile, facts = env.resolve_profile(profile), env.machine_facts()
     backend, device = L.choose_backend(2)
-    where = f"{facts['device']} · {profile} profile · {backend} on {device}, 2 ranks"
-    return Setting(profile, backend, device, PROFILES[profile], Budget.resolve(budget, "05", profile), where)
+    gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
+    gpu_bytes = torch.cuda.mem_get_info()[1] if gpus else None
+    config = config_for(profile, edition, shared=-(-2 // max(gpus, 1)), gpu_bytes=gpu_bytes)
+    where = f"{facts['device']} · {profile} profile · {edition} model · {backend} on {device}, 2 ranks"
+    if config["cut"]:
+        where += f" · smaller model: {'; '.join(dict.fromkeys(config['cut']))}"
+    return Setting(profile, backend, device, config, Budget.resolve(budget, "05", profile), where)
 
 
 @dataclass(repr=False)  # shown as a Result: notes, table, where it was saved
@@ -170,11 +215,9 @@ def memory_section(s: Setting) -> MemoryResult:
     ]
     per_rank = L.launch(functools.partial(run_all, workers), s.world, backend=s.backend, device=s.device)
     mem = memory_frame(per_rank)  # one row per model, kind, rank and point
-    saved = results.save_results(
+    saved = s.save(
         mem,
         "05_sharding_memory",
-        profile=s.profile,
-        backend=s.backend,
         device_used=s.device,
         batch=c["batch"],
         context=c["context"],
@@ -226,11 +269,9 @@ def speed_section(s: Setting) -> SpeedResult:
         device=s.device,
     )
     speed = speed_table(raw)
-    saved = results.save_results(
+    saved = s.save(
         speed.reset_index(),
         "05_sharding_speed",
-        profile=s.profile,
-        backend=s.backend,
         device_used=s.device,
         model=c["speed_model"],
         batch=c["batch"],
@@ -250,7 +291,7 @@ def ratios_section(s: Setting, sp: SpeedResult) -> Result:
     interval (saved as 05_sharding_ratios, which the answers and front pages read); the notes (speed_summary) say
     where ShardedOptimizer's time goes and name a difference only outside the noise."""
     rows = ratio_rows(sp.raw)
-    saved = results.save_results(rows, "05_sharding_ratios", profile=s.profile, model=s.config["speed_model"])
+    saved = s.save(rows, "05_sharding_ratios", model=s.config["speed_model"])
     table = pd.DataFrame(rows)
     if not table.empty:
         table = table[table["b"].isin(["unsharded", "sharded"])].set_index(["b", "a"]).sort_index()
@@ -262,9 +303,7 @@ def collectives_section(s: Setting, check: CheckResult) -> Result:
     exact 1/N, against formulas.expected_collectives (column "matches formula"); saved as 05_sharding_comm."""
     model = s.config["check_model"]
     comm = collectives_table(check.per_rank[0], model, s.world, n_groups=2)  # rank 0's KindRuns
-    saved = results.save_results(
-        comm.reset_index(), "05_sharding_comm", profile=s.profile, model=model, world_size=s.world
-    )
+    saved = s.save(comm.reset_index(), "05_sharding_comm", model=model, world_size=s.world)
     return collectives_result(comm, saved, model=model, world=s.world, where=s.where)
 
 
