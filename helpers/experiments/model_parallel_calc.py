@@ -106,7 +106,17 @@ def speed_section(run: SpeedRun) -> Result:
             )
         )
     table = pd.DataFrame(rows)
-    path = save_results(table, "08_tp_speed", profile=run.profile, world=N, alpha_s=fit.alpha_s, beta_Bps=fit.beta_Bps)
+    path = save_results(
+        table,
+        "08_tp_speed",
+        profile=run.profile,
+        world=N,
+        alpha_s=fit.alpha_s,
+        beta_Bps=fit.beta_Bps,
+        tokens=s["tokens"],
+        d_model=s["d_model"],
+        share_tol=SHARE_TOL,
+    )
     star = float(np.median(table["d_ff_star"]))
     held = table[table["holds"]]["d_ff"].tolist()
     notes = [
