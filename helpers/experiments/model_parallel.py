@@ -52,6 +52,8 @@ PROFILES = {  # what notebook 08 runs per profile
         pipe_world=4,
         pipe_micro=8,
         pipe_layers=8,
+        pipe_batch=16,  # every rank's one-process reference on the whole batch: 64 sequences held 25 GB per rank,
+        # 4 ranks over 80 GB on one GPU (the dry run); 16 hold about 6.5 GB each
         cp_batch_heads=32,
         cp_context=4096,
         cp_head_dim=64,
