@@ -108,10 +108,18 @@ def notebook_01_rows() -> dict:
         ),
         "08_tp_speed": (
             [
-                {"d_ff": f, "comm_share": c, "model_comm_share": m, "d_ff_star": 244.0, "holds": abs(c - m) <= 0.1}
-                for f, c, m in ((128, 0.94, 0.43), (1024, 0.22, 0.2))
+                {
+                    "d_ff": f,
+                    "comm_ms": cm,
+                    "model_comm_ms": 0.6,
+                    "comm_share": c,
+                    "model_comm_share": m,
+                    "d_ff_star": 244.0,
+                    "holds": abs(c - m) <= 0.1,
+                }
+                for f, cm, c, m in ((128, 1.2, 0.94, 0.43), (1024, 0.4, 0.22, 0.2))
             ],
-            dict(world=2, alpha_s=1.33e-4, beta_Bps=2.9e8),
+            dict(world=2, alpha_s=1.5e-4, beta_Bps=2.9e8, tokens=256, d_model=64, share_tol=0.1),
         ),
         "01_block_memory": (
             [

@@ -275,3 +275,38 @@ def test_tp_calcs_quotes_notebook_08s_measured_shares_beside_the_closed_form(syn
     assert "d_ff 128: 94% measured / 43% modelled" in got and "the model holds at d_ff 1024." in got
     empty = A.answer(A.BY_NUMBER["tp_calcs(b)"], A.Saved(tmp_path, "cpu"))  # notebook 08 not run: closed form only
     assert empty.status == "closed form" and "Measured here" not in empty.text and empty.measured
+
+
+def test_fsdp_tp_calcs_gain_notebook_08s_measured_rows_beside_the_closed_forms(synthetic, tmp_path):
+    def rows(got, part):
+        return [r for r in got.table if r["pass / part"] == f"{part} measured"]
+
+    full, empty = A.Saved(synthetic, "cpu"), A.Saved(tmp_path, "cpu")  # notebook 08 run here / not run
+    got = {p: A.answer(A.BY_NUMBER[f"fsdp_tp_calcs{p}"], full) for p in ("(a)", "(b)", "(c)", "(d)")}
+    assert "Measured here" not in got["(a)"].text and not rows(got["(a)"], "(a)")  # 08 counts no FLOPs
+    b = got["(b)"]  # closed-form rows first, then the measured one; α's share and the measured/model ratio
+    assert b.table[0]["pass / part"] == "(b)" and b.table[-1]["pass / part"] == "(b) measured"
+    assert "N_FSDP = 1 and N_TP = 2, 256 tokens of width 64" in b.text and "α = 150 µs" in b.text
+    assert "one all-reduce takes 200 µs-600 µs over the widths against the α-β model's 300 µs (0.67-2.00x" in b.text
+    assert "α is 50% of the model there" in b.text and "bandwidth-only term (150 µs)" in b.text
+    assert "check (d)'s sum, not this overlapped bound" in got["(c)"].text and not rows(got["(c)"], "(c)")
+    d = got["(d)"]
+    assert "d_ff ≈ 244 (122 without α); it holds (±0.1) at d_ff 1024 and not at d_ff 128." in d.text
+    share, bound = rows(d, "(d)")[0], rows(d, "(d)")[-1]
+    assert share[A.nb07_calcs.MEASURED] == "94% measured / 43% α-β model: does not hold (±0.1)"
+    assert "d_ff ≥ 244 (≥ 122 with α = 0); measured (share under half): d_ff 1024" in bound[A.nb07_calcs.MEASURED]
+    for p in ("(a)", "(b)", "(c)", "(d)"):  # never required: without notebook 08 the closed form alone
+        alone = A.answer(A.BY_NUMBER[f"fsdp_tp_calcs{p}"], empty)
+        assert alone.status == "closed form" and alone.measured and "Measured here" not in alone.text
+        assert all(not r["pass / part"].endswith("measured") for r in alone.table) and alone.table
+        assert got[p].text.startswith(alone.text) and got[p].table[: len(alone.table)] == alone.table
+
+
+def test_tp_answers_stay_closed_forms_over_an_old_08_tp_speed(tmp_path):
+    from helpers.results import save_results
+
+    save_results([{"d_ff": 64, "comm_share": 0.5}], "08_tp_speed", profile="cpu", directory=tmp_path, world=2)
+    saved = A.Saved(tmp_path, "cpu")  # saved before the columns these answers read: ignored, not an error
+    for n in ("tp_calcs(b)", "fsdp_tp_calcs(b)", "fsdp_tp_calcs(d)"):
+        got = A.answer(A.BY_NUMBER[n], saved)
+        assert got.status == "closed form" and "Measured here" not in got.text, n

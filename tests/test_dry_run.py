@@ -23,6 +23,8 @@ from helpers.course.reference_batches import SCALES
 from helpers.experiments import attention as XA
 from helpers.experiments import ddp as XD
 from helpers.experiments import fsdp as XF
+from helpers.experiments import model_parallel as XM
+from helpers.experiments import model_parallel_pipeline as XP
 from helpers.experiments import sharding as XS
 from helpers.experiments.common import make_batches, train_step
 from helpers.model import build_model
@@ -46,7 +48,7 @@ def table():
 
 
 def test_every_notebooks_gpu_profile_runs_on_meta_within_its_plan(table):
-    assert set(table["notebook"]) == set(D.RUNS) == {"00", "01", "02", "03", "04", "05", "06", "07"}
+    assert set(table["notebook"]) == set(D.RUNS) == {"00", "01", "02", "03", "04", "05", "06", "07", "08"}
     D.check(table)  # fits the card (or records its OOM by design), never over its plan
     planned = table.dropna(subset=["plan_GB"])
     held = planned["peak_GB"] + planned["extra_GB"]
@@ -108,6 +110,26 @@ def test_a_planted_wrapper_overrun_is_caught(monkeypatch):
         D.check(D.dry_run(["04"]))
 
 
+def test_notebook_08s_pipeline_at_its_first_batch_would_not_fit_one_gpu(monkeypatch):
+    """Every pipeline rank first steps one process on the whole batch (the reference its gradients are held to): at
+    the 64 sequences the gpu profile first had, about 25 GB a rank, and its 4 ranks share one GPU (gloo)."""
+    small = dict(cp_batch_heads=2, cp_context=256, speed_tokens=64, speed_widths=[256])  # the other launches: small
+    monkeypatch.setitem(XM.PROFILES, "gpu", {**XM.PROFILES["gpu"], **small, "pipe_batch": 64})
+    table = D.dry_run(["08"])
+    with pytest.raises(ValueError, match=r"notebook 08: pipeline 4 stages, batch 64 .* would run out of memory") as err:
+        D.check(table)
+    assert "tensor parallel" not in str(err.value) and "ring attention" not in str(err.value)
+    assert table.loc[table["run"].str.startswith("pipeline"), "ranks_per_gpu"].item() == 4
+
+
+def test_a_float_read_off_a_meta_tensor_is_nan_and_an_integer_read_still_raises():
+    with DM.on_meta():
+        t = torch.empty(3)
+        assert float(t.abs().max()) != float(t.abs().max())  # nan: a placeholder, no value
+        with pytest.raises(RuntimeError, match="meta"):
+            int(torch.empty(3, dtype=torch.long).sum())
+
+
 # ---- the meta machinery against what it stands in for ----
 
 
@@ -157,6 +179,10 @@ LAUNCHES = {  # the dry run's multi-rank launches at the CPU preset, with every 
     "07": lambda: XF.measure_worker(
         model="small/cpu", batch_size=2, context_length=8, steps=1, warmup=1, kinds=("fsdp", "ddp", "zero1"),
         trace=False,
+    ),
+    "08": lambda: (  # TP and TP+SP beside one process; the pipeline's first stage of two, one timed step
+        XM.tensor_parallel_worker(XM.PROFILES["cpu"]["model"], 2),
+        XP.pipeline_worker(XP.pipe_model(XM.PROFILES["cpu"]), 8, 4, 1, (0, 0)),
     ),
 }  # fmt: skip
 

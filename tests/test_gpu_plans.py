@@ -32,7 +32,7 @@ def test_every_gpu_run_fits_an_h100_or_says_what_it_needs():
     plan = G.gpu_plan()
     columns = ["notebook", "run", "ranks_per_gpu", "peak_per_gpu_GB", "budget_GB", "fits", "needs", "oom_by_design"]
     assert list(plan.columns) == columns
-    assert set(plan["notebook"]) == {"01", "02", "03", "04", "05", "06", "07"}
+    assert set(plan["notebook"]) == {"01", "02", "03", "04", "05", "06", "07", "08"}
     assert (plan["fits"] == (plan["peak_per_gpu_GB"] <= 80.0)).all()
     assert (plan["fits"] | plan["needs"].str.startswith("+")).all()  # a run that does not fit says how much more
     assert plan["fits"].all(), plan[
@@ -44,6 +44,9 @@ def test_every_gpu_run_fits_an_h100_or_says_what_it_needs():
     )
     with pytest.raises(ValueError, match="unknown notebook"):
         G.fits_here("99", 80e9)
+    nb08 = G.gpu_plan(gpus=4).query("notebook == '08'")  # a GPU per rank: the pipeline's 4 stages no longer share
+    assert plan.loc[plan["run"].str.startswith("pipeline"), "ranks_per_gpu"].item() == 4
+    assert (nb08["ranks_per_gpu"] == 1).all() and len(nb08) == 4
 
 
 def test_profiles_are_plain_data_for_both_profiles():

@@ -299,3 +299,21 @@ def test_cost_model_prices_fp32_without_tf32_and_tiled_attention_by_launches():
     assert [b.name for b in R._only(["05"], R.PLAN)] == [
         f"05-{k}" for k in ("unsharded", "sharded", "zero1", "torch_zero")
     ]  # a split batch by name
+
+
+def test_batch_08_saves_what_the_tp_answers_read_and_they_quote_it(tmp_path):
+    """Notebook 08's batch at the cpu plan (two 2-rank launches): its four results, each with provenance, and the
+    2026 tp_calcs / fsdp_tp_calcs answers read the real 08_tp_speed beside their closed forms."""
+    from helpers.course import answers as A
+    from helpers.course.reference_batches import run_batch
+
+    names = run_batch("08", "cpu", tmp_path)
+    assert names == ["08_tp_exactness", "08_tp_bytes", "08_tp_memory", "08_tp_speed"]
+    runs = {n: results.load_results(tmp_path / f"{n}.jsonl") for n in names}
+    assert all(r.rows and r.provenance["profile"] == "cpu" for r in runs.values())
+    assert runs["08_tp_speed"].provenance["tokens"] == 64 and len(runs["08_tp_speed"].rows) == 2
+    assert all(r["equal"] for r in runs["08_tp_bytes"].rows)  # counted collectives == the closed form
+    saved = A.Saved(tmp_path, "cpu")
+    d = A.answer(A.BY_NUMBER["fsdp_tp_calcs(d)"], saved)
+    assert "N_TP = 2, 64 tokens of width 32" in d.text and sum(r["pass / part"] == "(d) measured" for r in d.table) == 3
+    assert "Measured here" in A.answer(A.BY_NUMBER["tp_calcs(b)"], saved).text and set(saved.used) == {"08_tp_speed"}

@@ -13,7 +13,9 @@ What it runs (helpers.course.dry_run_runs), each notebook's largest launch of ea
 model; 03's message buffers; as rank 0 of two on torch's fake process group, 04's speed launch with every DDP
 wrapper and its buckets, 05's memory launch with DDP + AdamW, ShardedOptimizer and ZeRO-1, 07's measure launch (our
 FSDP's gathered weights and pending reduce-scatters, DDP, ZeRO-1); 06's naive attention at every shape with
-pass_steps' kept graph, the leaderboard's, and §6's models side by side under autocast; 07's checkpoint sweep. The
+pass_steps' kept graph, the leaderboard's, and §6's models side by side under autocast; 07's checkpoint sweep;
+08's TP launch (a one-process reference step beside TP and TP+SP), its pipeline launch as the first and the last
+stage of p, ring attention's reference on the whole sequence and the TP speed launch. The
 meta device's gaps and their fills are in helpers.course.dry_run_meta (index asserts, addresses, placeholders,
 collectives, autocast's casts); tests/test_dry_run.py runs each launch at the CPU preset on CPU tensors too and
 finds the same bytes.
@@ -29,6 +31,8 @@ What it still cannot see, and what covers it instead:
   for fully_shard is added to 07's launch; torch DDP runs as DDPBucketed at its 25 MB, whose bucket views hold the
   same 2Ψ as torch's with gradient_as_bucket_view=True. torch's ZeroRedundancyOptimizer runs on meta (the tests)
   but not here: 05 runs it alone at a context of 64, below the memory launch; gpu_plans counts it as ShardedOptimizer.
+- Ring attention's tiles (notebook 08): hundreds of thousands of tiny meta ops (~50 s); its (BH, T/N, d) blocks
+  sit under the T x T scores of the reference (naive attention on the whole sequence) that the launch runs first.
 - Smaller launches of the same code (01's and 04's other sizes, 05's speed and equivalence launches, 06's compile
   comparison): not run; gpu_plans' table ranks them below the ones run here.
 - SDPA's fused kernels (meta runs its math path): §6's models run naive attention, whose T x T bound SDPA's.

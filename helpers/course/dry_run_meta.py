@@ -10,6 +10,8 @@
 - meta_addresses: every meta tensor's data_ptr() is 0, so code that asks "is this gradient already my bucket's
   view?" by address (helpers.ddp, helpers.sharding) would take every tensor for every other; inside, a meta
   storage's address is its own (distinct while it lives) and a tensor's is that plus its offset, as on a GPU.
+- MetaMode: a float read off a meta tensor (float(t), t.item(): a worker's reported differences) is nan, as there is
+  no value to read; an integer or bool read (a value that could steer control flow) still raises.
 - MetaMode: the meta kernels of elementwise ops are Python (0.1-5 ms a call); an op seen before with the same input
   shapes, strides and dtypes gets fresh outputs of the recorded shapes at once (tests/test_dry_run.py checks every
   hit against the kernel), and random initializers, which have no values to draw on meta, return at once.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import re
 import weakref
 from pathlib import Path
@@ -128,6 +131,8 @@ class MetaMode(TorchDispatchMode):
         self.index.check(func, args)
         if func in _NO_DATA and args[0].device.type == "meta" and not self.check:
             return args[0]
+        if func is aten._local_scalar_dense.default and args[0].device.type == "meta" and args[0].is_floating_point():
+            return math.nan  # a float read off a meta tensor (a worker's max |difference|): no value, a placeholder
         out = self._run(func, args, kwargs)
         self.index.record(func, args, out)
         return out

@@ -91,6 +91,7 @@ PLAN = (  # in order of value: what a short lease must produce first
     Batch("04", "notebook 04: DDP variants' step time per size"),
     *(Batch(name, f"notebook 05: optimizer speed, {name[3:]}") for name in SCALES if name.startswith("05-")),
     Batch("07", "notebook 07: FSDP vs DDP, ZeRO-1, fully_shard: speed and memory"),
+    Batch("08", "notebook 08: tensor parallelism exact, its bytes and memory; TP steps against the α-β model"),
     Batch("04-sweep", "notebook 04: bucket-size sweep"),
 )
 BATCHES = {b.name: b for b in PLAN}

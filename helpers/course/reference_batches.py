@@ -24,6 +24,7 @@ from helpers.experiments import benchmarking as XB
 from helpers.experiments import collectives as XC
 from helpers.experiments import ddp as XD
 from helpers.experiments import fsdp as XF
+from helpers.experiments import model_parallel as XM
 from helpers.experiments import rmsnorm as XR
 from helpers.experiments import sharding as XS
 from helpers.model import sizes_for
@@ -121,6 +122,11 @@ SCALES = {  # batch -> profile -> what it runs (plain data; gpu from the noteboo
     "07": {
         "gpu": {k: XF.PROFILES["gpu"][k] for k in ("model", "batch", "context", "warmup", "steps")},
         "cpu": dict(model="small/cpu", batch=4, context=16, warmup=1, steps=2),
+    },
+    "08": {  # tensor parallelism: TP and TP+SP against one process, and the TP step against the α-β model
+        "gpu": {k: XM.PROFILES["gpu"][k] for k in ("model", "batch", "world", *XM.SPEED_KEYS)} | dict(speed_reps=5),
+        "cpu": {k: XM.PROFILES["cpu"][k] for k in ("model", "batch", "world")}
+        | dict(speed_tokens=64, speed_d_model=32, speed_widths=[64, 512], speed_reps=3),
     },
 }
 
@@ -397,6 +403,20 @@ def run_07(s: dict, profile: str, out: Path) -> list[str]:
     return ["07_fsdp_speed", "07_fsdp_memory"]
 
 
+def run_08(s: dict, profile: str, out: Path) -> list[str]:
+    """Notebook 08's tensor parallelism: TP and TP+SP against one process (exactness, bytes, one block's memory) and
+    the TP feed-forward's step against the α-β model per width (what the 2026 tp_calcs / fsdp_tp_calcs answers
+    quote beside their closed forms)."""
+    from helpers.experiments import model_parallel_calc as XT
+
+    backend, device = _two_ranks()
+    run = XM.tensor_parallel_run(s, profile, backend=backend, device=device)
+    for section in (XM.exactness_section, XM.bytes_section, XM.memory_section):
+        section(run, directory=out)
+    XT.speed_section(XT.tp_speed_run(s, profile, backend=backend, device=device), directory=out)
+    return ["08_tp_exactness", "08_tp_bytes", "08_tp_memory", "08_tp_speed"]
+
+
 BODIES = {
     "kernels": run_kernels,
     "registers": run_registers,
@@ -406,6 +426,7 @@ BODIES = {
     "04": run_04,
     "04-sweep": functools.partial(run_04, name="04_ddp_sweep_speed"),
     "07": run_07,
+    "08": run_08,
     **{name: run_06 for name in SCALES if name.startswith("06-")},
     **{name: run_05 for name in SCALES if name.startswith("05-")},
 }

@@ -228,6 +228,18 @@ def _est_07(s, r: Rates) -> float:
     return memory + _train_launch_s(m, 4, s["warmup"] + s["steps"], s["batch"], s["context"], r, 3 * F.param_bytes(m))
 
 
+def _est_08(s, r: Rates) -> float:
+    """Two 2-rank launches: one process's step and TP, TP+SP on the whole batch (with three tracked block forwards
+    each); the speed launch's all-reduces at three sizes and a TP and a local step per width, reps + 1 each."""
+    cfg, tokens, d = s["model"], s["batch"] * s["model"].context_length, s["model"].d_model
+    acts = 4 * tokens * d  # one (B, T, C) fp32 tensor: TP all-reduces 4 per block per step
+    tp = 3 * F.train_flops(cfg, s["batch"], cfg.context_length) / r.flops_s + 4 * cfg.n_layers * 2 * acts / r.gloo_Bps
+    n, t, dm = s["world"], s["speed_tokens"], s["speed_d_model"]
+    ar = 2 * 4 * t * dm / r.gloo_Bps  # one all-reduce of the (tokens, d) activations
+    steps = sum(2 * 12 * t * dm * f / n / r.flops_s + 2 * ar for f in s["speed_widths"])
+    return 2 * r.launch_s + tp + (s["speed_reps"] + 1) * (steps + 5.25 * ar)
+
+
 ESTIMATORS = {
     "kernels": _est_kernels,
     "registers": _est_registers,
@@ -237,6 +249,7 @@ ESTIMATORS = {
     "04": _est_04,
     "04-sweep": _est_04,
     "07": _est_07,
+    "08": _est_08,
     **{name: {"05": _est_05, "06": _est_06}[name[:2]] for name in SCALES if name[:3] in ("05-", "06-")},
 }
 assert set(ESTIMATORS) == set(SCALES)

@@ -3,7 +3,7 @@ helpers.formulas and the notebooks' own PROFILES (pure arithmetic: no CUDA, noth
 checks each estimator against the memory tracker or a measured quantity on a CPU preset; the notebooks' gpu
 configuration cells call fits_here.
 
-    gpu_plan()                                   # one row per run of notebooks 01-07: peak per GPU, fits, needs
+    gpu_plan()                                   # one row per run of notebooks 01-08: peak per GPU, fits, needs
     fits_here("04", torch.cuda.mem_get_info()[1])  # notebook 04's runs, with `fits` for the memory present
 
 What coexists in each run (read from the experiment code):
@@ -17,6 +17,8 @@ What coexists in each run (read from the experiment code):
         T x T matrices at once); the section 6 models side by side with their gradients, one step in flight
     07  per rank: FSDP, DDP, ZeRO-1 and fully_shard built side by side, one step in flight; the checkpoint sweep's
         model without checkpointing; the ring's messages (on one GPU the ring runs on the CPU)
+    08  per rank: a one-process reference step on the whole batch beside the rank's share (TP model, pipeline
+        stage); naive attention on the whole sequence beside ring attention; the widest TP feed-forward timed
 
 Some runs are meant to run out of memory on a smaller card: notebook 06's naive attention rows (the handout asks at
 which length it does) catch the OOM and record it as a row. Those rows carry oom_by_design, and fit_summary calls
@@ -30,7 +32,17 @@ import torch
 
 from helpers import formulas as F
 from helpers.attention import score_matrix_bytes
-from helpers.experiments import attention, benchmarking, collectives, ddp, fsdp, rmsnorm, sharding
+from helpers.experiments import (
+    attention,
+    benchmarking,
+    collectives,
+    ddp,
+    fsdp,
+    model_parallel,
+    model_parallel_pipeline,
+    rmsnorm,
+    sharding,
+)
 from helpers.model import get_config, sizes_for
 
 GB = 1e9  # the table's unit (decimal, as the card's "80 GB")
@@ -370,9 +382,63 @@ def plan_07(profile: str = "gpu", gpus: int = 1, world: int = 2) -> list[dict]:
     return rows
 
 
+# ---- notebook 08: every rank's one-process reference beside its share of the model ----
+
+
+def tp_launch_bytes(cfg, batch_size: int) -> int:
+    """tensor_parallel_worker on a rank: one process's step on the whole batch (its gradients and logits kept as the
+    reference) and, beside it, each mode's TP model with its gradients (at most the full model's 2Ψ) stepping with
+    activations no larger than one process's. An upper bound."""
+    T = cfg.context_length
+    logits = batch_size * T * cfg.vocab_size * 4
+    return retained_graph_bytes(cfg, batch_size, T) + 2 * F.param_bytes(cfg) + logits
+
+
+def pipeline_launch_bytes(cfg, batch_size: int) -> int:
+    """pipeline_worker on a rank: the one-process reference step on the whole batch, its gradients kept, and its
+    stage (at most the model) with gradients and the schedule's activations (at most the whole batch's, after the
+    reference's graph is gone). An upper bound."""
+    return retained_graph_bytes(cfg, batch_size, cfg.context_length) + 2 * F.param_bytes(cfg)
+
+
+def tp_speed_bytes(tokens: int, d_model: int, widths: list, world: int) -> int:
+    """tp_speed_worker on a rank at its widest feed-forward: both weight shards and their gradients, the hidden
+    activations and their gradients, (tokens, d_model) input, output and their gradients (fp32)."""
+    f = max(widths) // world
+    return 4 * (4 * f * d_model + 4 * tokens * f + 4 * tokens * d_model)
+
+
+def plan_08(profile: str = "gpu", gpus: int = 1) -> list[dict]:
+    """Notebook 08: the TP launch, the pipeline launch (p ranks, all on one GPU when there is one), ring attention
+    against naive attention on the whole sequence (its T x T scores bound the ring's blocks), the TP speed launch."""
+    c = model_parallel.PROFILES[profile]
+    cfg, world, p = c["model"], c["world"], c["pipe_world"]
+    pipe_cfg, batch = model_parallel_pipeline.pipe_model(c), c.get("pipe_batch", c["batch"] * c["pipe_micro"])
+    cp = (1, c["cp_batch_heads"], c["cp_context"], c["cp_head_dim"])
+    speed = tp_speed_bytes(c["speed_tokens"], c["speed_d_model"], c["speed_widths"], world)
+    shared = ranks_per_gpu(world, gpus)
+    return [
+        _row("08", f"tensor parallel {cfg.name}, batch {c['batch']}", tp_launch_bytes(cfg, c["batch"]), shared),
+        _row(
+            "08", f"pipeline {p} stages, batch {batch}", pipeline_launch_bytes(pipe_cfg, batch), ranks_per_gpu(p, gpus)
+        ),
+        _row("08", f"ring attention {cp[1:]}", naive_pass_bytes(cp, torch.float32, True), shared),
+        _row("08", f"tp speed, d_ff up to {max(c['speed_widths'])}", speed, shared),
+    ]
+
+
 # ---- the table ----
 
-PLANS = {"01": plan_01, "02": plan_02, "03": plan_03, "04": plan_04, "05": plan_05, "06": plan_06, "07": plan_07}
+PLANS = {
+    "01": plan_01,
+    "02": plan_02,
+    "03": plan_03,
+    "04": plan_04,
+    "05": plan_05,
+    "06": plan_06,
+    "07": plan_07,
+    "08": plan_08,
+}
 
 
 def gpus_here() -> int:

@@ -2,6 +2,7 @@
 
     run = tensor_parallel_run(CONFIG)          # 2 ranks (gloo on the CPU): TP and TP+SP against one process
     exactness_section(run)                     # every output and gradient within 2·n·u of one process
+                                               # (each section: directory=... saves there, as the reference runner)
     bytes_section(run)                         # collectives counted against formulas.model_parallel.tp_collectives
     memory_section(run)                        # one block's saved activations against block_activation_bytes
 
@@ -52,6 +53,8 @@ PROFILES = {  # what notebook 08 runs per profile
         pipe_world=4,
         pipe_micro=8,
         pipe_layers=8,
+        pipe_batch=16,  # every rank's one-process reference on the whole batch: 64 sequences held 25 GB per rank,
+        # 4 ranks over 80 GB on one GPU (the dry run); 16 hold about 6.5 GB each
         cp_batch_heads=32,
         cp_context=4096,
         cp_head_dim=64,
@@ -61,6 +64,7 @@ PROFILES = {  # what notebook 08 runs per profile
     ),
 }
 MODES = {"TP": False, "TP+SP": True}
+SPEED_KEYS = ("speed_tokens", "speed_d_model", "speed_widths")  # what model_parallel_calc's speed launch reads
 
 
 @dataclass
@@ -149,10 +153,10 @@ def exactness_table(run: TPRun) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def exactness_section(run: TPRun) -> Result:
+def exactness_section(run: TPRun, directory=None) -> Result:
     """§1-2's check: every rank's logits and gradient shards within the fp32 reduction-order bound of one process."""
     table = exactness_table(run)
-    path = save_results(table, "08_tp_exactness", profile=run.profile, world=run.config["world"])
+    path = save_results(table, "08_tp_exactness", profile=run.profile, world=run.config["world"], directory=directory)
     cfg = run.config["model"]
     worst = float(table["diff/bound"].max())
     n = FM.reduction_length(cfg, cfg.context_length)
@@ -187,12 +191,12 @@ def bytes_table(run: TPRun) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def bytes_section(run: TPRun) -> Result:
+def bytes_section(run: TPRun, directory=None) -> Result:
     """Bytes per step, counted against the closed forms; TP+SP's sent bytes against TP's."""
     table = bytes_table(run)
     c, cfg = run.config, run.config["model"]
     sent = {m: FM.tp_bytes_sent(cfg, c["batch"], cfg.context_length, c["world"], sp) for m, sp in MODES.items()}
-    path = save_results(table, "08_tp_bytes", profile=run.profile, world=c["world"])
+    path = save_results(table, "08_tp_bytes", profile=run.profile, world=c["world"], directory=directory)
     notes = [
         f"Counted calls and bytes equal the formula in {int(table['equal'].sum())} of {len(table)} rows. With ring "
         f"collectives a rank sends {sent['TP'] / MiB:.3f} MiB per step under TP and {sent['TP+SP'] / MiB:.3f} MiB "
@@ -225,10 +229,12 @@ def memory_table(run: TPRun) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("mode")
 
 
-def memory_section(run: TPRun) -> Result:
+def memory_section(run: TPRun, directory=None) -> Result:
     """§2's memory: one block's activations with TP and with TP+SP against the formula (exact in bytes here)."""
     table = memory_table(run)
-    path = save_results(table.reset_index(), "08_tp_memory", profile=run.profile, world=run.config["world"])
+    path = save_results(
+        table.reset_index(), "08_tp_memory", profile=run.profile, world=run.config["world"], directory=directory
+    )
     one, tp, sp = (table.loc[m, "measured_bytes"] for m in ("one process", "TP", "TP+SP"))
     notes = [
         f"One block keeps {one / MiB:.3f} MiB for backward in one process, {tp / one:.0%} of it under TP and "

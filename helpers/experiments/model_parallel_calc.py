@@ -80,9 +80,10 @@ def tp_speed_run(config: dict, profile: str, backend: str = "auto", device: str 
     return SpeedRun(ranks, sizes, profile, f"{profile} profile · {b} on {d}, {config['world']} ranks")
 
 
-def speed_section(run: SpeedRun) -> Result:
+def speed_section(run: SpeedRun, directory=None) -> Result:
     """Per width: measured TP step, its communication (TP step − the same matmuls alone) and share, against the
-    α-β model (fitted here to the all-reduce times) and the compute rate measured on the local matmuls."""
+    α-β model (fitted here to the all-reduce times) and the compute rate measured on the local matmuls (saved
+    under `directory` when given: the reference runner's folder)."""
     N, s = len(run.ranks), run.sizes
     ar = {k: max(r["all_reduce"][k] for r in run.ranks) for k in run.ranks[0]["all_reduce"]}  # slowest rank
     fit = fit_alpha_beta(list(ar), list(ar.values()))
@@ -106,7 +107,18 @@ def speed_section(run: SpeedRun) -> Result:
             )
         )
     table = pd.DataFrame(rows)
-    path = save_results(table, "08_tp_speed", profile=run.profile, world=N, alpha_s=fit.alpha_s, beta_Bps=fit.beta_Bps)
+    path = save_results(
+        table,
+        "08_tp_speed",
+        profile=run.profile,
+        world=N,
+        alpha_s=fit.alpha_s,
+        beta_Bps=fit.beta_Bps,
+        tokens=s["tokens"],
+        d_model=s["d_model"],
+        share_tol=SHARE_TOL,
+        directory=directory,
+    )
     star = float(np.median(table["d_ff_star"]))
     held = table[table["holds"]]["d_ff"].tolist()
     notes = [

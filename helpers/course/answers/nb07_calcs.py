@@ -8,7 +8,16 @@ import math
 from dataclasses import replace
 
 from helpers import formulas
-from helpers.course.answers.core import Answer, NotMeasured, Question, Reference, answers, fmt_s, register
+from helpers.course.answers.core import (
+    READ_ERRORS,
+    Answer,
+    NotMeasured,
+    Question,
+    Reference,
+    answers,
+    fmt_s,
+    register,
+)
 from helpers.published import MARKS
 
 Q = Question
@@ -65,6 +74,7 @@ QUESTIONS = [
             notebook="07",
             section="§7 Calculators",
             reads=(),
+            also_reads=() if part == "(a)" else ("08_tp_speed",),  # notebook 08's TP axis measured, when saved here
             editions=(2026,),
             name="fsdp_tp_calcs",
             gpu="Closed forms in C and W; the worked example uses H100-like figures.",
@@ -205,13 +215,25 @@ def tp_bounds(q, saved):
     return replace(got, status="closed form")  # the handout asks the closed form; notebook 08's runs check it
 
 
-def _tp_measured(saved) -> str:
-    """Notebook 08's tensor-parallel FFN steps against the same α-β model, when it has run here ("" otherwise)."""
+def _tp_speed(saved):
+    """Notebook 08's saved tensor-parallel FFN steps (08_tp_speed) as (rows, provenance), or None when it has not run
+    here or was saved in a format these answers do not read: they stay closed forms without it."""
     try:
         run = saved.run("08_tp_speed")
-    except NotMeasured:
+        t, p = run.frame(), run.provenance
+        t[["d_ff", "comm_ms", "model_comm_ms", "comm_share", "model_comm_share", "d_ff_star", "holds"]]  # all read
+        float(p["alpha_s"]), float(p["beta_Bps"]), int(p["world"])
+    except (NotMeasured, *READ_ERRORS):
+        return None
+    return t, p
+
+
+def _tp_measured(saved) -> str:
+    """Notebook 08's tensor-parallel FFN steps against the same α-β model, when it has run here ("" otherwise)."""
+    got = _tp_speed(saved)
+    if got is None:
         return ""
-    t, p = run.frame(), run.provenance
+    t, p = got
     held = t.loc[t["holds"].astype(bool), "d_ff"].astype(int).tolist()
     shares = ", ".join(
         f"d_ff {int(r['d_ff'])}: {r['comm_share']:.0%} measured / {r['model_comm_share']:.0%} modelled"
@@ -245,7 +267,92 @@ def fsdp_tp_calcs(q, saved):
         "(d)": "Without overlap compute must outlast their sum; the product N_FSDP·N_TP is largest with each term at "
         f"half the compute, so {_m(c.inequality)} (rings' (N−1)/N taken as 1), a quarter of (c)'s.",
     }[part]
-    return _calc_answer([c], head)
+    got = _calc_answer([c], head)
+    more, rows = _fsdp_tp_measured(part, saved)
+    return replace(got, text=got.text + more, table=got.table + rows)
+
+
+MEASURED = "measured here (notebook 08)"  # the column the measured rows fill, beside the worked example's
+
+
+def _fsdp_tp_measured(part: str, saved) -> tuple[str, tuple]:
+    """fsdp_tp_calcs's parts that notebook 08's TP runs check, when saved here: one sentence and the measured rows
+    (("", ()) otherwise, and for (a), whose FLOPs it does not count). Its runs are the TP axis alone (N_FSDP = 1,
+    so the FSDP term is zero) without overlap: (b)'s TP all-reduce and (d)'s sum; (c) only says why it is not
+    checked. Its two-matrix FFN's training step does 12·B·D·D_FF/N FLOPs per two all-reduces, the 6·B·D·D_FF/N per
+    all-reduce of the gated FFN's forward that these parts count, so the inequality is the same."""
+    got = _tp_speed(saved) if part != "(a)" else None
+    if got is None:
+        return "", ()
+    t, p = got
+    N, alpha = int(p["world"]), float(p["alpha_s"])
+    one = t["model_comm_ms"].astype(float) / 2e3  # the α-β model's all-reduce, s (the same at every width)
+    bw = float(one.median()) - alpha  # its bandwidth term alone: the handout's, which leaves α out
+    shape = f", {p['tokens']} tokens of width {p['d_model']}" if {"tokens", "d_model"} <= set(p) else ""
+    where = (
+        f" Measured here (notebook 08: the TP axis alone, N_FSDP = 1 and N_TP = {N}{shape} in fp32, α = "
+        f"{alpha * 1e6:.0f} µs and β = {float(p['beta_Bps']) / 1e9:.2f} GB/s fitted to its all-reduces; rows below)"
+    )
+    if part == "(c)":
+        return (
+            where + ": its all-reduces run between its matmuls, not beside them, so its runs check (d)'s sum, not "
+            "this overlapped bound.",
+            (),
+        )
+    if part == "(b)":
+        meas = t["comm_ms"].astype(float) / 2e3  # the step's communication, per all-reduce (g forward, f backward)
+        ratio = meas / one
+        return (
+            where + f": one all-reduce takes {fmt_s(float(meas.min()))}-{fmt_s(float(meas.max()))} over the widths "
+            f"against the α-β model's {fmt_s(float(one.median()))} ({float(ratio.min()):.2f}-{float(ratio.max()):.2f}x "
+            f"it); α is {alpha / float(one.median()):.0%} of the model there, which the handout's bandwidth-only term "
+            f"({fmt_s(bw)}) leaves out.",
+            (
+                {
+                    "pass / part": "(b) measured",
+                    "quantity": "TP all-reduce time, per all-reduce (half a step's communication)",
+                    "expression": _m("α + 2·(N_TP−1)/N_TP·S/β, S = B·D·4 bytes"),
+                    MEASURED: f"{fmt_s(float(meas.median()))} (median over {len(t)} widths; model "
+                    f"{fmt_s(float(one.median()))}, of which α {fmt_s(alpha)})",
+                },
+            ),
+        )
+    star = float(t["d_ff_star"].astype(float).median())
+    star_bw = star * bw / (alpha + bw)  # the same point with α = 0, the handout's model
+    bound = t.loc[t["comm_share"].astype(float) < 0.5, "d_ff"].astype(int).tolist()
+    held = t.loc[t["holds"].astype(bool), "d_ff"].astype(int).tolist()
+    tol = f" (±{float(p['share_tol']):g})" if "share_tol" in p else ""
+    rows = tuple(
+        {
+            "pass / part": "(d) measured",
+            "quantity": f"share of a step communicating, d_ff {int(r['d_ff'])}",
+            "expression": _m("comm/(compute + comm)"),
+            MEASURED: f"{float(r['comm_share']):.0%} measured / {float(r['model_comm_share']):.0%} α-β model: "
+            + ("holds" if bool(r["holds"]) else "does not hold")
+            + tol,
+        }
+        for r in t.to_dict("records")
+    ) + (
+        {
+            "pass / part": "(d) measured",
+            "quantity": f"compute-bound at N_TP = {N}, N_FSDP = 1",
+            "expression": _m("D_FF ≥ N·C·2(α + 2(N−1)/N·S/β)/(12·B·D)"),
+            MEASURED: f"model: d_ff ≥ {star:.0f} (≥ {star_bw:.0f} with α = 0); measured (share under half): "
+            + (f"d_ff {', '.join(map(str, bound))}" if bound else "at no width"),
+        },
+    )
+    return (
+        where + f": without an FSDP axis the sum is TP's all-reduce alone (the two-matrix FFN's training step does "
+        f"{_m('6·B·D·D_FF/N')} FLOPs per all-reduce, as this gated forward does), and the α-β model puts the "
+        f"compute-bound width at d_ff ≈ {star:.0f} ({star_bw:.0f} without α); it holds{tol} at "
+        + (f"d_ff {', '.join(map(str, held))}" if held else "no width")
+        + (
+            f" and not at d_ff {', '.join(str(int(f)) for f in t['d_ff'] if int(f) not in held)}."
+            if len(held) < len(t)
+            else "."
+        ),
+        rows,
+    )
 
 
 def plan_name(r: dict) -> str:
