@@ -176,7 +176,7 @@ def run_05(c=None) -> list[dict]:
     """Notebook 05 §2: the memory launch, each kind (DDP's buckets with AdamW, ShardedOptimizer, ZeRO-1) built,
     stepped twice and freed in turn. The speed launches hold one kind each at a context of 64 (less); torch's
     ZeroRedundancyOptimizer, theirs alone, is planned as ShardedOptimizer's states."""
-    c = c or XS.PROFILES["gpu"]
+    c = c or XS.config_for("gpu", "2026", shared=G.ranks_per_gpu(WORLD, 1), gpu_bytes=G.H100_BYTES)
     kinds = ["unsharded", "sharded", "zero1"]
     rows = []
     for size in c["memory_models"]:

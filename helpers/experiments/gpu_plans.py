@@ -243,11 +243,15 @@ def kind_peak_bytes(kind: str, size, batch_per_rank: int, context_length: int, w
     return states + max(act, step) + F.token_bytes(batch_per_rank, context_length)
 
 
-def plan_05(profile: str = "gpu", gpus: int = 1, world: int = 2) -> list[dict]:
+def plan_05(
+    profile: str = "gpu", gpus: int = 1, world: int = 2, edition: str = "2026", gpu_bytes: float = H100_BYTES
+) -> list[dict]:
     """Notebook 05: the equivalence check (kinds one after another, the unsharded gradients kept), the memory runs
-    (kinds one after another: the largest counts) and each speed launch (its kinds side by side)."""
-    c = sharding.PROFILES[profile]
-    b, check, shared = c["batch"] // world, c["check_model"], ranks_per_gpu(world, gpus)
+    (kinds one after another: the largest counts) and each speed launch (its kinds side by side), at the models its
+    setting picks for `edition` on GPUs of gpu_bytes (sharding.config_for)."""
+    shared = ranks_per_gpu(world, gpus)
+    c = sharding.config_for(profile, edition, shared=shared, gpu_bytes=gpu_bytes if profile == "gpu" else None)
+    b, check = c["batch"] // world, c["check_model"]
     ref = 3 * F.param_bytes(check)  # equivalence: 3 steps of the unsharded run's averaged gradients
     rows = [
         _row(
@@ -429,6 +433,7 @@ def plan_08(profile: str = "gpu", gpus: int = 1) -> list[dict]:
 
 # ---- the table ----
 
+PICKS_BY_CARD = ("05",)  # notebooks whose models depend on the card's memory (sharding.config_for)
 PLANS = {
     "01": plan_01,
     "02": plan_02,
@@ -449,7 +454,8 @@ def gpus_here() -> int:
 def gpu_plan(gpu_bytes: float = H100_BYTES, profile: str = "gpu", gpus: int = 1) -> pd.DataFrame:
     """Every notebook's runs on `gpus` GPUs of gpu_bytes each: peak per GPU, whether it fits, how much more it needs
     (multi-rank runs share a GPU only when there are fewer GPUs than ranks)."""
-    plan = pd.DataFrame([row for fn in PLANS.values() for row in fn(profile, gpus=gpus)])
+    card = {nb: {"gpu_bytes": gpu_bytes} for nb in PICKS_BY_CARD}
+    plan = pd.DataFrame([row for nb, fn in PLANS.items() for row in fn(profile, gpus=gpus, **card.get(nb, {}))])
     by_design = plan.pop("oom_by_design")
     plan["budget_GB"] = gpu_bytes / GB
     plan["fits"] = plan["peak_per_gpu_GB"] <= plan["budget_GB"]
