@@ -106,7 +106,7 @@ def test_a_planted_wrapper_overrun_is_caught(monkeypatch):
         self.spare = [torch.zeros_like(b) for b in self.bucket_buffers]  # every gradient's bytes once more
 
     monkeypatch.setattr(DDP.DDPBucketed, "__init__", double_buffered)
-    with pytest.raises(ValueError, match=r"notebook 04: speed small, 6 variants holds .* over gpu_plans'"):
+    with pytest.raises(ValueError, match=r"notebook 04: speed small-2026, 6 variants holds .* over gpu_plans'"):
         D.check(D.dry_run(["04"]))
 
 

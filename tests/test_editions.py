@@ -145,3 +145,16 @@ def test_notebook_05_names_its_models_by_edition_and_shrinks_only_what_a_shared_
     shared = config_for("gpu", "2026", shared=2, gpu_bytes=80e9)  # two ranks on one H100: 2 × ~55 GB of states
     assert shared["speed_model"] == "large-2026" and "xl-2026 -> large-2026" in shared["cut"][0]
     assert config_for("gpu", "2024", shared=2, gpu_bytes=80e9)["speed_model"] == "xl"  # 2 × ~24 GB fit
+
+
+def test_notebook_04_names_its_sizes_by_edition():
+    from helpers.experiments import ddp
+
+    assert ddp.config_for("cpu", "2026")["sizes"] == ["small-2026/cpu", "medium-2026/cpu", "large-2026/cpu"]
+    assert (
+        ddp.config_for("gpu", "2024")["sweep_model"] == "small" and ddp.config_for("gpu")["sweep_model"] == "small-2026"
+    )
+    s = ddp.Setting(
+        "cpu", "gloo", "cpu", ddp.config_for("cpu", "2025"), Budget(None, "04", None), "here", edition="2025"
+    )
+    assert s.edition == "2025"

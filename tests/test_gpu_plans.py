@@ -179,7 +179,7 @@ def test_nb04_each_variant_holds_a_model_and_its_gradients(one_rank_group):
         held = list(d.module.parameters()) + list(d.module.buffers()) + [p.grad for p in d.module.parameters()]
         held += getattr(d, "bucket_buffers", [])
         assert _storage_bytes(held) == per_variant, label
-    c = ddp.PROFILES["cpu"]
+    c = ddp.config_for("cpu")
     assert G.ddp_variants(c["sweep_model"], "cpu") > G.ddp_variants(c["sizes"][0], "cpu") == len(ddp.SPEED_VARIANTS)
 
 

@@ -149,7 +149,7 @@ def run_04(c=None) -> list[dict]:
     """Notebook 04 §2: the speed launch with the largest plan (the sweep model's, with every bucket size): every
     wrapper built on a copy of the model and stepped twice (each then holds its gradients or buckets while the
     others step), as rank 0 of two on the fake process group."""
-    c = c or XD.PROFILES["gpu"]
+    c = c or XD.config_for("gpu")
     size = max(c["sizes"], key=lambda s: G.ddp_rank_bytes(s, G.ddp_variants(s), c["batch"] // WORLD, c["context"]))
     variants = XD.SPEED_VARIANTS + (
         [v for v in XD.sweep_variants(G.sweep_buckets_mb()) if v not in XD.SPEED_VARIANTS]

@@ -28,7 +28,7 @@ from helpers.experiments.common import (
     rank_share,
     train_step,
 )
-from helpers.model import lm_loss
+from helpers.model import for_edition, lm_loss
 
 EPS32 = torch.finfo(torch.float32).eps  # 2**-23; unit roundoff u = EPS32 / 2
 
@@ -279,7 +279,8 @@ def check_equivalence(
 ) -> pd.DataFrame:
     """Launch equivalence_worker for model `name` (EQUIVALENCE[name], overridable) and tabulate (equivalence_rows).
     Passes when start_equal and ranks_equal hold and grad_ratio, weight_ratio are <= 1 (assert_equivalent)."""
-    config = {**EQUIVALENCE[name], **config}
+    shape = name if name in EQUIVALENCE else for_edition(name, "2024")  # every edition's small/cpu: one setting
+    config = {**EQUIVALENCE[shape], **config}
     worker = functools.partial(equivalence_worker, model=name, variants=variants, **config)
     return equivalence_rows(name, L.launch(worker, world, backend=backend, device=device))
 

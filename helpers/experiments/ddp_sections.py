@@ -40,7 +40,7 @@ from helpers.experiments.ddp_speed import (
     speed_table,
     sweep_variants,
 )
-from helpers.model import count_parameters
+from helpers.model import count_parameters, for_edition
 from helpers.section import Result
 
 SEED_BUCKETS_MB = [1, 5, 10, 25, 50, 100, 500]  # the seed's bucket-size sweep
@@ -56,8 +56,10 @@ PROFILES = {  # notebook 04 per profile: speed-table models, the sweep's model, 
         steps=10,
         extra_buckets_mb=[0.03125, 0.0625, 0.125, 0.25, 0.5],
     ),
+    # the sweep on small: medium's 12 variants side by side (SwiGLU's third matrix, 2025/2026) overflow one H100
+    # shared by both ranks
     "gpu": dict(
-        sizes=["small", "medium"], sweep_model="medium", batch=8, context=128, warmup=3, steps=10, extra_buckets_mb=[]
+        sizes=["small", "medium"], sweep_model="small", batch=8, context=128, warmup=3, steps=10, extra_buckets_mb=[]
     ),
 }
 
@@ -124,19 +126,38 @@ class Setting:
     budget: Budget
     where: str
     trace_dir: object = None  # §3's Chrome traces go under it, one folder per model
+    edition: str = "2024"  # whose model the sizes are (model.for_edition)
+
+    def save(self, rows, name: str, **extra):
+        """save_results with the profile, the backend and the edition whose model ran (the answers page says which)."""
+        return results.save_results(
+            rows, name, profile=self.profile, backend=self.backend, edition=self.edition, **extra
+        )
 
 
-def setting(profile: str, budget: str | float = "auto") -> Setting:
-    """Notebook 04's setting from its parameters cell (PROFILE, BUDGET): 2 ranks, gloo on CPU (on one GPU the ranks
-    share it through gloo); on cpu the budget calibrates this machine (about a second)."""
+def config_for(profile: str, edition: str = "2026") -> dict:
+    """PROFILES[profile] with its sizes as `edition`'s Table 1 names them (model.for_edition)."""
+    c = PROFILES[profile]
+    return {
+        **c,
+        "sizes": [for_edition(m, edition) for m in c["sizes"]],
+        "sweep_model": c["sweep_model"] and for_edition(c["sweep_model"], edition),
+    }
+
+
+def setting(profile: str, budget: str | float = "auto", edition: str = "2026") -> Setting:
+    """Notebook 04's setting from its parameters cell (PROFILE, BUDGET, EDITION): 2 ranks, gloo on CPU (on one GPU
+    the ranks share it through gloo); on cpu the budget calibrates this machine (about a second); the sizes as
+    `edition`'s Table 1 names them."""
     from helpers.launch import choose_backend
 
     profile, machine = env.resolve_profile(profile), env.machine_facts()["device"]
     backend, device = choose_backend(2)
-    where = f"{machine} · {profile} profile · {backend} on {device}, 2 ranks"
+    where = f"{machine} · {profile} profile · {edition} model · {backend} on {device}, 2 ranks"
     traces = results.DATA_DIR / "local" / results.device_slug(machine) / "04_traces"
     budget = Budget.resolve(budget, "04", profile)
-    return Setting(profile, backend, device, PROFILES[profile], budget, where, traces)
+    config = config_for(profile, edition)
+    return Setting(profile, backend, device, config, budget, where, traces, str(edition))
 
 
 def correctness_section(s: Setting) -> Result:
@@ -147,11 +168,13 @@ def correctness_section(s: Setting) -> Result:
     checks = pd.concat(
         [
             check_equivalence("toy", toy_variants(), backend=s.backend, device=s.device),
-            check_equivalence("small/cpu", transformer_variants(), backend=s.backend, device=s.device),
+            check_equivalence(
+                for_edition("small/cpu", s.edition), transformer_variants(), backend=s.backend, device=s.device
+            ),
         ],
         ignore_index=True,
     )
-    saved = results.save_results(checks, "04_ddp_checks", profile=s.profile, backend=s.backend, device_used=s.device)
+    saved = s.save(checks, "04_ddp_checks", device_used=s.device)
     return correctness_result(checks, saved, seconds=time.perf_counter() - start, where=s.where)
 
 
@@ -213,11 +236,9 @@ def speed_section(s: Setting) -> SpeedResult:
         device=s.device,
         trace_dir=s.trace_dir,
     )
-    saved = results.save_results(
+    saved = s.save(
         speed,
         "04_ddp_speed",
-        profile=s.profile,
-        backend=s.backend,
         device_used=s.device,
         batch=c["batch"],
         context=c["context"],
@@ -234,7 +255,7 @@ def ratios_section(s: Setting, sp: SpeedResult) -> Result:
     """§2's comparisons: every pair of variants' step time per model, paired step by step with its 95% interval
     (saved as 04_ddp_ratios, which the answers page reads); the notes name a winner only outside the noise."""
     rows = ratio_rows(sp.raw)
-    saved = results.save_results(rows, "04_ddp_ratios", profile=s.profile, backend=s.backend, device_used=s.device)
+    saved = s.save(rows, "04_ddp_ratios", device_used=s.device)
     return ratios_result(sp, rows, saved)
 
 
@@ -262,7 +283,7 @@ def overlap_section(s: Setting, sp: SpeedResult) -> Result:
     traced = s.backend == "gloo"  # gloo's worker threads record each all-reduce; NCCL's run on the GPU
     overlap = overlap_table(sp.raw[model], shown, traced=traced)
     table = overlap.reset_index()
-    saved = results.save_results(table, "04_ddp_overlap", profile=s.profile, model=model, backend=s.backend)
+    saved = s.save(table, "04_ddp_overlap", model=model)
     notes = [f"share of communication time inside backward, {model} · {s.where}"]
     if traced:
         folder = (s.trace_dir / model.replace("/", "_")).relative_to(results.DATA_DIR.parent)
@@ -304,10 +325,9 @@ def bucket_section(s: Setting, sp: SpeedResult, ab) -> BucketResult:
     04_ddp_bucket_sweep; the notes say where the measured optimum is, where the model's is, and how far apart."""
     model = sp.sweep_model
     sweep, fit = bucket_sweep(sp.speed, model, alpha_s=ab.alpha_s, beta_Bps=ab.beta_Bps)
-    saved = results.save_results(
+    saved = s.save(
         sweep,
         "04_ddp_bucket_sweep",
-        profile=s.profile,
         model=model,
         alpha_s=ab.alpha_s,
         beta_Bps=ab.beta_Bps,

@@ -197,7 +197,7 @@ def sweep_buckets_mb(profile: str = "gpu") -> list:
 
 def ddp_variants(size, profile: str = "gpu") -> int:
     """How many variants nb04's speed launch for `size` holds at once (the sweep model adds the bucket sweep)."""
-    if size != ddp.PROFILES[profile]["sweep_model"]:
+    if size != ddp.config_for(profile)["sweep_model"]:
         return DDP_SPEED_RUNS
     extra = [v for v in ddp.sweep_variants(sweep_buckets_mb(profile)) if v not in ddp.SPEED_VARIANTS]
     return DDP_SPEED_RUNS + len(extra)
@@ -210,7 +210,7 @@ def ranks_per_gpu(world: int, gpus: int) -> int:
 
 def plan_04(profile: str = "gpu", gpus: int = 1, world: int = 2) -> list[dict]:
     """Notebook 04: one speed launch per size (2 ranks, each with its half of the batch; on one GPU both share it)."""
-    c = ddp.PROFILES[profile]
+    c = ddp.config_for(profile)  # the default edition's sizes
     return [
         _row(
             "04",
