@@ -1,0 +1,107 @@
+"""Issue 41's closed-form answers: gradient_checkpointing(a)'s code sketch run as its text says, its table's unit and
+count against the measured rows; the 2026 leaderboard's tie rule and chosen plan from the same values, at the
+handout's bf16 Config; units as the values are computed (MiB for 2^20 bytes, MB for 10^6)."""
+
+import answers_data as D
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from helpers import formulas as F
+from helpers.course import answers as A
+from helpers.memory import track
+
+# ---- gradient_checkpointing(a): the sketch, the count, the unit ----------------------------------------------------
+
+WIDE = 8  # each toy block saves one tensor WIDE times its input: A = 8 I, nothing shared between blocks
+
+
+class Wide(torch.nn.Module):
+    """A parameter-free block whose saved activations are exactly WIDE inputs (tanh's output), counting its calls."""
+
+    calls = 0
+
+    def forward(self, x):  # (R, d) -> (R, d)
+        Wide.calls += 1
+        return torch.tanh(x.repeat(1, WIDE)).view(x.shape[0], WIDE, x.shape[1]).sum(1)  # saves (R, WIDE·d)
+
+
+def halves(blocks, x):
+    """Nested halving: each half checkpointed, recursively (the table's 'nested halving' row)."""
+    if len(blocks) == 1:
+        return blocks[0](x)
+    m = len(blocks) // 2
+    return checkpoint(halves, blocks[m:], checkpoint(halves, blocks[:m], x, use_reentrant=False), use_reentrant=False)
+
+
+def plain(blocks, x):
+    for b in blocks:
+        x = b(x)
+    return x
+
+
+def peak_and_grad(fn, n: int) -> tuple[int, torch.Tensor, int]:
+    """(peak bytes above the input, the input's gradient, block forwards) of fn(n blocks, x).sum().backward()."""
+    x = torch.linspace(-2, 2, 256 * 16).reshape(256, 16).requires_grad_()
+    Wide.calls = 0
+    trace = track(lambda: fn([Wide() for _ in range(n)], x).sum().backward(), existing=[x])
+    return trace.peak_bytes - trace.baseline_bytes, x.grad, Wide.calls
+
+
+def test_the_prefix_sketch_runs_as_the_answer_says():
+    """The answer's own text, executed: the gradients of a plain run, N(N+1)/2 block forwards (the table's forward
+    passes × N; nested halving's as torch's early stop runs them), and a peak that does not grow with N, where a plain
+    run grows by A per block and nested halving by one kept input I per level (the table's counts N·A, ⌈log₂N⌉·I + A,
+    I + A)."""
+    from helpers.course.answers.nb07 import PREFIX_SKETCH
+
+    scope = {"checkpoint": checkpoint}
+    exec(PREFIX_SKETCH, scope)  # noqa: S102 - the answer's code sketch, run as printed
+    prefix = scope["prefix"]
+    inp = 256 * 16 * 4  # bytes of one block input I
+    got = {(fn.__name__, n): peak_and_grad(fn, n) for fn in (plain, halves, prefix) for n in (3, 4, 8)}
+    for n in (3, 4, 8):
+        assert torch.equal(got["prefix", n][1], got["plain", n][1]) and torch.equal(
+            got["halves", n][1], got["plain", n][1]
+        )
+        assert got["prefix", n][2] == n * (n + 1) // 2 == F.checkpoint_strategies(n)["prefix"]["forward_passes"] * n
+        assert (
+            got["halves", n][2] == F.halving_forwards(n) == n * F.checkpoint_strategies(n)["nested"]["forward_passes"]
+        )
+    assert got["plain", 8][0] - got["plain", 4][0] == 4 * WIDE * inp  # N·A
+    assert got["halves", 8][0] - got["halves", 4][0] == inp  # ⌈log₂N⌉·I: 3 levels against 2
+    assert got["prefix", 8][0] == got["prefix", 4][0] == got["prefix", 3][0]  # I + A, whatever N
+
+
+def checkpoint_rows(peaks: dict) -> list[dict]:
+    return [
+        {"segment": k, "peak_MiB": v, "median_ms": 100.0, "time / none": 1.3, "low": 1.2, "high": 1.4}
+        for k, v in peaks.items()
+    ]
+
+
+@pytest.mark.parametrize(
+    "peaks, says",
+    [
+        ({0: 44.7, 1: 24.0, 2: 25.9, 3: 27.8, 12: 44.7}, "both least at k = 1"),
+        ({0: 44.7, 1: 29.0, 2: 25.9, 3: 27.8, 12: 44.7}, "the measured peak least at k = 2, the count at k = 1"),
+    ],
+)
+def test_gradient_checkpointing_a_states_its_unit_and_holds_the_measured_rows_to_its_count(tmp_path, peaks, says):
+    """Issue 41: the table counted in "blocks" never said what one is, and by it (a kept input = a block) the
+    measured best k = 1 was the worst. A and I are stated, counted with this run's sizes, and each measured row sits
+    beside the count M(k) = ⌈N/k⌉·I + k·A it is compared with."""
+    meta = dict(model="small/cpu", n_blocks=12, batch=4, context=64, k_continuous=0.79, k_best=1, steps=3)
+    D.write(tmp_path, {"07_checkpoint": (checkpoint_rows(peaks), meta)})
+    got = A.answer(A.BY_NUMBER["gradient_checkpointing(a)"], A.Saved(tmp_path, "cpu"))
+    cfg = F.get_config("small/cpu", n_layers=12)
+    inp = 4 * 64 * cfg.d_model * 4  # I: one fp32 block input
+    act = F.activation_bytes(cfg, 4, 64)["blocks"] / 12  # A
+    assert got.measured and says in got.text, got.text
+    assert f"A = {act / 2**20:.3g} MiB, I = {inp / act:.3f} A" in got.text and "`def prefix(blocks, x)" in got.text
+    rows = {r["strategy"]: r for r in got.table}
+    k1 = rows["one level, k = 1"]
+    assert k1["counted, N = 12 here"].startswith(f"{(12 * inp + act) / act:.2f} A")  # 1.63 A, not 13 blocks
+    assert k1["measured peak"] == "24 MiB" if peaks[1] == 24.0 else "29 MiB"
+    assert rows["recursive prefix checkpointing"]["counted, N = 12 here"].startswith(f"{(inp + act) / act:.2f} A")
+    assert "one level, k = 12" not in rows  # one segment of every block is no split
