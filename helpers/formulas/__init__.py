@@ -43,6 +43,7 @@ from helpers.formulas.collectives import (
 )
 from helpers.formulas.flops import PEAK_FLOPS, forward_flops, matmul_params, mfu, peak_flops, shape_ratios, train_flops
 from helpers.formulas.plans import (
+    HANDOUT_PRECISION,
     HEAD_CHUNK_TOKENS,
     LEADERBOARD_GPUS,
     LEADERBOARD_MFU,
@@ -192,6 +193,7 @@ __all__ = [
     "PLAN_CHECKPOINTING",
     "PLAN_HEADS",
     "PLAN_PRECISIONS",
+    "HANDOUT_PRECISION",
     "HEAD_CHUNK_TOKENS",
     "llama_params",
     "llama_block_saved_bytes",
