@@ -12,7 +12,7 @@ from helpers.formulas.checkpointing import checkpoint_memory
 
 # A Llama-like model: per block RMSNorm, q/k/v/o projections (4d²), causal FlashAttention (saves O and one fp32
 # logsumexp per row and head, never the T × T scores), RMSNorm, SwiGLU (3·d·d_ff); untied embedding and LM head.
-# bf16 compute (weights, activations and gradients in bf16) with fp32 master weights and AdamW moments (12 B/param).
+# bf16 compute (weights, activations and gradients in bf16); the optimizer state per PLAN_PRECISIONS (below).
 
 LEADERBOARD_MODEL = dict(
     d_model=4096,
