@@ -143,3 +143,58 @@ def test_the_notebook_section_chooses_as_the_answers_page_does():
         assert b["precision"] == F.HANDOUT_PRECISION and f"{gpu}: fastest that fits (ties to less memory)" in "".join(
             section.notes
         )
+
+
+# ---- units as the values are computed: MiB for 2^20 bytes, MB for 10^6 ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    return D.synthetic_folder(tmp_path_factory)
+
+
+def test_bucket_sizes_are_mib_because_ddp_computes_them_so_and_the_page_says_it_once(synthetic):
+    """bucket_size_mb is the handout's; DDPBucketed (and torch's bucket_cap_mb) take 2^20 bytes per MB: two 520,000
+    byte gradients (1.04 MB, under 1 MiB) share one 1-"MB" bucket. So the page writes MiB and says why, once."""
+    from helpers.ddp import DDPBucketed
+
+    assert len(DDPBucketed._plan([520_000, 520_000], 1.0)) == 1  # MB = 10^6 would need two buckets
+    assert len(DDPBucketed._plan([530_000, 530_000], 1.0)) == 2  # 1.06e6 > 2^20
+    got = D.all_answers(synthetic)
+    sweep, model = got["3.4.4(a)"][0], got["3.4.4(b)"][0]
+    assert "from 1 to 25 MiB" in sweep and "lowest median is 1 MiB" in sweep, sweep
+    assert sweep.count("1024² bytes") == 1 and "2^20 bytes per MB" in sweep
+    assert "was at 1 MiB" in model and not any(f" {u} MB" in sweep + model for u in ("1", "25"))
+    overlap = got["3.4.3(c)"][0]
+    assert " MB" not in overlap, overlap
+    from helpers.course.answers.nb04 import ddp_name
+
+    assert [ddp_name(v) for v in ("bucketed 10 MB", "torch_ddp 25 MB", "bucketed 0.5 MB", "naive")] == [
+        "bucketed (10 MiB)",
+        "torch DDP (25 MiB)",
+        "bucketed (0.5 MiB)",
+        "naive DDP",
+    ]
+
+
+def test_message_sizes_are_written_from_their_bytes_in_binary_units(tmp_path):
+    """3.1.1 names each size from size_bytes (2^19 bytes = 512 KiB), whatever label an older run saved beside it."""
+    rows = [
+        {
+            "backend": "gloo",
+            "device": "cpu",
+            "world_size": 2,
+            "op": "all_reduce",
+            "size_bytes": b,
+            "size": label,  # an older run's label, in the wrong unit
+            "time_s": t,
+            "p25_s": 0.9 * t,
+            "p75_s": 1.1 * t,
+            "busbw_GBps": b / t / 1e9,
+            "wrong": 0,
+        }
+        for b, label, t in ((2**19, "512 KB", 1e-3), (2**20, "1 MB", 1.6e-3), (2**30, "1 GB", 0.8))
+    ]
+    D.write(tmp_path, {"03_collectives": (rows, dict(cpu_count=2))})
+    got = A.answer(A.BY_NUMBER["3.1.1"], A.Saved(tmp_path, "cpu"))
+    assert "2 ranks: 512 KiB in" in got.text and "1 GiB in" in got.text and " KB " not in got.text, got.text

@@ -261,7 +261,7 @@ def notebook_calculators():
 
 
 def test_notebook_calculators_page_is_small_and_gives_back_every_table(notebook_calculators):
-    """Issue 41: 825 precomputed tables made notebook 07's page 2.3 MB. The grid gives back every combination's table
+    """Issue 41: 825 precomputed tables made notebook 07's page 2.4 MB. The grid gives back every combination's table
     exactly (grid_table mirrors the page's script), in under 100 kB per calculator (each was 0.7-1.1 MB)."""
     for calc in notebook_calculators:
         block = calc._repr_html_()
