@@ -1,6 +1,6 @@
 """A calculator that needs no kernel and no network (notebooks 05 and 07): every combination of its inputs is
-computed here, in Python, once; the page holds each distinct table once (a <template>) and, per combination, the
-number of its table, and a few lines of inline JavaScript show the current choice's table, in JupyterLab and in the
+computed here, in Python, once (the Python function stays the only source of the numbers); the page carries them as a
+compact grid, and a few lines of inline JavaScript assemble the current choice's table, in JupyterLab and in the
 exported HTML writeup alike.
 
     calc = Calculator(zero_table, {"model": ["small", "xl"], "world_size": [1, 2, 4, 8, 16],
@@ -15,6 +15,12 @@ A list of numbers becomes a slider over its *positions* (1, 2, 4, ..., 1024 get 
 current value; anything else a drop-down. Choices given as {label: value} show the label, e.g. {"80 GB": 80e9}.
 The HTML: root `<div class="calc">`, one control per input with `data-input="<keyword>"`, the table in
 `<div class="calc-output">`; the table follows every `input` and `change` event of the controls.
+
+The compact grid (`page_grid`): each combination's table HTML is cut at its tags into pieces. Where every table has
+the same number of pieces (the same layout, other numbers), each piece is stored once over only the inputs it depends
+on (a column that depends on the model alone is stored once per model, not once per combination) and constant runs of
+pieces as one string; tables of different layouts are stored whole, each distinct one once. 825 combinations of
+notebook 07's strategies calculator were 0.7 MB of precomputed tables; as a grid they are a few dozen kB.
 """
 
 from __future__ import annotations
@@ -30,25 +36,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 
+import numpy as np
 import pandas as pd
 
-MAX_COMBINATIONS = 5000  # every combination's table is computed here and its number stored in the page
+MAX_COMBINATIONS = 5000  # every combination's table is computed here (the page's grid grows with what varies)
 
 SCRIPT = """(function () {
   var root = (document.currentScript && document.currentScript.closest(".calc")) || document.getElementById(%(id)s);
   var data = %(data)s;
-  var tables = root.querySelectorAll("template[data-table]");
   var controls = root.querySelectorAll("[data-input]");
   var output = root.querySelector(".calc-output");
-  function update() {
+  function piece(part, positions) {
+    if (typeof part === "string") { return part; }
     var flat = 0;
+    part[0].forEach(function (axis) { flat = flat * data.sizes[axis] + positions[axis]; });
+    return data.pool[part[1][flat]];
+  }
+  function update() {
+    var positions = [];
     controls.forEach(function (control, i) {
-      var position = Number(control.value);
-      flat = flat * data.sizes[i] + position;
+      positions.push(Number(control.value));
       var shown = control.parentNode.querySelector("output");
-      if (shown) { shown.textContent = data.labels[i][position]; }
+      if (shown) { shown.textContent = data.labels[i][positions[i]]; }
     });
-    output.innerHTML = tables[data.index[flat]].innerHTML;
+    output.innerHTML = data.parts.map(function (part) { return piece(part, positions); }).join("");
   }
   controls.forEach(function (control) {
     control.addEventListener("input", update);
@@ -100,7 +111,7 @@ def _check_signature(fn: Callable, inputs: list[Choices]) -> None:
         ) from None
 
 
-def _evaluate(fn: Callable, kwargs: dict):
+def evaluate(fn: Callable, kwargs: dict):
     """fn(**kwargs), which must be a DataFrame, a Styler, or rows as plain data ({row label: {column: value}}, shown
     with floats to 3 decimals); the failing combination is named otherwise."""
     try:
@@ -115,6 +126,46 @@ def _evaluate(fn: Callable, kwargs: dict):
             "shows pandas DataFrames, Stylers or {row: {column: value}} dicts"
         )
     return result
+
+
+def page_grid(tables: list[str], sizes: list[int]) -> dict:
+    """The page's data for one table per combination (row-major, the last input fastest): the pieces every table
+    shares as plain strings, and each piece that varies as [the inputs it depends on, indices into a pool of distinct
+    strings over just those inputs]. `grid_table` (and the page's script) puts a combination's table back together."""
+    if len(tables) != math.prod(sizes):
+        raise ValueError(f"{len(tables)} tables for {' × '.join(map(str, sizes))} = {math.prod(sizes)} combinations")
+    cut = [re.split(r"(<[^>]*>)", t) for t in tables]  # text, tag, text, ...: the layout is the tags
+    if len({len(pieces) for pieces in cut}) > 1:
+        cut = [[t] for t in tables]  # layouts differ: each table whole (each distinct one once in the pool)
+    pool: dict[str, int] = {}
+    parts: list = []
+    for column in zip(*cut, strict=True):  # one piece, across every combination
+        grid = np.array(column, dtype=object).reshape(sizes)
+        axes = [a for a in range(grid.ndim) if (grid != grid.take([0], axis=a)).any()]  # the inputs it depends on
+        if not axes:
+            if parts and isinstance(parts[-1], str):
+                parts[-1] += column[0]  # a run of constant pieces: one string
+            else:
+                parts.append(column[0])
+            continue
+        over = grid[tuple(slice(None) if a in axes else 0 for a in range(grid.ndim))]  # only those inputs' axes
+        parts.append([axes, [pool.setdefault(text, len(pool)) for text in over.ravel()]])
+    return {"sizes": list(sizes), "pool": list(pool), "parts": parts}
+
+
+def grid_table(grid: dict, positions) -> str:
+    """The table HTML of the combination at `positions` from page_grid's data, as the page's script assembles it."""
+    out = []
+    for part in grid["parts"]:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        axes, indices = part
+        flat = 0
+        for axis in axes:
+            flat = flat * grid["sizes"][axis] + positions[axis]
+        out.append(grid["pool"][indices[flat]])
+    return "".join(out)
 
 
 class Calculator:
@@ -150,12 +201,10 @@ class Calculator:
                 "offer fewer choices"
             )
         self.start = self._positions(default or {}, (0,) * len(self.inputs))
-        self.results, self.index, distinct = {}, [], {}  # positions -> result; per combination its table's number
-        for positions in itertools.product(*(range(len(c.values)) for c in self.inputs)):  # row-major, last fastest
-            self.results[positions] = _evaluate(fn, self._kwargs(positions))
-            table = re.sub(r">\s+<", "><", self.results[positions].to_html())  # no indentation: a smaller page
-            self.index.append(distinct.setdefault(table, len(distinct)))
-        self.tables = list(distinct)  # each distinct table's HTML once, in order of first appearance
+        combos = list(itertools.product(*(range(len(c.values)) for c in self.inputs)))  # row-major, last fastest
+        self.results = {positions: evaluate(fn, self._kwargs(positions)) for positions in combos}
+        self.html = [re.sub(r">\s+<", "><", self.results[p].to_html()) for p in combos]  # no indentation
+        self.grid = page_grid(self.html, [len(c.values) for c in self.inputs])  # what the page carries
 
     def _positions(self, choice: dict, base: tuple) -> tuple:
         """Each input's position: the one `choice` names, else the one in `base`."""
@@ -199,30 +248,28 @@ class Calculator:
         return f'<span class="calc-field">{label}<select {attrs}>{options}</select></span>'
 
     def _repr_html_(self) -> str:
-        """The block: title, controls, the default choice's table, the note, and the script that swaps tables."""
+        """The block: title, controls, the default choice's table, the note, and the script that assembles tables."""
         uid = f"calc-{uuid.uuid4().hex[:12]}"  # fresh per rendering: no two blocks on a page share an id
         controls = "".join(
             self._control(c, p, f"{uid}-{i}") for i, (c, p) in enumerate(zip(self.inputs, self.start, strict=True))
         )
-        data = {
-            "sizes": [len(c.values) for c in self.inputs],
-            "labels": [list(c.labels) for c in self.inputs],
-            "index": self.index,
+        data = {**self.grid, "labels": [list(c.labels) for c in self.inputs]}
+        script = SCRIPT % {
+            "id": json.dumps(uid),
+            "data": json.dumps(data, separators=(",", ":")).replace("<", "\\u003c"),
         }
-        tables = "".join(f'<template data-table="{i}">{t}</template>' for i, t in enumerate(self.tables))
-        script = SCRIPT % {"id": json.dumps(uid), "data": json.dumps(data).replace("<", "\\u003c")}
         title = f'<div class="calc-title"><strong>{html.escape(self.title)}</strong></div>' if self.title else ""
         note = f'<div class="calc-note" style="font-size: 0.9em">{html.escape(self.note)}</div>' if self.note else ""
-        shown = self.tables[self.index[self._flat(self.start)]]  # the default's table, before any script runs
+        shown = self.html[self._flat(self.start)]  # the default's table, before any script runs
         return (
             f'<div class="calc" id="{uid}">{title}'
             f'<div class="calc-inputs" style="display: flex; flex-wrap: wrap; gap: 0.4em 2em; margin: 0.4em 0">'
-            f'{controls}</div><div class="calc-output">{shown}</div>{note}{tables}<script>{script}</script></div>'
+            f'{controls}</div><div class="calc-output">{shown}</div>{note}<script>{script}</script></div>'
         )
 
     def __repr__(self) -> str:
         """What it computed, for a plain-text display."""
         return (
-            f"Calculator({getattr(self.fn, '__name__', self.fn)}, {len(self.index)} combinations, "
-            f"{len(self.tables)} distinct tables)"
+            f"Calculator({getattr(self.fn, '__name__', self.fn)}, {len(self.html)} combinations, "
+            f"{len(self.grid['pool'])} distinct pieces in the page)"
         )

@@ -1,5 +1,6 @@
-"""helpers.calculator: the whole grid computed, each choice mapped to its own table, tables stored once, evenly
-spaced slider stops, ids unique per block, clear refusals, nothing from the network; in Chromium when there is one."""
+"""helpers.calculator: the whole grid computed, each choice mapped to its own table, each piece of a table stored once
+over the inputs it depends on, evenly spaced slider stops, ids unique per block, clear refusals, nothing from the
+network; in Chromium when there is one (the page's script against the Python functions)."""
 
 import itertools
 import json
@@ -8,7 +9,7 @@ import re
 import pandas as pd
 import pytest
 
-from helpers.calculator import MAX_COMBINATIONS, Calculator
+from helpers.calculator import MAX_COMBINATIONS, Calculator, evaluate, grid_table, page_grid
 from helpers.experiments import fsdp as X
 from helpers.experiments import sharding as S
 from helpers.formulas import zero_memory
@@ -28,12 +29,11 @@ def compact(frame) -> str:
 
 
 def page(calc) -> dict:
-    """The parts of a rendered block: its HTML, the script's data, the stored tables, the table shown at first."""
+    """The parts of a rendered block: its HTML, the script's data, the table shown at first."""
     block = calc._repr_html_()
     return {
         "html": block,
         "data": json.loads(re.search(r"var data = (.*?);\n", block).group(1)),
-        "tables": re.findall(r'<template data-table="(\d+)">(.*?)</template>', block, re.S),
         "shown": re.search(r'<div class="calc-output">(.*?)</div>', block, re.S).group(1),
     }
 
@@ -43,16 +43,17 @@ def test_every_combination_is_computed_once():
     calc = Calculator(lambda **kw: calls.append(kw) or table_of(**kw), INPUTS)
     grid = [dict(zip(INPUTS, combo, strict=True)) for combo in itertools.product(*INPUTS.values())]
     assert calls == grid  # row-major, the last input fastest
-    assert len(page(calc)["data"]["index"]) == len(grid) == 16
+    assert len(calc.html) == len(grid) == 16 and page(calc)["data"]["sizes"] == [2, 4, 2]
 
 
 def test_each_choice_maps_to_its_own_table():
     p = page(Calculator(table_of, INPUTS))
-    tables = dict(p["tables"])
-    assert [int(i) for i, _ in p["tables"]] == list(range(len(tables)))
-    for flat, combo in enumerate(itertools.product(*INPUTS.values())):  # the script's row-major number
-        assert tables[str(p["data"]["index"][flat])] == compact(table_of(*combo)), combo
-    assert p["data"]["sizes"] == [2, 4, 2] and p["data"]["labels"][1] == ["1", "2", "4", "8"]
+    for combo, positions in zip(
+        itertools.product(*INPUTS.values()), itertools.product(*(range(len(v)) for v in INPUTS.values())), strict=True
+    ):
+        assert grid_table(p["data"], positions) == compact(table_of(*combo)), combo
+    assert p["data"]["labels"][1] == ["1", "2", "4", "8"]
+    assert "<template" not in p["html"]  # no table is stored whole: the script assembles them
 
 
 def test_table_returns_the_choice_frame_with_defaults_for_the_rest():
@@ -62,12 +63,34 @@ def test_table_returns_the_choice_frame_with_defaults_for_the_rest():
     assert page(calc)["shown"] == compact(table_of("xl", 4, "mixed"))  # the default, before any script ran
 
 
-def test_identical_tables_are_stored_once():
+def test_a_piece_is_stored_over_only_the_inputs_it_depends_on():
     calc = Calculator(lambda model, world_size, precision: table_of(model, world_size), INPUTS)  # precision ignored
-    p = page(calc)
-    assert len(p["tables"]) == len(calc.tables) == 8  # 16 combinations, 8 distinct tables
-    assert len({t for _, t in p["tables"]}) == 8
-    assert p["data"]["index"][0::2] == p["data"]["index"][1::2]  # mixed and fp32 point at the same table
+    varying = [part for part in page(calc)["data"]["parts"] if not isinstance(part, str)]
+    axes = sorted(tuple(a) for a, _ in varying)
+    assert axes == [(0,), (1,), (1,)], axes  # the model's label; world_size and 2 × world_size; never precision
+    assert all(len(indices) == len(INPUTS[list(INPUTS)[a[0]]]) for a, indices in varying)
+    pool = page(calc)["data"]["pool"]
+    assert len(pool) == len(set(pool)) and {"small", "xl", "1", "16"} <= set(pool)
+
+
+def test_tables_of_different_layouts_are_stored_whole_each_once():
+    def rows(n, flag):
+        return pd.DataFrame({"x": range(n)})  # flag ignored: 3 distinct tables over 6 combinations
+
+    calc = Calculator(rows, {"n": [1, 2, 3], "flag": ["a", "b"]})
+    data = page(calc)["data"]
+    assert len(data["pool"]) == 3 and data["parts"] == [[[0], [0, 1, 2]]]
+    for i, positions in enumerate(itertools.product(range(3), range(2))):
+        assert grid_table(data, positions) == calc.html[i]
+
+
+def test_the_grid_puts_back_any_table_and_refuses_a_wrong_count():
+    tables = ["<b>1</b><i>x</i>", "<b>2</b><i>x</i>", "<b>1</b><i>y</i>", "<b>2</b><i>y</i>"]
+    grid = page_grid(tables, [2, 2])
+    assert [grid_table(grid, p) for p in itertools.product(range(2), range(2))] == tables
+    assert grid["parts"][0] == "<b>" and grid["parts"][2] == "</b><i>"  # constant runs: one string
+    with pytest.raises(ValueError, match=r"4 tables for 3 × 2 = 6 combinations"):
+        page_grid(tables, [3, 2])
 
 
 def test_powers_of_two_get_evenly_spaced_stops():
@@ -229,38 +252,58 @@ def test_two_calculators_on_one_page_work_offline_and_apart(tmp_path):
         driver.quit()
 
 
-def test_the_memory_calculator_reacts_to_every_input_in_chromium(tmp_path):
-    """Notebook 07's presets × recomputation × micro-batch × pipeline calculator, offline: every input changes the
-    table from the notebook's default choice (a smaller grid of the same inputs, to keep the test cheap)."""
+@pytest.fixture(scope="module")
+def notebook_calculators():
+    """Notebook 07's two calculators over their full grids (825 and 1,440 combinations), built once."""
+    from helpers.experiments import fsdp_plans
+
+    return [fsdp_plans.strategies_calculator(), fsdp_plans.memory_calculator()]
+
+
+def test_notebook_calculators_page_is_small_and_gives_back_every_table(notebook_calculators):
+    """Issue 41: 825 precomputed tables made notebook 07's page 2.4 MB. The grid gives back every combination's table
+    exactly (grid_table mirrors the page's script), in under 100 kB per calculator (each was 0.7-1.1 MB)."""
+    for calc in notebook_calculators:
+        block = calc._repr_html_()
+        assert len(block.encode()) < 100_000, (calc, len(block.encode()))
+        data = json.loads(re.search(r"var data = (.*?);\n", block).group(1))
+        combos = itertools.product(*(range(n) for n in data["sizes"]))
+        assert all(grid_table(data, p) == calc.html[i] for i, p in enumerate(combos)), calc
+
+
+def test_the_page_script_gives_the_python_closed_forms_in_chromium(notebook_calculators, tmp_path):
+    """Notebook 07's calculators, offline, full grids: every input changes the table, and at 12 random choices per
+    calculator the table the page's script assembles is the one the Python function returns for those inputs."""
     browser = pytest.importorskip("browser", reason="tests/browser.py (headless Chromium helpers)")
     if not (browser.CHROMIUM and browser.CHROMEDRIVER):
         pytest.skip("no Chromium/chromedriver on PATH")
+    import random
+
     from selenium.webdriver.common.by import By
 
-    from helpers import formulas as F
-
-    inputs = {
-        "preset": ["xl", "Llama-3-8B-like (MHA)", "2026 leaderboard"],
-        "dp": [1, 8],
-        "pp": [1, 4],
-        "micro_batch": [1, 2],
-        "n_micro": [4, 16],
-        "recompute": list(F.RECOMPUTATION),
-    }
-    calc = Calculator(
-        F.memory_calculator,
-        inputs,
-        default={"preset": "Llama-3-8B-like (MHA)", "dp": 8, "pp": 4, "n_micro": 4, "recompute": "selective"},
-    )
-    path = tmp_path / "memory.html"
-    path.write_text(
-        f'<!doctype html><html><head><meta charset="utf-8"></head><body>{calc._repr_html_()}</body></html>',
-        encoding="utf-8",
-    )
+    path = tmp_path / "calculators.html"
+    blocks = "".join(calc._repr_html_() for calc in notebook_calculators)
+    path.write_text(f'<!doctype html><html><head><meta charset="utf-8"></head><body>{blocks}</body></html>', "utf-8")
+    rng = random.Random(41)
     driver = browser.start_chrome(offline=True)
     try:
         browser.visit(driver, path.as_uri())
-        assert browser.exercise_calc(driver, driver.find_element(By.CSS_SELECTOR, ".calc")) == {n: True for n in inputs}
+        for calc, block in zip(notebook_calculators, driver.find_elements(By.CSS_SELECTOR, ".calc"), strict=True):
+            assert browser.exercise_calc(driver, block) == {c.name: True for c in calc.inputs}
+            for _ in range(12):
+                positions = [rng.randrange(len(c.values)) for c in calc.inputs]
+                shown = driver.execute_script(
+                    """const [root, positions] = arguments;
+                    root.querySelectorAll("[data-input]").forEach((control, i) => {
+                        control.value = String(positions[i]);
+                        control.dispatchEvent(new Event("change"));
+                    });
+                    return root.querySelector(".calc-output").innerHTML;""",
+                    block,
+                    positions,
+                )
+                kwargs = {c.name: c.values[p] for c, p in zip(calc.inputs, positions, strict=True)}
+                assert shown == compact(evaluate(calc.fn, kwargs)), kwargs  # a fresh call of the Python function
         assert browser.console_errors(driver) == [] and browser.remote_requests(driver) == []
     finally:
         driver.quit()
@@ -307,7 +350,7 @@ def test_gradient_checkpointing_2026_xl_and_the_least_memory():
     k, best = F.best_segment(xl.n_layers, block_in, A)
     assert round(k, 2) == 0.79 and best == 1  # k* = sqrt(L·I/A)
     s = F.checkpoint_strategies(12)
-    assert (s["nested"]["memory_blocks"], s["sqrt"]["memory_blocks"], s["prefix"]["memory_blocks"]) == (8, 7, 2)
+    assert (s["nested"]["memory_blocks"], s["sqrt"]["memory_blocks"], s["prefix"]["memory_blocks"]) == (5, 7, 2)
     assert min(s, key=lambda name: s[name]["memory_blocks"]) == "prefix"
     assert F.checkpoint_strategies(64)["prefix"]["forward_passes"] * 64 == 64 + 64 * 63 / 2  # O(N²) block forwards
 

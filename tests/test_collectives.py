@@ -54,11 +54,11 @@ def test_sizes_parse_and_format():
         10 * 2**20,
     ]
     assert [C.format_size(b) for b in (2**19, 10 * 2**20, 2**30, 100, 263000)] == [
-        "512 KB",
-        "10 MB",
-        "1 GB",
+        "512 KiB",
+        "10 MiB",
+        "1 GiB",
         "100 B",
-        "257 KB",
+        "257 KiB",
     ]
 
 
@@ -310,7 +310,7 @@ def test_op_ratios_pair_calls_and_name_a_winner_only_outside_the_noise():
     assert (
         not ratios.loc["broadcast", "measurable"] and "no measurable difference" in ratios.loc["broadcast", "verdict"]
     )
-    assert (ratios["pairs"] == 20).all() and (ratios["size"] == "4 KB").all()
+    assert (ratios["pairs"] == 20).all() and (ratios["size"] == "4 KiB").all()
     with pytest.raises(ValueError, match="calls_s"):
         C.op_ratios(df.drop(columns="calls_s"))
     few = df[df["size_bytes"] == 4096].assign(calls_s=lambda d: [c[: C.MIN_PAIRS - 1] for c in d["calls_s"]])
@@ -323,7 +323,7 @@ def test_op_ratios_default_to_the_largest_size_with_enough_calls():
         [_row(op, [1.0] * 20) for op in ("all_reduce", "all_gather")]
         + [_row(op, [1.0] * 3, size=8192) for op in ("all_reduce", "all_gather")]
     )
-    assert C.op_ratios(df)["size"].tolist() == ["4 KB"]
+    assert C.op_ratios(df)["size"].tolist() == ["4 KiB"]
 
 
 def test_unpaired_ratios_call_a_winner_only_where_quartiles_do_not_overlap():
@@ -409,7 +409,7 @@ def test_run_section_saves_checks_and_its_readers_narrate_the_rows(tmp_path, mon
     assert run.saved.name == "03_collectives.jsonl" and saved.provenance["method"] == C.METHOD
     assert len(saved.rows) == len(C.OPS) * 3 and run.values == {"wrong": 0, "timed_calls": int(run.df["iters"].sum())}
     assert f"all {run.values['timed_calls']} timed results were exactly right" in run.notes[0]
-    assert list(run.table.index) == ["4 KB", "16 KB", "64 KB"]
+    assert list(run.table.index) == ["4 KiB", "16 KiB", "64 KiB"]
     fits = C.fit_table(run.df)
     fit = S.fit_section(fits)
     assert f"{fit.values['worst_median_rel_err']:.1%}" in fit.notes[0]
@@ -428,7 +428,7 @@ def test_ops_and_backends_sections_name_a_winner_only_outside_the_noise():
 
     base = list(np.linspace(1.0, 2.0, 20))
     df = C.pd.DataFrame([_row("all_reduce", base), _row("all_gather", [t / 2 for t in base])])
-    df["size"] = "4 KB"
+    df["size"] = "4 KiB"
     ops = S.ops_section(df)
     assert "all_gather takes 0.50x all_reduce's time" in ops.notes[0] and ops.values["medians_inside_intervals"]
     assert S.backends_section(df).notes[0].startswith("not measurable here: NCCL needs one GPU per rank")

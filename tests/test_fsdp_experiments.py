@@ -68,7 +68,7 @@ def test_checkpointing_model_and_sweep():
     assert F.checkpoint_memory(12, 0, 1, 20) == 240 and F.checkpoint_memory(12, 5, 1, 1) == 3 + 5
     s = F.checkpoint_strategies(64)
     assert (
-        s["sqrt"]["memory_blocks"] == 16 and s["nested"]["memory_blocks"] == 12 and s["nested"]["forward_passes"] == 7
+        s["sqrt"]["memory_blocks"] == 16 and s["nested"]["memory_blocks"] == 7 and s["nested"]["forward_passes"] == 4.5
     )
     # the sweep itself, as notebook 07 runs it: tests/test_fsdp_sections.py (checkpoint_section)
 

@@ -1,6 +1,6 @@
 """Live controls for JupyterLab: pick a value, press Run, and the notebook's own experiment function measures it.
 
-    live.collectives_panel(profile, op="all_reduce", size="1 MB", ranks=2).show()   # notebook 03
+    live.collectives_panel(profile, op="all_reduce", size="1 MiB", ranks=2).show()  # notebook 03
     live.bucket_panel(profile, bucket_mb=1.0, backend=BACKEND, device=DEVICE).show()  # notebook 04: bucket size
     live.checkpoint_panel(profile, segment=SEGMENT or 2).show(run=SEGMENT is not None)  # notebook 07
 
@@ -277,7 +277,7 @@ def collectives_measure(op: str, size: str, ranks: int, grid: dict):
     return table, fig
 
 
-def collectives_panel(profile: str, op: str = "all_reduce", size: str = "1 MB", ranks: int = 2) -> Panel:
+def collectives_panel(profile: str, op: str = "all_reduce", size: str = "1 MiB", ranks: int = 2) -> Panel:
     """Notebook 03's live control: one collective at one message size on N ranks."""
     import ipywidgets as W
 

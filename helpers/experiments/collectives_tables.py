@@ -18,15 +18,16 @@ from helpers.timing import MIN_PAIRS, paired_ratio, verdict
 
 
 def parse_size(text: str) -> int:
-    """'512KB' / '16MB' / '1GB' / '4096' -> bytes (binary units, as the seed's table)."""
+    """'512KB' / '16 MiB' / '1GB' / '4096' -> bytes (binary units: the seed's table and the handout's 512KB ... 1GB
+    grid are read as KiB ... GiB, which format_size writes)."""
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     units = {"K": KiB, "M": MiB, "G": GiB}
     return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
 
 
 def format_size(size_bytes: int) -> str:
-    """Bytes -> '512 KB', '16 MB', '1 GB'."""
-    for unit, scale in (("GB", GiB), ("MB", MiB), ("KB", KiB)):
+    """Bytes -> '512 KiB', '16 MiB', '1 GiB': binary units, as the sizes are computed (2^19 bytes is 512 KiB)."""
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if size_bytes >= scale:
             return f"{size_bytes / scale:.3g} {unit}"
     return f"{size_bytes} B"

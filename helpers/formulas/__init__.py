@@ -8,7 +8,7 @@ whichever submodule holds X:
     step_bytes     bytes of a training step, per part: step_breakdown("xl/cpu", 8, 128), peak_breakdown(...)  (01, 02)
     collectives    busbw_factor("all_reduce", 8), wire_factor(...), bucket_overhead(n, S, T_b, alpha, beta)  (03-05)
     zero           zero_memory("xl", 8, stage=1), live_bytes(...), fsdp_live_bytes(...)  (05, 07)
-    checkpointing  checkpoint_memory(L, k, I, A), best_segment(...), checkpoint_strategies(L)  (07)
+    checkpointing  checkpoint_memory(L, k, I, A), best_segment(...), checkpoint_strategies(L), halving_forwards  (07)
     calculators    tp_calc("forward", **CALC_EXAMPLE).inequality: the 2026 calculators in the handout's variables  (07)
     xxl            xxl_memory(tokens, n), xxl_compute_bound(): the 2025 accounting  (07)
     plans          leaderboard_plan(), fastest_plan(plan, "B200 ~180 GB"): the 2026 leaderboard as a plan  (07)
@@ -31,7 +31,7 @@ from helpers.formulas.calculators import (
     gated_ffn_thresholds,
     tp_calc,
 )
-from helpers.formulas.checkpointing import best_segment, checkpoint_memory, checkpoint_strategies
+from helpers.formulas.checkpointing import best_segment, checkpoint_memory, checkpoint_strategies, halving_forwards
 from helpers.formulas.collectives import (
     algbw,
     bucket_overhead,
@@ -43,6 +43,7 @@ from helpers.formulas.collectives import (
 )
 from helpers.formulas.flops import PEAK_FLOPS, forward_flops, matmul_params, mfu, peak_flops, shape_ratios, train_flops
 from helpers.formulas.plans import (
+    HANDOUT_PRECISION,
     HEAD_CHUNK_TOKENS,
     LEADERBOARD_GPUS,
     LEADERBOARD_MFU,
@@ -162,6 +163,7 @@ __all__ = [
     "checkpoint_memory",
     "best_segment",
     "checkpoint_strategies",
+    "halving_forwards",
     "gated_ffn",
     "gated_ffn_thresholds",
     "CALC_EXAMPLE",
@@ -191,6 +193,7 @@ __all__ = [
     "PLAN_CHECKPOINTING",
     "PLAN_HEADS",
     "PLAN_PRECISIONS",
+    "HANDOUT_PRECISION",
     "HEAD_CHUNK_TOKENS",
     "llama_params",
     "llama_block_saved_bytes",

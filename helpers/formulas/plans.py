@@ -12,7 +12,7 @@ from helpers.formulas.checkpointing import checkpoint_memory
 
 # A Llama-like model: per block RMSNorm, q/k/v/o projections (4d²), causal FlashAttention (saves O and one fp32
 # logsumexp per row and head, never the T × T scores), RMSNorm, SwiGLU (3·d·d_ff); untied embedding and LM head.
-# bf16 compute (weights, activations and gradients in bf16) with fp32 master weights and AdamW moments (12 B/param).
+# bf16 compute (weights, activations and gradients in bf16); the optimizer state per PLAN_PRECISIONS (below).
 
 LEADERBOARD_MODEL = dict(
     d_model=4096,
@@ -36,9 +36,15 @@ PLAN_TIE = 0.01  # predicted times within 1% are a tie, broken by memory (the pl
 PLAN_STRATEGIES = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "FSDP": 3}  # strategy -> ZeRO stage
 PLAN_CHECKPOINTING = ("none", "every block", "sqrt(L) segments")
 PLAN_HEADS = ("plain", "chunked")  # LM head + cross-entropy: full (tokens, V) logits, or fused and chunked
-PLAN_PRECISIONS = {"fp32 master": 12, "bf16 weights": 8}  # optimizer bytes per parameter beside bf16 weights + grads:
-# fp32 master copy + two fp32 AdamW moments, or no master (the bf16 weights are updated in place; updates below bf16's
-# resolution are lost unless rounded stochastically or compensated, a numerics risk a plan must state)
+PLAN_PRECISIONS = {  # optimizer bytes per parameter beside bf16 weights + gradients (2 + 2)
+    "fp32 master": 12,  # an fp32 master copy + two fp32 AdamW moments: 16 B/param in all
+    "bf16 weights": 8,  # no master: the bf16 weights updated in place, two fp32 moments: 12 B/param
+    "all bf16": 4,  # the 2026 handout's Config (torch_dtype = torch.bfloat16, a stock AdamW on the model's parameters,
+    # whose moments take the parameters' dtype): 8 B/param
+}
+# Without a master, updates below bf16's resolution are lost unless rounded stochastically or compensated: a numerics
+# risk a plan must state (the handout's timing harness takes it).
+HANDOUT_PRECISION = "all bf16"
 HEAD_CHUNK_TOKENS = 1024  # tokens per chunk of the fused head: its fp32 logits and their gradient are live at once
 
 
@@ -120,7 +126,8 @@ def leaderboard_plan(
     mfus=PLAN_MFUS,
 ) -> list[dict]:
     """Every strategy (DDP, ZeRO-1, ZeRO-2, FSDP) × activation checkpointing (none, every block, √L segments) × LM head
-    (plain, fused and chunked) × optimizer precision (fp32 master weights, or bf16 weights without a master): memory
+    (plain, fused and chunked) × optimizer precision (PLAN_PRECISIONS: fp32 master weights; bf16 weights with fp32
+    moments; all bf16, the handout's Config): memory
     per GPU (GB = 1e9 bytes), whether it fits each GPU with `margin` of the card left free, FLOPs per step, and the
     predicted step time per GPU kind: compute at `mfu` plus the communication that cannot overlap (and at every MFU of
     `mfus`: "step_band_s"). Not overlappable: the collective on the last gradients backward makes (the embedding's),
@@ -157,9 +164,9 @@ def leaderboard_plan(
             states = {
                 "bf16 weights": 2 * psi / (N if stage >= 3 else 1),
                 "bf16 gradients": 2 * psi / (N if stage >= 2 else 1),
-                ("fp32 master + AdamW" if precision == "fp32 master" else "AdamW (fp32 moments)"): opt_bytes
-                * psi
-                / (N if stage >= 1 else 1),
+                {"fp32 master": "fp32 master + AdamW", "all bf16": "AdamW (bf16 moments)"}.get(
+                    precision, "AdamW (fp32 moments)"
+                ): opt_bytes * psi / (N if stage >= 1 else 1),
             }
             for ckpt in PLAN_CHECKPOINTING:
                 segment = {"none": 0, "every block": 1, "sqrt(L) segments": max(1, round(math.sqrt(L)))}[ckpt]

@@ -38,11 +38,15 @@ def collectives_single_node(q, saved):
     ar = df[(df["op"] == "all_reduce") & (df["wrong"] == 0)]
     fits = collectives.fit_table(ar).set_index(["backend", "device", "world_size"])
     parts = []
+
+    def size(row) -> str:  # from the bytes, as computed (binary units), not a label saved by an older run
+        return collectives.format_size(int(row["size_bytes"]))
+
     for (backend, device, n), g in ar.groupby(["backend", "device", "world_size"]):
         g = g.sort_values("size_bytes")
         lo, hi, fit = g.iloc[0], g.iloc[-1], fits.loc[(backend, device, n)]
         parts.append(
-            f"{backend}+{device}, {n} ranks: {lo['size']} in {fmt_s(lo['time_s'])}, {hi['size']} in "
+            f"{backend}+{device}, {n} ranks: {size(lo)} in {fmt_s(lo['time_s'])}, {size(hi)} in "
             f"{fmt_s(hi['time_s'])} ({hi['busbw_GBps']:.2f} GB/s busbw); the α–β fit (α ≈ "
             f"{fit['alpha_us']:.0f} µs, β ≈ {fit['beta_GBps']:.2f} GB/s) puts the latency-bound messages "
             f"below ≈ {collectives.format_size(int(fit['crossover_bytes']))}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from helpers import formulas
@@ -113,9 +115,23 @@ DDP_NAMES = {
     "flat": "flat DDP",
     "per_parameter": "overlapped per-parameter DDP",
     "local": "compute alone",
-    "torch_ddp 25 MB": "torch DDP (25 MB)",
-    "bucketed 25 MB": "bucketed (25 MB)",
+    "torch_ddp 25 MB": "torch DDP (25 MiB)",
+    "bucketed 25 MB": "bucketed (25 MiB)",
 }
+BUCKET_UNIT = (  # said once, on 3.4.4(a): what a bucket size of "b MB" is in bytes, here and in the handout
+    "Bucket sizes are the handout's bucket_size_mb: the 2025 handout defines its MB as 1024² bytes "
+    "(memory_profiling(d)), and DDPBucketed, like torch's bucket_cap_mb, computes 2^20 bytes per MB, so they are "
+    "written MiB here."
+)
+
+
+def ddp_name(variant: str) -> str:
+    """A saved variant label on the page: "bucketed 10 MB" -> "bucketed (10 MiB)" (its size is bucket_size_mb · 2^20
+    bytes, helpers.ddp.MB); the named variants from DDP_NAMES."""
+    if variant in DDP_NAMES:
+        return DDP_NAMES[variant]
+    m = re.fullmatch(r"(bucketed|torch_ddp) ([\d.]+) MB", variant)
+    return f"{'torch DDP' if m[1] == 'torch_ddp' else m[1]} ({m[2]} MiB)" if m else variant
 
 
 def _ddp_ratios(saved: Saved, field: str = "step") -> pd.DataFrame:
@@ -225,7 +241,7 @@ def ddp_overlap_fraction(q, saved):
     col = "trace overlap" if "trace overlap" in o.columns else "launch→done overlap"
     return (
         f"Share of communication time inside backward ({col.split(' overlap')[0]}, mean over ranks and steps): "
-        + ", ".join(f"{DDP_NAMES.get(v, v)} {pct(x)}" for v, x in o[col].items())
+        + ", ".join(f"{ddp_name(v)} {pct(x)}" for v, x in o[col].items())
         + ". Naive is 0 by construction; torch DDP waits for its last bucket inside backward, so its share says "
         "little about how much it overlapped."
     )
@@ -244,15 +260,17 @@ def bucket_sweep(q, saved):
         if v != best["variant"] and not ratio_of(r[r["a"] == v].iloc[0]).differs
     ]
     return (
-        f"{model}, {len(sweep)} bucket sizes from {sweep['bucket_MB'].min():g} to {sweep['bucket_MB'].max():g} MB: "
-        f"step medians from {fmt_s(sweep['step_s'].min())} to {fmt_s(sweep['step_s'].max())}; the lowest median is "
-        f"{best['bucket_MB']:g} MB ({int(best['buckets'])} bucket{'s' if best['buckets'] != 1 else ''}), and "
+        f"{model}, {len(sweep)} bucket sizes from {sweep['bucket_MB'].min():g} to {sweep['bucket_MB'].max():g} MiB: "
+        f"step medians from {fmt_s(sweep['step_s'].min())} to {fmt_s(sweep['step_s'].max())}; the "
+        f"lowest median is {best['bucket_MB']:g} MiB ({int(best['buckets'])} bucket"
+        f"{'s' if best['buckets'] != 1 else ''}), and "
         + (
-            f"no measurable difference from it for {', '.join(tied)} MB (paired interval of the step-time ratio "
+            f"no measurable difference from it for {', '.join(tied)} MiB (paired interval of the step-time ratio "
             "includes 1), so the sweep cannot rank those."
             if tied
             else "every other size is measurably slower (paired per step)."
         )
+        + f" {BUCKET_UNIT}"
     )
 
 
@@ -279,7 +297,7 @@ def bucket_model(q, saved):
         f"n* = √(S/(αβ)), so b* = √(S·β·α), in the handout's letters √(s·w·o). Here S = {S / 2**20:.3g} MiB, "
         f"T_b = {fmt_s(Tb)}, α = {a * 1e6:.0f} µs, β = {b / 1e9:.2f} GB/s give n* = {n:.1f} and b* = "
         f"{S / n / 2**20:.3g} MiB (the handout's b* = {b_handout / 2**20:.3g} MiB); the sweep's lowest median was "
-        f"at {best:g} MB. The model misses the measured steps by {miss.median():+.0%} (median over the "
+        f"at {best:g} MiB. The model misses the measured steps by {miss.median():+.0%} (median over the "
         f"{len(miss)} sizes; {miss.min():+.0%} to {miss.max():+.0%}): it adds only the all-reduces' overhead after "
         "backward to the step without communication, not their contention with backward for the same cores and "
         "memory." + finest

@@ -10,6 +10,7 @@ import numpy as np
 
 from helpers import formulas
 from helpers.course.answers.core import Answer, Question, answers, fmt_mib, fmt_s, pct, register
+from helpers.formulas import MiB
 
 Q = Question
 QUESTIONS = [
@@ -208,44 +209,77 @@ def _checkpoint(saved):
     return run.frame().set_index("segment"), run.provenance
 
 
+PREFIX_SKETCH = (  # gradient_checkpointing(a)'s code sketch; tests/test_answers_closed_forms.py runs this very text
+    "def prefix(blocks, x): return blocks[0](x) if len(blocks) == 1 else "
+    "blocks[-1](checkpoint(prefix, blocks[:-1], x, use_reentrant=False))"
+)
+STRATEGY_ROWS = {  # name, peak activations in A (one block's saved tensors) and I (one kept input), asymptotics
+    "none": ("no checkpointing", "N·A", "O(N) memory, O(N) compute"),
+    "sqrt": ("one level, segments of k", "⌈N/k⌉·I + k·A", "O(√N) memory at k = √N, O(N) compute"),
+    "nested": ("nested halving", "⌈log₂N⌉·I + A", "O(log N) memory, O(N log N) compute"),
+    "prefix": ("recursive prefix checkpointing", "I + A", "O(1) memory, O(N²) compute"),
+}
+
+
+def block_units(p) -> tuple[float, float]:
+    """(I, A) in bytes for the run that saved `p` (07_checkpoint's provenance): one block input B·T·d and one block's
+    saved activations (formulas.activation_bytes / L), fp32, as notebook 07's model M(k) counts them."""
+    cfg = formulas.get_config(p["model"], n_layers=int(p["n_blocks"]))
+    block_in = formulas.residual_stream_bytes(int(p["batch"]), int(p["context"]), cfg.d_model)
+    return block_in, formulas.activation_bytes(cfg, int(p["batch"]), int(p["context"]))["blocks"] / cfg.n_layers
+
+
 @answers("gradient_checkpointing(a)")
 def nested(q, saved):
     s, p = _checkpoint(saved)
     L = int(p["n_blocks"])
-    strat = formulas.checkpoint_strategies(L)
-    least = min(strat, key=lambda k: strat[k]["memory_blocks"])
-    best = int(s.loc[s.index > 0, "peak_MiB"].idxmin())
-    names = {
-        "none": "no checkpointing",
-        "sqrt": "one level, √N segments",
-        "nested": "nested halving",
-        "prefix": "recursive prefix checkpointing",
-    }
-    rows = tuple(
-        {
-            "strategy": names[k],
-            "memory (blocks)": v["memory_blocks"],
-            "forward passes": round(v["forward_passes"], 2),
-            "asymptotics": {
-                "none": "O(N) memory, O(N)",
-                "sqrt": "O(√N) memory, O(N)",
-                "nested": "O(log N) memory, O(N log N)",
-                "prefix": "O(1) memory, O(N²)",
-            }[k],
+    inp, A = block_units(p)  # bytes of I and A
+    strat = formulas.checkpoint_strategies(L, input_ratio=inp / A)
+    used = [int(k) for k in s.index if 0 < k < L]  # one level, split: k = L recomputes every block at once
+    best = min(used, key=lambda k: s.loc[k, "peak_MiB"])
+    counted = {k: formulas.checkpoint_memory(L, k, inp, A) / MiB for k in [0, *used]}
+    count_best = min(used, key=lambda k: (counted[k], k))
+
+    def row(name, count_a, measured="not run here (one level only)", k=None):
+        label, expr, asymptotics = STRATEGY_ROWS[name]
+        return {
+            "strategy": label if k is None else f"one level, k = {k}" + (" ≈ √N" if k == round(math.sqrt(L)) else ""),
+            "peak activations": expr,
+            f"counted, N = {L} here": f"{count_a:.2f} A = {fmt_mib(count_a * A / MiB)}",
+            "measured peak": measured,
+            "forward passes": round(strat[name]["forward_passes"], 2),
+            "asymptotics": asymptotics if k is None or k == round(math.sqrt(L)) else "",
         }
-        for k, v in strat.items()
+
+    rows = (
+        [row("none", L, fmt_mib(s.loc[0, "peak_MiB"]))]
+        + [row("sqrt", counted[k] * MiB / A, fmt_mib(s.loc[k, "peak_MiB"]), k) for k in used]
+        + [row(name, strat[name]["memory_blocks"]) for name in ("nested", "prefix")]
+    )
+    gap = [float(s.loc[k, "peak_MiB"]) - counted[k] for k in used]
+    grads = formulas.param_bytes(formulas.get_config(p["model"], n_layers=L)) / MiB
+    agree = (
+        f"both least at k = {best}"
+        if best == count_best
+        else f"the measured peak least at k = {best}, the count at k = {count_best}"
+    )
+    held = (
+        "less than the parameters' gradients a peak late in backward partly holds"
+        if max(gap) <= grads
+        else "more than even all the parameters' gradients: backward's temporaries too"
     )
     return Answer(
-        f"Ignoring compute, as the question asks, the least memory is recursive prefix checkpointing: keep "
-        "only the model's input; before each block's backward (last first) re-run the forward from that "
-        "input up to the block, holding one running tensor, then the block's own activations. Peak: O(1) "
-        "blocks; compute: N(N+1)/2 block forwards, O(N²). Nested halving (O(log N) memory, O(N log N) "
-        f"compute) and one level of √N segments (O(√N), one extra forward) trade less compute for more "
-        f"memory. For N = {L} the least is {names[least]} ({strat[least]['memory_blocks']} blocks); the "
-        f"counts below. Measured here, one level ({p.get('model')}, {L} blocks): "
-        f"{fmt_mib(s.loc[0, 'peak_MiB'])} without, {fmt_mib(s.loc[best, 'peak_MiB'])} at the best segment "
-        f"size {best}.",
-        table=rows,
+        "Ignoring compute, the least peak is recursive prefix checkpointing: keep only the model's input and, before "
+        "each block's backward (last first), re-run the forward from it up to that block, so only the input and one "
+        "block's activations are alive: O(1) peak, N(N+1)/2 block forwards, O(N²) compute. Sketch (each prefix "
+        f"checkpointed inside the next): `{PREFIX_SKETCH}`, called as `prefix(blocks, x)`; the tests run it (same "
+        "gradients, N(N+1)/2 block forwards, a peak flat in N). Unit of the table: A = the tensors one block saves "
+        f"for backward, I = one kept block input; here ({p['model']}, batch {p['batch']} × {p['context']}, fp32) "
+        f"A = {fmt_mib(A / MiB)}, I = {inp / A:.3f} A. Measured one level against the same count: {agree}; measured "
+        f"− counted is {float(s.loc[0, 'peak_MiB']) - counted[0]:+.1f} MiB without checkpointing, {min(gap):+.1f} to "
+        f"{max(gap):+.1f} MiB with it: the count is activations only, and the gap is {held} "
+        f"({fmt_mib(grads)}).",
+        table=tuple(rows),
     )
 
 
