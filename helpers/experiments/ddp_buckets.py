@@ -99,9 +99,9 @@ def describe_bucket_model(fit: BucketModel, sweep: pd.DataFrame, model: str, see
     """§4's sentences: S, T_b, S/β, α, the optimum n*, b*, and which swept sizes hold every gradient in one bucket."""
     S, n_star = fit.grad_bytes, fit.n_star
     text = (
-        f"{model}: S = {S / MB:.2f} MB of gradients in {len(fit.tensor_bytes)} tensors, T_b = "
+        f"{model}: S = {S / MB:.2f} MiB of gradients in {len(fit.tensor_bytes)} tensors, T_b = "
         f"{fit.backward_s * 1e3:.1f} ms, S/β = {S / fit.beta_Bps * 1e3:.1f} ms, α = {fit.alpha_s * 1e6:.0f} µs → "
-        f"n* = {n_star:.1f} buckets, b* = {S / n_star / MB:.3g} MB "
+        f"n* = {n_star:.1f} buckets, b* = {S / n_star / MB:.3g} MiB "
         f"(predicted overhead {fit.overhead(n_star) * 1e3:.2f} ms)"
     )
     if n_star > len(fit.tensor_bytes):
@@ -112,7 +112,7 @@ def describe_bucket_model(fit: BucketModel, sweep: pd.DataFrame, model: str, see
         )
     one = [mb for mb, n in zip(sweep["bucket_MB"], sweep["buckets"], strict=True) if n == 1]
     return text + (
-        f"\nbucket sizes that hold every gradient in one bucket here: {', '.join(f'{mb:g}' for mb in one)} MB "
+        f"\nbucket sizes that hold every gradient in one bucket here: {', '.join(f'{mb:g}' for mb in one)} MiB "
         f"({len([m for m in one if m in seed_mb])} of the seed's {len(seed_mb)} sizes)"
     )
 
@@ -123,8 +123,8 @@ def sweep_optimum_text(per_rank, sweep: pd.DataFrame) -> str:
     med = {k: float(np.median(slowest_rank([r[k].step for r in per_rank]))) for k in labels}
     best = min(med, key=med.get)
     tied = [f"{labels[k]:g}" for k in labels if k != best and not paired_variants(per_rank, k, best).differs]
-    return f"lowest median step: {labels[best]:g} MB ({med[best] * 1e3:.1f} ms); " + (
-        f"not measurably slower (paired 95% interval of the ratio includes 1): {', '.join(tied)} MB"
+    return f"lowest median step: {labels[best]:g} MiB ({med[best] * 1e3:.1f} ms); " + (
+        f"not measurably slower (paired 95% interval of the ratio includes 1): {', '.join(tied)} MiB"
         if tied
         else "every other swept size is measurably slower"
     )
