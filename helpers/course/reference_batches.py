@@ -27,7 +27,7 @@ from helpers.experiments import fsdp as XF
 from helpers.experiments import model_parallel as XM
 from helpers.experiments import rmsnorm as XR
 from helpers.experiments import sharding as XS
-from helpers.model import sizes_for
+from helpers.model import edition_arch, size_edition, sizes_for
 from helpers.results import load_results, save_results
 
 LB = XA.LEADERBOARD
@@ -232,10 +232,12 @@ def run_01(s: dict, profile: str, out: Path) -> list[str]:
     )
     times["profile"] = profile
     precision = "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
-    save_results(times, "01_timing", profile=profile, directory=out, batch=B, context=T, precision=precision)
+    edition = size_edition(s["sizes"][0])  # whose model ran: the answers page says so per edition
+    model = dict(edition=edition, arch=edition_arch(edition))
+    save_results(times, "01_timing", profile=profile, directory=out, batch=B, context=T, precision=precision, **model)
     dtypes = [_dtype(d) for d in s["autocast"]]
     peaks = XB.peak_rows(s["sizes"], B, T, dtypes, device).assign(profile=profile)
-    save_results(peaks, "01_memory_peaks", profile=profile, directory=out, batch=B, context=T)
+    save_results(peaks, "01_memory_peaks", profile=profile, directory=out, batch=B, context=T, **model)
     name = env.machine_facts()["device"]
     both = XB.warm_cold(times, W)[1].xs("both", level="pass")["median_s"]
     flops = XB.flops_table({sz: both.get(sz, float("nan")) for sz in s["sizes"]}, B, T, name, precision)
@@ -246,6 +248,7 @@ def run_01(s: dict, profile: str, out: Path) -> list[str]:
         directory=out,
         batch=B,
         context=T,
+        **model,
     )
     return ["01_timing", "01_memory_peaks", "01_flops"]
 
