@@ -22,6 +22,7 @@ from helpers.experiments import fsdp as XF
 from helpers.experiments import gpu_plans as G
 from helpers.experiments import model_parallel as XM
 from helpers.experiments import model_parallel_calc as XT
+from helpers.experiments import model_parallel_dp as XV
 from helpers.experiments import model_parallel_pipeline as XP
 from helpers.experiments import rmsnorm as XR
 from helpers.experiments import sharding as XS
@@ -281,9 +282,10 @@ def run_07(c=None) -> list[dict]:
 def run_08(c=None) -> list[dict]:
     """Notebook 08's launches as rank 0 of theirs on the fake group: the TP worker (one process's reference step and
     TP, TP+SP beside it); the pipeline worker as its first and its last stage (embeddings / LM head), one timed step,
-    the fixed-cost stages at no cost; the speed worker once per width. Ring attention's launch runs its reference,
-    naive attention and logsumexp on the whole sequence, causal and not: its T x T scores are the launch's peak,
-    while the ring's tiles (hundreds of thousands of tiny meta ops, ~50 s here) hold (BH, T/N, d) blocks."""
+    the fixed-cost stages at no cost; TP against DP, one round of each; the speed worker once per width. Ring
+    attention's launch runs its reference, naive attention and logsumexp on the whole sequence, causal and not: its
+    T x T scores are the launch's peak, while the ring's tiles (hundreds of thousands of tiny meta ops, ~50 s here)
+    hold (BH, T/N, d) blocks."""
     c = c or XM.PROFILES["gpu"]
     cfg, world, p = c["model"], c["world"], c["pipe_world"]
     tp = functools.partial(XM.tensor_parallel_worker, cfg, c["batch"])
@@ -299,6 +301,11 @@ def run_08(c=None) -> list[dict]:
             peaks.append(_peak(pipe))
     run = f"pipeline {p} stages, batch {batch} (stages 0 and {p - 1})"
     rows.append(_row("08", run, max(peaks), G.pipeline_launch_bytes(pipe_cfg, batch), G.ranks_per_gpu(p, 1)))
+    versus = functools.partial(XV.tp_dp_worker, cfg, c["batch"], 1, 1)
+    with fake_group(world):
+        peak = _peak(versus)
+    run = f"tp against dp {cfg.name}, batch {c['batch']}"
+    rows.append(_row("08", run, peak, G.tp_dp_launch_bytes(cfg, c["batch"]), G.ranks_per_gpu(world, 1)))
     cp = (1, c["cp_batch_heads"], c["cp_context"], c["cp_head_dim"])
     peak = _peak(functools.partial(_cp_reference, cp[1:]))
     plan = G.naive_pass_bytes(cp, torch.float32, True)

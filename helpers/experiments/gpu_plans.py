@@ -401,6 +401,13 @@ def pipeline_launch_bytes(cfg, batch_size: int) -> int:
     return retained_graph_bytes(cfg, batch_size, cfg.context_length) + 2 * F.param_bytes(cfg)
 
 
+def tp_dp_launch_bytes(cfg, batch_size: int) -> int:
+    """tp_dp_worker on a rank: the DP replica with its gradients and at most one process's activations on the whole
+    batch (TP's step on it holds no more; one step's graph at a time), beside it the TP model with its gradients
+    (at most 2Ψ) and FlatDDP's flat buffer (Ψ). An upper bound."""
+    return retained_graph_bytes(cfg, batch_size, cfg.context_length) + 3 * F.param_bytes(cfg)
+
+
 def tp_speed_bytes(tokens: int, d_model: int, widths: list, world: int) -> int:
     """tp_speed_worker on a rank at its widest feed-forward: both weight shards and their gradients, the hidden
     activations and their gradients, (tokens, d_model) input, output and their gradients (fp32)."""
@@ -409,7 +416,8 @@ def tp_speed_bytes(tokens: int, d_model: int, widths: list, world: int) -> int:
 
 
 def plan_08(profile: str = "gpu", gpus: int = 1) -> list[dict]:
-    """Notebook 08: the TP launch, the pipeline launch (p ranks, all on one GPU when there is one), ring attention
+    """Notebook 08: the TP launch, the pipeline launch (p ranks, all on one GPU when there is one), TP against DP,
+    ring attention
     against naive attention on the whole sequence (its T x T scores bound the ring's blocks), the TP speed launch."""
     c = model_parallel.PROFILES[profile]
     cfg, world, p = c["model"], c["world"], c["pipe_world"]
@@ -422,6 +430,7 @@ def plan_08(profile: str = "gpu", gpus: int = 1) -> list[dict]:
         _row(
             "08", f"pipeline {p} stages, batch {batch}", pipeline_launch_bytes(pipe_cfg, batch), ranks_per_gpu(p, gpus)
         ),
+        _row("08", f"tp against dp {cfg.name}, batch {c['batch']}", tp_dp_launch_bytes(cfg, c["batch"]), shared),
         _row("08", f"ring attention {cp[1:]}", naive_pass_bytes(cp, torch.float32, True), shared),
         _row("08", f"tp speed, d_ff up to {max(c['speed_widths'])}", speed, shared),
     ]

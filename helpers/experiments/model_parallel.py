@@ -45,6 +45,8 @@ PROFILES = {  # what notebook 08 runs per profile
         speed_tokens=256,
         speed_d_model=64,
         speed_widths=[64, 256, 1024, 4096],
+        dp_steps=12,  # TP against DP: rounds of both interleaved, after dp_warmup untimed ones
+        dp_warmup=2,
     ),
     "gpu": dict(
         model=ModelConfig("tp/gpu", d_model=768, d_ff=3072, n_layers=4, n_heads=12, context_length=512),
@@ -61,6 +63,8 @@ PROFILES = {  # what notebook 08 runs per profile
         speed_tokens=4096,
         speed_d_model=1024,
         speed_widths=[512, 2048, 8192, 32768],
+        dp_steps=20,
+        dp_warmup=5,
     ),
 }
 MODES = {"TP": False, "TP+SP": True}

@@ -2,6 +2,8 @@
 
     tp_collectives(cfg, batch_size=4, context_length=32, world=2, sequence_parallel=True)   # {op: (calls, bytes)}
     tp_bytes_sent(cfg, 4, 32, 2)                    # bytes one rank puts on the wire per step (ring collectives)
+    dp_collectives(cfg, world=2)                    # plain data parallelism: one all-reduce of every gradient
+    tp_dp_equal_bytes_tokens(cfg)                   # tokens per step where TP and DP send the same bytes
     block_activation_bytes(cfg, 4, 32, world=2, sequence_parallel=False)   # saved by one block's forward
     bubble_fraction(stages=4, micro_batches=8)      # (p - 1) / (m + p - 1)
     reduction_length(cfg, 32)                       # terms along a step's longest chain of sums (the fp32 bound)
@@ -14,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from helpers.formulas.collectives import busbw_factor
+from helpers.formulas.step_bytes import param_bytes
 from helpers.formulas.units import dtype_bytes
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53}
@@ -48,8 +51,24 @@ def tp_bytes_sent(
     reduce-scatter (N-1)/N (notebook 03's busbw factors). TP: 8 L (N-1)/N · BTC·b; SP: (10 L + 2) (N-1)/N · BTC·b
     and the gains, so SP as Megatron builds it sends 2 L more activations per step (the backward's re-gather) for
     its 1/N activation memory."""
-    calls = tp_collectives(cfg, batch_size, context_length, world, sequence_parallel, dtype)
+    return sent_bytes(tp_collectives(cfg, batch_size, context_length, world, sequence_parallel, dtype), world)
+
+
+def sent_bytes(calls: dict[str, tuple[int, int]], world: int) -> float:
+    """Bytes one rank sends for {op: (calls, bytes)} with ring collectives (notebook 03's busbw factors)."""
     return sum(busbw_factor(op, world) * nbytes for op, (_, nbytes) in calls.items())
+
+
+def dp_collectives(cfg, world: int, dtype=torch.float32) -> dict[str, tuple[int, int]]:
+    """{op: (calls, bytes)} of one step of plain data parallelism with one flat gradient buffer (helpers.ddp.FlatDDP):
+    one all-reduce of every gradient, Ψ·b bytes, whatever the batch."""
+    return {} if world == 1 else {"all_reduce": (1, param_bytes(cfg, dtype))}
+
+
+def tp_dp_equal_bytes_tokens(cfg) -> float:
+    """Tokens per step (B·T) at which TP's all-reduces (4 L of B·T·C per step) carry as many bytes as DP's gradient
+    all-reduce (Ψ), both 2(N − 1)/N on a ring: Ψ / (4 L C), whatever N. Fewer tokens: TP sends less; more: DP does."""
+    return param_bytes(cfg) / dtype_bytes(torch.float32) / (4 * cfg.n_layers * cfg.d_model)
 
 
 def block_activation_bytes(
