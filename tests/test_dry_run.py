@@ -183,7 +183,7 @@ LAUNCHES = {  # the dry run's multi-rank launches at the CPU preset, with every 
     ),
     "08": lambda: (  # TP and TP+SP beside one process; the pipeline's first stage of two, one timed step; TP and DP
         XM.tensor_parallel_worker(XM.PROFILES["cpu"]["model"], 2),
-        XP.pipeline_worker(XP.pipe_model(XM.PROFILES["cpu"]), 8, 4, 1, (0, 0)),
+        XP.pipeline_worker(XP.pipe_model(XM.PROFILES["cpu"]), 8, 4, 1, (0, 0), 2),
         XV.tp_dp_worker(XM.PROFILES["cpu"]["model"], 2, 1, 1),
     ),
 }  # fmt: skip

@@ -294,7 +294,7 @@ def run_08(c=None) -> list[dict]:
     run = f"tensor parallel {cfg.name}, batch {c['batch']}"
     rows = [_row("08", run, peak, G.tp_launch_bytes(cfg, c["batch"]), G.ranks_per_gpu(world, 1))]
     pipe_cfg, batch = XP.pipe_model(c), c.get("pipe_batch", c["batch"] * c["pipe_micro"])
-    pipe = functools.partial(XP.pipeline_worker, pipe_cfg, batch, c["pipe_micro"], 1, (0, 0))
+    pipe = functools.partial(XP.pipeline_worker, pipe_cfg, batch, c["pipe_micro"], 1, (0, 0), c["pipe_chunks"])
     peaks = []
     for rank in (0, p - 1):
         with fake_group(p, rank):

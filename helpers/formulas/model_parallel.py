@@ -5,7 +5,7 @@
     dp_collectives(cfg, world=2)                    # plain data parallelism: one all-reduce of every gradient
     tp_dp_equal_bytes_tokens(cfg)                   # tokens per step where TP and DP send the same bytes
     block_activation_bytes(cfg, 4, 32, world=2, sequence_parallel=False)   # saved by one block's forward
-    bubble_fraction(stages=4, micro_batches=8)      # (p - 1) / (m + p - 1)
+    bubble_fraction(stages=4, micro_batches=8)      # (p - 1) / (m + p - 1); chunks=v: (p - 1) / (v m + p - 1)
     reduction_length(cfg, 32)                       # terms along a step's longest chain of sums (the fp32 bound)
 
 Imported directly (helpers.formulas.model_parallel), not re-exported by the package.
@@ -114,19 +114,26 @@ def tp_bound(cfg, context_length: int, scale: float, dtype=torch.float32) -> flo
     return 2 * reduction_length(cfg, context_length) * UNIT_ROUNDOFF[dtype] * scale
 
 
-def bubble_fraction(stages: int, micro_batches: int) -> float:
+def bubble_fraction(stages: int, micro_batches: int, chunks: int = 1) -> float:
     """Idle share of a pipeline step, GPipe and 1F1B alike: (p − 1) / (m + p − 1) (Huang et al. 2019; Narayanan et
-    al. 2021 §2.2)."""
-    return (stages - 1) / (micro_batches + stages - 1)
+    al. 2021 §2.2); interleaved 1F1B with v chunks per rank: (p − 1) / (v·m + p − 1), its bubble time (p − 1)/v
+    passes of a stage's whole work over the step's m + (p − 1)/v (Narayanan et al. 2021 §2.2.1)."""
+    return (stages - 1) / (chunks * micro_batches + stages - 1)
 
 
-def pipeline_peak_micro_batches(schedule: str, stages: int, micro_batches: int, stage: int) -> int:
-    """Micro-batches whose activations a stage holds at once: GPipe all m; 1F1B at most p − stage (stage 0: p)."""
+def pipeline_peak_micro_batches(schedule: str, stages: int, micro_batches: int, stage: int, chunks: int = 1) -> float:
+    """Micro-batches whose activations a stage holds at once: GPipe all m; 1F1B at most p − stage (stage 0: p);
+    interleaved 1F1B, chunks of equal size: its w = 2(p − s − 1) + (v − 1)p warm-up passes and one more (all v·m
+    when m = p or w reaches them), each 1/v of a micro-batch (Megatron-LM's warm-up count)."""
     if schedule == "gpipe":
         return micro_batches
     if schedule == "1f1b":
         return min(micro_batches, stages - stage)
-    raise ValueError(f"unknown schedule {schedule!r}; expected 'gpipe' or '1f1b'")
+    if schedule == "interleaved":
+        passes = micro_batches * chunks
+        held = passes if micro_batches == stages else min(2 * (stages - stage - 1) + (chunks - 1) * stages + 1, passes)
+        return held / chunks
+    raise ValueError(f"unknown schedule {schedule!r}; expected 'gpipe', '1f1b' or 'interleaved'")
 
 
 def reorder_bound(cfg, context_length: int, micro_batches: int, scale: float, dtype=torch.float32) -> float:
