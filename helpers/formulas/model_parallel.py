@@ -143,10 +143,14 @@ def reorder_bound(cfg, context_length: int, micro_batches: int, scale: float, dt
     return 2 * n * UNIT_ROUNDOFF[dtype] * scale
 
 
-def cp_bytes_sent(batch_heads: int, context_length: int, head_dim: int, world: int, dtype=torch.float32) -> int:
+def cp_bytes_sent(
+    batch_heads: int, context_length: int, head_dim: int, world: int, dtype=torch.float32, backward: bool = False
+) -> int:
     """Bytes one rank sends in a ring-attention forward: N − 1 steps, each passing its K and V blocks of T/N rows:
-    2 (N − 1)/N · T · BH · d · b, an all-gather of K and V spread over the steps."""
-    return 2 * (world - 1) * (context_length // world) * batch_heads * head_dim * dtype_bytes(dtype)
+    2 (N − 1)/N · T · BH · d · b, an all-gather of K and V spread over the steps. Backward: K and V again N − 1
+    steps, and dK, dV N steps (the last one home): (4N − 2)/N · T · BH · d · b."""
+    blocks = 2 * (world - 1) + (2 * world if backward else 0)  # (T/N, BH, d) blocks sent
+    return blocks * (context_length // world) * batch_heads * head_dim * dtype_bytes(dtype)
 
 
 def cp_work(world: int, rank: int, causal: bool, balanced: bool = True) -> float:
