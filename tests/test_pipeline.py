@@ -5,6 +5,8 @@ contiguously) break the bound, the second for the interleaved schedule only; the
 bubble formula exactly and every schedule receives in the order its neighbour sends; a model or batch that does not
 cut is refused before any rank starts."""
 
+import dataclasses
+
 import pytest
 
 from helpers import pipeline as PP
@@ -65,6 +67,9 @@ def test_gradients_and_memory(runs):
     assert ((bubble["bubble"] > 0) & (bubble["bubble"] < 1)).all() and len(bubble) == 3 * 2 * 4, bubble
     formula = bubble.groupby("schedule")["formula"].first()
     assert formula["interleaved"] == pytest.approx(3 / (2 * 4 + 3)) and formula["1f1b"] == pytest.approx(3 / 7)
+    own, shared = (dataclasses.replace(runs[0], device="cuda", own_device=own) for own in (True, False))
+    assert P.bubble_section(own).values["held_to_replay"]  # a GPU per rank: the replay is held to the measurement
+    assert "share a GPU" in P.bubble_section(shared).notes[-1]  # 4 ranks on fewer GPUs: a reading aid, as on a CPU
 
 
 def test_mutants_break_the_bound(runs):

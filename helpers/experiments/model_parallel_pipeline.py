@@ -50,7 +50,8 @@ class PipeRun:
     config: dict
     profile: str
     where: str
-    device: str = "cpu"  # where the stages ran: on "cuda" each rank has its own device and the replay is held to
+    device: str = "cpu"  # where the stages ran
+    own_device: bool = False  # a GPU per rank: no rank waits for another's compute, so the replay is held to
 
     @property
     def p(self) -> int:
@@ -132,7 +133,8 @@ def pipeline_run(config: dict, profile: str, backend: str = "auto", device: str 
     ranks = L.launch(pipeline_worker, p, *args, backend=backend, device=device)
     b, d = L.choose_backend(p, backend, device)
     where = f"{profile} profile · {b} on {d}, {p} stages, {m} micro-batches, {v} chunks per stage interleaved"
-    return PipeRun(ranks, config, profile, where, d)
+    own = d == "cuda" and torch.cuda.device_count() >= p  # fewer GPUs than ranks: ranks share one (gloo)
+    return PipeRun(ranks, config, profile, where, d, own)
 
 
 def gradients_section(run: PipeRun) -> Result:
@@ -233,13 +235,17 @@ def bubble_section(run: PipeRun) -> Result:
         f"busiest rank computed up to {table['imbalance'].max():.2f}x the least busy) and latency · {run.where}.",
     ]
     load, cores = os.getloadavg()[0], usable_cores()
-    held = run.device == "cuda"  # a device per rank: no rank waits for another's compute
+    held = run.own_device  # a device per rank: no rank waits for another's compute
     if not held:
+        shared = (
+            f"{run.device} (load average {load:.1f} on {cores} cores): they share cores with each other and with "
+            "this kernel, so a rank can wait for a core between passes"
+            if run.device != "cuda"
+            else f"fewer GPUs than its {run.p} ranks: they share a GPU, so a rank can wait for another's kernels"
+        )
         notes.append(
-            f"Here the ranks ran on {run.device} (load average {load:.1f} on {cores} cores): they share cores with "
-            "each other and with this kernel, so a rank can wait for a core between passes, idle time no dependency "
-            "explains; the replay is a reading aid here, not held to the measurement. On GPUs, a device per rank, "
-            f"it is (±{BUBBLE_TOL})."
+            f"Here the ranks ran on {shared}, idle time no dependency explains; the replay is a reading aid here, not "
+            f"held to the measurement. On GPUs, a device per rank, it is (±{BUBBLE_TOL})."
         )
     values = {
         "all_within": bool(table["within"].all()),
