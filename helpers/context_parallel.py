@@ -1,4 +1,4 @@
-"""Context parallelism: ring attention over the sequence, built on notebook 06's online softmax (forward).
+"""Context parallelism: ring attention over the sequence, built on notebook 06's online softmax, forward and backward.
 
 Runbook (inside a worker started by helpers.launch.launch):
 
@@ -6,6 +6,8 @@ Runbook (inside a worker started by helpers.launch.launch):
     q_r, k_r, v_r = (local_chunks(t, rank, world, causal=True) for t in (q, k, v))   # (BH, T/N, d) each
     o_r, lse_r, stats = ring_attention(q_r, k_r, v_r, causal=True)     # this rank's rows of softmax(qk^T/√d) v
     o = from_local_chunks([o_0, o_1, ...], world, causal=True)         # back in sequence order
+    dq_r, dk_r, dv_r, stats = ring_attention_backward(q_r, k_r, v_r, o_r, lse_r, do_r, causal=True)
+    o_r = RingAttention.apply(q_r, k_r, v_r, True)                     # the two as one autograd Function
 
 Each rank keeps the queries of its chunks and starts with its own keys and values; at each of N − 1 steps it passes
 the K, V block it holds to the next rank and receives the previous rank's (Liu et al., 2023, "Ring Attention with
@@ -19,6 +21,12 @@ Causal: a key chunk after the query chunk is skipped, the same chunk is causal w
 N contiguous chunks, rank r computes r + 1/2 chunk pairs: the last rank does 2N − 1 times the first's work. Cut
 the sequence into 2N chunks and give rank r chunks r and 2N − 1 − r (the "zigzag" order of Brandon et al., 2023,
 "Striped Attention", and Llama 3's context parallelism): every rank computes the same N/2 pairs (in (T/N)² units).
+
+Backward: with the final output O and logsumexp L of its rows, each (query chunk, key chunk) pair's share of the
+gradients is notebook 06's FlashAttention-2 backward on that pair alone (`flash_backward_torch`: P = exp(S − L) is
+the pair's block of the whole softmax, D = rowsum(dO ∘ O) the whole row's). dQ stays on its rank; dK and dV travel
+around the ring with their K and V, gathering every rank's share, and one more step brings them home: K and V go
+N − 1 steps, dK and dV N.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from helpers.attention import _launch_config, flash_forward_torch
+from helpers.attention import _launch_config, flash_backward_torch, flash_forward_torch
 from helpers.comm import InFlight, wait_all
 from helpers.pipeline import staged
 
@@ -121,3 +129,57 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, balanced: bool
     o = torch.cat([o for o, _ in acc], dim=-2)  # (BH, T/N, d)
     lse = torch.cat([lse for _, lse in acc], dim=-1)  # (BH, T/N)
     return o, lse, {"bytes_sent": sent, "work": work}
+
+
+def ring_attention_backward(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: bool, balanced: bool = True, group=None
+):
+    """The gradients of this rank's chunks, (dq, dk, dv) each (BH, T/N, d), and stats (bytes sent, chunk pairs
+    computed), from its q, k, v, its rows' final o and lse (ring_attention's) and their gradient do."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    order = chunk_order(world, causal, balanced)
+    cfg = _launch_config(q.shape[-1], q.dtype, q.device)
+    n = len(order[rank])
+    qs, os, dos, lses = q.chunk(n, dim=-2), o.chunk(n, dim=-2), do.chunk(n, dim=-2), lse.chunk(n, dim=-1)
+    dq = torch.zeros_like(q)  # (BH, T/N, d): stays here
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # the held K, V blocks' gradients: they travel with them
+    sent, work, unit = 0, 0.0, (q.shape[-2] / n) ** 2 / q.shape[-2] ** 2
+    for step in range(world):
+        src = (rank - step) % world  # whose K, V (and dK, dV so far) this rank holds now
+        parts = [t.chunk(len(order[src]), dim=-2) for t in (k, v, dk, dv)]  # dk, dv chunks: views, summed in place
+        for a, ca in enumerate(order[rank]):
+            for kb, vb, dkb, dvb, cb in zip(*parts, order[src], strict=True):
+                if causal and cb > ca:
+                    continue
+                dq_p, dk_p, dv_p = flash_backward_torch(qs[a], kb, vb, os[a], lses[a], dos[a], causal and cb == ca, cfg)
+                dq.chunk(n, dim=-2)[a].add_(dq_p)
+                dkb.add_(dk_p)
+                dvb.add_(dv_p)
+                work += unit * (0.5 if causal and cb == ca else 1.0)
+        if step < world - 1:
+            k, v, dk, dv = _pass_on([k, v, dk, dv], group)
+            sent += k.nbytes + v.nbytes + dk.nbytes + dv.nbytes
+    dk, dv = send_home(dk, dv, group)
+    return dq, dk, dv, {"bytes_sent": sent + dk.nbytes + dv.nbytes, "work": work}
+
+
+def send_home(dk: Tensor, dv: Tensor, group=None) -> tuple[Tensor, Tensor]:
+    """After the last step a rank holds the next rank's dK, dV: one more step of the ring brings each home."""
+    return tuple(_pass_on([dk, dv], group))
+
+
+class RingAttention(torch.autograd.Function):
+    """Ring attention as an autograd Function: o = RingAttention.apply(q, k, v, causal, balanced, group) on this
+    rank's chunks (local_chunks); backward returns this rank's chunks' dq, dk, dv."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, balanced: bool = True, group=None):
+        o, lse, _ = ring_attention(q, k, v, causal, balanced, group)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.balanced, ctx.group = causal, balanced, group
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        dq, dk, dv, _ = ring_attention_backward(*ctx.saved_tensors, do, ctx.causal, ctx.balanced, ctx.group)
+        return dq, dk, dv, None, None, None

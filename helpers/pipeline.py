@@ -4,9 +4,12 @@ send/recv, GPipe and 1F1B schedules, each rank's timeline recorded (notebook 08)
 Runbook (inside a worker started by helpers.launch.launch, every rank with the same full model and batch):
 
     stage = PipelineStage(full_model, rank, world)       # this rank's blocks (+ embeddings first, + head last)
-    actions = schedule("1f1b", stages=world, micro_batches=8, stage=rank)   # [("F", 0), ("F", 1), ("B", 0), ...]
-    timeline = run_schedule(stage, actions, x, y, micro_batches=8)   # gradients accumulate in stage's parameters
-    timeline  # [(kind, micro_batch, start_s, end_s), ...] of this rank's compute, from a common start
+    actions = schedule("1f1b", stages=world, micro_batches=8, stage=rank)   # [("F", 0, 0), ("F", 1, 0), ...]
+    timeline = run_schedule(stage, actions, x, y, micro_batches=8, width=C)   # gradients accumulate in the stage
+    timeline  # [(kind, micro_batch, chunk, start_s, end_s), ...] of this rank's compute, from a common start
+
+    stage = PipelineStage(full_model, rank, world, chunks=2)   # interleaved: blocks of virtual stages r and p + r
+    actions = schedule("interleaved", world, 8, rank, chunks=2)
 
 GPipe (Huang et al., 2019): every micro-batch's forward, then every backward; a stage holds all m micro-batches'
 activations at once. 1F1B (PipeDream-Flush, Narayanan et al., 2021, §2.2): stage s runs p − s − 1 warm-up forwards,
@@ -14,8 +17,16 @@ then alternates one forward and one backward, so it holds at most p − s micro-
 p − 1 forward+backward slots of a step of m + p − 1: the bubble (p − 1) / (m + p − 1). The loss of each micro-batch is
 divided by m, so the accumulated gradients are those of the whole batch's mean loss.
 
+Interleaved 1F1B (Narayanan et al., 2021, §2.2.1; Megatron-LM's schedule with virtual stages): the layers are cut
+into p·v chunks and rank r holds v of them, virtual stages r, p + r, ..., so a micro-batch passes every rank v times.
+Each pass is 1/v as long, and the warm-up and cool-down, still p − 1 passes on the way in and out, shrink with it:
+the bubble is (p − 1) / (v·m + p − 1), for v times as many sends. The schedule takes micro-batches in groups of p per
+chunk, so m must be a multiple of p.
+
 Sends are non-blocking (isend, waited at the end of the step) and receives blocking: a rank waits only for data
-its schedule needs, and as both schedules respect the dependencies no two ranks wait on each other.
+its schedule needs, and as the schedules respect the dependencies no two ranks wait on each other. Between two
+ranks, messages arrive in the order they were sent (one queue per direction, activations and gradients alike): every
+schedule here receives in the order its neighbour sends (tests/test_pipeline.py checks each).
 """
 
 from __future__ import annotations
@@ -32,11 +43,12 @@ from helpers.comm import InFlight, wait_all
 from helpers.model import lm_loss
 from helpers.timing import sync
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
-def check_pipeline(n_layers: int, stages: int, micro_batches: int, batch_size: int) -> None:
-    """Raise a ValueError naming the constraint when the model or the batch cannot be cut (before any rank starts)."""
+def check_pipeline(n_layers: int, stages: int, micro_batches: int, batch_size: int, chunks: int = 1) -> None:
+    """Raise a ValueError naming the constraint when the model or the batch cannot be cut (before any rank starts);
+    chunks > 1: also for the interleaved schedule with `chunks` virtual stages per rank."""
     if n_layers % stages:
         raise ValueError(f"{stages} pipeline stages need n_layers ({n_layers}) divisible by {stages}")
     if micro_batches < stages:
@@ -46,30 +58,56 @@ def check_pipeline(n_layers: int, stages: int, micro_batches: int, batch_size: i
         )
     if batch_size % micro_batches:
         raise ValueError(f"batch_size ({batch_size}) must be divisible by the {micro_batches} micro-batches")
+    if chunks > 1 and n_layers % (stages * chunks):
+        raise ValueError(
+            f"interleaved 1F1B with {chunks} chunks on each of {stages} stages needs n_layers ({n_layers}) divisible "
+            f"by p·v = {stages * chunks}"
+        )
+    if chunks > 1 and micro_batches % stages:
+        raise ValueError(
+            f"interleaved 1F1B needs the micro-batches ({micro_batches}) a multiple of the {stages} stages: it takes "
+            f"them in groups of p per chunk (Megatron-LM's constraint)"
+        )
+
+
+def chunk_layers(stage: int, stages: int, chunks: int, n_layers: int) -> list[range]:
+    """The blocks of each of this rank's chunks: chunk c is virtual stage c·p + s, blocks [(c·p + s)·n, ... + n) with
+    n = L/(p·v) (v = 1: the contiguous L/p blocks of stage s)."""
+    n = n_layers // (stages * chunks)
+    return [range((c * stages + stage) * n, (c * stages + stage + 1) * n) for c in range(chunks)]
 
 
 class PipelineStage(nn.Module):
     """Blocks [s·L/p, (s+1)·L/p) of a TransformerLM, with its embeddings on the first stage and its final norm and
-    LM head on the last. Parameter names are the full model's, so gradients compare name by name."""
+    LM head on the last; with chunks = v, the blocks of virtual stages s, p + s, ..., (v − 1)·p + s (chunk_layers),
+    the embeddings at chunk 0 of stage 0, the head at chunk v − 1 of stage p − 1. Parameter names are the full
+    model's, so gradients compare name by name."""
 
-    def __init__(self, model: nn.Module, stage: int, stages: int):
+    def __init__(self, model: nn.Module, stage: int, stages: int, chunks: int = 1):
         super().__init__()
-        per = model.cfg.n_layers // stages
-        self.stage, self.stages, self.first, self.last = stage, stages, stage == 0, stage == stages - 1
-        self.blocks = nn.ModuleDict(
-            {str(i): copy.deepcopy(model.blocks[i]) for i in range(stage * per, (stage + 1) * per)}
-        )
+        self.stage, self.stages, self.chunks = stage, stages, chunks
+        self.first, self.last = stage == 0, stage == stages - 1
+        self.layers = chunk_layers(stage, stages, chunks, model.cfg.n_layers)
+        self.blocks = nn.ModuleDict({str(i): copy.deepcopy(model.blocks[i]) for r in self.layers for i in r})
         if self.first:
             self.tok_emb, self.pos_emb = copy.deepcopy(model.tok_emb), copy.deepcopy(model.pos_emb)
         if self.last:
             self.norm_f, self.lm_head = copy.deepcopy(model.norm_f), copy.deepcopy(model.lm_head)
 
-    def forward(self, x: Tensor) -> Tensor:
-        if self.first:  # x: token ids (b, T)
+    def takes_ids(self, chunk: int) -> bool:
+        """Whether `chunk` is the model's first virtual stage (its input: token ids)."""
+        return self.first and chunk == 0
+
+    def gives_logits(self, chunk: int) -> bool:
+        """Whether `chunk` is the model's last virtual stage (its output: logits)."""
+        return self.last and chunk == self.chunks - 1
+
+    def forward(self, x: Tensor, chunk: int = 0) -> Tensor:
+        if self.takes_ids(chunk):  # x: token ids (b, T)
             x = self.tok_emb(x) + self.pos_emb(torch.arange(x.shape[1], device=x.device))  # (b, T, C)
-        for block in self.blocks.values():
-            x = block(x)  # (b, T, C)
-        return self.lm_head(self.norm_f(x)) if self.last else x  # (b, T, V) or (b, T, C)
+        for i in self.layers[chunk]:
+            x = self.blocks[str(i)](x)  # (b, T, C)
+        return self.lm_head(self.norm_f(x)) if self.gives_logits(chunk) else x  # (b, T, V) or (b, T, C)
 
 
 class _Wait(torch.autograd.Function):
@@ -94,24 +132,76 @@ class FixedCostStage(nn.Module):
     def __init__(self, stage: PipelineStage, forward_s: float, backward_s: float):
         super().__init__()
         self.inner, self.forward_s, self.backward_s = stage, forward_s, backward_s
-        self.stage, self.stages, self.first, self.last = stage.stage, stage.stages, stage.first, stage.last
+        self.stage, self.stages, self.chunks = stage.stage, stage.stages, stage.chunks
+        self.first, self.last, self.takes_ids, self.gives_logits = (
+            stage.first, stage.last, stage.takes_ids, stage.gives_logits
+        )  # fmt: skip
 
-    def forward(self, x: Tensor) -> Tensor:
-        return _Wait.apply(self.inner(x), self.forward_s, self.backward_s)
+    def forward(self, x: Tensor, chunk: int = 0) -> Tensor:
+        return _Wait.apply(self.inner(x, chunk), self.forward_s, self.backward_s)
 
 
-def schedule(kind: str, stages: int, micro_batches: int, stage: int) -> list[tuple[str, int]]:
-    """Stage `stage`'s order of forward ("F", i) and backward ("B", i) passes over micro-batches 0..m-1."""
+def schedule(kind: str, stages: int, micro_batches: int, stage: int, chunks: int = 1) -> list[tuple[str, int, int]]:
+    """Stage `stage`'s order of forward ("F", i, c) and backward ("B", i, c) passes over micro-batches 0..m-1 and its
+    chunks c (0 except in "interleaved")."""
     m = micro_batches
+    if kind != "interleaved" and chunks != 1:
+        raise ValueError(f"{kind!r} runs one chunk per stage; chunks={chunks} is for 'interleaved'")
     if kind == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
     if kind == "1f1b":
-        warm = min(stages - stage - 1, m)
-        out = [("F", i) for i in range(warm)]
-        for i in range(m - warm):  # steady state: one forward, one backward
-            out += [("F", warm + i), ("B", i)]
-        return out + [("B", i) for i in range(m - warm, m)]
+        return one_f_one_b(min(stages - stage - 1, m), m, lambda k, fwd: (k, 0))
+    if kind == "interleaved":
+        return one_f_one_b(interleaved_warmup(stages, m, stage, chunks), m * chunks, interleaved_pass(stages, chunks))
     raise ValueError(f"unknown schedule {kind!r}; expected one of {', '.join(SCHEDULES)}")
+
+
+def one_f_one_b(warm: int, passes: int, which) -> list[tuple[str, int, int]]:
+    """`warm` forwards, then one forward and one backward until `passes` of each, then the backwards left; the k-th
+    forward (backward) is the pass which(k, True) ((k, False)) = (micro-batch, chunk)."""
+    out = [("F", *which(k, True)) for k in range(warm)]
+    for k in range(passes - warm):  # steady state: one forward, one backward
+        out += [("F", *which(warm + k, True)), ("B", *which(k, False))]
+    return out + [("B", *which(k, False)) for k in range(passes - warm, passes)]
+
+
+def interleaved_warmup(stages: int, micro_batches: int, stage: int, chunks: int) -> int:
+    """Forwards before the first backward on `stage` in Megatron-LM's interleaved schedule: 2(p − s − 1) + (v − 1)p,
+    at most all v·m of them; all of them when m = p."""
+    total = micro_batches * chunks
+    if micro_batches == stages:
+        return total
+    return min(2 * (stages - stage - 1) + (chunks - 1) * stages, total)
+
+
+def interleaved_pass(stages: int, chunks: int):
+    """The k-th forward or backward of the interleaved schedule as (micro-batch, chunk): groups of p micro-batches,
+    each group through chunk 0, 1, ..., v − 1 in forward and v − 1, ..., 0 in backward."""
+
+    def which(k: int, forward: bool) -> tuple[int, int]:
+        group, j = divmod(k, stages * chunks)
+        chunk = j // stages
+        return group * stages + j % stages, chunk if forward else chunks - 1 - chunk
+
+    return which
+
+
+def upstream(rank: int, kind: str, micro: int, chunk: int, stages: int, chunks: int) -> tuple | None:
+    """(rank, kind, micro-batch, chunk) of the pass whose output this pass receives: the forward of the virtual stage
+    before, the backward of the one after; None for the first forward and the last backward (its own loss)."""
+    s = chunk * stages + rank
+    t = s - 1 if kind == "F" else s + 1
+    return (t % stages, kind, micro, t // stages) if 0 <= t < stages * chunks else None
+
+
+def held_micro_batches(actions, chunk_bytes: list) -> float:
+    """The most micro-batches' activations a stage holds at once under `actions` (forward adds its chunk's bytes,
+    backward frees them), in units of one micro-batch through every chunk (sum of chunk_bytes)."""
+    held = most = 0
+    for kind, _, chunk in actions:
+        held += chunk_bytes[chunk] if kind == "F" else -chunk_bytes[chunk]
+        most = max(most, held)
+    return most / sum(chunk_bytes)
 
 
 def staged(t: Tensor) -> Tensor:
@@ -159,69 +249,79 @@ class _Channel:
 
 def run_schedule(stage: PipelineStage, actions, x: Tensor, y: Tensor, micro_batches: int, width: int) -> list:
     """Run one step's `actions` on this rank's stage; x, y are the whole batch (b·m, T). Returns this rank's compute
-    timeline [(kind, micro_batch, start_s, end_s)], receives excluded (they are the waiting), on time.perf_counter's
-    clock: CLOCK_MONOTONIC, one clock for every process of a machine (not across nodes)."""
+    timeline [(kind, micro_batch, chunk, start_s, end_s)], receives excluded (they are the waiting), on
+    time.perf_counter's clock: CLOCK_MONOTONIC, one clock for every process of a machine (not across nodes)."""
     xs, ys = x.chunk(micro_batches), y.chunk(micro_batches)
     act_shape = (xs[0].shape[0], xs[0].shape[1], width)
-    rank, chan, held, timeline = stage.stage, _Channel(), {}, []
+    p = stage.stages
+    before, after = (stage.stage - 1) % p, (stage.stage + 1) % p  # neighbours on the ring of virtual stages
+    chan, held, timeline = _Channel(), {}, []
     dist.barrier()
-    for kind, i in actions:
+    for kind, i, c in actions:
         if kind == "F":
-            inp = xs[i] if stage.first else chan.recv(act_shape, torch.float32, x.device, rank - 1).requires_grad_()
+            ids = stage.takes_ids(c)
+            inp = xs[i] if ids else chan.recv(act_shape, torch.float32, x.device, before).requires_grad_()
             start = time.perf_counter()
-            out = stage(inp)
-            if stage.last:
+            out = stage(inp, c)
+            if stage.gives_logits(c):
                 out = lm_loss(out, ys[i]) / micro_batches  # the whole batch's mean, summed over micro-batches
-            held[i], send = (inp, out), None if stage.last else (out.detach(), rank + 1)
+            held[i, c], send = (inp, out), None if stage.gives_logits(c) else (out.detach(), after)
         else:
-            grad = None if stage.last else chan.recv(act_shape, torch.float32, x.device, rank + 1)
+            grad = None if stage.gives_logits(c) else chan.recv(act_shape, torch.float32, x.device, after)
             start = time.perf_counter()
-            inp, out = held.pop(i)
+            inp, out = held.pop((i, c))
             out.backward(grad)
-            send = None if stage.first else (inp.grad, rank - 1)
+            send = None if stage.takes_ids(c) else (inp.grad, before)
         sync(x.device)
-        timeline.append((kind, i, start, time.perf_counter()))  # stamped before the send: a neighbour starts after
+        timeline.append((kind, i, c, start, time.perf_counter()))  # stamped before the send: a neighbour starts after
         if send is not None:
             chan.send(*send)
     chan.finish()
     return timeline
 
 
+def _chunks_of(timelines: list[list]) -> int:
+    """Chunks per rank in these timelines (1 + the largest chunk index)."""
+    return 1 + max(c for line in timelines for _, _, c, _, _ in line)
+
+
 def replay(timelines: list[list], durations=None, latency: float = 0.0) -> list[list]:
     """The timelines the schedules give by their dependencies alone: each rank's passes in its own order, each
-    starting when its rank is free and its input has arrived, `latency` seconds after it was sent (F i after the
-    stage before finished F i, B i after the stage after finished B i), lasting what it took (or durations[kind]
-    seconds: equal stages, where every rank's idle share is (p − 1)/(m + p − 1))."""
-    p = len(timelines)
+    starting when its rank is free and its input has arrived, `latency` seconds after it was sent (a forward after
+    the virtual stage before finished it, a backward after the one after: `upstream`), lasting what it took (or
+    durations[kind] seconds: equal passes, where every rank's idle share is (p − 1)/(v·m + p − 1))."""
+    p, v = len(timelines), _chunks_of(timelines)
     out, ends, pos = [[] for _ in range(p)], {}, [0] * p
     while any(pos[r] < len(timelines[r]) for r in range(p)):
         moved = False
         for r in range(p):
             while pos[r] < len(timelines[r]):
-                k, i, s, e = timelines[r][pos[r]]
-                dep = (r - 1 if k == "F" else r + 1, k, i)
-                if 0 <= dep[0] < p and dep not in ends:
+                k, i, c, s, e = timelines[r][pos[r]]
+                dep = upstream(r, k, i, c, p, v)
+                if dep is not None and dep not in ends:
                     break
-                start = max(out[r][-1][3] if out[r] else 0.0, ends[dep] + latency if dep in ends else 0.0)
+                start = max(out[r][-1][4] if out[r] else 0.0, ends[dep] + latency if dep is not None else 0.0)
                 end = start + (durations[k] if durations else e - s)
-                out[r].append((k, i, start, end))
-                ends[(r, k, i)], pos[r], moved = end, pos[r] + 1, True
+                out[r].append((k, i, c, start, end))
+                ends[(r, k, i, c)], pos[r], moved = end, pos[r] + 1, True
         if not moved:
             raise ValueError("the timelines' passes wait on each other: not a pipeline schedule")
     return out
 
 
 def handoff_latency(timelines: list[list]) -> float:
-    """Median seconds from a neighbour finishing micro-batch i's pass to this rank starting its own on it, over the
-    handoffs where this rank was idle waiting for it: send, receive and waking up (0.0 when there is none)."""
-    ends = [{(k, i): e for k, i, _, e in t} for t in timelines]
+    """Median seconds from a neighbour finishing a pass to this rank starting the one that receives its output,
+    over the handoffs where this rank was idle waiting for it: send, receive and waking up (0.0 when there is
+    none)."""
+    p, v = len(timelines), _chunks_of(timelines)
+    ends = {(r, k, i, c): e for r, t in enumerate(timelines) for k, i, c, _, e in t}
     waits = []
     for rank, line in enumerate(timelines):
-        for j, (k, i, s, _) in enumerate(line):
-            frm = rank - 1 if k == "F" else rank + 1
-            if 0 <= frm < len(timelines):
-                ready = max(ends[frm][(k, i)], line[j - 1][3] if j else -float("inf"))
-                if ready == ends[frm][(k, i)]:
+        for j, (k, i, c, s, _) in enumerate(line):
+            dep = upstream(rank, k, i, c, p, v)
+            if dep is not None:
+                ready = max(ends[dep], line[j - 1][4] if j else -float("inf"))
+                if ready == ends[dep]:
                     waits.append(s - ready)
     return float(sorted(waits)[len(waits) // 2]) if waits else 0.0
 
@@ -229,5 +329,5 @@ def handoff_latency(timelines: list[list]) -> float:
 def bubble_of(timelines: list[list]) -> list[float]:
     """Each rank's idle share of the step: 1 − its compute time / the step's span (first start to last end over
     every rank)."""
-    span = max(t[-1][3] for t in timelines) - min(t[0][2] for t in timelines)
-    return [1 - sum(e - s for _, _, s, e in t) / span for t in timelines]
+    span = max(t[-1][4] for t in timelines) - min(t[0][3] for t in timelines)
+    return [1 - sum(e - s for *_, s, e in t) / span for t in timelines]

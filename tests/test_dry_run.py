@@ -24,6 +24,7 @@ from helpers.experiments import attention as XA
 from helpers.experiments import ddp as XD
 from helpers.experiments import fsdp as XF
 from helpers.experiments import model_parallel as XM
+from helpers.experiments import model_parallel_dp as XV
 from helpers.experiments import model_parallel_pipeline as XP
 from helpers.experiments import sharding as XS
 from helpers.experiments.common import make_batches, train_step
@@ -180,9 +181,10 @@ LAUNCHES = {  # the dry run's multi-rank launches at the CPU preset, with every 
         model="small/cpu", batch_size=2, context_length=8, steps=1, warmup=1, kinds=("fsdp", "ddp", "zero1"),
         trace=False,
     ),
-    "08": lambda: (  # TP and TP+SP beside one process; the pipeline's first stage of two, one timed step
+    "08": lambda: (  # TP and TP+SP beside one process; the pipeline's first stage of two, one timed step; TP and DP
         XM.tensor_parallel_worker(XM.PROFILES["cpu"]["model"], 2),
-        XP.pipeline_worker(XP.pipe_model(XM.PROFILES["cpu"]), 8, 4, 1, (0, 0)),
+        XP.pipeline_worker(XP.pipe_model(XM.PROFILES["cpu"]), 8, 4, 1, (0, 0), 2),
+        XV.tp_dp_worker(XM.PROFILES["cpu"]["model"], 2, 1, 1),
     ),
 }  # fmt: skip
 

@@ -47,7 +47,7 @@ def test_every_gpu_run_fits_an_h100_or_says_what_it_needs():
         G.fits_here("99", 80e9)
     nb08 = G.gpu_plan(gpus=4).query("notebook == '08'")  # a GPU per rank: the pipeline's 4 stages no longer share
     assert plan.loc[plan["run"].str.startswith("pipeline"), "ranks_per_gpu"].item() == 4
-    assert (nb08["ranks_per_gpu"] == 1).all() and len(nb08) == 4
+    assert (nb08["ranks_per_gpu"] == 1).all() and len(nb08) == 5
 
 
 def test_profiles_are_plain_data_for_both_profiles():

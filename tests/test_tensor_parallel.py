@@ -1,12 +1,15 @@
 """Tensor and sequence parallelism (helpers.tensor_parallel, notebook 08) on 2 gloo ranks: logits and every gradient
 shard within the fp32 bound of one process, collectives counted equal to the closed forms, one block's saved bytes
 equal to the formula; mutants (f without its backward all-reduce, SP without the gains' all-reduce) break exactly
-the mode they touch; sizes that do not split are refused before any rank starts."""
+the mode they touch; sizes that do not split are refused before any rank starts. TP against DP at equal tokens
+(the same launch): each one's counted all-reduces equal to its formula, the paired ratio over enough rounds, and
+a verdict that names a winner only outside the interval."""
 
 import pytest
 
 from helpers import tensor_parallel as TP
 from helpers.experiments import model_parallel as X
+from helpers.experiments import model_parallel_dp as XD
 from helpers.formulas import model_parallel as FM
 from helpers.model import ModelConfig
 
@@ -18,18 +21,57 @@ def _both_worker(cfg, batch_size):
     """The correct run, then two bugs at once, each touching one mode only: f's backward skips its all-reduce (TP;
     SP's fused column layer does not use f) and the SP gains are never all-reduced (TP+SP). One launch for both."""
     from helpers import tensor_parallel
-    from helpers.experiments import model_parallel
+    from helpers.experiments import model_parallel, model_parallel_dp
 
     correct = model_parallel.tensor_parallel_worker(cfg, batch_size)
+    versus_dp = model_parallel_dp.tp_dp_worker(cfg, batch_size, steps=6, warmup=1)  # before the bugs are planted
     tensor_parallel.CopyToTensorParallel.backward = staticmethod(lambda ctx, grad: (grad, None))
     model_parallel.sync_sequence_parallel_grads = lambda model, group=None: None
-    return correct, model_parallel.tensor_parallel_worker(cfg, batch_size)
+    return correct, model_parallel.tensor_parallel_worker(cfg, batch_size), versus_dp
 
 
 @pytest.fixture(scope="module")
-def runs():
-    ranks = X.L.launch(_both_worker, 2, SMALL, CONFIG["batch"], backend="gloo", device="cpu")
-    return [X.TPRun([r[i] for r in ranks], CONFIG, "test", "test") for i in (0, 1)]
+def launched():
+    return X.L.launch(_both_worker, 2, SMALL, CONFIG["batch"], backend="gloo", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def runs(launched):
+    return [X.TPRun([r[i] for r in launched], CONFIG, "test", "test") for i in (0, 1)]
+
+
+DP_CONFIG = {**CONFIG, "dp_steps": 6, "dp_warmup": 1}
+
+
+def test_tp_against_dp_at_equal_tokens(launched, tmp_path):
+    r = XD.tp_dp_section(XD.TPDPRun([r[2] for r in launched], DP_CONFIG, "test", "test"), directory=tmp_path)
+    assert r.values["all_equal"], r.table  # TP: 4L all-reduces of B·T·C; DP: one of Ψ
+    assert r.table.loc["TP", "calls"] == 4 * SMALL.n_layers and r.table.loc["DP", "calls"] == 1, r.table
+    assert r.table.loc["TP", "tokens_per_rank"] == 2 * r.table.loc["DP", "tokens_per_rank"]
+    ratio = r.values["ratio"]
+    assert ratio.pairs == 6 and ratio.low <= ratio.median <= ratio.high and r.saved.exists()
+
+
+def test_tp_against_dp_names_a_winner_only_outside_the_noise(tmp_path):
+    act, psi = 2 * 8 * 32 * 4, FM.dp_collectives(SMALL, 2)["all_reduce"][1]
+    logs = {"TP": [("all_reduce", act)] * 4, "DP": [("all_reduce", psi)]}
+
+    def section(tp, dp, logs=logs):
+        ranks = [{"seconds": {"TP": tp, "DP": dp}, "logs": logs}] * 2
+        return XD.tp_dp_section(XD.TPDPRun(ranks, DP_CONFIG, "test", "test"), directory=tmp_path)
+
+    dp = [0.010, 0.012, 0.011, 0.013, 0.010, 0.012]
+    noise = section([t * f for t, f in zip(dp, [0.9, 1.1, 0.95, 1.05, 0.9, 1.1], strict=True)], dp)
+    assert "no measurable difference between TP and DP" in noise.notes[0] and noise.values["all_equal"]
+    slower = section([2 * t for t in dp], dp)
+    assert "TP takes 2.00x DP's step time" in slower.notes[0]
+    per_tensor = section(dp, dp, {**logs, "DP": [("all_reduce", psi // 2)] * 2})  # a DP of two all-reduces
+    assert not per_tensor.values["all_equal"] and per_tensor.table.loc["DP", "calls"] == 2
+
+
+def test_tp_against_dp_refuses_a_batch_that_does_not_split():
+    with pytest.raises(ValueError, match="batch"):
+        XD.tp_dp_run({**DP_CONFIG, "batch": 3}, "test")
 
 
 def test_exact_bytes_and_memory_against_formulas(runs):

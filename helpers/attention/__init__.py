@@ -30,6 +30,7 @@ from helpers.attention.reference import (
     _scores,
     attention_flops,
     attention_lse,
+    attention_probs,
     naive_attention,
     score_matrix_bytes,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "TRITON_DTYPES",
     "attention_flops",
     "attention_lse",
+    "attention_probs",
     "naive_attention",
     "score_matrix_bytes",
     "LaunchConfig",

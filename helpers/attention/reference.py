@@ -35,6 +35,11 @@ def naive_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) ->
     return torch.softmax(_scores(q, k, is_causal), dim=-1) @ v  # (..., Tq, d)
 
 
+def attention_probs(q: Tensor, k: Tensor, is_causal: bool = False) -> Tensor:
+    """P = softmax(q k^T / sqrt(d)), (..., Tq, Tk): naive attention's weights (notebook 08's gradient scales)."""
+    return torch.softmax(_scores(q, k, is_causal), dim=-1)
+
+
 def attention_lse(q: Tensor, k: Tensor, is_causal: bool = False) -> Tensor:
     """Row-wise logsumexp of the scaled scores in (at least) fp32, (..., Tq): what the Functions save as L."""
     up = torch.promote_types(q.dtype, torch.float32)

@@ -12,7 +12,7 @@ import math
 import torch
 
 from helpers import memory as M
-from helpers.attention import attention_lse, naive_attention
+from helpers.attention import naive_attention
 from helpers.course.dry_run_meta import fake_group
 from helpers.experiments import attention as XA
 from helpers.experiments import benchmarking as XB
@@ -22,6 +22,8 @@ from helpers.experiments import fsdp as XF
 from helpers.experiments import gpu_plans as G
 from helpers.experiments import model_parallel as XM
 from helpers.experiments import model_parallel_calc as XT
+from helpers.experiments import model_parallel_context as XCP
+from helpers.experiments import model_parallel_dp as XV
 from helpers.experiments import model_parallel_pipeline as XP
 from helpers.experiments import rmsnorm as XR
 from helpers.experiments import sharding as XS
@@ -281,9 +283,10 @@ def run_07(c=None) -> list[dict]:
 def run_08(c=None) -> list[dict]:
     """Notebook 08's launches as rank 0 of theirs on the fake group: the TP worker (one process's reference step and
     TP, TP+SP beside it); the pipeline worker as its first and its last stage (embeddings / LM head), one timed step,
-    the fixed-cost stages at no cost; the speed worker once per width. Ring attention's launch runs its reference,
-    naive attention and logsumexp on the whole sequence, causal and not: its T x T scores are the launch's peak,
-    while the ring's tiles (hundreds of thousands of tiny meta ops, ~50 s here) hold (BH, T/N, d) blocks."""
+    the fixed-cost stages at no cost; TP against DP, one round of each; the speed worker once per width. Ring
+    attention's launch runs its reference, naive attention's forward and backward and its gradients' scales on the
+    whole sequence, causal and not: its T x T scores are the launch's peak, while the ring's tiles (hundreds of
+    thousands of tiny meta ops, ~50 s here) hold (BH, T/N, d) blocks."""
     c = c or XM.PROFILES["gpu"]
     cfg, world, p = c["model"], c["world"], c["pipe_world"]
     tp = functools.partial(XM.tensor_parallel_worker, cfg, c["batch"])
@@ -292,16 +295,21 @@ def run_08(c=None) -> list[dict]:
     run = f"tensor parallel {cfg.name}, batch {c['batch']}"
     rows = [_row("08", run, peak, G.tp_launch_bytes(cfg, c["batch"]), G.ranks_per_gpu(world, 1))]
     pipe_cfg, batch = XP.pipe_model(c), c.get("pipe_batch", c["batch"] * c["pipe_micro"])
-    pipe = functools.partial(XP.pipeline_worker, pipe_cfg, batch, c["pipe_micro"], 1, (0, 0))
+    pipe = functools.partial(XP.pipeline_worker, pipe_cfg, batch, c["pipe_micro"], 1, (0, 0), c["pipe_chunks"])
     peaks = []
     for rank in (0, p - 1):
         with fake_group(p, rank):
             peaks.append(_peak(pipe))
     run = f"pipeline {p} stages, batch {batch} (stages 0 and {p - 1})"
     rows.append(_row("08", run, max(peaks), G.pipeline_launch_bytes(pipe_cfg, batch), G.ranks_per_gpu(p, 1)))
+    versus = functools.partial(XV.tp_dp_worker, cfg, c["batch"], 1, 1)
+    with fake_group(world):
+        peak = _peak(versus)
+    run = f"tp against dp {cfg.name}, batch {c['batch']}"
+    rows.append(_row("08", run, peak, G.tp_dp_launch_bytes(cfg, c["batch"]), G.ranks_per_gpu(world, 1)))
     cp = (1, c["cp_batch_heads"], c["cp_context"], c["cp_head_dim"])
     peak = _peak(functools.partial(_cp_reference, cp[1:]))
-    plan = G.naive_pass_bytes(cp, torch.float32, True)
+    plan = G.cp_reference_bytes(cp)
     rows.append(_row("08", f"ring attention {cp[1:]}: its reference", peak, plan, G.ranks_per_gpu(world, 1)))
     speed = functools.partial(XT.tp_speed_worker, c["speed_tokens"], c["speed_d_model"], c["speed_widths"], 1)
     with fake_group(world):
@@ -312,11 +320,11 @@ def run_08(c=None) -> list[dict]:
 
 
 def _cp_reference(shape) -> None:
-    """context_parallel_worker's reference: q, k, v of the whole sequence, naive attention's output and logsumexp,
-    without and with the causal mask (the worker keeps one variant's at a time)."""
-    q, k, v = (torch.empty(shape) for _ in range(3))  # (BH, T, d)
+    """context_parallel_worker's reference: q, k, v and dO of the whole sequence, naive attention's output,
+    logsumexp and gradients and the gradients' scales, without and with the causal mask (one at a time)."""
+    q, k, v, do = (torch.empty(shape) for _ in range(4))  # (BH, T, d)
     for causal in (False, True):
-        naive_attention(q, k, v, causal), attention_lse(q, k, causal)
+        XCP.reference(q, k, v, do, causal)
 
 
 RUNS = {

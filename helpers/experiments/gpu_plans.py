@@ -405,6 +405,23 @@ def pipeline_launch_bytes(cfg, batch_size: int) -> int:
     return retained_graph_bytes(cfg, batch_size, cfg.context_length) + 2 * F.param_bytes(cfg)
 
 
+def cp_reference_bytes(shape) -> int:
+    """context_parallel_worker's reference on (B, H, T, d): naive attention's forward and backward (naive_pass_bytes,
+    causal), then, its graph gone, the gradients' scales: P and |dS| (2 S) beside q, k, v, dO, o and the three
+    gradients (8 X), the three scales and the temporaries of their matmuls (6 X), the causal mask and the
+    logsumexp. An upper bound."""
+    B, H, T, d = shape
+    S, X = score_matrix_bytes(B * H, T, T, torch.float32), B * H * T * d * 4
+    return max(naive_pass_bytes(shape, torch.float32, True), 2 * S + 14 * X + T * T + B * H * T * 4)
+
+
+def tp_dp_launch_bytes(cfg, batch_size: int) -> int:
+    """tp_dp_worker on a rank: the DP replica with its gradients and at most one process's activations on the whole
+    batch (TP's step on it holds no more; one step's graph at a time), beside it the TP model with its gradients
+    (at most 2Ψ) and FlatDDP's flat buffer (Ψ). An upper bound."""
+    return retained_graph_bytes(cfg, batch_size, cfg.context_length) + 3 * F.param_bytes(cfg)
+
+
 def tp_speed_bytes(tokens: int, d_model: int, widths: list, world: int) -> int:
     """tp_speed_worker on a rank at its widest feed-forward: both weight shards and their gradients, the hidden
     activations and their gradients, (tokens, d_model) input, output and their gradients (fp32)."""
@@ -413,7 +430,8 @@ def tp_speed_bytes(tokens: int, d_model: int, widths: list, world: int) -> int:
 
 
 def plan_08(profile: str = "gpu", gpus: int = 1) -> list[dict]:
-    """Notebook 08: the TP launch, the pipeline launch (p ranks, all on one GPU when there is one), ring attention
+    """Notebook 08: the TP launch, the pipeline launch (p ranks, all on one GPU when there is one), TP against DP,
+    ring attention
     against naive attention on the whole sequence (its T x T scores bound the ring's blocks), the TP speed launch."""
     c = model_parallel.PROFILES[profile]
     cfg, world, p = c["model"], c["world"], c["pipe_world"]
@@ -426,7 +444,8 @@ def plan_08(profile: str = "gpu", gpus: int = 1) -> list[dict]:
         _row(
             "08", f"pipeline {p} stages, batch {batch}", pipeline_launch_bytes(pipe_cfg, batch), ranks_per_gpu(p, gpus)
         ),
-        _row("08", f"ring attention {cp[1:]}", naive_pass_bytes(cp, torch.float32, True), shared),
+        _row("08", f"tp against dp {cfg.name}, batch {c['batch']}", tp_dp_launch_bytes(cfg, c["batch"]), shared),
+        _row("08", f"ring attention {cp[1:]}", cp_reference_bytes(cp), shared),
         _row("08", f"tp speed, d_ff up to {max(c['speed_widths'])}", speed, shared),
     ]
 

@@ -33,8 +33,9 @@ PROFILES = {  # what notebook 08 runs per profile
         batch=4,
         world=2,
         pipe_world=2,  # 4 processes on a 2-core machine would time-share: the bubble would not be measurable
-        pipe_micro=4,  # the memory tracker costs ~0.1 s per micro-batch pass here: m = 4, one block per stage
-        pipe_layers=2,
+        pipe_micro=4,  # the memory tracker costs ~0.1 s per micro-batch pass here: m = 4, one block per chunk
+        pipe_layers=4,
+        pipe_chunks=2,  # interleaved 1F1B: v chunks per stage (n_layers divisible by p·v, m a multiple of p)
         pipe_batch=8,
         pipe_overrides=dict(vocab_size=64),  # a small LM head: the last stage about as long as the others
         pipe_steps=2,
@@ -45,6 +46,8 @@ PROFILES = {  # what notebook 08 runs per profile
         speed_tokens=256,
         speed_d_model=64,
         speed_widths=[64, 256, 1024, 4096],
+        dp_steps=12,  # TP against DP: rounds of both interleaved, after dp_warmup untimed ones
+        dp_warmup=2,
     ),
     "gpu": dict(
         model=ModelConfig("tp/gpu", d_model=768, d_ff=3072, n_layers=4, n_heads=12, context_length=512),
@@ -53,6 +56,7 @@ PROFILES = {  # what notebook 08 runs per profile
         pipe_world=4,
         pipe_micro=8,
         pipe_layers=8,
+        pipe_chunks=2,
         pipe_batch=16,  # every rank's one-process reference on the whole batch: 64 sequences held 25 GB per rank,
         # 4 ranks over 80 GB on one GPU (the dry run); 16 hold about 6.5 GB each
         cp_batch_heads=32,
@@ -61,6 +65,8 @@ PROFILES = {  # what notebook 08 runs per profile
         speed_tokens=4096,
         speed_d_model=1024,
         speed_widths=[512, 2048, 8192, 32768],
+        dp_steps=20,
+        dp_warmup=5,
     ),
 }
 MODES = {"TP": False, "TP+SP": True}

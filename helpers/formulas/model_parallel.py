@@ -2,8 +2,10 @@
 
     tp_collectives(cfg, batch_size=4, context_length=32, world=2, sequence_parallel=True)   # {op: (calls, bytes)}
     tp_bytes_sent(cfg, 4, 32, 2)                    # bytes one rank puts on the wire per step (ring collectives)
+    dp_collectives(cfg, world=2)                    # plain data parallelism: one all-reduce of every gradient
+    tp_dp_equal_bytes_tokens(cfg)                   # tokens per step where TP and DP send the same bytes
     block_activation_bytes(cfg, 4, 32, world=2, sequence_parallel=False)   # saved by one block's forward
-    bubble_fraction(stages=4, micro_batches=8)      # (p - 1) / (m + p - 1)
+    bubble_fraction(stages=4, micro_batches=8)      # (p - 1) / (m + p - 1); chunks=v: (p - 1) / (v m + p - 1)
     reduction_length(cfg, 32)                       # terms along a step's longest chain of sums (the fp32 bound)
 
 Imported directly (helpers.formulas.model_parallel), not re-exported by the package.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from helpers.formulas.collectives import busbw_factor
+from helpers.formulas.step_bytes import param_bytes
 from helpers.formulas.units import dtype_bytes
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float64: 2.0**-53}
@@ -48,8 +51,24 @@ def tp_bytes_sent(
     reduce-scatter (N-1)/N (notebook 03's busbw factors). TP: 8 L (N-1)/N · BTC·b; SP: (10 L + 2) (N-1)/N · BTC·b
     and the gains, so SP as Megatron builds it sends 2 L more activations per step (the backward's re-gather) for
     its 1/N activation memory."""
-    calls = tp_collectives(cfg, batch_size, context_length, world, sequence_parallel, dtype)
+    return sent_bytes(tp_collectives(cfg, batch_size, context_length, world, sequence_parallel, dtype), world)
+
+
+def sent_bytes(calls: dict[str, tuple[int, int]], world: int) -> float:
+    """Bytes one rank sends for {op: (calls, bytes)} with ring collectives (notebook 03's busbw factors)."""
     return sum(busbw_factor(op, world) * nbytes for op, (_, nbytes) in calls.items())
+
+
+def dp_collectives(cfg, world: int, dtype=torch.float32) -> dict[str, tuple[int, int]]:
+    """{op: (calls, bytes)} of one step of plain data parallelism with one flat gradient buffer (helpers.ddp.FlatDDP):
+    one all-reduce of every gradient, Ψ·b bytes, whatever the batch."""
+    return {} if world == 1 else {"all_reduce": (1, param_bytes(cfg, dtype))}
+
+
+def tp_dp_equal_bytes_tokens(cfg) -> float:
+    """Tokens per step (B·T) at which TP's all-reduces (4 L of B·T·C per step) carry as many bytes as DP's gradient
+    all-reduce (Ψ), both 2(N − 1)/N on a ring: Ψ / (4 L C), whatever N. Fewer tokens: TP sends less; more: DP does."""
+    return param_bytes(cfg) / dtype_bytes(torch.float32) / (4 * cfg.n_layers * cfg.d_model)
 
 
 def block_activation_bytes(
@@ -95,19 +114,26 @@ def tp_bound(cfg, context_length: int, scale: float, dtype=torch.float32) -> flo
     return 2 * reduction_length(cfg, context_length) * UNIT_ROUNDOFF[dtype] * scale
 
 
-def bubble_fraction(stages: int, micro_batches: int) -> float:
+def bubble_fraction(stages: int, micro_batches: int, chunks: int = 1) -> float:
     """Idle share of a pipeline step, GPipe and 1F1B alike: (p − 1) / (m + p − 1) (Huang et al. 2019; Narayanan et
-    al. 2021 §2.2)."""
-    return (stages - 1) / (micro_batches + stages - 1)
+    al. 2021 §2.2); interleaved 1F1B with v chunks per rank: (p − 1) / (v·m + p − 1), its bubble time (p − 1)/v
+    passes of a stage's whole work over the step's m + (p − 1)/v (Narayanan et al. 2021 §2.2.1)."""
+    return (stages - 1) / (chunks * micro_batches + stages - 1)
 
 
-def pipeline_peak_micro_batches(schedule: str, stages: int, micro_batches: int, stage: int) -> int:
-    """Micro-batches whose activations a stage holds at once: GPipe all m; 1F1B at most p − stage (stage 0: p)."""
+def pipeline_peak_micro_batches(schedule: str, stages: int, micro_batches: int, stage: int, chunks: int = 1) -> float:
+    """Micro-batches whose activations a stage holds at once: GPipe all m; 1F1B at most p − stage (stage 0: p);
+    interleaved 1F1B, chunks of equal size: its w = 2(p − s − 1) + (v − 1)p warm-up passes and one more (all v·m
+    when m = p or w reaches them), each 1/v of a micro-batch (Megatron-LM's warm-up count)."""
     if schedule == "gpipe":
         return micro_batches
     if schedule == "1f1b":
         return min(micro_batches, stages - stage)
-    raise ValueError(f"unknown schedule {schedule!r}; expected 'gpipe' or '1f1b'")
+    if schedule == "interleaved":
+        passes = micro_batches * chunks
+        held = passes if micro_batches == stages else min(2 * (stages - stage - 1) + (chunks - 1) * stages + 1, passes)
+        return held / chunks
+    raise ValueError(f"unknown schedule {schedule!r}; expected 'gpipe', '1f1b' or 'interleaved'")
 
 
 def reorder_bound(cfg, context_length: int, micro_batches: int, scale: float, dtype=torch.float32) -> float:
@@ -117,10 +143,14 @@ def reorder_bound(cfg, context_length: int, micro_batches: int, scale: float, dt
     return 2 * n * UNIT_ROUNDOFF[dtype] * scale
 
 
-def cp_bytes_sent(batch_heads: int, context_length: int, head_dim: int, world: int, dtype=torch.float32) -> int:
+def cp_bytes_sent(
+    batch_heads: int, context_length: int, head_dim: int, world: int, dtype=torch.float32, backward: bool = False
+) -> int:
     """Bytes one rank sends in a ring-attention forward: N − 1 steps, each passing its K and V blocks of T/N rows:
-    2 (N − 1)/N · T · BH · d · b, an all-gather of K and V spread over the steps."""
-    return 2 * (world - 1) * (context_length // world) * batch_heads * head_dim * dtype_bytes(dtype)
+    2 (N − 1)/N · T · BH · d · b, an all-gather of K and V spread over the steps. Backward: K and V again N − 1
+    steps, and dK, dV N steps (the last one home): (4N − 2)/N · T · BH · d · b."""
+    blocks = 2 * (world - 1) + (2 * world if backward else 0)  # (T/N, BH, d) blocks sent
+    return blocks * (context_length // world) * batch_heads * head_dim * dtype_bytes(dtype)
 
 
 def cp_work(world: int, rank: int, causal: bool, balanced: bool = True) -> float:
