@@ -158,3 +158,10 @@ def test_notebook_04_names_its_sizes_by_edition():
         "cpu", "gloo", "cpu", ddp.config_for("cpu", "2025"), Budget(None, "04", None), "here", edition="2025"
     )
     assert s.edition == "2025"
+
+
+def test_a_profiled_size_the_budget_did_not_time_gives_a_partial_answer(tmp_path):
+    rows = D.notebook_01_rows()
+    rows["01_profile"] = (rows["01_profile"][0], dict(size="large/cpu", steps=2))  # section 1 timed small, medium
+    got = A.answer(A.BY_NUMBER["2.1.2(a)"], A.Saved(D.write(tmp_path, rows), "cpu"))
+    assert got.status == "partial" and "did not time large/cpu" in got.text and 'BUDGET = "none"' in got.missing

@@ -198,7 +198,8 @@ def timing_script(q, saved):
         f"`benchmarking.time_sizes` builds one model per size and times {passes} on it interleaved in one loop "
         f"(`helpers.timing.compare`; the full step, with AdamW's update, on a copy of the model): {warmup} untimed "
         f"warm-up rounds, then {int(warm['steps'].iloc[0])} rounds, each call between device synchronisations; a cold "
-        f"run builds a fresh model per pass and times it with no warm-up. Here it timed {len(sizes)} sizes "
+        f"run builds a fresh model per pass and times it with no warm-up. Here it timed {len(sizes)} "
+        f"size{'s' * (len(sizes) != 1)} "
         f"({', '.join(sizes)}) × {passes}, on {ran_on(saved, '01_timing')}."
     )
 
@@ -279,6 +280,13 @@ def profiled_forward(q, saved):
     size = saved.run("01_profile").provenance.get("size")
     total_ms = float((fwd["ms/step"] / fwd["share"]).iloc[0])
     _, warm, _ = _warm_cold(saved)
+    if (size, "forward") not in warm.index:  # section 1's budget stopped before the profiled size
+        return Answer(
+            f"The profiler puts a forward pass of {size} at {total_ms:.3g} ms of op self time; section 1's time "
+            f"budget did not time {size}, so there is no timed forward to set it against in this run.",
+            status="partial",
+            missing=f'a timed forward of {size}: run notebook 01 with BUDGET = "none"',
+        )
     timed = warm.loc[(size, "forward"), "median_s"] * 1e3
     ratio, steps = total_ms / timed, saved.run("01_profile").provenance.get("steps")
     return (
