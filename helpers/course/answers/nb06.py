@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import pandas as pd
 import torch
 
 from helpers import attention as A
@@ -16,6 +17,7 @@ from helpers.course.answers.core import (
     Question,
     Reference,
     answers,
+    cap,
     compare_text,
     fmt_mib,
     fmt_s,
@@ -47,7 +49,7 @@ QUESTIONS = [
         "with the sequence, and what removes it?",
         notebook="06",
         section="§1 and §5 Memory",
-        reads=("06_naive_memory",),
+        reads=("06_naive_memory", "06_naive_attention"),
         editions=BOTH,
         name="pytorch_attention",
         gpu="Carries over exactly: the bytes are the same arithmetic on any device (checked byte for byte here).",
@@ -142,6 +144,57 @@ QUESTIONS = [
 register(QUESTIONS)
 
 
+def _configs(pairs) -> str:
+    """(d, T) pairs grouped by length: "d 16, 32, 64, 128 at T 256; d 16 at T 1,024" ("every d" where all of the
+    handout's head dims are there)."""
+    by_T = {T: sorted(d for d, t in pairs if t == T) for T in sorted({t for _, t in pairs})}
+    every = sorted(HANDOUT_GRID["head_dims"])
+    return "; ".join(
+        f"{'every d' if ds == every else 'd ' + ', '.join(map(str, ds))} at T {T:,}" for T, ds in by_T.items()
+    )
+
+
+def grid_cut(t: pd.DataFrame, provenance: dict) -> tuple[str, str]:
+    """What of the handout's grid (batch 8, HANDOUT_GRID) the saved 06_naive_attention rows cover, an out-of-memory
+    row counting as run: (a sentence naming the configurations that ran, what is missing: "" when none)."""
+    B = HANDOUT_GRID["batch"]
+    grid = [(d, T) for d in HANDOUT_GRID["head_dims"] for T in HANDOUT_GRID["seq_lens"]]
+    ran = {(int(d), int(T)) for b, d, T in zip(t["batch"], t["d"], t["T"], strict=True) if int(b) == B}
+    missing = [c for c in grid if c not in ran]
+    other = sorted({int(b) for b in t["batch"]} - {B})
+    said = (
+        f"Ran {len(grid) - len(missing)} of the handout's {len(grid)} configurations (batch {B}, one head, fp32, not "
+        "causal)" + (f": {_configs([c for c in grid if c in ran])}" if len(missing) < len(grid) else "")
+    )
+    said += f"; also at batch {', '.join(map(str, other))}, outside the handout's grid." if other else "."
+    if not missing:
+        return said, ""
+    max_flops = (provenance.get("grid") or {}).get("max_flops")
+    why = (
+        f"the cpu profile times only the configurations of at most {max_flops / 1e9:g} GFLOP per forward+backward"
+        if max_flops
+        else "this run's grid did not include them"
+    )
+    which = "other " if len(missing) < len(grid) else ""
+    return said, (
+        f"the handout's {which}{len(missing)} configurations ({_configs(missing)}): {why}; `make writeup "
+        "PROFILE=gpu` times the whole grid, recording an out-of-memory error as a row"
+    )
+
+
+def _growth_line(d, part) -> str:
+    """forward+backward at the shortest and longest length timed for one head dim, and the growth between them."""
+    lo, hi = part.index.min(), part.index.max()
+    first = f"d {d}: forward+backward {fmt_s(part.loc[lo, 'fwd+bwd'])} at T {lo:,}"
+    if lo == hi:
+        return first
+    grew = part.loc[hi, "fwd+bwd"] / part.loc[lo, "fwd+bwd"]
+    return (
+        f"{first}, {fmt_s(part.loc[hi, 'fwd+bwd'])} at T {hi:,}: {grew:.0f}x for {hi // lo}x the length "
+        f"({(hi // lo) ** 2}x the T² scores)"
+    )
+
+
 @answers("pytorch_attention(a)")
 def naive_times(q, saved):
     run = saved.run("06_naive_attention")
@@ -153,12 +206,7 @@ def naive_times(q, saved):
         part = per.loc[d]
         if not part["fwd+bwd"].is_monotonic_increasing:
             flat.append(str(d))
-        lo, hi = part.index.min(), part.index.max()
-        lines.append(
-            f"d {d}: forward+backward {fmt_s(part.loc[lo, 'fwd+bwd'])} at T {lo}, "
-            f"{fmt_s(part.loc[hi, 'fwd+bwd'])} at T {hi}: {part.loc[hi, 'fwd+bwd'] / part.loc[lo, 'fwd+bwd']:.0f}x "
-            f"for {hi // lo}x the length ({(hi // lo) ** 2}x the T² scores)"
-        )
+        lines.append(_growth_line(d, part))
         rows += [
             {
                 "d": int(d),
@@ -169,11 +217,15 @@ def naive_times(q, saved):
             }
             for T, r in part.iterrows()
         ]
-    b = int(t["batch"].iloc[0])
+    rows += [
+        {"d": int(r["d"]), "T": int(r["T"]), "forward+backward": "out of memory"}
+        for _, r in oom.drop_duplicates(["d", "T"]).iterrows()
+    ]
+    said, missing = grid_cut(t, run.provenance)
     where = (
-        f"It ran out of memory first at T {int(oom['T'].min())} (d {int(oom.sort_values('T')['d'].iloc[0])})."
+        f"It ran out of memory first at T {int(oom['T'].min()):,} (d {int(oom.sort_values('T')['d'].iloc[0])})."
         if len(oom)
-        else "Nothing ran out of memory on this machine's grid."
+        else "Nothing ran out of memory here; pytorch_attention(b) counts where a GPU's memory runs out."
     )
     B, d, T = HANDOUT_GRID["batch"], max(HANDOUT_GRID["head_dims"]), max(HANDOUT_GRID["seq_lens"])
     kept = B * T * T * 4 + B * T * d * 4  # P + O, fp32 (experiments.attention.saved_bytes_formula)
@@ -183,31 +235,118 @@ def naive_times(q, saved):
         if flat
         else ""
     )
-    return Answer(
-        f"Median of the timed steps, batch {b}, one head, fp32: " + "; ".join(lines) + f".{noise} {where} "
-        f"For the handout's largest shape (batch {B}, T {T}, d {d}) the forward alone keeps P + O = "
-        f"{fmt_mib(kept / 2**20)} for backward, before backward's own T × T gradients. Every timing:",
-        table=tuple(rows),
+    steps = run.provenance.get("steps")
+    timed = f"median of {steps} timed passes after {run.provenance.get('warmup')} warm-up" if steps else "median"
+    text = (
+        f"{said} Forward, backward and both, {timed} (the handout times 100): " + "; ".join(lines) + f".{noise} "
+        f"{where} For the handout's largest shape (batch {B}, T {T:,}, d {d}) the forward alone keeps P + O = "
+        f"{fmt_mib(kept / 2**20)} for backward, before backward's own T × T gradients. Every timing:"
     )
+    return Answer(text, table=tuple(rows), status="partial" if missing else "", missing=missing)
+
+
+def _accounting(shape, device: str, device_bytes: float) -> str:
+    """The handout's memory accounting of naive attention on (B, 1, T, d), fp32, against one device's memory."""
+    from helpers.experiments.gpu_plans import naive_pass_bytes
+
+    B, _, T, d = shape
+    S, X = A.score_matrix_bytes(B, T, T, torch.float32), B * T * d * 4
+    peak = naive_pass_bytes(shape)
+    return (
+        f"batch {B}, T {T:,}, d {d}, fp32: q, k and v take {fmt_mib(X / 2**20)} each; the scores S = QKᵀ/√d and "
+        f"P = softmax(S) are B·T²·4 = {fmt_mib(S / 2**20)} each (S is freed once P exists); the forward keeps P and "
+        f"O ({fmt_mib(X / 2**20)}) for backward, {fmt_mib((S + X) / 2**20)}, the bytes notebook 06 checks byte for "
+        f"byte at the shapes it runs; backward adds dP and dS, {fmt_mib(S / 2**20)} each. Our benchmark's peak, with "
+        f"the graph it keeps to time the backward alone, is 4 such T × T matrices and 7 (B, T, d) tensors at once, "
+        f"{fmt_mib(peak / 2**20)} (gpu_plans.naive_pass_bytes, the memory tracker's peak on a CPU): "
+        + (
+            f"more than {device}'s {fmt_mib(device_bytes / 2**20)}"
+            if peak > device_bytes
+            else f"within {device}'s {fmt_mib(device_bytes / 2**20)} by this count, so the CUDA context, the "
+            "allocator's cache and fragmentation took the rest"
+        )
+    )
+
+
+def _first_oom_table(B: int) -> tuple:
+    """Per card of formulas.plans.LEADERBOARD_GPUS: the first configuration of the handout's grid (or past it) whose
+    benchmark peak exceeds its memory."""
+    from helpers.experiments.gpu_plans import naive_pass_bytes, smallest_naive_oom
+    from helpers.formulas.plans import LEADERBOARD_GPUS
+
+    rows = []
+    for gpu, spec in LEADERBOARD_GPUS.items():
+        shape = smallest_naive_oom(B, HANDOUT_GRID["head_dims"], HANDOUT_GRID["seq_lens"], spec["memory"])
+        rows.append(
+            {
+                "GPU": gpu,
+                "first out of memory (fp32)": f"batch {B}, T {shape[2]:,}, d {shape[3]}",
+                "in the handout's grid": "yes" if shape[2] in HANDOUT_GRID["seq_lens"] else "no: past T 16,384",
+                "peak": fmt_mib(naive_pass_bytes(shape) / 2**20),
+                "memory": fmt_mib(spec["memory"] / 2**20),
+            }
+        )
+    return tuple(rows)
 
 
 @answers("pytorch_attention(b)")
 def naive_memory(q, saved):
+    from helpers.experiments.gpu_plans import naive_pass_bytes, smallest_naive_oom
+    from helpers.formulas.plans import LEADERBOARD_GPUS
+
     m = saved.frame("06_naive_memory")
     ran = m[~m["oom"].astype(bool)].sort_values(["T", "d"])
     if not (ran["saved_bytes"] == ran["formula_bytes"]).all():
         raise NotMeasured("the saved memory does not match its formula")
-    small = ran.iloc[0]
-    d0 = ran[ran["d"] == small["d"]].set_index("T")["saved_bytes"]
-    growth = ", ".join(f"T {a}→{b}: {d0[b] / d0[a]:.2f}x" for a, b in itertools.pairwise(d0.index))
-    B, T, d = int(small["batch"]), int(small["T"]), int(small["d"])
-    return (
-        f"Smallest configuration (batch {B}, T {T}, d {d}, fp32): {int(small['saved_bytes']):,} bytes live for "
-        f"backward beyond q, k, v, exactly the softmax output P (B·T²·4 = {int(small['score_matrix_bytes']):,}) "
-        f"plus the output O (B·T·d·4 = {B * T * d * 4:,}); every configuration that ran matched that formula byte "
-        f"for byte. With the sequence it grows towards 4x per doubling as P takes over ({growth}). FlashAttention "
-        "removes it: it never stores P, keeps O and one logsumexp per row, and recomputes the scores tile by tile "
-        "in backward, so what it keeps grows as O(T) (§5 measures both)."
+    d0 = ran[ran["d"] == ran["d"].min()].set_index("T")["saved_bytes"]
+    growth = ", ".join(
+        f"T {a:,}→{b:,}: {d0[b] / d0[a]:.2f}x, against {(b // a) ** 2}x for P alone"
+        for a, b in itertools.pairwise(d0.index)
+    )
+    d_min = int(ran["d"].min())
+    grows = (
+        f"With the sequence it grows towards the square of the length's growth as P takes over (d {d_min}: {growth}); "
+        if growth
+        else ""
+    ) + "measured by the memory tracker for every configuration that ran, equal to P + O byte for byte."
+    removes = (
+        " FlashAttention removes it: it never stores P, keeps O and one logsumexp per row, and recomputes the scores "
+        "tile by tile in backward, so what it keeps grows as O(T) (§5 measures both)."
+    )
+    run = saved.run("06_naive_attention")
+    t, B = run.frame(), HANDOUT_GRID["batch"]
+    oom = t[t["oom"].astype(bool) & (t["batch"] == B)]
+    grid = (B, HANDOUT_GRID["head_dims"], HANDOUT_GRID["seq_lens"])
+    largest = (B, 1, max(HANDOUT_GRID["seq_lens"]), max(HANDOUT_GRID["head_dims"]))
+    h100 = LEADERBOARD_GPUS["H100 80 GB"]["memory"]
+    if run.provenance.get("device_type") == "cuda":  # measured: the grid ran here, an OOM recorded as a row
+        device, memory = f"this {run.provenance.get('device', 'GPU')}", run.provenance.get("device_bytes")
+        device, memory = (device, memory) if memory else ("an 80 GB H100", h100)  # a run saved before device_bytes
+        if len(oom):
+            shape = min(((B, 1, int(T), int(d)) for d, T in zip(oom["d"], oom["T"], strict=True)), key=naive_pass_bytes)
+            head = f"The smallest configuration that ran out of memory on {device}: "
+        else:
+            shape = smallest_naive_oom(*grid, memory)
+            head = (
+                f"Nothing of the handout's grid ran out of memory on {device}; counted against its memory, the "
+                "first configuration that would is past the grid: "
+            )
+        return head + _accounting(shape, device, memory) + ". " + cap(grows) + removes
+    text = (
+        "Nothing runs out of memory on this CPU, so the smallest configuration that would is counted, not observed. "
+        f"On an 80 GB H100 (2025's GPU) the whole handout grid fits (its largest, batch {B}, T {largest[2]:,}, d "
+        f"{largest[3]}, peaks at {fmt_mib(naive_pass_bytes(largest) / 2**20)}); the first to run out is "
+        + _accounting(smallest_naive_oom(*grid, h100), "the H100", h100)
+        + ". Per card, below. "
+        + cap(grows)
+        + removes
+    )
+    return Answer(
+        text,
+        table=_first_oom_table(B),
+        status="partial",
+        missing="the out-of-memory error itself, observed on a GPU (`make writeup PROFILE=gpu` records it per "
+        "configuration); here it is counted from the bytes notebook 06 measures",
     )
 
 
