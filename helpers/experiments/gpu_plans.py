@@ -131,7 +131,22 @@ def plan_02(profile: str = "gpu", gpus: int = 1) -> list[dict]:
         _row("02", f"model {s} fwd+bwd, batch {c['batch']}", retained_graph_bytes(s, c["batch"], T(s)))
         for s in c["compile_model_sizes"]
     ]
+    rows += [  # §5 adds a training step: AdamW's state on the shared weights, beside a forward's graph and gradients
+        _row("02", f"compile {s}: fwd+bwd+opt, batch {c['batch']}", compile_loop_bytes(s, c["batch"], T(s)))
+        for s in c["compile_model_sizes"]
+    ]
     return rows
+
+
+def compile_loop_bytes(size, batch_size: int, context_length: int) -> int:
+    """Notebook 02 §5 (rmsnorm_model.compare_compiled): one model stepped by AdamW, so its state stays beside the
+    graph and gradients of every pass (a forward may run while the last step's gradients are alive): an upper bound,
+    retained_graph_bytes plus the optimizer state, or the step itself (step_peak_bytes) if larger."""
+    state = F.step_breakdown(size, batch_size, context_length)["optimizer state"]
+    return max(
+        retained_graph_bytes(size, batch_size, context_length) + state,
+        step_peak_bytes(size, batch_size, context_length),
+    )
 
 
 # ---- notebook 03: message buffers per rank; gloo+cuda puts every rank on the one GPU ----
