@@ -8,6 +8,8 @@ import pytest
 
 from helpers.course import answers as A
 from helpers.experiments import attention as XA
+from helpers.experiments import collectives as XC
+from helpers.experiments import ddp as XD
 from helpers.experiments import gpu_plans as G
 from helpers.experiments.attention_sections import naive_flops
 
@@ -104,3 +106,129 @@ def test_the_smallest_oom_is_the_least_peak_above_the_memory():
         assert G.naive_pass_bytes(shape) == min(b for b in over if b > device_bytes)
     with pytest.raises(ValueError, match="finite"):
         G.smallest_naive_oom(8, dims, lens, float("inf"))
+
+
+# ---- torch_compile(b): "the combined forward and backward passes and optimizer steps" --------------------------------
+
+
+def test_the_compiled_model_is_timed_through_adamws_step(monkeypatch):
+    """Notebook 02 §5's loop times a whole training step (forward, backward, AdamW's step) beside forward and
+    forward+backward, eager against compiled, and the optimizer does step (torch.compile stood in by the eager model:
+    seconds, not tens of seconds)."""
+    from helpers.experiments import rmsnorm as XR
+    from helpers.experiments import rmsnorm_model
+    from helpers.experiments.common import make_optimizer
+
+    steps = []
+
+    def counting(params, name):
+        opt = make_optimizer(params, name)
+        step = opt.step
+        opt.step = lambda *a, **k: (steps.append(name), step(*a, **k))[1]
+        return opt
+
+    monkeypatch.setattr(rmsnorm_model.torch, "compile", lambda model: model)
+    monkeypatch.setattr(rmsnorm_model, "make_optimizer", counting)
+    rows, comp = XR.compare_compiled(XR.TINY, "cpu", batch_size=2, warmup=1, steps=3)
+    assert {(r["compiled"], r["pass"]) for r in rows} == {(c, p) for c in (False, True) for p in XR.COMPILE_PASSES}
+    assert XR.STEP == "fwd+bwd+opt" and set(steps) == {"adamw"} and len(steps) >= 2 * 3  # both sides, every round
+    ratios = XR.ratio_rows({"tiny": comp}, ("size",), passes=XR.COMPILE_PASSES, loop="compile")
+    assert {r["pass"] for r in ratios} == set(XR.COMPILE_PASSES)
+    assert "fwd+bwd+opt" in XR.compiled_lines({"tiny": comp})
+
+
+def test_torch_compile_b_answers_the_training_step_and_is_partial_without_it(synthetic, tmp_path):
+    got = A.answer(A.BY_NUMBER["torch_compile(b)"], A.Saved(synthetic, "cpu"))
+    assert got.status == "measured" and "The training step (forward, backward and AdamW's step" in got.text, got.text
+    assert [r["comparison"] for r in got.intervals] == [
+        "compiled model's forward time over eager model's",
+        "compiled model's training step time over eager model's",
+    ]
+    old = [r for r in D.notebook_02_rows()["rmsnorm_model_ratios"][0] if r["pass"] != "fwd+bwd+opt"]
+    D.write(tmp_path, {"rmsnorm_model_ratios": (old, {})})  # a run of notebook 02 from before the step was timed
+    got = A.answer(A.BY_NUMBER["torch_compile(b)"], A.Saved(tmp_path, "cpu"))
+    assert got.status == "partial" and "AdamW's step" in got.missing and "Forward+backward:" in got.text
+
+
+# ---- 3.1.1: sizes 1 MB-1 GB (2024 from 512 KB), 2/4/6 processes, gloo+CPU and NCCL+GPU ------------------------------
+
+
+def _collective_rows(combos, counts, sizes, drop=()):
+    """03_collectives all-reduce rows, one per (backend, device) x world size x size, but (n, size) in drop."""
+    return [
+        {
+            "backend": b,
+            "device": dev,
+            "world_size": n,
+            "nodes": 1,
+            "op": "all_reduce",
+            "size_bytes": size,
+            "size": XC.format_size(size),
+            "time_s": 1e-4 + size / 1e9,
+            "p25_s": 1e-4,
+            "p75_s": 2e-4,
+            "busbw_GBps": 1.0,
+            "wrong": 0,
+        }
+        for b, dev in combos
+        for n in counts
+        for size in sizes
+        if (n, size) not in drop
+    ]
+
+
+def test_3_1_1_names_the_cut_of_the_handouts_grid(synthetic):
+    got = A.answer(A.BY_NUMBER["3.1.1"], A.Saved(synthetic, "cpu"))  # gloo+CPU, 2 and 4 ranks, 8 KB to 1 MB
+    assert got.text.startswith("Ran gloo+CPU with 2 and 4 ranks at 8 KB, 64 KB and 1 MB."), got.text
+    assert got.status == "partial", got
+    for part in (
+        "gloo+CPU with 6 ranks",
+        "gloo+CPU at 512 KB, 10 MB, 50 MB, 100 MB, 500 MB and 1 GB (2 and 4 ranks)",
+        "NCCL+GPU, which needs one GPU per rank",
+        "2025 and 2026 ask 1 MB, 10 MB, 100 MB and 1 GB",
+    ):
+        assert part in got.missing, (part, got.missing)
+
+
+def test_3_1_1_on_the_whole_grid_is_measured_and_a_size_one_count_lacks_is_named(tmp_path):
+    combos, counts = [("gloo", "cpu"), ("nccl", "cuda")], (2, 4, 6)
+    rows = _collective_rows(combos, counts, XC.SEED_SIZES)
+    D.write(tmp_path, {"03_collectives": (rows, dict(cpu_count=16, gpu_count=8))}, profile="gpu")
+    got = A.answer(A.BY_NUMBER["3.1.1"], A.Saved(tmp_path, "gpu"))
+    assert got.status == "measured" and not got.missing and "NCCL+GPU with 2, 4 and 6 ranks" in got.text, got
+    rows = _collective_rows(combos, counts, XC.SEED_SIZES, drop={(6, XC.SEED_SIZES[-1])})  # 6 ranks: no 1 GB
+    D.write(tmp_path, {"03_collectives": (rows, dict(cpu_count=16, gpu_count=8))}, profile="gpu")
+    got = A.answer(A.BY_NUMBER["3.1.1"], A.Saved(tmp_path, "gpu"))
+    assert got.status == "partial" and "gloo+CPU at 1 GB (6 ranks); NCCL+GPU at 1 GB (6 ranks)" in got.missing, got
+
+
+# ---- 3.3.2-3.4.3: 1 node, 2 GPUs, the xl model -----------------------------------------------------------------------
+
+DDP_SPEED = ["3.3.2", "3.4.1", "3.4.2", "3.4.3(a)", "3.4.3(b)", "3.4.3(c)"]
+
+
+def test_the_ddp_speed_answers_name_their_sizes_and_miss_xl(synthetic):
+    saved = A.Saved(synthetic, "cpu")
+    for number in DDP_SPEED:
+        got = A.answer(A.BY_NUMBER[number], saved)
+        assert got.status == "partial" and got.missing.startswith("the handouts' xl model (xl/cpu on the cpu profile)")
+        sizes = "medium/cpu" if number.startswith("3.4.3(") and number != "3.4.3(a)" else "small/cpu and medium/cpu"
+        assert f"Measured on {sizes}; the handouts ask xl" in got.text, (number, got.text)
+
+
+def test_the_ddp_speed_answers_are_measured_once_xl_ran(tmp_path):
+    raw = {m: [{v: D.speed_run(1.0 + k, 0.2) for v in ("local", "naive", "flat", "per_parameter")}] * 2
+           for k, m in enumerate(["small/cpu", "xl/cpu"])}  # fmt: skip
+    speed = [{"model": m, "variant": v, "step_s": 1.0, "comm_s": 0.2} for m in raw for v in raw[m][0]]
+    overlap = [{"variant": v, "buckets": None, "trace overlap": o} for v, o in (("naive", 0.0), ("per_parameter", 0.4))]
+    D.write(
+        tmp_path,
+        {
+            "04_ddp_speed": (speed, {}),
+            "04_ddp_ratios": (XD.ratio_rows(raw), {}),
+            "04_ddp_overlap": (overlap, dict(model="xl/cpu")),
+        },
+    )
+    for number in DDP_SPEED:
+        got = A.answer(A.BY_NUMBER[number], A.Saved(tmp_path, "cpu"))
+        assert got.status == "measured" and not got.missing and "the handouts ask xl" not in got.text, number
