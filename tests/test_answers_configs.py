@@ -66,6 +66,7 @@ def test_on_a_gpu_the_whole_grid_is_measured_and_the_smallest_oom_is_the_one_obs
     a = A.answer(A.BY_NUMBER["pytorch_attention(a)"], saved)
     assert a.status == "measured" and not a.missing and a.text.startswith("Ran 20 of the handout's 20"), a.text
     assert sum(r["forward+backward"] == "out of memory" for r in a.table) == 3
+    assert [(r["d"], r["T"]) for r in a.table] == sorted(HANDOUT)  # one row per configuration, in order
     b = A.answer(A.BY_NUMBER["pytorch_attention(b)"], saved)
     # (128, 8192) needs 4·8·8192²·4 B + 7·8·8192·128·4 B = 8.8 GB at the peak; (16, 16384) needs 34.4 GB
     assert b.status == "measured" and b.text.startswith(

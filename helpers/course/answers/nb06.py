@@ -202,27 +202,21 @@ def _growth_line(d, part) -> str:
 def naive_times(q, saved):
     run = saved.run("06_naive_attention")
     t = run.frame()
-    ran, oom = t[~t["oom"].astype(bool)], t[t["oom"].astype(bool)]
-    per = ran.pivot_table(index=["d", "T"], columns="pass", values="median_s")
-    lines, flat, rows = [], [], []
+    oom = t[t["oom"].astype(bool)]
+    per = t.pivot_table(index=["d", "T"], columns="pass", values="median_s", dropna=False)  # NaN: out of memory
+    per = per.reindex(index=sorted({(int(d), int(T)) for d, T in zip(t["d"], t["T"], strict=True)}))
+    lines, flat = [], []
     for d in sorted(set(per.index.get_level_values("d"))):
-        part = per.loc[d]
+        part = per.loc[d].dropna(subset=["fwd+bwd"])
+        if part.empty:
+            continue
         if not part["fwd+bwd"].is_monotonic_increasing:
             flat.append(str(d))
         lines.append(_growth_line(d, part))
-        rows += [
-            {
-                "d": int(d),
-                "T": int(T),
-                "forward": fmt_s(r["fwd"]),
-                "backward": fmt_s(r["bwd"]),
-                "forward+backward": fmt_s(r["fwd+bwd"]),
-            }
-            for T, r in part.iterrows()
-        ]
-    rows += [
-        {"d": int(r["d"]), "T": int(r["T"]), "forward+backward": "out of memory"}
-        for _, r in oom.drop_duplicates(["d", "T"]).iterrows()
+    shown = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward+backward"}
+    rows = [
+        {"d": d, "T": T, **{n: "out of memory" if pd.isna(r[p]) else fmt_s(r[p]) for p, n in shown.items()}}
+        for (d, T), r in per.iterrows()
     ]
     said, missing = grid_cut(t, run.provenance)
     where = (
