@@ -169,11 +169,15 @@ def notebook_02_rows() -> dict:
         s: comparison({f"{n}|{p}": m * k for n, m in medians.items() for p, k in (("fwd", 1), ("fwd+bwd", 2))})
         for s in SIZES
     }
-    compiled = {SIZES[0]: comparison({"False|fwd": 1.0, "True|fwd": 0.7, "False|fwd+bwd": 2.0, "True|fwd+bwd": 1.5})}
+    passes = dict(zip(XR.COMPILE_PASSES, (1.0, 2.0, 2.2), strict=True))  # eager's medians; compiled's 0.7x
+    compiled = {
+        SIZES[0]: comparison({f"{c}|{p}": t * (0.7 if c else 1.0) for c in (False, True) for p, t in passes.items()})
+    }
     return {
         "rmsnorm_ratios": (XR.ratio_rows(shapes, ("dtype", "H")), {}),
         "rmsnorm_model_ratios": (
-            XR.ratio_rows(norms, ("size",), loop="norms") + XR.ratio_rows(compiled, ("size",), loop="compile"),
+            XR.ratio_rows(norms, ("size",), loop="norms")
+            + XR.ratio_rows(compiled, ("size",), passes=XR.COMPILE_PASSES, loop="compile"),
             {},
         ),
         "rmsnorm_grad_checks": (
@@ -298,38 +302,45 @@ def notebook_03_05_rows() -> dict:
     }
 
 
-def notebook_06_07_rows() -> dict:
-    from helpers.experiments import fsdp as XF
-
-    naive = [
+def naive_rows(configs, batch: int = 8, oom=()) -> list[dict]:
+    """06_naive_attention rows for (d, T) configurations (fwd+bwd = 1e-8·T² s: 16x for 4x the length), out of memory
+    at the (d, T) in `oom`."""
+    return [
         {
             "impl": "naive",
-            "batch": 2,
+            "batch": batch,
             "heads": 1,
             "T": T,
             "d": d,
             "dtype": "float32",
             "causal": False,
-            "oom": T > 512,
-            "median_s": None if T > 512 else 1e-5 * T * k,
+            "oom": (d, T) in oom,
+            "median_s": None if (d, T) in oom else 1e-8 * T * T * k / 3,
             "pass": p,
         }
-        for d in (16, 64)
-        for T in (128, 256, 512, 1024)
+        for d, T in configs
         for p, k in (("fwd", 1), ("bwd", 2), ("fwd+bwd", 3))
     ]
+
+
+NAIVE_CPU = dict(grid=dict(head_dims=[16, 32, 64, 128], seq_lens=[256, 1024, 4096, 8192, 16384], max_flops=2e9))
+
+
+def notebook_06_07_rows() -> dict:
+    from helpers.experiments import fsdp as XF
+
+    naive = naive_rows([(d, 256) for d in (16, 32, 64, 128)] + [(16, 1024)])  # as the cpu profile's grid
     mem = [
         {
-            "batch": 2,
+            "batch": 8,
             "T": T,
             "d": d,
             "oom": False,
-            "saved_bytes": 2 * T * T * 4 + 2 * T * d * 4,
-            "formula_bytes": 2 * T * T * 4 + 2 * T * d * 4,
-            "score_matrix_bytes": 2 * T * T * 4,
+            "saved_bytes": 8 * T * T * 4 + 8 * T * d * 4,
+            "formula_bytes": 8 * T * T * 4 + 8 * T * d * 4,
+            "score_matrix_bytes": 8 * T * T * 4,
         }
-        for d in (16, 64)
-        for T in (128, 256)
+        for d, T in [(d, 256) for d in (16, 32, 64, 128)] + [(16, 1024)]
     ]
     compiled = comparison({"naive": 1.0, "compiled": 0.7})
     compile_rows = [
@@ -376,7 +387,7 @@ def notebook_06_07_rows() -> dict:
     ]
     ffn = dict(tokens=4096, d=4096, f=16384, n=8, C=989e12, W=450e9)
     return {
-        "06_naive_attention": (naive, {}),
+        "06_naive_attention": (naive, dict(NAIVE_CPU, steps=6, warmup=2)),
         "06_naive_memory": (mem, {}),
         "06_compile_ratios": (compile_rows, dict(shape=[2, 1, 512, 64])),
         "06_checks": (checks, dict(triton_mode="interpreter")),

@@ -25,6 +25,7 @@ SCALE = dict(  # a PROFILES entry at the smallest sizes that still exercise ever
     batch=1,
     head_dims=[16],
     seq_lens=[32, 64],
+    naive_max_flops=None,
     warmup=1,
     steps=2,
     compile_shape=(1, 1, 32, 16),
@@ -71,6 +72,21 @@ def test_naive_sections_save_their_rows_and_state_the_growth_they_measured(saved
     assert t_x == 2 and 2 < bytes_x < 4  # P + O: T^2 + T d per row grows between 2x and 4x when T doubles
     assert any(f"saved memory grows {bytes_x:.1f}x" in n for n in memory.notes), memory.notes
     assert any(n.startswith("nothing ran out of memory") for n in memory.notes)
+
+
+def test_the_flop_cap_leaves_shapes_out_says_which_and_saves_the_grid(saved):
+    """Issue 41: the cpu profile times the handout's grid only where a forward+backward is at most naive_max_flops
+    (1·32²·16·14 = 229,376 FLOPs at T 32; 917,504 at T 64): the notes, the saved provenance and the memory table say
+    which shapes did not run."""
+    ctx = X.Setup("cpu", "cpu", "test CPU", {**SCALE, "naive_max_flops": 5e5})
+    times = X.naive_times(ctx)
+    assert times.values["left_out"] == [(1, 1, 64, 16)] and set(times.values["rows"]["T"]) == {32}
+    assert "not timed here: 1 of the grid's 2 shapes, over the profile's 0.0005 GFLOP" in times.notes[1]
+    run = results.load_results(times.saved)
+    assert run.provenance["grid"] == {"head_dims": [16], "seq_lens": [32, 64], "max_flops": 5e5}
+    assert run.provenance["steps"] == SCALE["steps"]
+    memory = X.naive_memory(ctx, times)
+    assert memory.table.loc[64, 16] == "not run" and memory.table.loc[32, 16] > 0
 
 
 def test_naive_memory_names_the_first_shape_that_ran_out(saved):

@@ -27,7 +27,7 @@ from helpers.experiments import model_parallel_dp as XV
 from helpers.experiments import model_parallel_pipeline as XP
 from helpers.experiments import rmsnorm as XR
 from helpers.experiments import sharding as XS
-from helpers.experiments.common import make_batches
+from helpers.experiments.common import make_batches, make_optimizer
 from helpers.model import build_model, get_config, lm_loss, random_batch, sizes_for
 from helpers.rmsnorm import RMSNormPyTorchFunction
 
@@ -117,7 +117,18 @@ def run_02(c=None) -> list[dict]:
     x, y = (t.to("meta") for t in make_batches(size, 1, c["batch"], lm.cfg.context_length, 0)[0])
     peak = _peak(lambda: lm_loss(lm(x), y).backward(), existing=list(lm.parameters()))
     plan = G.retained_graph_bytes(size, c["batch"], lm.cfg.context_length)
-    return rows + [_row("02", f"model {size} fwd+bwd, batch {c['batch']}", peak, plan)]
+    rows.append(_row("02", f"model {size} fwd+bwd, batch {c['batch']}", peak, plan))
+    lm.zero_grad(set_to_none=True)
+    opt = make_optimizer(lm.parameters(), "adamw")  # §5's loop: the passes in both orders, AdamW's state alive
+
+    def both():
+        lm.zero_grad(set_to_none=True)
+        lm_loss(lm(x), y).backward()
+
+    passes = [lambda: lm(x), both, lambda: (both(), opt.step())]
+    peak = _peak(lambda: _each_once(passes + passes[::-1]), existing=list(lm.parameters()))
+    plan = G.compile_loop_bytes(size, c["batch"], lm.cfg.context_length)
+    return rows + [_row("02", f"compile {size}: fwd+bwd+opt, batch {c['batch']}", peak, plan)]
 
 
 def run_03(c=None, gpus: int = 1) -> list[dict]:
@@ -217,7 +228,7 @@ def run_06(c=None) -> list[dict]:
     c = c or XA.PROFILES["gpu"]
     rows = [
         _row("06", f"naive grid {s} fp32", _naive_passes(s, torch.float32, False), G.naive_pass_bytes(s), 1, True)
-        for s in [(c["batch"], 1, T, d) for d in c["head_dims"] for T in c["seq_lens"]]
+        for s in XA.naive_shapes(c)[0]
     ]
     for dt in c["bench_dtypes"]:
         for s in c["bench_shapes"] if "naive" in c["bench_impls"] else ():

@@ -69,6 +69,7 @@ from helpers.experiments.attention_sections import (
     function_checks,
     kernel_checks,
     naive_memory,
+    naive_shapes,
     naive_times,
     online_softmax_check,
 )
@@ -117,6 +118,7 @@ __all__ = [
     "Setup",
     "naive_times",
     "naive_memory",
+    "naive_shapes",
     "compile_ratios",
     "online_softmax_check",
     "backward_check",
@@ -142,6 +144,7 @@ PROFILES = {  # what notebook 06 measures per profile
         batch=8,
         head_dims=[16, 32, 64, 128],
         seq_lens=[256, 1024, 4096, 8192, 16384],
+        naive_max_flops=None,  # §1 runs the whole grid; an out-of-memory error is recorded as a row
         warmup=5,
         steps=100,
         compile_shape=(8, 1, 4096, 64),
@@ -159,12 +162,13 @@ PROFILES = {  # what notebook 06 measures per profile
         kernel_shape=(2, 4, 200, 64),
     ),
     "cpu": dict(
-        batch=2,
-        head_dims=[16, 64],
-        seq_lens=[128, 256, 512, 1024],
+        batch=8,  # §1: the handout's grid (pytorch_attention: batch 8, d 16-128, T 256-16,384) ...
+        head_dims=[16, 32, 64, 128],
+        seq_lens=[256, 1024, 4096, 8192, 16384],
+        naive_max_flops=2e9,  # ... where one forward+backward is at most 2 GFLOP (d 16-128 at T 256, d 16 at 1024)
         warmup=2,
         steps=6,  # timing.MIN_PAIRS
-        compile_shape=(2, 1, 512, 64),
+        compile_shape=(8, 1, 256, 64),  # one configuration of §1's grid, as torch_compile(a) asks
         bench_shapes=[(1, 4, 512, 64)],
         bench_dtypes=[torch.float32],
         bench_impls=["naive", "sdpa", "compiled", "flash_pytorch"],

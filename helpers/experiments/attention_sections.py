@@ -70,23 +70,62 @@ def _tol(dtype) -> str:
 # ---- §1 naive attention: time, memory, out of memory, torch.compile ----------------------------------------------
 
 
+def naive_flops(shape) -> int:
+    """Matmul FLOPs of one forward+backward of naive attention on (B, H, T, d), FlashAttention-2's count (the
+    TFLOP/s yardstick; not causal)."""
+    B, H, T, d = shape
+    return sum(A.attention_flops(B * H, T, T, d, False, backward=bw) for bw in (False, True))
+
+
+def naive_shapes(scale: dict) -> tuple[list, list]:
+    """§1's grid, (batch, 1, T, d) for every head dim and length of the profile: (run, left out), where the
+    profile's naive_max_flops (None: no cap) leaves out every shape whose forward+backward does more FLOPs."""
+    grid = [(scale["batch"], 1, T, d) for d in scale["head_dims"] for T in scale["seq_lens"]]
+    cap = scale["naive_max_flops"]
+    run = [s for s in grid if cap is None or naive_flops(s) <= cap]
+    return run, [s for s in grid if s not in run]
+
+
+def _left_out_note(scale: dict, run, left_out) -> list[str]:
+    """The shapes of the grid the FLOP cap left out, by length (none: no note)."""
+    if not left_out:
+        return []
+    by_T = {T: sorted(d for _, _, t, d in left_out if t == T) for T in sorted({s[2] for s in left_out})}
+    parts = [f"T={T}: d {', '.join(map(str, ds))}" for T, ds in by_T.items()]
+    return [
+        f"not timed here: {len(left_out)} of the grid's {len(run) + len(left_out)} shapes, over the profile's "
+        f"{scale['naive_max_flops'] / 1e9:g} GFLOP per forward+backward ({'; '.join(parts)}); `make writeup "
+        "PROFILE=gpu` times them all"
+    ]
+
+
 def naive_times(ctx: Setup) -> Result:
-    """§1: naive attention timed per pass on the profile's grid (batch, one head, fp32, not causal); out-of-memory
-    rows marked; saved as 06_naive_attention. values: `rows` (every row), `oom` (the rows that ran out)."""
+    """§1: naive attention timed per pass on the profile's grid (batch, one head, fp32, not causal) within its FLOP
+    cap (naive_shapes); out-of-memory rows marked; saved as 06_naive_attention with the grid and the cap (and, on a
+    GPU, its memory). values: `rows` (every row), `oom` (the rows that ran out), `left_out` (shapes not run)."""
     s = ctx.scale
-    shapes = [(s["batch"], 1, T, d) for d in s["head_dims"] for T in s["seq_lens"]]
+    shapes, left_out = naive_shapes(s)
     rows = sweep(["naive"], shapes, [torch.float32], ctx.device, False, s["warmup"], s["steps"])
     cuda = torch.device(ctx.device).type == "cuda"
     check_physical_bounds(rows, ctx.device_name, order=cuda)  # TFLOP/s <= peak; fwd <= fwd+bwd on device time
     rows = pd.DataFrame(rows)
     rows["ms"] = (rows["median_s"] * 1e3).round(3).astype(object).where(~rows.oom, "OOM")
-    saved = save_results(rows, "06_naive_attention", profile=ctx.profile)
+    grid = dict(head_dims=list(s["head_dims"]), seq_lens=list(s["seq_lens"]), max_flops=s["naive_max_flops"])
+    memory = {"device_bytes": torch.cuda.mem_get_info()[1]} if cuda else {}
+    saved = save_results(
+        rows, "06_naive_attention", profile=ctx.profile, grid=grid, warmup=s["warmup"], steps=s["steps"], **memory
+    )
     table = rows.pivot_table(index=["d", "T"], columns="pass", values="ms", aggfunc="first")
     note = (
         f"naive attention, batch {s['batch']}, 1 head, fp32, not causal: median ms of {s['steps']} steps · {ctx.where}"
     )
     oom = rows[rows.oom]
-    return Result(table[list(PASSES)], notes=[note], saved=saved, values={"rows": rows, "oom": oom})
+    return Result(
+        table[list(PASSES)],
+        notes=[note, *_left_out_note(s, shapes, left_out)],
+        saved=saved,
+        values={"rows": rows, "oom": oom, "left_out": left_out},
+    )
 
 
 def _growth_notes(saved_bytes: pd.Series) -> list[str]:
@@ -122,7 +161,7 @@ def naive_memory(ctx: Setup, times: Result) -> Result:
     beside P + O (asserted byte for byte); how it grows with T and where `times` ran out. Saved as 06_naive_memory.
     values: `rows`, `mismatched` (rows off the closed form: 0), `growth` [(T ratio, saved-bytes ratio)] per step."""
     s = ctx.scale
-    shapes = [(s["batch"], 1, T, d) for d in s["head_dims"] for T in s["seq_lens"]]
+    shapes, _ = naive_shapes(s)
     rows = pd.DataFrame([saved_memory("naive", shape, torch.float32, ctx.device) for shape in shapes])
     ran = rows[~rows.oom]
     mismatched = int((ran.saved_bytes != ran.formula_bytes).sum())
@@ -132,14 +171,16 @@ def naive_memory(ctx: Setup, times: Result) -> Result:
     by_T = ran[ran.d == s["head_dims"][0]].set_index("T").saved_bytes
     growth = [(t1 / t0, b1 / b0) for (t0, b0), (t1, b1) in itertools.pairwise(by_T.items())]
     notes = [
-        f"naive attention, memory live before backward beyond q, k, v (MiB; NaN = out of memory) · {ctx.where}",
+        f"naive attention, memory live before backward beyond q, k, v (MiB; OOM: out of memory; not run: over the "
+        f"profile's FLOP cap) · {ctx.where}",
         *_growth_notes(by_T),
         _oom_note(ctx, ran, times.values["oom"]),
     ]
-    table = rows.pivot_table(index="T", columns="d", values="saved MiB", dropna=False)
-    return Result(
-        table.round(2), notes=notes, saved=saved, values=dict(rows=rows, mismatched=mismatched, growth=growth)
-    )
+    cells = rows["saved MiB"].round(2).astype(object).where(~rows.oom, "OOM")
+    table = rows.assign(cell=cells).pivot(index="T", columns="d", values="cell")
+    table = table.reindex(index=s["seq_lens"], columns=s["head_dims"])  # the whole grid, what did not run marked
+    table = table.where(table.notna(), "not run")
+    return Result(table, notes=notes, saved=saved, values=dict(rows=rows, mismatched=mismatched, growth=growth))
 
 
 def compile_ratios(ctx: Setup) -> Result:

@@ -143,7 +143,22 @@ def plan_02(profile: str = "gpu", gpus: int = 1) -> list[dict]:
         _row("02", f"model {s} fwd+bwd, batch {c['batch']}", retained_graph_bytes(s, c["batch"], T(s)))
         for s in c["compile_model_sizes"]
     ]
+    rows += [  # §5 adds a training step: AdamW's state on the shared weights, beside a forward's graph and gradients
+        _row("02", f"compile {s}: fwd+bwd+opt, batch {c['batch']}", compile_loop_bytes(s, c["batch"], T(s)))
+        for s in c["compile_model_sizes"]
+    ]
     return rows
+
+
+def compile_loop_bytes(size, batch_size: int, context_length: int) -> int:
+    """Notebook 02 §5 (rmsnorm_model.compare_compiled): one model stepped by AdamW, so its state stays beside the
+    graph and gradients of every pass (a forward may run while the last step's gradients are alive): an upper bound,
+    retained_graph_bytes plus the optimizer state, or the step itself (step_peak_bytes) if larger."""
+    state = F.step_breakdown(size, batch_size, context_length)["optimizer state"]
+    return max(
+        retained_graph_bytes(size, batch_size, context_length) + state,
+        step_peak_bytes(size, batch_size, context_length),
+    )
 
 
 # ---- notebook 03: message buffers per rank; gloo+cuda puts every rank on the one GPU ----
@@ -291,6 +306,22 @@ def naive_pass_bytes(shape, dtype=torch.float32, is_causal: bool = False) -> int
     return max(4 * S + 7 * X + 2 * mask, 2 * S + 9 * X + mask)
 
 
+def smallest_naive_oom(batch: int, head_dims, seq_lens, device_bytes: float) -> tuple[int, int, int, int]:
+    """The (batch, 1, T, d) of the grid (fp32, not causal) with the least naive_pass_bytes above device_bytes: where
+    the first out-of-memory error comes. When the whole grid fits, the first beyond it: T doubled past the grid's
+    longest at its smallest head dim (answers pytorch_attention on a machine without that GPU)."""
+    if not 0 < device_bytes < float("inf"):
+        raise ValueError(f"device_bytes must be a positive, finite number of bytes; got {device_bytes}")
+    grid = [(batch, 1, T, d) for d in head_dims for T in seq_lens]
+    over = [s for s in grid if naive_pass_bytes(s) > device_bytes]
+    if over:
+        return min(over, key=naive_pass_bytes)
+    T, d = max(seq_lens), min(head_dims)
+    while naive_pass_bytes((batch, 1, T, d)) <= device_bytes:
+        T *= 2
+    return (batch, 1, T, d)
+
+
 def fused_graph_bytes(shape, dtype=torch.float32) -> int:
     """What a fused attention (sdpa's flash kernel, FlashAttention) keeps for backward on (B, H, T, d): O and the fp32
     logsumexp (attention.saved_bytes_formula, which notebook 06 asserts byte-exact)."""
@@ -309,9 +340,8 @@ def plan_06(profile: str = "gpu", gpus: int = 1) -> list[dict]:
     recorded as a row (by design); the compile comparison, §6's models and the leaderboard, where it is not."""
     c = attention.PROFILES[profile]
     rows = [
-        _row("06", f"naive grid {(c['batch'], 1, T, d)} fp32", naive_pass_bytes((c["batch"], 1, T, d)), 1, True)
-        for d in c["head_dims"]
-        for T in c["seq_lens"]
+        _row("06", f"naive grid {shape} fp32", naive_pass_bytes(shape), 1, True)
+        for shape in attention.naive_shapes(c)[0]
     ]
     for dt in c["bench_dtypes"]:
         for shape in c["bench_shapes"] if "naive" in c["bench_impls"] else ():

@@ -58,6 +58,8 @@ from helpers.experiments.rmsnorm_compare import (
     ratio_rows,
 )
 from helpers.experiments.rmsnorm_model import (
+    COMPILE_PASSES,
+    STEP,
     bench_model,
     compare_compiled,
     compare_model_norms,
@@ -121,6 +123,8 @@ __all__ = [
     "ratio_rows",
     "fastest_lines",
     # rmsnorm_model
+    "COMPILE_PASSES",
+    "STEP",
     "bench_model",
     "plan_model_norms",
     "compare_model_norms",

@@ -18,6 +18,7 @@ from helpers.formulas import norm_bytes
 from helpers.timing import Comparison, compare, paired_ratio, pairwise_ratios, verdict
 
 PASSES = {False: "fwd", True: "fwd+bwd"}
+PASS_NAMES = tuple(PASSES.values())  # ratio_rows' passes unless told others
 COPY = "copy|into a preallocated buffer"  # timed with the norms, then set apart as their yardstick
 
 
@@ -118,15 +119,15 @@ def ratio_lines(comps, names, baseline: str = "layernorm", dtype: str = "float32
     return "\n".join(lines)
 
 
-def ratio_rows(comps: dict, keys: tuple[str, ...], **extra) -> list[dict]:
-    """Every pair of implementations per Comparison ("impl|pass" labels) and pass, paired per round: the rows the
-    answers page reads (keys name the parts of each comps key, e.g. ("dtype", "H") or ("size",))."""
+def ratio_rows(comps: dict, keys: tuple[str, ...], passes=PASS_NAMES, **extra) -> list[dict]:
+    """Every pair of implementations per Comparison ("impl|pass" labels) and pass (of `passes`, where timed), paired
+    per round: the rows the answers page reads (keys name the parts of each comps key, e.g. ("dtype", "H"))."""
     rows = []
     for key, comp in comps.items():
         ids = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
-        for pass_ in PASSES.values():
+        for pass_ in passes:
             samples = {label.split("|")[0]: s for label, s in comp.samples.items() if label.endswith(f"|{pass_}")}
-            rows += pairwise_ratios(samples, **extra, **ids, **{"pass": pass_})
+            rows += pairwise_ratios(samples, **extra, **ids, **{"pass": pass_}) if samples else []
     return rows
 
 

@@ -7,13 +7,19 @@ timed in one interleaved loop, eager vs torch.compile, and the sentences built f
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 from helpers import formulas
+from helpers.experiments.common import make_optimizer
 from helpers.experiments.rmsnorm_compare import PASSES
 from helpers.model import build_model, get_config, lm_loss, make_norm, random_batch
 from helpers.timing import benchmark, compare, verdict
+
+STEP = "fwd+bwd+opt"  # a whole training step: forward, backward and AdamW's step (2025/2026 torch_compile(b))
+COMPILE_PASSES = (*PASSES.values(), STEP)  # what compare_compiled times, eager against compiled
 
 
 def bench_model(
@@ -112,23 +118,26 @@ def model_lines(comps, norms) -> str:
 
 
 def compare_compiled(size: str, device="cpu", batch_size: int = 4, warmup: int = 3, steps: int = 10):
-    """The rmsnorm model eager and under torch.compile (sharing its weights), forward and forward+backward, in ONE
+    """The rmsnorm model eager and under torch.compile (sharing its weights), forward, forward+backward and a whole
+    training step with AdamW (COMPILE_PASSES; the optimizer is eager in both, as compiling the model leaves it), in ONE
     interleaved loop: rows as compare_model_norms' (norm "rmsnorm", compiled True/False) and the Comparison."""
     torch.manual_seed(0)
     model = build_model(size, device=device)
     torch._dynamo.reset()  # every size shares TransformerLM.forward's code: keep under the recompile limit
     runs = {False: model, True: torch.compile(model)}
+    opt = make_optimizer(model.parameters(), "adamw")  # one AdamW on the shared weights (lr 1e-3)
     x, y = random_batch(model.cfg, batch_size, device=device, generator=torch.Generator().manual_seed(0))
 
     def both(run):
         model.zero_grad(set_to_none=True)
         lm_loss(run(x), y).backward()
 
-    calls = {
-        f"{c}|{p}": (lambda run=run: run(x)) if p == "fwd" else (lambda run=run: both(run))
-        for c, run in runs.items()
-        for p in PASSES.values()
-    }
+    def step(run):
+        both(run)
+        opt.step()
+
+    passes = {"fwd": lambda run: run(x), "fwd+bwd": both, STEP: step}
+    calls = {f"{c}|{p}": functools.partial(passes[p], run) for c, run in runs.items() for p in COMPILE_PASSES}
     comp = compare(calls, steps=steps, warmup=warmup, device=device)
     rows = [
         {
@@ -146,9 +155,10 @@ def compare_compiled(size: str, device="cpu", batch_size: int = 4, warmup: int =
 
 
 def compiled_lines(comps) -> str:
-    """Per size and pass: compiled vs eager, paired per round, named only outside the noise."""
+    """Per size and pass timed (COMPILE_PASSES): compiled vs eager, paired per round, named only outside the noise."""
     return "\n".join(
-        f"{size:>9} {p:>7}: " + verdict("compiled", "eager", comp.ratio(f"True|{p}", f"False|{p}"))
+        f"{size:>9} {p:>11}: " + verdict("compiled", "eager", comp.ratio(f"True|{p}", f"False|{p}"))
         for size, comp in comps.items()
-        for p in PASSES.values()
+        for p in COMPILE_PASSES
+        if f"True|{p}" in comp.samples
     )

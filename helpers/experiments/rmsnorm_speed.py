@@ -20,7 +20,7 @@ from helpers.experiments.rmsnorm_bench import (
     triton_timing_note,
 )
 from helpers.experiments.rmsnorm_compare import check_forward_le_both, fastest_lines, ratio_rows
-from helpers.experiments.rmsnorm_model import compare_compiled, compiled_lines
+from helpers.experiments.rmsnorm_model import COMPILE_PASSES, compare_compiled, compiled_lines
 from helpers.experiments.rmsnorm_sections import Bandwidth, Timed, _ms, _named, _tidy, size_name, where
 from helpers.results import save_results
 from helpers.section import Result
@@ -182,7 +182,8 @@ def compile_section(models: Timed, scale: dict, sizes, device, profile: str) -> 
         pd.concat([_ms(models.rows), whole[whole["compiled"]]], ignore_index=True), "rmsnorm_models", profile=profile
     )
     save_results(
-        ratio_rows(models.comps, ("size",), loop="norms") + ratio_rows(comps, ("size",), loop="compile"),
+        ratio_rows(models.comps, ("size",), loop="norms")
+        + ratio_rows(comps, ("size",), passes=COMPILE_PASSES, loop="compile"),
         "rmsnorm_model_ratios",
         profile=profile,
     )

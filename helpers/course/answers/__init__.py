@@ -20,6 +20,7 @@ from helpers.course.answers import (  # noqa: F401  (each registers its question
     nb04,
     nb05,
     nb06,
+    nb06_naive,
     nb07,
     nb07_calcs,
 )

@@ -200,6 +200,12 @@ def coverage(ran, profile: str, edition: str | None = None) -> str:
     )
 
 
+def and_join(items) -> str:
+    """ "a", "a and b", "a, b and c": a list in a sentence."""
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def span(values, digits: int = 1) -> str:
     """ "1.2x to 1.9x" over the values, or "1.5x" when they agree to `digits`."""
     lo, hi = f"{min(values):.{digits}f}x", f"{max(values):.{digits}f}x"

@@ -11,6 +11,7 @@ from helpers.course.answers.core import (
     Answer,
     Question,
     Saved,
+    and_join,
     answers,
     cap,
     fmt_s,
@@ -140,6 +141,24 @@ def _ddp_ratios(saved: Saved, field: str = "step") -> pd.DataFrame:
     return r[r["field"] == field]
 
 
+HANDOUT_MODEL = "xl"  # 3.3.2-3.4.3 (every edition): 1 node, 2 GPUs, the xl model
+
+
+def sizes_cut(text: str, models, saved: Saved, gpu: str = "") -> Answer:
+    """The answer `text` with the model sizes it measured named, and partial (saying so) when the handouts' xl (its
+    cpu preset on the cpu profile) is not among them."""
+    names = list(dict.fromkeys(models))
+    if any(m.split("/")[0] == HANDOUT_MODEL for m in names):
+        return Answer(text, gpu)
+    asked = f"{HANDOUT_MODEL}/cpu" if saved.profile == "cpu" else HANDOUT_MODEL
+    said = f" Measured on {and_join(names)}; the handouts ask {HANDOUT_MODEL}, which notebook 04 does not run."
+    missing = (
+        f"the handouts' {HANDOUT_MODEL} model ({asked} on the {saved.profile} profile): notebook 04's PROFILES run "
+        f"{and_join(names)} here, so the measurement above is of {'those sizes' if len(names) > 1 else 'that size'}"
+    )
+    return Answer(text + said, gpu, status="partial", missing=missing)
+
+
 @answers("3.3.1")
 def ddp_correct(q, saved):
     c = saved.frame("04_ddp_checks")
@@ -162,16 +181,18 @@ def ddp_naive_speed(q, saved):
     shares = ", ".join(
         f"{row.model} {fmt_s(row.step_s)} ({pct(row.comm_s / row.step_s)} communicating)" for row in naive.itertuples()
     )
-    return (
+    text = (
         f"Naive DDP step (slowest rank's median) and its share spent in the after-backward all-reduces: {shares}. "
         + cap(series_text(_ddp_ratios(saved), "naive", "local", "model", DDP_NAMES, "step time"))
         + "."
     )
+    return sizes_cut(text, naive["model"], saved)
 
 
 @answers("3.4.1")
 def ddp_flat(q, saved):
-    return series_text(_ddp_ratios(saved), "flat", "naive", "model", DDP_NAMES, "step time") + "."
+    r = _ddp_ratios(saved)
+    return sizes_cut(series_text(r, "flat", "naive", "model", DDP_NAMES, "step time") + ".", r["model"], saved)
 
 
 @answers("3.4.2")
@@ -181,12 +202,13 @@ def ddp_flat_comm(q, saved):
     calls = ", ".join(
         f"{m} {fmt_s(s.loc[(m, 'naive'), 'comm_s'])} → {fmt_s(s.loc[(m, 'flat'), 'comm_s'])}" for m in models
     )
-    return (
+    text = (
         f"Time waiting for communication after backward, naive (one call per parameter) → flat (one call): "
         f"{calls}. "
         + cap(series_text(_ddp_ratios(saved, "comm"), "flat", "naive", "model", DDP_NAMES, "communication time"))
         + "."
     )
+    return sizes_cut(text, models, saved)
 
 
 @answers("3.4.3(a)")
@@ -214,7 +236,7 @@ def ddp_overlap_speed(q, saved):
             "Does not carry over: overlapping was not measurably faster here, where gloo shares the CPU cores with "
             "backward; NCCL runs on its own stream and copy engines, so on GPUs the overlap can pay."
         )
-    return Answer("; ".join(texts) + ".", gpu)
+    return sizes_cut("; ".join(texts) + ".", r["model"], saved, gpu)
 
 
 @answers("3.4.3(b)")
@@ -228,23 +250,25 @@ def ddp_traces(q, saved):
     )
     traces = saved.folder / "04_traces"
     folder = f" under `{shown(traces)}/`" if traces.is_dir() else ""
-    return (
+    text = (
         f"Notebook 04 §3 draws, for {model}, each variant's backward and its all-reduces from {where}; one Chrome "
         f"trace per variant and rank is saved{folder} (open it in Perfetto). Naive DDP's all-reduces all start "
         "after backward ends; the per-parameter ones start from the gradient hooks, inside backward."
     )
+    return sizes_cut(text, [model], saved)
 
 
 @answers("3.4.3(c)")
 def ddp_overlap_fraction(q, saved):
     o = saved.frame("04_ddp_overlap").set_index("variant")
     col = "trace overlap" if "trace overlap" in o.columns else "launch→done overlap"
-    return (
+    text = (
         f"Share of communication time inside backward ({col.split(' overlap')[0]}, mean over ranks and steps): "
         + ", ".join(f"{ddp_name(v)} {pct(x)}" for v, x in o[col].items())
         + ". Naive is 0 by construction; torch DDP waits for its last bucket inside backward, so its share says "
         "little about how much it overlapped."
     )
+    return sizes_cut(text, [saved.run("04_ddp_overlap").provenance.get("model")], saved)
 
 
 @answers("3.4.4(a)")

@@ -1,15 +1,12 @@
-"""Notebook 06's questions (attention and FlashAttention-2: the 2025 edition's, kept by 2026, and the 2025
-leaderboard) and their answers from what notebook 06 saved."""
+"""Notebook 06's FlashAttention-2 questions (the 2025 edition's, kept by 2026, and the 2025 leaderboard) and their
+answers from what notebook 06 saved; naive attention and torch.compile (its §1) are nb06_naive's."""
 
 from __future__ import annotations
-
-import itertools
 
 import torch
 
 from helpers import attention as A
 from helpers.course.answers.core import (
-    ANSWERS,
     Answer,
     NeedsGPU,
     NotMeasured,
@@ -21,58 +18,14 @@ from helpers.course.answers.core import (
     fmt_s,
     register,
 )
+from helpers.course.answers.nb06_naive import BOTH
 from helpers.published import MARKS
 from helpers.timing import ratio_of
 
-BOTH = (2025, 2026)  # "Attention and FlashAttention-2 as in 2025"
 LEADERBOARD_CMD = "`python -m helpers bench attention` on an H100 (defaults: the leaderboard's shape, bf16, causal)"
-HANDOUT_GRID = dict(batch=8, head_dims=(16, 32, 64, 128), seq_lens=(256, 1024, 4096, 8192, 16384))
 
 Q = Question
 QUESTIONS = [
-    Q(
-        "pytorch_attention(a)",
-        "Naive attention, batch 8 and one head, per head dim and sequence length: how long do "
-        "forward and backward take, and where does it run out of memory?",
-        notebook="06",
-        section="§1 Naive attention's cost",
-        reads=("06_naive_attention",),
-        editions=BOTH,
-        name="pytorch_attention",
-        gpu="The handout's grid (batch 8, d 16-128, T 256-16,384) runs on a GPU: `make writeup PROFILE=gpu`.",
-    ),
-    Q(
-        "pytorch_attention(b)",
-        "How much memory does the smallest configuration keep for backward, how does it grow "
-        "with the sequence, and what removes it?",
-        notebook="06",
-        section="§1 and §5 Memory",
-        reads=("06_naive_memory",),
-        editions=BOTH,
-        name="pytorch_attention",
-        gpu="Carries over exactly: the bytes are the same arithmetic on any device (checked byte for byte here).",
-    ),
-    Q(
-        "torch_compile(a)",
-        "Is torch.compile of naive attention faster than the eager version?",
-        notebook="06",
-        section="§1 torch.compile",
-        reads=("06_compile_ratios",),
-        editions=BOTH,
-        name="torch_compile",
-        gpu="Inductor emits C++ loops for a CPU and Triton kernels for a GPU: `make writeup PROFILE=gpu` times the "
-        "GPU case.",
-    ),
-    Q(
-        "torch_compile(b)",
-        "Is the whole model faster compiled, forward and forward+backward+optimizer?",
-        notebook="02",
-        section="§5 torch.compile of the whole model",
-        reads=("rmsnorm_model_ratios",),
-        editions=BOTH,
-        name="torch_compile",
-        gpu="Fusion there saves memory traffic and kernel launches; the gain is usually larger.",
-    ),
     Q(
         "flash_forward(a)",
         "A tiled PyTorch FlashAttention-2 forward (online softmax, saves L): is it exact?",
@@ -140,101 +93,6 @@ QUESTIONS = [
     ),
 ]
 register(QUESTIONS)
-
-
-@answers("pytorch_attention(a)")
-def naive_times(q, saved):
-    run = saved.run("06_naive_attention")
-    t = run.frame()
-    ran, oom = t[~t["oom"].astype(bool)], t[t["oom"].astype(bool)]
-    per = ran.pivot_table(index=["d", "T"], columns="pass", values="median_s")
-    lines, flat, rows = [], [], []
-    for d in sorted(set(per.index.get_level_values("d"))):
-        part = per.loc[d]
-        if not part["fwd+bwd"].is_monotonic_increasing:
-            flat.append(str(d))
-        lo, hi = part.index.min(), part.index.max()
-        lines.append(
-            f"d {d}: forward+backward {fmt_s(part.loc[lo, 'fwd+bwd'])} at T {lo}, "
-            f"{fmt_s(part.loc[hi, 'fwd+bwd'])} at T {hi}: {part.loc[hi, 'fwd+bwd'] / part.loc[lo, 'fwd+bwd']:.0f}x "
-            f"for {hi // lo}x the length ({(hi // lo) ** 2}x the T² scores)"
-        )
-        rows += [
-            {
-                "d": int(d),
-                "T": int(T),
-                "forward": fmt_s(r["fwd"]),
-                "backward": fmt_s(r["bwd"]),
-                "forward+backward": fmt_s(r["fwd+bwd"]),
-            }
-            for T, r in part.iterrows()
-        ]
-    b = int(t["batch"].iloc[0])
-    where = (
-        f"It ran out of memory first at T {int(oom['T'].min())} (d {int(oom.sort_values('T')['d'].iloc[0])})."
-        if len(oom)
-        else "Nothing ran out of memory on this machine's grid."
-    )
-    B, d, T = HANDOUT_GRID["batch"], max(HANDOUT_GRID["head_dims"]), max(HANDOUT_GRID["seq_lens"])
-    kept = B * T * T * 4 + B * T * d * 4  # P + O, fp32 (experiments.attention.saved_bytes_formula)
-    noise = (
-        f" For d {', '.join(flat)} a longer sequence was not always slower: there the machine's load, not "
-        "attention, set the times (rerun notebook 06 on a quiet machine)."
-        if flat
-        else ""
-    )
-    return Answer(
-        f"Median of the timed steps, batch {b}, one head, fp32: " + "; ".join(lines) + f".{noise} {where} "
-        f"For the handout's largest shape (batch {B}, T {T}, d {d}) the forward alone keeps P + O = "
-        f"{fmt_mib(kept / 2**20)} for backward, before backward's own T × T gradients. Every timing:",
-        table=tuple(rows),
-    )
-
-
-@answers("pytorch_attention(b)")
-def naive_memory(q, saved):
-    m = saved.frame("06_naive_memory")
-    ran = m[~m["oom"].astype(bool)].sort_values(["T", "d"])
-    if not (ran["saved_bytes"] == ran["formula_bytes"]).all():
-        raise NotMeasured("the saved memory does not match its formula")
-    small = ran.iloc[0]
-    d0 = ran[ran["d"] == small["d"]].set_index("T")["saved_bytes"]
-    growth = ", ".join(f"T {a}→{b}: {d0[b] / d0[a]:.2f}x" for a, b in itertools.pairwise(d0.index))
-    B, T, d = int(small["batch"]), int(small["T"]), int(small["d"])
-    return (
-        f"Smallest configuration (batch {B}, T {T}, d {d}, fp32): {int(small['saved_bytes']):,} bytes live for "
-        f"backward beyond q, k, v, exactly the softmax output P (B·T²·4 = {int(small['score_matrix_bytes']):,}) "
-        f"plus the output O (B·T·d·4 = {B * T * d * 4:,}); every configuration that ran matched that formula byte "
-        f"for byte. With the sequence it grows towards 4x per doubling as P takes over ({growth}). FlashAttention "
-        "removes it: it never stores P, keeps O and one logsumexp per row, and recomputes the scores tile by tile "
-        "in backward, so what it keeps grows as O(T) (§5 measures both)."
-    )
-
-
-@answers("torch_compile(a)")
-def compiled_attention(q, saved):
-    r = saved.frame("06_compile_ratios")
-    r = r[r["label"] == "compiled"]
-    parts, faster = [], []
-    for row in r.to_dict("records"):
-        ratio = ratio_of(row)
-        parts.append(f"{row['pass']}: " + compare_text("compiled", "eager naive", ratio, f"{row['pass']} time"))
-        faster.append(ratio.differs and ratio.median < 1)
-    shape = saved.run("06_compile_ratios").provenance.get("shape")
-    gpu = (
-        "Compiled was measurably faster here; on a GPU inductor fuses the scale, mask and softmax into Triton "
-        "kernels around the two matmuls, which usually helps more, but the T × T matrices remain."
-        if all(faster)
-        else "Compiled was not measurably faster here in every pass; on a GPU inductor's fused Triton softmax usually "
-        "helps, though the T × T matrices remain: `make writeup PROFILE=gpu` measures it."
-    )
-    return Answer(f"Shape (B, H, T, d) = {shape}, interleaved: " + "; ".join(parts) + ".", gpu)
-
-
-@answers("torch_compile(b)")
-def compiled_model(q, saved):
-    """The measurement 2024's 2.3.1(c) reads (notebook 02's whole-model loop), answered by its function."""
-    return ANSWERS["2.3.1(c)"](q, saved)
 
 
 def _checks(saved, *wanted: str):
