@@ -179,12 +179,12 @@ def _collective_rows(combos, counts, sizes, drop=()):
 
 
 def test_3_1_1_names_the_cut_of_the_handouts_grid(synthetic):
-    got = A.answer(A.BY_NUMBER["3.1.1"], A.Saved(synthetic, "cpu"))  # gloo+CPU, 2 and 4 ranks, 8 KB to 1 MB
-    assert got.text.startswith("Ran gloo+CPU with 2 and 4 ranks at 8 KB, 64 KB and 1 MB."), got.text
+    got = A.answer(A.BY_NUMBER["3.1.1"], A.Saved(synthetic, "cpu"))  # gloo+CPU, 2 and 4 ranks, 8 KiB to 1 MiB
+    assert got.text.startswith("Ran gloo+CPU with 2 and 4 ranks at 8 KiB, 64 KiB and 1 MiB."), got.text
     assert got.status == "partial", got
     for part in (
         "gloo+CPU with 6 ranks",
-        "gloo+CPU at 512 KB, 10 MB, 50 MB, 100 MB, 500 MB and 1 GB (2 and 4 ranks)",
+        "gloo+CPU at 512 KiB, 10 MiB, 50 MiB, 100 MiB, 500 MiB and 1 GiB (2 and 4 ranks)",
         "NCCL+GPU, which needs one GPU per rank",
         "2025 and 2026 ask 1 MB, 10 MB, 100 MB and 1 GB",
     ):
@@ -200,7 +200,7 @@ def test_3_1_1_on_the_whole_grid_is_measured_and_a_size_one_count_lacks_is_named
     rows = _collective_rows(combos, counts, XC.SEED_SIZES, drop={(6, XC.SEED_SIZES[-1])})  # 6 ranks: no 1 GB
     D.write(tmp_path, {"03_collectives": (rows, dict(cpu_count=16, gpu_count=8))}, profile="gpu")
     got = A.answer(A.BY_NUMBER["3.1.1"], A.Saved(tmp_path, "gpu"))
-    assert got.status == "partial" and "gloo+CPU at 1 GB (6 ranks); NCCL+GPU at 1 GB (6 ranks)" in got.missing, got
+    assert got.status == "partial" and "gloo+CPU at 1 GiB (6 ranks); NCCL+GPU at 1 GiB (6 ranks)" in got.missing, got
 
 
 # ---- 3.3.2-3.4.3: 1 node, 2 GPUs, the xl model -----------------------------------------------------------------------
@@ -217,9 +217,10 @@ def test_the_ddp_speed_answers_name_their_sizes_and_miss_xl(synthetic):
         assert f"Measured on {sizes}; the handouts ask xl" in got.text, (number, got.text)
 
 
-def test_the_ddp_speed_answers_are_measured_once_xl_ran(tmp_path):
+@pytest.mark.parametrize("xl", ["xl/cpu", "xl-2026/cpu"])  # as each edition's Table 1 names it
+def test_the_ddp_speed_answers_are_measured_once_xl_ran(tmp_path, xl):
     raw = {m: [{v: D.speed_run(1.0 + k, 0.2) for v in ("local", "naive", "flat", "per_parameter")}] * 2
-           for k, m in enumerate(["small/cpu", "xl/cpu"])}  # fmt: skip
+           for k, m in enumerate(["small/cpu", xl])}  # fmt: skip
     speed = [{"model": m, "variant": v, "step_s": 1.0, "comm_s": 0.2} for m in raw for v in raw[m][0]]
     overlap = [{"variant": v, "buckets": None, "trace overlap": o} for v, o in (("naive", 0.0), ("per_parameter", 0.4))]
     D.write(
@@ -227,7 +228,7 @@ def test_the_ddp_speed_answers_are_measured_once_xl_ran(tmp_path):
         {
             "04_ddp_speed": (speed, {}),
             "04_ddp_ratios": (XD.ratio_rows(raw), {}),
-            "04_ddp_overlap": (overlap, dict(model="xl/cpu")),
+            "04_ddp_overlap": (overlap, dict(model=xl)),
         },
     )
     for number in DDP_SPEED:

@@ -148,7 +148,7 @@ def sizes_cut(text: str, models, saved: Saved, gpu: str = "") -> Answer:
     """The answer `text` with the model sizes it measured named, and partial (saying so) when the handouts' xl (its
     cpu preset on the cpu profile) is not among them."""
     names = list(dict.fromkeys(models))
-    if any(m.split("/")[0] == HANDOUT_MODEL for m in names):
+    if any(re.sub(r"-20\d\d$", "", m.split("/")[0]) == HANDOUT_MODEL for m in names):  # xl, xl-2026/cpu
         return Answer(text, gpu)
     asked = f"{HANDOUT_MODEL}/cpu" if saved.profile == "cpu" else HANDOUT_MODEL
     said = f" Measured on {and_join(names)}; the handouts ask {HANDOUT_MODEL}, which notebook 04 does not run."
