@@ -2,6 +2,8 @@
 count against the measured rows; the 2026 leaderboard's tie rule and chosen plan from the same values, at the
 handout's bf16 Config; units as the values are computed (MiB for 2^20 bytes, MB for 10^6)."""
 
+import gc
+
 import answers_data as D
 import pytest
 import torch
@@ -44,7 +46,12 @@ def peak_and_grad(fn, n: int) -> tuple[int, torch.Tensor, int]:
     """(peak bytes above the input, the input's gradient, block forwards) of fn(n blocks, x).sum().backward()."""
     x = torch.linspace(-2, 2, 256 * 16).reshape(256, 16).requires_grad_()
     Wide.calls = 0
-    trace = track(lambda: fn([Wide() for _ in range(n)], x).sum().backward(), existing=[x])
+    gc.collect()  # a collection inside the tracked run would free another test's leftovers mid-count: none there
+    gc.disable()
+    try:
+        trace = track(lambda: fn([Wide() for _ in range(n)], x).sum().backward(), existing=[x])
+    finally:
+        gc.enable()
     return trace.peak_bytes - trace.baseline_bytes, x.grad, Wide.calls
 
 
