@@ -55,7 +55,7 @@ def test_inside_the_noise_no_winner_outside_it_the_faster(synthetic):
 
 def test_sharding_speed_names_no_winner_without_a_paired_ratio(synthetic, tmp_path):
     got = D.all_answers(synthetic)
-    assert "unsharded is measurably faster than ShardedOptimizer" in got["3.4.5(b)"][0]  # 0.95 s vs 0.9 s
+    assert "Unsharded is measurably faster than ShardedOptimizer" in got["3.4.5(b)"][0]  # 0.95 s vs 0.9 s
     assert "1.500Ψ" in got["3.4.5(c)"][0]  # the counted table, when saved
     D.write(tmp_path, {"05_sharding_speed": (D.sharding_speed, dict(model=D.SIZES[1]))})
     got = A.answer(A.BY_NUMBER["3.4.5(b)"], A.Saved(tmp_path, "cpu"))

@@ -21,6 +21,7 @@ from helpers.course.answers.core import (
     series_text,
     shown,
 )
+from helpers.model import for_edition, size_edition
 from helpers.timing import ratio_of
 
 Q = Question
@@ -151,6 +152,7 @@ def sizes_cut(text: str, models, saved: Saved, gpu: str = "") -> Answer:
     if any(re.sub(r"-20\d\d$", "", m.split("/")[0]) == HANDOUT_MODEL for m in names):  # xl, xl-2026/cpu
         return Answer(text, gpu)
     asked = f"{HANDOUT_MODEL}/cpu" if saved.profile == "cpu" else HANDOUT_MODEL
+    asked = for_edition(asked, size_edition(names[0])) if names else asked  # as the run's edition names it
     said = f" Measured on {and_join(names)}; the handouts ask {HANDOUT_MODEL}, which notebook 04 does not run."
     missing = (
         f"the handouts' {HANDOUT_MODEL} model ({asked} on the {saved.profile} profile): notebook 04's PROFILES run "

@@ -12,6 +12,7 @@ from helpers.course.answers.core import (
     Reference,
     Saved,
     answers,
+    cap,
     compare_text,
     fmt_mib,
     fmt_s,
@@ -118,7 +119,7 @@ def sharding_speed(q, saved):
     row = r[(r["a"] == "sharded") & (r["b"] == "unsharded")]
     if row.empty:
         return text + "The two ran in separate launches, so their times are not paired and no winner is named."
-    return text + compare_text("ShardedOptimizer", "unsharded", ratio_of(row.iloc[0]), "time per iteration") + "."
+    return text + cap(compare_text("ShardedOptimizer", "unsharded", ratio_of(row.iloc[0]), "time per iteration")) + "."
 
 
 @answers("3.4.5(c)")
