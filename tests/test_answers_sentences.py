@@ -310,3 +310,8 @@ def test_tp_answers_stay_closed_forms_over_an_old_08_tp_speed(tmp_path):
     for n in ("tp_calcs(b)", "fsdp_tp_calcs(b)", "fsdp_tp_calcs(d)"):
         got = A.answer(A.BY_NUMBER[n], saved)
         assert got.status == "closed form" and "Measured here" not in got.text, n
+
+
+def test_the_compiled_loops_sizes_are_said_to_be_cut_by_its_list_not_the_budget(synthetic):
+    got = A.answer(A.BY_NUMBER["torch_compile(b)"], A.Saved(synthetic, "cpu"))
+    assert "list of sizes to compile" in got.text and "the time budget ran" not in got.text, got.text

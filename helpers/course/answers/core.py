@@ -183,9 +183,9 @@ def cap(text: str) -> str:
     return text if keep else text[0].upper() + text[1:]
 
 
-def coverage(ran, profile: str, edition: str | None = None) -> str:
+def coverage(ran, profile: str, edition: str | None = None, limit: str = "the time budget") -> str:
     """ "" when every size of the profile (of the edition's Table 1; 2024's when None) ran; else a clause naming how
-    many of them the time budget ran."""
+    many of them `limit` (what cut them) let run."""
     from helpers.model import sizes_for
 
     planned = sizes_for(profile, edition or "2024") if profile in ("cpu", "gpu") else []
@@ -194,7 +194,7 @@ def coverage(ran, profile: str, edition: str | None = None) -> str:
     if not missing:
         return ""
     return (
-        f" (the time budget ran {len(ran)} of the {len(planned)} sizes: {', '.join(ran)}; "
+        f" ({limit} ran {len(ran)} of the {len(planned)} sizes: {', '.join(ran)}; "
         f'{", ".join(missing)} {"was" if len(missing) == 1 else "were"} not timed, so "every" means every size '
         "timed)"
     )

@@ -24,6 +24,7 @@ from helpers.course.answers.core import (
     register,
     series_text,
 )
+from helpers.course.answers.nb02 import COMPILE_LIMIT
 from helpers.experiments.rmsnorm_model import STEP
 from helpers.model import size_edition
 from helpers.timing import ratio_of
@@ -313,7 +314,7 @@ def compiled_model(q, saved):
     r = saved.frame("rmsnorm_model_ratios")
     r = r[r["loop"] == "compile"]
     names = {"True": "compiled model", "False": "eager model"}
-    sizes = coverage(list(r["size"]), saved.profile)
+    sizes = coverage(list(r["size"]), saved.profile, limit=COMPILE_LIMIT)
     if STEP not in set(r["pass"]):
         return Answer(
             ANSWERS["2.3.1(c)"](q, saved),
