@@ -106,7 +106,7 @@ SCALES = {  # batch -> profile -> what it runs (plain data; gpu from the noteboo
     },
     "04-sweep": {  # ... and the sweep model alone with the seed's bucket sizes (notebook 04's SEED_BUCKETS_MB)
         "gpu": {k: XD.PROFILES["gpu"][k] for k in ("sweep_model", "batch", "context", "warmup", "steps")}
-        | dict(sizes=[XD.PROFILES["gpu"]["sweep_model"]], buckets_mb=[1, 5, 10, 25, 50, 100, 500]),
+        | dict(sizes=[XD.PROFILES["gpu"]["sweep_model"]], buckets_mb=list(XD.SEED_BUCKETS_MB)),
         "cpu": dict(
             sizes=["small/cpu"], sweep_model="small/cpu", batch=4, context=16, warmup=1, steps=2, buckets_mb=[1]
         ),

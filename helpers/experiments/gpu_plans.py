@@ -202,7 +202,7 @@ def ddp_rank_bytes(size, variants: int, batch_size: int, context_length: int) ->
     return (psi + masks) + variants * (2 * psi + masks) + max(act, psi) + 4 * F.token_bytes(batch_size, context_length)
 
 
-SEED_BUCKETS_MB = [1, 5, 10, 25, 50, 100, 500]  # notebook 04's SEED_BUCKETS_MB (the seed's sweep)
+SEED_BUCKETS_MB = ddp.SEED_BUCKETS_MB  # the seed's sweep, as notebook 04 runs it
 
 
 def sweep_buckets_mb(profile: str = "gpu") -> list:
