@@ -17,7 +17,7 @@ from helpers.experiments import attention as X
 from helpers.experiments import attention_bench_sections, attention_sections
 from helpers.section import Result
 from helpers.timing import Comparison
-from helpers.writeup.index import LEFT_OUT_LINES
+from helpers.writeup.index import EMBEDDED_PNG, LEFT_OUT_LINES
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_flash_attention.ipynb"
 
@@ -171,8 +171,8 @@ def test_memory_curves_are_t_squared_and_t_and_the_plot_reaches_the_front_page()
     growth, T_x = r.values["growth"], r.values["T_ratio"]
     assert r.values["mismatched"] == 0 and T_x == 4 and growth["flash_pytorch"] == 4 and growth["naive"] > 4
     assert r.notes[0] == f"T x4: naive keeps {growth['naive']:.1f}x more, FlashAttention 4.0x more"
-    bundle = r._repr_mimebundle_()  # the writeups' front page reads the headline cell's first image/png
-    assert bundle["image/png"] and bundle["image/png"] in bundle["text/html"]
+    embedded = EMBEDDED_PNG.search(r._repr_html_())  # the front page reads the headline cell's embedded figure
+    assert embedded and len(embedded.group(1)) > 100
 
 
 def test_model_and_leaderboard_sections_on_a_cpu(saved):

@@ -11,8 +11,6 @@ page reads and returns one helpers.section.Result whose notes are made from the 
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 import torch
 
@@ -33,20 +31,6 @@ from helpers.experiments.common import log_ticks
 from helpers.published import MARKS
 from helpers.results import save_results
 from helpers.section import Result
-
-
-class HeadlineResult(Result):
-    """A Result whose figure also comes out as an image/png output beside the HTML (which a notebook shows): the
-    writeups' front page takes its picture from the first PNG output of the cell tagged "headline"."""
-
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        page = self._repr_html_()
-        bundle = {"text/html": page, "text/plain": repr(self)}
-        png = re.search(r'data:image/png;base64,([^"]+)"', page)
-        if png:
-            bundle["image/png"] = png.group(1)
-        return bundle
-
 
 # ---- §4 benchmarks: time and TFLOP/s ------------------------------------------------------------------------------
 
@@ -131,7 +115,7 @@ def _memory_plot(rows: pd.DataFrame, seq_lens, where: str):
     return fig
 
 
-def memory_curves(ctx: Setup) -> HeadlineResult:
+def memory_curves(ctx: Setup) -> Result:
     """§5: one forward each of naive and FlashAttentionPyTorch per T, causal, fp32: bytes live before backward and
     the peak, beyond q, k, v, against the closed forms (asserted byte for byte); the log-log plot. values: `rows`,
     `mismatched` (0), `growth` {impl: saved bytes at the longest T over the shortest}, `T_ratio`."""
@@ -157,7 +141,7 @@ def memory_curves(ctx: Setup) -> HeadlineResult:
     ]
     mib = rows.assign(**{"saved MiB": rows.saved_bytes / 2**20, "peak MiB": rows.peak_bytes / 2**20})
     table = mib.pivot_table(index="T", columns="impl", values=["saved MiB", "peak MiB"]).round(3)
-    return HeadlineResult(
+    return Result(
         table,
         figure=_memory_plot(rows, seq_lens, ctx.where),
         notes=notes,
