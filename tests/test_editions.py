@@ -29,7 +29,7 @@ def test_each_edition_runs_its_handouts_model_and_settings():
     assert XB.EDITIONS["2026"].for_profile("gpu") | {} == {
         "batch": 4,
         "context": 512,  # §2.1.2: "Use context length 512 unless otherwise specified"
-        "profile_size": "xl-2026",
+        "profile_size": "large-2026",  # its xl (the 2.7B's shape) with AdamW would need ~75 GB unguarded
         "memory_size": "xl-2026",
         "memory_contexts": (128, 2048),  # memory_profiling: the xl at 128 and 2048
     }
@@ -41,15 +41,17 @@ def test_each_edition_runs_its_handouts_model_and_settings():
         sections.Setup.resolve("cpu", "none", "2023")
 
 
-def test_the_full_step_runs_on_a_copy_so_the_retained_graph_still_runs():
+def test_the_full_step_is_timed_after_the_retained_graph_is_freed():
     lm = build_model("small-2026/cpu", n_layers=1)
     x, y = random_batch(lm.cfg, 2, 8)
-    backward = XB.pass_fn(lm, x, y, "backward")
-    step = XB.pass_fn(lm, x, y, "step")
-    before = [p.detach().clone() for p in lm.parameters()]
-    step(), step()
-    backward()  # AdamW updated the copy's weights in place; lm's graph is intact
-    assert all(torch.equal(a, b) for a, b in zip(before, lm.parameters(), strict=True))
+    backward, step = XB.pass_fn(lm, x, y, "backward"), XB.pass_fn(lm, x, y, "step")
+    step()  # AdamW updates the weights in place: the graph "backward" kept is no longer valid
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        backward()
+    rows = XB.time_size("small-2026/cpu", 2, 8, warmup=1, steps=2, kinds=XB.PASSES + ("step",))
+    assert [r["pass"] for r in rows] == ["forward", "backward", "both", "step"] and all(
+        r["status"] == "ok" for r in rows
+    )
 
 
 def edition_setup(edition: str) -> sections.Setup:
@@ -165,3 +167,17 @@ def test_a_profiled_size_the_budget_did_not_time_gives_a_partial_answer(tmp_path
     rows["01_profile"] = (rows["01_profile"][0], dict(size="large/cpu", steps=2))  # section 1 timed small, medium
     got = A.answer(A.BY_NUMBER["2.1.2(a)"], A.Saved(D.write(tmp_path, rows), "cpu"))
     assert got.status == "partial" and "did not time large/cpu" in got.text and 'BUDGET = "none"' in got.missing
+
+
+def test_notebook_01s_gpu_plan_follows_the_edition_and_marks_what_an_h100_cannot_hold():
+    from helpers.experiments import gpu_plans as G
+
+    rows = {r["run"]: r for r in G.plan_01(edition="2026")}
+    assert rows["timing 10B-2026 (warm: two graphs)"]["oom_by_design"]  # 10B fp32: a guarded run, recorded as OOM
+    assert (
+        rows["memory peaks xl-2026 at T 2048"]["oom_by_design"]
+        and not rows["memory peaks xl-2026 at T 128"]["oom_by_design"]
+    )
+    profiled = rows["profiled step large-2026"]  # not guarded: it must fit
+    assert not profiled["oom_by_design"] and profiled["peak_per_gpu_GB"] < 80
+    assert {r["run"] for r in G.plan_01(edition="2024")} >= {"timing 2.7B (warm: two graphs)", "profiled step xl"}

@@ -8,7 +8,6 @@ the precision column, a step's estimated seconds for the budget, and the cold/wa
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import pandas as pd
 import torch
@@ -60,9 +59,9 @@ PASSES = ("forward", "backward", "both")  # what pass_fn times; "step" (both, th
 
 def pass_fn(lm, x, y, kind: str, autocast_dtype=None):
     """A callable for one pass of `lm`: "forward" (building the graph), "backward" (re-run on one retained graph),
-    "both", or "step" (gradients set to None, forward, backward and AdamW's step: a full training step, on a copy of
-    `lm` with an AdamW made here, so its updates never touch the graph "backward" keeps); the forward runs under
-    autocast when `autocast_dtype` is given."""
+    "both", or "step" (gradients set to None, forward, backward and AdamW's step, an AdamW made here: a full training
+    step, whose in-place update would break a graph "backward" still holds: time it after that one is freed); the
+    forward runs under autocast when `autocast_dtype` is given."""
 
     def loss():
         ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
@@ -77,8 +76,6 @@ def pass_fn(lm, x, y, kind: str, autocast_dtype=None):
     if kind == "both":
         return lambda: loss().backward()
     if kind == "step":
-        return pass_fn(copy.deepcopy(lm), x, y, "full step", autocast_dtype)
-    if kind == "full step":  # on lm itself: pass_fn's "step" gives it a copy
         opt = torch.optim.AdamW(lm.parameters())
 
         def step():

@@ -109,19 +109,32 @@ def step_peak_bytes(size, batch_size: int, context_length: int, foreach: bool = 
     return max(start, step)
 
 
-def plan_01(profile: str = "gpu", gpus: int = 1) -> list[dict]:
-    """Notebook 01: timing (a fresh model per pass), the profiled step, then mixed precision and memory per size with
-    the profiled model moved to the CPU (benchmarking.offloaded), so each size has the card to itself."""
-    c = benchmarking.PROFILES[profile]
-    B, T = c["batch"], c["context"]
-    rows = [_row("01", f"timing {s} (warm: two graphs)", warm_timing_bytes(s, B, T)) for s in sizes_for(profile)]
-    rows.append(_row("01", f"profiled step {c['profile_size']}", step_peak_bytes(c["profile_size"], B, T)))
+def plan_01(profile: str = "gpu", gpus: int = 1, edition: str = "2026") -> list[dict]:
+    """Notebook 01 at `edition`'s sizes, batch and context (benchmarking.EDITIONS): timing (a fresh model per pass;
+    the warm loop's two graphs, then the full step with AdamW where the edition times it), the profiled step, then
+    mixed precision and memory per size (or the edition's memory model per context) with the profiled model moved to
+    the CPU (benchmarking.offloaded), so each size has the card to itself. Every per-size run is guarded (an OOM is
+    recorded as a row): one that outgrows an H100 (2026's 10B; its xl at context 2048 in fp32) is an OOM by design;
+    the profiled model is not guarded, so the edition's plan profiles a size that fits."""
+    plan = benchmarking.EDITIONS[edition]
+    e = plan.for_profile(profile)
+    B, T, sizes = e["batch"], e["context"], sizes_for(profile, edition)
+
+    def row(run: str, size, nbytes: float, guarded: bool = True) -> dict:
+        return _row("01", run, nbytes, oom_by_design=guarded and peak_per_gpu(nbytes, 1) > H100_BYTES)
+
+    def timing(s) -> float:
+        step = step_peak_bytes(s, B, T) if "step" in plan.kinds else 0
+        return max(warm_timing_bytes(s, B, T), step)
+
+    rows = [row(f"timing {s} (warm: two graphs)", s, timing(s)) for s in sizes]
+    profiled = e["profile_size"]
+    rows.append(row(f"profiled step {profiled}", profiled, step_peak_bytes(profiled, B, T), guarded=False))
+    rows += [row(f"mixed precision {s}", s, retained_graph_bytes(s, B, T, autocast=True)) for s in sizes]
+    memory = [(e["memory_size"], t) for t in e["memory_contexts"]] or [(s, T) for s in sizes]
     rows += [
-        _row("01", f"mixed precision {s}", retained_graph_bytes(s, B, T, autocast=True)) for s in sizes_for(profile)
-    ]
-    rows += [
-        _row("01", f"memory peaks {s}", max(step_peak_bytes(s, B, T), step_peak_bytes(s, B, T, autocast=True)))
-        for s in sizes_for(profile)
+        row(f"memory peaks {s} at T {t}", s, max(step_peak_bytes(s, B, t), step_peak_bytes(s, B, t, autocast=True)))
+        for s, t in memory
     ]
     return rows
 

@@ -193,11 +193,14 @@ def ran_on(saved: Saved, name: str) -> str:
 def timing_script(q, saved):
     _, warm, warmup = _warm_cold(saved)
     sizes = list(dict.fromkeys(warm.index.get_level_values("size")))
-    passes = ", ".join(PASS_NAMES[p_] for p_ in _passes(warm))
+    timed = _passes(warm)
+    passes = ", ".join(PASS_NAMES[p_] for p_ in timed)
+    interleaved = ", ".join(PASS_NAMES[p_] for p_ in timed if p_ != "step")
+    step = " then the full step (AdamW's in-place update) in a loop of its own on the same model;" * ("step" in timed)
     return (
-        f"`benchmarking.time_sizes` builds one model per size and times {passes} on it interleaved in one loop "
-        f"(`helpers.timing.compare`; the full step, with AdamW's update, on a copy of the model): {warmup} untimed "
-        f"warm-up rounds, then {int(warm['steps'].iloc[0])} rounds, each call between device synchronisations; a cold "
+        f"`benchmarking.time_sizes` builds one model per size and times {interleaved} on it interleaved in one loop "
+        f"(`helpers.timing.compare`);{step} {warmup} untimed warm-up rounds, then {int(warm['steps'].iloc[0])} "
+        "rounds, each call between device synchronisations; a cold "
         f"run builds a fresh model per pass and times it with no warm-up. Here it timed {len(sizes)} "
         f"size{'s' * (len(sizes) != 1)} "
         f"({', '.join(sizes)}) × {passes}, on {ran_on(saved, '01_timing')}."
