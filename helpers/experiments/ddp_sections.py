@@ -52,7 +52,7 @@ PROFILES = {  # notebook 04 per profile: speed-table models, the sweep's model, 
         sweep_model="large/cpu",
         batch=8,
         context=32,
-        warmup=3,
+        warmup=2,  # one untimed round past the first call is enough on a CPU (no JIT, no autotuning)
         steps=10,
         extra_buckets_mb=[0.03125, 0.0625, 0.125, 0.25, 0.5],
     ),

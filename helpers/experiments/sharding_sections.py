@@ -37,7 +37,7 @@ PROFILES = {  # notebook 05 per profile: the models for memory and speed, the gl
         check_model="small/cpu",
         batch=8,
         context=128,
-        warmup=3,
+        warmup=2,  # one untimed round past the first call is enough on a CPU (no JIT, no autotuning)
         steps=10,
         speed_launches=[["unsharded", "naive_sharded", "sharded", "zero1", "torch_zero"]],
     ),
