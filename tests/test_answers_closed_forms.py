@@ -25,7 +25,7 @@ class Wide(torch.nn.Module):
 
     def forward(self, x):  # (R, d) -> (R, d)
         Wide.calls += 1
-        return torch.tanh(x.repeat(1, WIDE)).view(x.shape[0], WIDE, x.shape[1]).sum(1)  # saves (R, WIDE·d)
+        return torch.tanh(x.repeat(1, WIDE)).view(x.shape[0], WIDE, x.shape[1]).mean(1)  # saves (R, WIDE·d)
 
 
 def halves(blocks, x):
@@ -44,7 +44,7 @@ def plain(blocks, x):
 
 def peak_and_grad(fn, n: int) -> tuple[int, torch.Tensor, int]:
     """(peak bytes above the input, the input's gradient, block forwards) of fn(n blocks, x).sum().backward()."""
-    x = torch.linspace(-2, 2, 256 * 16).reshape(256, 16).requires_grad_()
+    x = torch.linspace(-1, 1, 256 * 16).reshape(256, 16).requires_grad_()  # every block's input in [-1, 1]
     Wide.calls = 0
     gc.collect()  # a collection inside the tracked run would free another test's leftovers mid-count: none there
     gc.disable()
@@ -68,9 +68,12 @@ def test_the_prefix_sketch_runs_as_the_answer_says():
     inp = 256 * 16 * 4  # bytes of one block input I
     got = {(fn.__name__, n): peak_and_grad(fn, n) for fn in (plain, halves, prefix) for n in (3, 4, 8)}
     for n in (3, 4, 8):
-        assert torch.equal(got["prefix", n][1], got["plain", n][1]) and torch.equal(
-            got["halves", n][1], got["plain", n][1]
-        )
+        # the same ops recomputed, but tanh's vector and scalar paths (chosen by alignment) may differ by 2 ulp in
+        # t; the derivative 1 - t² turns that into 2·2t/(1 - t²) ≤ 7.4 ulp at |t| ≤ tanh(1) (a mean of tanh keeps
+        # every block's input in [-1, 1]): under 8 eps per block, n blocks
+        bound = dict(rtol=8 * n * torch.finfo(torch.float32).eps, atol=0)
+        assert torch.allclose(got["prefix", n][1], got["plain", n][1], **bound)
+        assert torch.allclose(got["halves", n][1], got["plain", n][1], **bound)
         assert got["prefix", n][2] == n * (n + 1) // 2 == F.checkpoint_strategies(n)["prefix"]["forward_passes"] * n
         assert (
             got["halves", n][2] == F.halving_forwards(n) == n * F.checkpoint_strategies(n)["nested"]["forward_passes"]

@@ -181,3 +181,11 @@ def test_notebook_01s_gpu_plan_follows_the_edition_and_marks_what_an_h100_cannot
     profiled = rows["profiled step large-2026"]  # not guarded: it must fit
     assert not profiled["oom_by_design"] and profiled["peak_per_gpu_GB"] < 80
     assert {r["run"] for r in G.plan_01(edition="2024")} >= {"timing 2.7B (warm: two graphs)", "profiled step xl"}
+
+
+def test_sharding_speed_is_partial_unless_the_handouts_xl_ran():
+    from helpers.course.answers.nb05 import speed_on_xl
+
+    assert speed_on_xl("t.", "xl-2026/cpu") == "t." and speed_on_xl("t.", "xl") == "t."
+    got = speed_on_xl("t.", "large-2026/cpu")
+    assert got.status == "partial" and "Measured on large-2026/cpu" in got.text and "xl" in got.missing

@@ -33,7 +33,7 @@ from helpers.section import Result
 PROFILES = {  # notebook 05 per profile: the models for memory and speed, the global batch and context, timed steps
     "cpu": dict(
         memory_models=["small/cpu", "xl/cpu"],
-        speed_model="xl/cpu",
+        speed_model="large/cpu",  # §3: the 2026 xl preset's all-reduce and AdamW per step would double the notebook
         check_model="small/cpu",
         batch=8,
         context=128,
