@@ -6,6 +6,7 @@ step, the slowest-rank summary and the bench commands' argument parser.
     x, y = rank_share(batches[0])                       # this rank's rows (own storage), on its device
     train_step(model, opt, x, y, grad_sync=ddp, times=t)   # one step; t gets the phases' seconds
     slowest_rank([rank0_samples, rank1_samples])        # per step: the slowest rank's time
+    config = name_models(PROFILES["cpu"], ("sizes", "sweep_model"), "2026")   # "small/cpu" -> "small-2026/cpu"
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -21,7 +24,8 @@ import torch.nn as nn
 from torch.profiler import record_function
 
 from helpers import launch as L
-from helpers.model import build_model, lm_loss, random_batch
+from helpers import results
+from helpers.model import build_model, for_edition, lm_loss, random_batch, size_edition
 from helpers.timing import sync
 
 TOY_VOCAB = 32  # both toy models' vocabulary
@@ -234,3 +238,46 @@ def log_ticks(ax, values, axis: str = "x") -> None:
     target = ax.xaxis if axis == "x" else ax.yaxis
     target.set_ticks(values, [f"{v:.0f}" if v.is_integer() else f"{v:g}" for v in values])
     target.set_minor_locator(NullLocator())
+
+
+# ---- the multi-rank notebooks' setting: their models named by edition, results saved with it ----
+
+
+def name_models(config: dict, keys, edition: str) -> dict:
+    """`config` with the model sizes under `keys` (a name, a list of names, or None) named as `edition`'s Table 1
+    names them (model.for_edition: "xl/cpu" -> "xl-2026/cpu")."""
+
+    def named(v):
+        if v is None:
+            return None
+        return [for_edition(m, edition) for m in v] if isinstance(v, list) else for_edition(v, edition)
+
+    return {k: named(v) if k in keys else v for k, v in config.items()}
+
+
+@dataclass
+class RankSetting:
+    """Where a multi-rank notebook runs: the profile, the ranks' backend and device, its config (with the model sizes
+    under MODEL_KEYS), the time budget and the caption every table carries. save() adds the provenance every saved
+    result shares, the edition whose model ran included (the answers page says which, per edition)."""
+
+    MODEL_KEYS: ClassVar[tuple[str, ...]] = ()
+
+    profile: str
+    backend: str
+    device: str
+    config: dict
+    budget: object  # helpers.budget.Budget
+    where: str
+
+    @property
+    def edition(self) -> str:
+        """The edition whose Table 1 names this config's models (its first named model's, model.size_edition)."""
+        first = next((v for k in self.MODEL_KEYS if (v := self.config.get(k))), None)
+        return size_edition(first[0] if isinstance(first, list) else first or "")
+
+    def save(self, rows, name: str, **extra):
+        """results.save_results with the profile, the backend and the edition."""
+        return results.save_results(
+            rows, name, profile=self.profile, backend=self.backend, edition=self.edition, **extra
+        )

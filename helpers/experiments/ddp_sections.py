@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,7 @@ import pandas as pd
 from helpers import env, formulas, results
 from helpers.budget import Budget
 from helpers.ddp import MB
+from helpers.experiments.common import RankSetting, name_models
 from helpers.experiments.ddp_buckets import (
     BucketModel,
     alpha_beta,
@@ -115,34 +117,18 @@ def plan_speed(
 
 
 @dataclass
-class Setting:
-    """Where notebook 04 runs: the profile, the two ranks' backend and device, the profile's config (PROFILES), the
-    time budget and the caption every table carries."""
+class Setting(RankSetting):
+    """Where notebook 04 runs (RankSetting: profile, ranks' backend and device, config, budget, caption) and where
+    §3's Chrome traces go, one folder per model."""
 
-    profile: str
-    backend: str
-    device: str
-    config: dict
-    budget: Budget
-    where: str
-    trace_dir: object = None  # §3's Chrome traces go under it, one folder per model
-    edition: str = "2024"  # whose model the sizes are (model.for_edition)
+    MODEL_KEYS: ClassVar[tuple[str, ...]] = ("sizes", "sweep_model")
 
-    def save(self, rows, name: str, **extra):
-        """save_results with the profile, the backend and the edition whose model ran (the answers page says which)."""
-        return results.save_results(
-            rows, name, profile=self.profile, backend=self.backend, edition=self.edition, **extra
-        )
+    trace_dir: object = None
 
 
 def config_for(profile: str, edition: str = "2026") -> dict:
     """PROFILES[profile] with its sizes as `edition`'s Table 1 names them (model.for_edition)."""
-    c = PROFILES[profile]
-    return {
-        **c,
-        "sizes": [for_edition(m, edition) for m in c["sizes"]],
-        "sweep_model": c["sweep_model"] and for_edition(c["sweep_model"], edition),
-    }
+    return name_models(PROFILES[profile], Setting.MODEL_KEYS, edition)
 
 
 def setting(profile: str, budget: str | float = "auto", edition: str = "2026") -> Setting:
@@ -157,7 +143,7 @@ def setting(profile: str, budget: str | float = "auto", edition: str = "2026") -
     traces = results.DATA_DIR / "local" / results.device_slug(machine) / "04_traces"
     budget = Budget.resolve(budget, "04", profile)
     config = config_for(profile, edition)
-    return Setting(profile, backend, device, config, budget, where, traces, str(edition))
+    return Setting(profile, backend, device, config, budget, where, traces)
 
 
 def correctness_section(s: Setting) -> Result:

@@ -22,10 +22,11 @@ import pandas as pd
 from helpers import env, results
 from helpers import formulas as F
 from helpers.experiments import fsdp as X
+from helpers.experiments.common import name_models
 from helpers.experiments.fsdp_plans import leaderboard_section, memory_calculator, strategies_calculator
 from helpers.formulas import MiB
 from helpers.launch import choose_backend, launch
-from helpers.model import for_edition, size_edition
+from helpers.model import size_edition
 from helpers.section import Result
 from helpers.timing import Ratio, verdict
 
@@ -75,7 +76,7 @@ class Setup:
         cs336-basics model)."""
         profile = env.resolve_profile(profile)
         backend, device = choose_backend(2)
-        config = {k: for_edition(v, edition) if k in MODEL_KEYS else v for k, v in X.PROFILES[profile].items()}
+        config = name_models(X.PROFILES[profile], MODEL_KEYS, edition)
         return cls(profile, config, backend, device, 2, env.machine_facts()["device"])
 
     @property

@@ -14,20 +14,22 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pandas as pd
 import torch
 
-from helpers import env, results
+from helpers import env
 from helpers import formulas as F
 from helpers import launch as L
 from helpers.budget import Budget
+from helpers.experiments.common import RankSetting, name_models
 from helpers.experiments.sharding_build import run_all
 from helpers.experiments.sharding_equivalence import collectives_table, equivalence_table, equivalence_worker
 from helpers.experiments.sharding_memory import memory_breakdown, memory_frame, memory_table, memory_worker
 from helpers.experiments.sharding_speed import ratio_rows, speed_runs, speed_summary, speed_table
 from helpers.formulas import MiB
-from helpers.model import count_parameters, for_edition, size_edition, sizes_for
+from helpers.model import count_parameters, sizes_for
 from helpers.section import Result
 
 PROFILES = {  # notebook 05 per profile: the models for memory and speed, the global batch and context, timed steps
@@ -86,27 +88,15 @@ def plan_speed_steps(
 
 
 @dataclass
-class Setting:
-    """Where notebook 05 runs: the profile, the ranks' backend and device, the profile's config (PROFILES), the time
-    budget and the caption every table carries."""
+class Setting(RankSetting):
+    """Where notebook 05 runs (RankSetting: profile, ranks' backend and device, config, budget, caption) on how many
+    ranks."""
 
-    profile: str
-    backend: str
-    device: str
-    config: dict
-    budget: Budget
-    where: str
+    MODEL_KEYS: ClassVar[tuple[str, ...]] = ("memory_models", "speed_model", "check_model")
+
     world: int = 2
 
-    def save(self, rows, name: str, **extra):
-        """save_results with the profile, the backend and the edition whose model ran (the answers page says which)."""
-        model = self.config["speed_model"]
-        return results.save_results(
-            rows, name, profile=self.profile, backend=self.backend, edition=size_edition(model), **extra
-        )
 
-
-MODEL_KEYS = ("memory_models", "speed_model", "check_model")  # PROFILES' entries that name model sizes
 SHARED_GPU_SHARE = 0.75  # of a shared GPU's memory the ranks' model states may take (the rest: activations, margin)
 
 
@@ -120,8 +110,7 @@ def config_for(profile: str, edition: str = "2026", shared: int = 1, gpu_bytes: 
     def fits(m: str) -> bool:
         return gpu_bytes is None or shared * 2 * F.state_bytes("unsharded", m, 2, 0) <= SHARED_GPU_SHARE * gpu_bytes
 
-    def named(m: str) -> str:
-        m = for_edition(m, edition)
+    def fitting(m: str) -> str:
         if fits(m):
             return m
         smaller = [s for s in sizes_for(profile, edition) if fits(s) and count_parameters(s) < count_parameters(m)]
@@ -130,10 +119,9 @@ def config_for(profile: str, edition: str = "2026", shared: int = 1, gpu_bytes: 
         cut.append(f"{m} -> {smaller[-1]} ({shared} ranks share one GPU of {gpu_bytes / 1e9:.0f} GB)")
         return smaller[-1]
 
-    config = {
-        k: ([named(m) for m in v] if isinstance(v, list) else named(v)) if k in MODEL_KEYS else v
-        for k, v in PROFILES[profile].items()
-    }
+    config = name_models(PROFILES[profile], Setting.MODEL_KEYS, edition)
+    for k in Setting.MODEL_KEYS:
+        config[k] = [fitting(m) for m in config[k]] if isinstance(config[k], list) else fitting(config[k])
     return {**config, "cut": cut}
 
 
