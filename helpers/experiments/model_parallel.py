@@ -140,22 +140,10 @@ def exactness_table(run: TPRun) -> pd.DataFrame:
     for r in run.ranks:
         for mode, m in r["modes"].items():
             for what, names in [("logits", ["logits"]), ("gradients", [n for n in m["diffs"] if n != "logits"])]:
-                worst = max(
-                    names, key=lambda n: m["diffs"][n][0] / FM.tp_bound(cfg, cfg.context_length, m["diffs"][n][1])
+                worst, check = FM.worst_against(
+                    {n: m["diffs"][n] for n in names}, lambda scale: FM.tp_bound(cfg, cfg.context_length, scale)
                 )
-                diff, scale = m["diffs"][worst]
-                bound = FM.tp_bound(cfg, cfg.context_length, scale)
-                rows.append(
-                    dict(
-                        mode=mode,
-                        rank=r["rank"],
-                        tensor=what,
-                        worst=worst,
-                        max_abs_diff=diff,
-                        bound=bound,
-                        **{"diff/bound": diff / bound},
-                    )
-                )
+                rows.append(dict(mode=mode, rank=r["rank"], tensor=what, worst=worst, **check))
     return pd.DataFrame(rows)
 
 

@@ -115,16 +115,7 @@ def exactness_section(run: CPRun) -> Result:
             for what in ("o", "lse", "dq", "dk", "dv"):
                 diff, scale = r[name][what]
                 bound = 2 * n[what.startswith("d")] * FM.UNIT_ROUNDOFF[torch.float32] * scale
-                rows.append(
-                    dict(
-                        variant=name,
-                        rank=r["rank"],
-                        tensor=what,
-                        max_abs_diff=diff,
-                        bound=bound,
-                        **{"diff/bound": diff / bound},
-                    )
-                )
+                rows.append(dict(variant=name, rank=r["rank"], tensor=what, **FM.bound_columns(diff, bound)))
     table = pd.DataFrame(rows)
     path = save_results(table, "08_cp_exactness", profile=run.profile, **run.sizes)
     worst = float(table["diff/bound"].max())

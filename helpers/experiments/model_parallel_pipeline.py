@@ -143,19 +143,10 @@ def gradients_section(run: PipeRun) -> Result:
     rows = []
     for r in run.ranks:
         for kind in SCHEDULES:
-            d = r[kind]["diffs"]
-            bounds = {n: FM.reorder_bound(cfg, cfg.context_length, run.m, s) for n, (_, s) in d.items()}
-            worst = max(d, key=lambda n: d[n][0] / bounds[n])
-            rows.append(
-                dict(
-                    schedule=kind,
-                    stage=r["rank"],
-                    worst=worst,
-                    max_abs_diff=d[worst][0],
-                    bound=bounds[worst],
-                    **{"diff/bound": d[worst][0] / bounds[worst]},
-                )
+            worst, check = FM.worst_against(
+                r[kind]["diffs"], lambda scale: FM.reorder_bound(cfg, cfg.context_length, run.m, scale)
             )
+            rows.append(dict(schedule=kind, stage=r["rank"], worst=worst, **check))
     table = pd.DataFrame(rows)
     path = save_results(table, "08_pipeline_gradients", profile=run.profile, stages=run.p, micro_batches=run.m)
     worst = float(table["diff/bound"].max())

@@ -114,6 +114,18 @@ def tp_bound(cfg, context_length: int, scale: float, dtype=torch.float32) -> flo
     return 2 * reduction_length(cfg, context_length) * UNIT_ROUNDOFF[dtype] * scale
 
 
+def bound_columns(diff: float, bound: float) -> dict:
+    """An exactness check's row: the largest |difference| from one process, its bound and their ratio (≤ 1 passes)."""
+    return {"max_abs_diff": diff, "bound": bound, "diff/bound": diff / bound}
+
+
+def worst_against(diffs: dict, bound_of) -> tuple[str, dict]:
+    """Of {name: (max |difference|, scale)}, the name nearest its bound bound_of(scale), with its bound_columns."""
+    bounds = {n: bound_of(scale) for n, (_, scale) in diffs.items()}
+    worst = max(diffs, key=lambda n: diffs[n][0] / bounds[n])
+    return worst, bound_columns(diffs[worst][0], bounds[worst])
+
+
 def bubble_fraction(stages: int, micro_batches: int, chunks: int = 1) -> float:
     """Idle share of a pipeline step, GPipe and 1F1B alike: (p − 1) / (m + p − 1) (Huang et al. 2019; Narayanan et
     al. 2021 §2.2); interleaved 1F1B with v chunks per rank: (p − 1) / (v·m + p − 1), its bubble time (p − 1)/v
