@@ -40,6 +40,7 @@ ARCHS = {  # ModelConfig.arch: the two architectures the course's editions measu
     "gpt": "2024: GELU feed-forward (w1, w2), learned positions",
     "basics": "2025/2026 (cs336-basics): SwiGLU feed-forward (w1, w2, w3), rotary positions (RoPE)",
 }
+ARCH_NAMES = {"gpt": "GPT-2 style: GELU, learned positions", "basics": "cs336-basics: SwiGLU, RoPE"}  # in a sentence
 
 
 @dataclass(frozen=True)

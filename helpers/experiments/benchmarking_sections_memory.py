@@ -90,9 +90,7 @@ def handout_residual(edition: str) -> tuple[str, int, int]:
     the 2.7B at the seed's 16 × 128; 2025 the 2.7B at batch 4 and the first of its contexts (it names none for (d));
     2026 the xl at its reference 4 × 512."""
     plan = XB.EDITIONS[edition]
-    if plan.memory_size is None:
-        return "2.7B", plan.batch, plan.context
-    return plan.memory_size, plan.batch, plan.context
+    return plan.memory_size or "2.7B", plan.batch, plan.context
 
 
 def residual_section(S, m) -> Result:

@@ -18,7 +18,7 @@ from helpers.course.answers.core import (
     register,
     series_text,
 )
-from helpers.model import edition_arch
+from helpers.model import ARCH_NAMES, edition_arch
 from helpers.timing import ratio_of
 
 Q = Question
@@ -185,7 +185,7 @@ def ran_on(saved: Saved, name: str) -> str:
     edition = prov.get("edition")
     if not edition:
         return shape
-    arch = "GPT-2 style: GELU, learned positions" if edition_arch(edition) == "gpt" else "cs336-basics: SwiGLU, RoPE"
+    arch = ARCH_NAMES[edition_arch(edition)]
     return f"the {edition} edition's model ({arch}) at {shape}"
 
 

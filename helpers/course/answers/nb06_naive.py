@@ -26,7 +26,7 @@ from helpers.course.answers.core import (
 )
 from helpers.course.answers.nb02 import COMPILE_LIMIT
 from helpers.experiments.rmsnorm_model import STEP
-from helpers.model import size_edition
+from helpers.model import ARCH_NAMES, size_edition
 from helpers.timing import ratio_of
 
 BOTH = (2025, 2026)  # "Attention and FlashAttention-2 as in 2025"
@@ -331,7 +331,7 @@ def compiled_model(q, saved):
     if ran != ["2024"]:
         return text
     return Answer(  # notebook 02 builds the 2024 model (its 2.1.5 compares norms in it); 2025/2026 ask theirs
-        text + " Measured on the 2024 edition's model (GPT-2 style: GELU, learned positions) with RMSNorm.",
+        text + f" Measured on the 2024 edition's model ({ARCH_NAMES['gpt']}) with RMSNorm.",
         status="partial",
-        missing="the handout's own model (cs336-basics: SwiGLU, RoPE): notebook 02 compiles the 2024 model",
+        missing=f"the handout's own model ({ARCH_NAMES['basics']}): notebook 02 compiles the 2024 model",
     )

@@ -14,7 +14,7 @@ import helpers.course.answers.handouts as handouts
 from helpers.course.answers.core import QUESTIONS, STATUSES, Answered, Question, Saved, answer, shown
 from helpers.course.answers.nb07_calcs import CALC_VARIABLES
 from helpers.env import machine_facts
-from helpers.model import ARCHS, edition_arch
+from helpers.model import ARCH_NAMES, edition_arch
 from helpers.results import DATA_DIR, device_slug
 
 NOTEBOOKS = {
@@ -163,7 +163,7 @@ def _entry(q: Question, got: Answered, year: int) -> str:
     years = _maps_listing(q)
     status = f"status: {html.escape(got.status)}{missing}"
     if got.model:  # which edition's model ran, and what that makes this answer for each edition that asks it
-        arch = ARCHS[edition_arch(got.model)].split(": ", 1)[-1]  # "SwiGLU feed-forward (w1, w2, w3), ..."
+        arch = ARCH_NAMES[edition_arch(got.model)]
         per = [(y, *got.for_edition(y, q.notebook)) for y in years]
         status = f"ran on the {got.model} edition's model ({html.escape(arch)}); " + "; ".join(
             f"for {y}: {html.escape(st)}{f' ({html.escape(why)})' if why else ''}" for y, st, why in per
