@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from browser import needs_chromium, start_chrome
 
 from helpers.course.yours import Options, inventory, run
-from helpers.course.yours import attn_checks as AC
 from helpers.course.yours import kernels as K
-from helpers.course.yours import norm_checks as N
 from helpers.course.yours.adapters import AdaptersError, assignment_root
+from helpers.course.yours.kernels import attention as AC
+from helpers.course.yours.kernels import rmsnorm as N
 from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS
 from helpers.env import import_triton
 from helpers.results import load_results
@@ -337,7 +337,7 @@ def _kernels():
 @needs_triton
 def test_the_interpreter_refuses_a_store_past_a_tensor_and_names_it():
     """A store 8 elements past y's end is an error naming y and the byte, not a corrupted heap."""
-    from helpers.course.yours.triton_runtime import OutOfBounds, out_of_bounds
+    from helpers.course.yours.kernels.triton_runtime import OutOfBounds, out_of_bounds
 
     copy_rows, _ = _kernels()
     x, y = torch.arange(16.0), torch.zeros(16)
@@ -355,7 +355,7 @@ def test_what_tritons_front_end_refuses_in_bf16_counts_in_the_interpreter():
     import triton
     import triton.language as tl
 
-    from helpers.course.yours.triton_runtime import interpreted
+    from helpers.course.yours.kernels.triton_runtime import interpreted
 
     @triton.jit
     def mixed(x_ptr, y_ptr, N: tl.constexpr):
@@ -401,7 +401,7 @@ def test_the_interpreter_multiplies_bf16_tiles_as_numbers():
 
 
 def test_pretend_cuda_lets_an_is_cuda_assertion_pass_and_restores_it():
-    from helpers.course.yours.triton_runtime import asserts_is_cuda, pretend_cuda
+    from helpers.course.yours.kernels.triton_runtime import asserts_is_cuda, pretend_cuda
 
     x = torch.zeros(2)
     try:
@@ -417,7 +417,7 @@ def test_bf16_in_the_interpreter_counts_for_its_dtype_and_only_right_values():
     """In the CPU's interpreter a bf16 case's wrong values, and an operation the interpreter lacks, are 'needs a
     GPU'; a wrong output dtype, an exception in the student's own Python, Triton's front end refusing the kernel and
     an out-of-bounds access still count; fp32 is judged as always."""
-    from helpers.course.yours.triton_runtime import NotHere, OutOfBounds, interpreted
+    from helpers.course.yours.kernels.triton_runtime import NotHere, OutOfBounds, interpreted
 
     bf16, fp32 = N.NormCase((2, 8), torch.bfloat16), N.NormCase((2, 8))
     check = interpreted(lambda apply, case, device="cpu": apply(case))
@@ -493,7 +493,7 @@ LSE = AC.AttnCase(32, 32, 16, False)
 def test_on_a_gpu_fp32_triton_is_held_to_the_courses_bound(monkeypatch):
     """tl.dot rounds fp32 to TF32 on a GPU and the course's tests accept 1e-2: there the contract's bound for fp32 is
     the course's; bf16 keeps its derived bound. On the CPU (the interpreter's exact fp32), the derived bound."""
-    from helpers.course.yours import kernel_suites as S
+    from helpers.course.yours.kernels import suites as S
 
     case = AC.AttnCase(32, 32, 16, False, batch=1)
 
@@ -514,7 +514,7 @@ def test_on_a_gpu_fp32_triton_is_held_to_the_courses_bound(monkeypatch):
 
 def test_the_sdpa_baseline_is_given_4d_inputs(monkeypatch):
     """PyTorch's fused SDPA kernels take (batch, heads, N, d) only: the 3-D inputs go in as (1, batch, N, d)."""
-    from helpers.course.yours import kernel_timing as T
+    from helpers.course.yours.kernels import timing as T
 
     seen, real = [], F.scaled_dot_product_attention
     monkeypatch.setattr(
@@ -548,7 +548,7 @@ def test_the_contract_cases_keep_the_handouts_promises():
 
 
 def test_the_float64_reference_is_the_same_in_query_chunks(monkeypatch):
-    from helpers.course.yours import attn_reference as R
+    from helpers.course.yours.kernels import attention_reference as R
 
     case = AC.AttnCase(64, 128, 16, True)
     q, k, v, do = AC.attn_inputs(case)
@@ -607,7 +607,7 @@ def get_flashattention_autograd_function_triton():
 def test_a_process_broken_in_one_check_names_it_and_the_others_are_judged(tmp_path, how, says):
     """A crash, or a CUDA error (simulated: it fails every later call in its process, as on a GPU), in the N_q != N_k
     cases: that property is the student's ERROR, the others run in a fresh process and pass."""
-    from helpers.course.yours.kernel_launch import _impl_checks
+    from helpers.course.yours.kernels.launch import _impl_checks
     from helpers.course.yours.report import NEEDS_GPU
 
     path = tmp_path / "adapters.py"

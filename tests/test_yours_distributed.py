@@ -18,19 +18,19 @@ import torch
 
 from helpers import launch as L
 from helpers.course.yours import Options
-from helpers.course.yours import contract as C
-from helpers.course.yours import contract_fsdp as CF
 from helpers.course.yours import course_models as CM
-from helpers.course.yours import ddp_lm as LM
-from helpers.course.yours import ddp_lm_checks as LMC
-from helpers.course.yours import dist_sharding as DS
 from helpers.course.yours import distributed as D
-from helpers.course.yours import fsdp_probe as P
-from helpers.course.yours import fsdp_rules as FR
-from helpers.course.yours import sharding_rules as R
-from helpers.course.yours import sharding_rules_checks as RC
 from helpers.course.yours import student_calls as S
+from helpers.course.yours.ddp import contract as C
+from helpers.course.yours.ddp import lm as LM
+from helpers.course.yours.ddp import lm_checks as LMC
+from helpers.course.yours.fsdp import contract as CF
+from helpers.course.yours.fsdp import probe as P
+from helpers.course.yours.fsdp import rules as FR
 from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED, TopicResult
+from helpers.course.yours.sharding import rule_checks as RC
+from helpers.course.yours.sharding import rules as R
+from helpers.course.yours.sharding import runner as DS
 from helpers.launch import launch
 
 STUDENT = Path(__file__).parent / "student"

@@ -114,7 +114,7 @@ def run_topic(adapters_path, topic: str, opts: Options, impls: list[str] | None 
 
     try:
         if topic in IN_ONE_RANK:
-            from helpers.course.yours.kernel_launch import run_kernel_topic
+            from helpers.course.yours.kernels.launch import run_kernel_topic
 
             return run_kernel_topic(str(adapters_path), topic, opts, list(ADAPTERS[topic]) if impls is None else impls)
         module, name = RUNNERS[topic]

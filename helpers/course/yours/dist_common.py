@@ -167,3 +167,7 @@ def rows_into(result: TopicResult, checks_rows: tuple[list[Check], list[dict]]) 
     checks, rows = checks_rows
     result.rows += rows
     return checks
+
+
+class NotAsked(Exception):
+    """The launch asked for the probes beyond the handout only."""

@@ -8,7 +8,7 @@ The student's code runs only in ranks started by helpers.launch (2 ranks, gloo, 
 file itself. A crashed rank (signal named), a hung collective (after Options.timeout_s) or an exception in the
 student's code becomes an "error" check naming file:line, and the topic's other implementations are then run in
 launches of their own, so one broken flavour never hides the others. Two kinds of check (report.Check.beyond):
-- within the handout's contract (they decide the exit status; helpers.course.yours.contract, contract_fsdp): the
+- within the handout's contract (they decide the exit status; helpers.course.yours.ddp.contract, contract_fsdp): the
   course's own test models and procedures (course_models: ToyModel and ToyModelWithTiedWeights built with a seed per
   rank for DDP, one seed for the sharded optimizer, the cs336_basics layers with one seed for FSDP), with the
   tolerances its tests assert; for DDP also the course's language model on 3 ranks at the handout's bucket sizes
@@ -27,13 +27,13 @@ this module keeps the names the CLI (helpers.course.yours.RUNNERS), the notebook
 from __future__ import annotations
 
 import helpers.course.yours.adapters as A
+from helpers.course.yours.ddp.runner import ddp_bucket_sizes, ddp_worker, run_ddp
 from helpers.course.yours.dist_common import PARTS, SPEED, TOY, WORLD
-from helpers.course.yours.dist_ddp import ddp_bucket_sizes, ddp_worker, run_ddp
-from helpers.course.yours.dist_fsdp import fsdp_worker, run_fsdp
-from helpers.course.yours.dist_fsdp_checks import FSDP_CHECK, FSDP_DTYPES
-from helpers.course.yours.dist_sharding import SHARDING_MEMORY, run_sharding, sharding_worker
+from helpers.course.yours.fsdp.checks import FSDP_CHECK, FSDP_DTYPES
+from helpers.course.yours.fsdp.runner import fsdp_worker, run_fsdp
 from helpers.course.yours.options import Options
 from helpers.course.yours.report import CHECK_COLUMNS
+from helpers.course.yours.sharding.runner import SHARDING_MEMORY, run_sharding, sharding_worker
 
 __all__ = [  # re-exported: importers of helpers.course.yours.distributed need no change
     "A",

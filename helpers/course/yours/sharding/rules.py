@@ -1,6 +1,6 @@
 """The sharded optimizer's rules that the 2025 and 2026 handouts state in words (problem optimizer_state_sharding) and
 the course's test never tries: run in a launched rank (the *_run functions, beside the course's test in
-helpers.course.yours.dist_sharding) and judged in the parent (helpers.course.yours.sharding_rules_checks). Within the
+helpers.course.yours.sharding.runner) and judged in the parent (helpers.course.yours.sharding.rule_checks). Within the
 contract: they count.
 
     groups_run(make, PROBES[0])     # params as dicts, each group with its own lr / weight decay (AdamW, then SGD)

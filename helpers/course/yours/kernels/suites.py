@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from helpers.course.yours.attn_checks import (
+from helpers.course.yours.kernels.attention import (
     ATTN_BEYOND,
     ATTN_CAUSAL_RUNS,
     ATTN_PYTORCH_BEYOND,
@@ -26,9 +26,9 @@ from helpers.course.yours.attn_checks import (
     check_lse_saved,
     check_nothing_square_saved,
 )
-from helpers.course.yours.norm_checks import NORM_BEYOND, NORM_CONTRACT, NORM_GPU_CONTRACT, check_norm_function
+from helpers.course.yours.kernels.rmsnorm import NORM_BEYOND, NORM_CONTRACT, NORM_GPU_CONTRACT, check_norm_function
+from helpers.course.yours.kernels.triton_runtime import interpreted
 from helpers.course.yours.options import Options
-from helpers.course.yours.triton_runtime import interpreted
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from helpers.course.yours.numerics import DTYPE_MISMATCH
+from helpers.course.yours.kernels.numerics import DTYPE_MISMATCH
 from helpers.course.yours.report import NEEDS_GPU, NEEDS_TRITON
 from helpers.env import import_triton
 
@@ -341,8 +341,8 @@ def cuda_broken() -> bool:
 def triton_runtime(topic: str) -> TritonRuntime:
     """The proof for a kernel topic: our Triton Function and its check, on the device Triton runs on here."""
     from helpers.attention import FlashAttentionTriton
-    from helpers.course.yours.attn_checks import check_attn_function
-    from helpers.course.yours.norm_checks import check_norm_function
+    from helpers.course.yours.kernels.attention import check_attn_function
+    from helpers.course.yours.kernels.rmsnorm import check_norm_function
     from helpers.rmsnorm import RMSNormTritonFunction
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,4 +1,4 @@
-"""The parent's side of `yours` for DDP on the course's LM (helpers.course.yours.ddp_lm runs it in the ranks): per
+"""The parent's side of `yours` for DDP on the course's LM (helpers.course.yours.ddp.lm runs it in the ranks): per
 flavour, rank 0's parameters after construction, each bucket size's gradients against one process with the likely
 mistake, each bucket's all-reduce against bucket_size_mb; beyond the handout, how full the buckets are.
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import helpers.course.yours.course_models as CM
 import helpers.course.yours.student_calls as S
-from helpers.course.yours.ddp_lm import HANDOUT_BUCKETS_MB, LM_WORLD, SLACK_BYTES
+from helpers.course.yours.ddp.lm import HANDOUT_BUCKETS_MB, LM_WORLD, SLACK_BYTES
 from helpers.course.yours.dist_common import failure_detail
 from helpers.course.yours.report import ERROR, FAIL, PASS, SKIPPED, Check
 from helpers.formulas import MiB

@@ -1,5 +1,5 @@
 """`yours` for DDP (each flavour; helpers.course.yours.distributed): the course's test on its toy models and the
-course's LM (helpers.course.yours.ddp_lm), beyond them our toy (tied, frozen and unused parameters, a per-rank buffer)
+course's LM (helpers.course.yours.ddp.lm), beyond them our toy (tied, frozen and unused parameters, a per-rank buffer)
 at several bucket sizes, then yours vs ours vs torch DDP."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import torch
 import torch.distributed as dist
 
 import helpers.course.yours.adapters as A
-import helpers.course.yours.contract as C
+import helpers.course.yours.ddp.contract as C
 import helpers.course.yours.student_calls as S
 from helpers import formulas as F
 from helpers import memory as M
 from helpers.comm import count_collectives
-from helpers.course.yours.ddp_lm import LM_WORLD, lm_worker
-from helpers.course.yours.ddp_lm_checks import lm_checks
+from helpers.course.yours.ddp.lm import LM_WORLD, lm_worker
+from helpers.course.yours.ddp.lm_checks import lm_checks
 from helpers.course.yours.dist_common import (
     PARTS,
     SPEED,
@@ -281,7 +281,7 @@ def _ddp_rows(impl: str, speed_per_rank: list[dict]) -> list[dict]:
 def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
     """Every DDP flavour the file has (individual, bucketed, 2026's get_ddp): the course's test on its two toy models
     (at the 2024 test's bucket sizes) and the course's LM on 3 ranks (bucketed: at the handout's 1 to 1000 MB and two
-    sizes giving several buckets; helpers.course.yours.ddp_lm), then beyond the handout our toy (tied, frozen and
+    sizes giving several buckets; helpers.course.yours.ddp.lm), then beyond the handout our toy (tied, frozen and
     unused parameters, a buffer) at several bucket sizes, then yours vs ours vs torch DDP."""
     result = TopicResult("ddp")
     got = launch_each(ddp_worker, str(adapters_path), list(A.ADAPTERS["ddp"]), opts)

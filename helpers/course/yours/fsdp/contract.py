@@ -1,8 +1,8 @@
 """The checks within the 2026 handout's contract for FSDP: its test (tests/test_fsdp.py) replayed on the course's model
 built from the student's cs336_basics layers with the tolerances the test asserts, and a shard per rank after
 get_fsdp; the course_* functions run in a launched rank, course_fsdp_checks judges their results in the parent, with
-the rules the handout states in words that the test never exercises (helpers.course.yours.fsdp_rules, from the
-watched steps of helpers.course.yours.fsdp_probe). All of them decide the exit status."""
+the rules the handout states in words that the test never exercises (helpers.course.yours.fsdp.rules, from the
+watched steps of helpers.course.yours.fsdp.probe). All of them decide the exit status."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import helpers.course.yours.course_models as CM
 import helpers.course.yours.student_calls as S
 from helpers import launch as L
 from helpers import memory as M
-from helpers.course.yours.fsdp_rules import PROBE_DTYPES, probe_checks
+from helpers.course.yours.fsdp.rules import PROBE_DTYPES, probe_checks
 from helpers.course.yours.report import FAIL, PASS, Check
 from helpers.experiments import fsdp as XF
 from helpers.experiments.common import rank_rows

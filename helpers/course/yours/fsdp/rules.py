@@ -1,5 +1,5 @@
 """The 2026 FSDP handout's rules that its test never exercises, judged in the parent from the watched steps
-(helpers.course.yours.fsdp_probe.probe_step, per compute dtype and rank): the gathered weights freed after use in the
+(helpers.course.yours.fsdp.probe.probe_step, per compute dtype and rank): the gathered weights freed after use in the
 forward with a bounded prefetch, gathered again for backward rather than kept alive for it, none held after backward;
 with a compute dtype, the weights cast before they are communicated and used, the master weights and the optimizer's
 state fp32. Each is a check within the contract (it decides the exit status).
@@ -10,7 +10,7 @@ state fp32. Each is a check within the contract (it decides the exit status).
 from __future__ import annotations
 
 import helpers.course.yours.student_calls as S
-from helpers.course.yours.fsdp_probe import AHEAD, PROBE_STEPS, forward_window
+from helpers.course.yours.fsdp.probe import AHEAD, PROBE_STEPS, forward_window
 from helpers.course.yours.report import FAIL, PASS, SKIPPED, Check
 from helpers.experiments import fsdp as XF
 

@@ -22,23 +22,35 @@ from pathlib import Path
 import torch
 
 import helpers.course.yours.adapters as A
-from helpers.course.yours.attn_checks import ATTN_PROPERTIES, check_attn_function  # noqa: F401
-from helpers.course.yours.kernel_suites import (  # noqa: F401
-    Suite,
-    attention_suites,
-    backward_property,
-    norm_suites,
-    property_names,
-)
-from helpers.course.yours.kernel_timing import attn_timing, norm_timing
-from helpers.course.yours.norm_checks import (  # noqa: F401
+from helpers.course.yours.kernels.attention import ATTN_PROPERTIES, check_attn_function  # noqa: F401
+from helpers.course.yours.kernels.numerics import EPS, BackwardMissing, ShapeError  # noqa: F401
+from helpers.course.yours.kernels.rmsnorm import (  # noqa: F401
     NORM_CONTRACT,
     NormCase,
     check_norm_backward,
     check_norm_function,
     norm_inputs,
 )
-from helpers.course.yours.numerics import EPS, BackwardMissing, ShapeError  # noqa: F401
+from helpers.course.yours.kernels.suites import (  # noqa: F401
+    Suite,
+    attention_suites,
+    backward_property,
+    norm_suites,
+    property_names,
+)
+from helpers.course.yours.kernels.timing import attn_timing, norm_timing
+from helpers.course.yours.kernels.triton_runtime import (  # noqa: F401
+    NotHere,
+    Poisoned,
+    TritonRuntime,
+    asserts_is_cuda,
+    block_pointer_probe,
+    cuda_broken,
+    is_cuda_error,
+    out_of_bounds,
+    triton_runtime,
+    unrunnable,
+)
 from helpers.course.yours.options import Options
 from helpers.course.yours.report import (
     ERROR,
@@ -50,18 +62,6 @@ from helpers.course.yours.report import (
     Check,
     TopicResult,
     passed,
-)
-from helpers.course.yours.triton_runtime import (  # noqa: F401
-    NotHere,
-    Poisoned,
-    TritonRuntime,
-    asserts_is_cuda,
-    block_pointer_probe,
-    cuda_broken,
-    is_cuda_error,
-    out_of_bounds,
-    triton_runtime,
-    unrunnable,
 )
 
 # ---- running the checks: inside a launched worker (student code never runs in the driver) -----------------------

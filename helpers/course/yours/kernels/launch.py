@@ -11,8 +11,8 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from helpers.course.yours.kernel_suites import property_names
 from helpers.course.yours.kernels import read_progress
+from helpers.course.yours.kernels.suites import property_names
 from helpers.course.yours.options import RUNNERS, Options
 from helpers.course.yours.report import ERROR, Check, TopicResult, failure_summary, passed
 

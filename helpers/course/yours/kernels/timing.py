@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from helpers.course.yours.attn_checks import AttnCase, attn_inputs
-from helpers.course.yours.numerics import EPS, saved_tensors, short
+from helpers.course.yours.kernels.attention import AttnCase, attn_inputs
+from helpers.course.yours.kernels.numerics import EPS, saved_tensors, short
 from helpers.course.yours.options import Options
 from helpers.timing import MIN_PAIRS, compare, ratio_columns, verdict
 

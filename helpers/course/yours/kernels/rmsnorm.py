@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from helpers.course.yours.numerics import (
+from helpers.course.yours.kernels.numerics import (
     DTYPE_MISMATCH,
     EPS,
     BackwardMissing,

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from helpers.course.yours.attn_reference import Reference, Variant, attn_float64
-from helpers.course.yours.numerics import (
+from helpers.course.yours.kernels.attention_reference import Reference, Variant, attn_float64
+from helpers.course.yours.kernels.numerics import (
     DTYPE_MISMATCH,
     U32,
     BackwardMissing,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from helpers.course.yours.report import FAIL, PASS, Check
-from helpers.course.yours.sharding_rules import (
+from helpers.course.yours.sharding.rules import (
     ADD_AT,
     ADD_PROP,
     ADDED,

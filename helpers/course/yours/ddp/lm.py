@@ -3,7 +3,7 @@ an arbitrary nn.Module, and the 2024/2025 handouts benchmark the bucketed one on
 buckets of 1, 10, 100 and 1000 MB. A small configuration of that model (the student's own, else our copy of its
 layout) is wrapped on LM_WORLD ranks; every step's synced gradient is compared with the average one process computes
 from every rank's share at the same weights, and every bucket's all-reduce with bucket_size_mb. Launched by
-helpers.course.yours.dist_ddp; the parent's side is helpers.course.yours.ddp_lm_checks.
+helpers.course.yours.ddp.runner; the parent's side is helpers.course.yours.ddp.lm_checks.
 
     per_rank = L.launch(functools.partial(lm_worker, path, ["bucketed"], opts), LM_WORLD)   # in the ranks
     checks = lm_checks("bucketed", [r["bucketed"] for r in per_rank], path)   # in the parent (ddp_lm_checks)

@@ -1,5 +1,5 @@
 """`yours` for the sharded optimizer: the course's test, a partitioned state and the handout's rules its test never
-tries (helpers.course.yours.sharding_rules: groups, add_param_group, zero_grad); beyond it bitwise equality with
+tries (helpers.course.yours.sharding.rules: groups, add_param_group, zero_grad); beyond it bitwise equality with
 unsharded AdamW, state per rank vs the formula and the timing beside torch's ZeRO (helpers.course.yours.distributed).
 All in one launch; judge_sharding turns one implementation's per-rank results into checks and rows."""
 
@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 
 import helpers.course.yours.adapters as A
-import helpers.course.yours.contract as C
 import helpers.course.yours.course_models as CM
-import helpers.course.yours.sharding_rules as R
-import helpers.course.yours.sharding_rules_checks as RC
+import helpers.course.yours.sharding.contract as C
+import helpers.course.yours.sharding.rule_checks as RC
+import helpers.course.yours.sharding.rules as R
 import helpers.course.yours.student_calls as S
 from helpers import formulas as F
 from helpers.course.yours.dist_common import (
@@ -112,7 +112,7 @@ def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> 
 
 
 def rules_worker(path: str, make) -> dict:
-    """The handout's rules beyond the course's test (helpers.course.yours.sharding_rules), each phase apart: groups
+    """The handout's rules beyond the course's test (helpers.course.yours.sharding.rules), each phase apart: groups
     with their own hyperparameters (AdamW, SGD), add_param_group during training, zero_grad() over every
     parameter."""
     out = {p.name: S.phase(path, functools.partial(R.groups_run, make, p)) for p in R.PROBES}

@@ -2,7 +2,7 @@
 own model (the 2026 test's model on the student's cs336_basics layers, one seed on every rank): which gathered full
 weights are alive when each layer uses its weight in the forward, between forward and backward, and after backward;
 the dtypes of the forward's matmuls and of the all-gathers (with the weight whose shard each sends); the dtypes of the
-master weights, their gradients and AdamW's state. helpers.course.yours.fsdp_rules judges the results.
+master weights, their gradients and AdamW's state. helpers.course.yours.fsdp.rules judges the results.
 
 A full weight is found by its values: every storage the step made or grew (helpers.memory.StorageWatch) is searched
 for each sharded weight as it stood before the step, whole and contiguous, in fp32 or a 16-bit cast, as stored or

@@ -1,6 +1,6 @@
 """`yours` for FSDP: the worker (the 2026 test on the cs336_basics model and the watched steps that judge the
 handout's rules on it, then our TransformerLM's equivalence, memory, bytes and timing, each phase apart) and run_fsdp,
-which reads them into checks (helpers.course.yours.contract_fsdp within the handout, dist_fsdp_checks beyond it) and
+which reads them into checks (helpers.course.yours.fsdp.contract within the handout, dist_fsdp_checks beyond it) and
 rows."""
 
 from __future__ import annotations
@@ -10,28 +10,28 @@ import functools
 import torch.distributed as dist
 
 import helpers.course.yours.adapters as A
-import helpers.course.yours.contract as C
-import helpers.course.yours.contract_fsdp as CF
 import helpers.course.yours.course_models as CM
+import helpers.course.yours.fsdp.contract as CF
 import helpers.course.yours.student_calls as S
 from helpers.comm import count_collectives
 from helpers.course.yours.dist_common import (
     PARTS,
     SPEED,
+    NotAsked,
     beyond_failed,
     launch_each,
     rows_into,
     status_checks,
     timing_rows,
 )
-from helpers.course.yours.dist_fsdp_checks import (
+from helpers.course.yours.fsdp.checks import (
     FSDP_CHECK,
     FSDP_DTYPES,
     fsdp_bytes_checks,
     fsdp_equivalence_checks,
     fsdp_memory_checks,
 )
-from helpers.course.yours.fsdp_probe import probe_step
+from helpers.course.yours.fsdp.probe import probe_step
 from helpers.course.yours.options import Options
 from helpers.course.yours.report import SKIPPED, Check, TopicResult
 from helpers.experiments import fsdp as XF
@@ -62,7 +62,7 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
             course = None
             try:
                 if "course" not in parts:
-                    raise C.NotAsked
+                    raise NotAsked
                 CM.course_layers()
                 course = {}
                 for dtype in CF.COURSE_FSDP_DTYPES:
@@ -71,7 +71,7 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
                 course["memory"] = S.phase(path, functools.partial(CF.course_fsdp_memory, impl))
                 for dtype in CF.PROBE_DTYPES:  # the handout's words: freeing, prefetch, compute dtype
                     course[f"probe {dtype}"] = S.phase(path, functools.partial(probe_step, impl, dtype))
-            except C.NotAsked:
+            except NotAsked:
                 pass
             except Exception as exc:  # noqa: BLE001 - no cs336_basics: the course's test cannot run either
                 course = {"missing": f"{type(exc).__name__}: {exc}"}
