@@ -188,3 +188,31 @@ def test_sharding_speed_is_partial_unless_the_handouts_xl_ran():
     assert speed_on_xl("t.", "xl-2026/cpu") == "t." and speed_on_xl("t.", "xl") == "t."
     got = speed_on_xl("t.", "large-2026/cpu")
     assert got.status == "partial" and "Measured on large-2026/cpu" in got.text and "xl" in got.missing
+
+
+@pytest.mark.parametrize("edition", sorted(XB.EDITIONS))
+def test_notebook_01s_contexts_fit_the_models_it_builds_on_meta(edition, monkeypatch):
+    """Issue 47 item 1: every context notebook 01's gpu profile runs (§1's timing and §2's profiled step at the
+    edition's context, §5's memory at the handout's contexts) runs through the notebook's own functions on the meta
+    device, one layer deep: 2026's xl at 2048 and 2025's 2.7B at 256 and 512 exceeded the 512 and 128 positions their
+    Table 1 builds, and model.py's ValueError (not an OOM) stopped `make writeup PROFILE=gpu`."""
+    from helpers.course.dry_run_meta import on_meta
+    from helpers.experiments import benchmarking_memory
+    from helpers.model import build_model as real_build
+    from helpers.model import sizes_for
+
+    def one_layer(name_or_cfg, device=None, dtype=None, **overrides):
+        return real_build(name_or_cfg, device=device, dtype=dtype, **{**overrides, "n_layers": 1})
+
+    monkeypatch.setattr(benchmarking_memory, "build_model", one_layer)
+    e = XB.EDITIONS[edition].for_profile("gpu")
+    B, T = e["batch"], e["context"]
+    with on_meta():
+        for size in sizes_for("gpu", edition) + [e["profile_size"]]:  # §1 and §2 at the edition's context
+            lm = one_layer(size, device="meta")
+            x, y = random_batch(lm.cfg, B, T, device="meta")
+            XB.pass_fn(lm, x, y, "both")()
+        memory = [(e["memory_size"], t) for t in e["memory_contexts"]] or [(s, T) for s in sizes_for("gpu", edition)]
+        for size, t in memory:  # §5, as peaks_section runs it
+            traces = XB.step_peaks(size, B, t, None, "meta")
+            assert traces["full step"].peak_bytes > 0, (size, t)

@@ -48,6 +48,7 @@ from helpers.experiments.benchmarking_memory import (
     plan_peaks,
     planned_peaks,
     plot_timelines,
+    profiled_config,
     step_peaks,
     step_traces,
 )
@@ -119,6 +120,7 @@ __all__ = [  # what notebook 01, the tests and helpers.course import from here
     "precision_ratios",
     "profile_rows",
     "profile_summary",
+    "profiled_config",
     "same_quantity_note",
     "speedup_lines",
     "speedup_table",

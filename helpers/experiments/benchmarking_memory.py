@@ -19,7 +19,7 @@ from helpers import formulas
 from helpers.experiments.benchmarking_common import MiB, forward_step, guarded, precision_name, step_estimate
 from helpers.experiments.common import train_step
 from helpers.memory import MemoryTrace, model_state, track
-from helpers.model import build_model, random_batch
+from helpers.model import ModelConfig, build_model, get_config, random_batch
 
 TRACK_OVERHEAD = 1.5  # memory.track's dispatch mode runs Python per op; PEAK_FIXED_S: the model, first calls. Planning
 PEAK_FIXED_S = 1.0  # estimates from one run (step_peaks on one thread: small/cpu 1.5 s, large/cpu 3.0x a step)
@@ -54,9 +54,18 @@ def step_traces(lm, opt, x, y, autocast_dtype=None, device=None) -> dict[str, Me
     }
 
 
+def profiled_config(size, context_length: int) -> ModelConfig:
+    """The model section 5 profiles at `context_length`: `size`, built for that many positions where its own
+    context_length is shorter, as the handouts build the model they profile (2026: the xl at 2048, 2025: the 2.7B at
+    512). A RoPE model has no position table, so only its causal masks and RoPE tables grow (formulas.buffer_bytes)."""
+    cfg = get_config(size)
+    return cfg if cfg.context_length >= context_length else get_config(cfg, context_length=context_length)
+
+
 def step_peaks(size, batch_size: int, context_length: int, autocast_dtype=None, device=None) -> dict[str, MemoryTrace]:
-    """step_traces of a fresh model of `size` after one step has created its AdamW state."""
-    lm = build_model(size, device=device)
+    """step_traces of a fresh model of `size` (profiled_config: as long as the context) after one step has created
+    its AdamW state."""
+    lm = build_model(profiled_config(size, context_length), device=device)
     opt = torch.optim.AdamW(lm.parameters())
     x, y = random_batch(lm.cfg, batch_size, context_length, device=device)
     train_step(lm, opt, x, y, autocast_dtype=autocast_dtype)  # creates the AdamW state
