@@ -618,3 +618,46 @@ def test_a_process_broken_in_one_check_names_it_and_the_others_are_judged(tmp_pa
     assert broken.status == ERROR != NEEDS_GPU and says in broken.detail, broken
     assert within and all(c.status == PASS for c in within.values()), within
     assert list(within)[0].startswith("batch elements")  # in the order the properties are checked
+
+
+def test_a_timing_rows_error_hides_no_other_row_and_a_cuda_error_is_rerun_in_a_fresh_process(monkeypatch):
+    """One row raising leaves the others timed (its error named); a CUDA error (stubbed) stops this process's timing
+    and run_kernel_topic times the other rows in a fresh process, then the failed one once more alone."""
+    from dataclasses import replace
+
+    from helpers.course.yours.kernels import launch as KL
+    from helpers.course.yours.kernels import timing as KT
+    from helpers.course.yours.report import TopicResult
+
+    opts = Options(steps=2, warmup=0)
+
+    def boom(exc):
+        def call():
+            raise exc
+
+        return call
+
+    calls = {"ours:pytorch": lambda: None, "yours:pytorch": boom(ValueError("shape")), "pytorch:sdpa": lambda: None}
+    errors = []
+    rows = KT.timing_rows("attention", calls, baseline="ours:pytorch", opts=opts, shape="s", errors=errors)
+    assert {r["who"] for r in rows} == {"ours", "pytorch"} and errors[0][0] == "yours:pytorch"
+    calls["yours:triton"] = boom(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    with pytest.raises(KT.TimingFault) as fault:
+        KT.timing_rows("attention", calls, baseline="ours:pytorch", opts=opts, shape="s", errors=[])
+    assert fault.value.label == "yours:triton"
+
+    launched = []  # each fresh process's options: the other rows, then the failed one alone
+
+    def in_rank(fn, path, o, *args):
+        launched.append(o)
+        row = {"who": "yours", "impl": "triton"} if o.timing_only else {"who": "ours", "impl": "pytorch"}
+        return TopicResult("attention", rows=[row])
+
+    monkeypatch.setattr(KL, "_in_rank", in_rank)
+    first = TopicResult("attention", timing_fault="yours:triton")
+    first.checks.append(K.Check("attention", "yours:triton", "timing runs", ERROR, "raised RuntimeError: CUDA error"))
+    got = KL._timing_again(None, "adapters.py", replace(opts), first, None)
+    assert [o.timing_skip for o in launched] == [("yours:triton",), ()]
+    assert launched[1].timing_only == ("yours:triton",)
+    assert {(r["who"], r["impl"]) for r in got.rows} == {("ours", "pytorch"), ("yours", "triton")}
+    assert "not when rerun alone in a fresh process" in got.checks[0].detail

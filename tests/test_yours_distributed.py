@@ -19,6 +19,7 @@ import torch
 from helpers import launch as L
 from helpers.course.yours import Options
 from helpers.course.yours import course_models as CM
+from helpers.course.yours import dist_common as DC
 from helpers.course.yours import distributed as D
 from helpers.course.yours import student_calls as S
 from helpers.course.yours.ddp import contract as C
@@ -149,7 +150,7 @@ def test_the_course_style_corpus_passes_within_the_contract(tmp_path):
     assert {c.impl for c in within} == {"individual", "ddp", "bucketed"} and not result.failed
     on_lm = [c.prop for c in by(result, "bucketed", beyond=False) if c.prop.startswith("course LM")]
     assert len(by(result, "bucketed", beyond=False)) == 2 * 2 * len(C.COURSE_BUCKETS_MB) + len(on_lm)
-    assert len(on_lm) == 1 + 2 + len(LM.HANDOUT_BUCKETS_MB) + 1  # construction, each size, the buckets' sizes
+    assert len(on_lm) == 1 + 2 * (2 + len(LM.HANDOUT_BUCKETS_MB)) + 1  # construction, each size twice, the sizes
     buffer = [c for c in by(result, "ddp", FAIL, beyond=True) if "construction" in c.prop]
     assert buffer and "scale" in buffer[0].detail  # parameters broadcast, the buffer not: beyond the handout
     waits = by(result, "bucketed", beyond=True)
@@ -175,10 +176,14 @@ def test_on_the_course_lm_a_bucket_fired_from_one_member_and_a_halved_average_ar
         ddp_bucketed_on_after_backward="ddp_bucket_fires_early",
         ddp_bucketed_on_train_batch_start="ddp_bucket_fires_early",
         get_ddp_individual_parameters="ddp_halved",
+        get_ddp="ddp_after_backward",
+        ddp_on_after_backward="ddp_after_backward",
     )
-    path.write_text(path.read_text() + "del get_ddp, ddp_on_after_backward\n")
     result = D.run_ddp(str(path), CHECKS_ONLY)
-    within = [c for c in by(result, beyond=False) if c.impl != "ddp"]  # get_ddp removed: skipped
+    [after] = by(result, "ddp", FAIL, beyond=False)  # 2026's get_ddp, all-reducing once backward returned: its rule
+    assert "(overlap)" in after.prop and "every one of" in after.detail and "launched after backward" in after.detail
+    assert all(c.status == PASS for c in by(result, "ddp", beyond=False) if c != after)
+    within = [c for c in by(result, beyond=False) if c.impl != "ddp"]
     assert all(c.status == PASS for c in within if not c.prop.startswith("course LM"))  # the course's test passes
     [halved] = by(result, "individual", FAIL, beyond=False)
     assert (
@@ -194,9 +199,17 @@ def test_on_the_course_lm_a_bucket_fired_from_one_member_and_a_halved_average_ar
 
 def test_a_crash_at_the_handouts_bucket_size_is_a_contract_error(tmp_path):
     """A bucketed class that refuses 1000 MB passes the course's test and every other size on the course's LM."""
-    path = composed(tmp_path, get_ddp_bucketed="ddp_bucket_refuses_1000mb")
-    path.write_text(path.read_text() + ONLY_BUCKETED)
+    path = composed(
+        tmp_path,
+        get_ddp_bucketed="ddp_bucket_refuses_1000mb",
+        get_ddp_individual_parameters="ddp_blocking_hook",
+        ddp_individual_parameters_on_after_backward="ddp_blocking_hook",
+    )
+    path.write_text(path.read_text() + "del get_ddp, ddp_on_after_backward\n")
     result = D.run_ddp(str(path), CHECKS_ONLY)
+    [blocking] = by(result, "individual", FAIL, beyond=False)  # a blocking all-reduce in each hook: its rule alone
+    assert "(overlap)" in blocking.prop and "blocking calls inside backward's hooks (async_op=False)" in blocking.detail
+    assert all(c.status == PASS for c in by(result, "individual", beyond=False) if c != blocking)
     [error] = by(result, status=ERROR)
     assert not error.beyond and error.prop.startswith("course LM, bucket 1000 MB")
     assert (
@@ -223,17 +236,23 @@ def test_a_bucket_over_bucket_size_mb_fails_that_rule_alone(tmp_path):
 
 
 def test_a_plain_bucketed_class_in_registration_order_passes_on_the_course_lm(tmp_path):
-    """Not an nn.Module, buckets in registration order, MB as 10**6 bytes, a set of arrived gradients per bucket, the
-    broadcast imported by name: every check within the handout passes, the course's LM included."""
+    """Not an nn.Module, buckets filled greedily in registration order (not the handout's reverse), MB as 10**6 bytes,
+    a set of arrived gradients per bucket, the broadcast imported by name; beside it a per-parameter DDP on
+    Tensor.register_hook (not a post-accumulate hook): every check within the handout passes, the course's LM and how
+    the calls are made included."""
     path = composed(
         tmp_path,
         get_ddp_bucketed="ddp_bucket_plain_class",
         ddp_bucketed_on_after_backward="ddp_bucket_plain_class",
         ddp_bucketed_on_train_batch_start="ddp_bucket_plain_class",
+        get_ddp_individual_parameters="ddp_tensor_hook",
+        ddp_individual_parameters_on_after_backward="ddp_tensor_hook",
     )
-    path.write_text(path.read_text() + ONLY_BUCKETED)
+    path.write_text(path.read_text() + "del get_ddp, ddp_on_after_backward\n")
     result = D.run_ddp(str(path), CHECKS_ONLY)
-    within = by(result, "bucketed", beyond=False)
+    within = [c for c in by(result, beyond=False) if c.impl != "ddp"]
+    assert any(c.impl == "individual" and "(overlap)" in c.prop for c in within)
+    assert any(c.prop.endswith("one all-reduce a step") for c in within)
     assert within and all(c.status == PASS for c in within), [(c.prop, c.detail) for c in within if c.status != PASS]
     assert any("BasicsTransformerLM from your cs336_basics.model" in c.detail for c in within)
 
@@ -615,3 +634,36 @@ def test_the_added_state_is_read_from_the_optimizers_the_wrapper_holds(one_rank)
     assert R.state_bytes(holder) == 0 and R.state_bytes(closure) is None
     assert R.state_growth(holder, params) == 2 * one
     assert R.state_growth(closure, params) == 3 * one
+
+
+def test_a_bucket_that_gates_one_call_per_member_fails_the_call_count_alone(tmp_path):
+    """Buckets of at most bucket_size_mb that, once complete, all-reduce each member on its own: right gradients and
+    no call over the limit on the course's LM, but one call per tensor at every size (the course's LM alone: its toy
+    test passes as the gradients do)."""
+    path = composed(
+        tmp_path,
+        get_ddp_bucketed="ddp_bucket_gate",
+        ddp_bucketed_on_after_backward="ddp_bucket_gate",
+        ddp_bucketed_on_train_batch_start="ddp_bucket_gate",
+    )
+    got = DC.launch_each(LM.lm_worker, str(path), ["bucketed"], CHECKS_ONLY, world=LM.LM_WORLD, parts=("course",))
+    checks = LMC.lm_checks("bucketed", got["bucketed"], str(path))
+    gate = [c for c in checks if c.status == FAIL]
+    assert {c.prop for c in gate} == {c.prop for c in checks if "all-reduce" in c.prop and "bucket " in c.prop}
+    assert all("one all-reduce per tensor: the bucket is only a gate" in c.detail for c in gate)
+    assert any(c.prop.endswith("one all-reduce a step") for c in gate)
+    assert any("fewer all-reduces than tensors" in c.prop for c in gate)
+    assert all(c.status == PASS for c in checks if c not in gate)
+
+
+def test_without_cs336_basics_model_fsdp_is_judged_on_our_copy_of_the_staff_layers(monkeypatch):
+    """A student's tree whose cs336_basics has no model module: the 2026 test's model is built from our copy of the
+    staff layers (said in one line), so the handout's FSDP rules still run on the course's model."""
+    monkeypatch.setitem(sys.modules, "cs336_basics.model", None)  # an import of it raises ImportError
+    layers, shard_types = CM.course_layers()
+    assert layers is CM.StaffLayers and shard_types == (CM.StaffLayers.Linear, CM.StaffLayers.Embedding)
+    assert CM.course_layers_source() == CM.STAFF_SOURCE
+    model = CM.FSDPToyModel(layers)
+    ids, _ = CM.fsdp_data()
+    assert model(ids).shape == (*ids.shape, CM.FSDP_VOCAB)
+    assert {type(m) for m in model.modules()} >= {CM.StaffLayers.Linear, CM.StaffLayers.Embedding}

@@ -200,9 +200,59 @@ def lm_batches(world: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tens
     return out
 
 
+class StaffLayers:
+    """Our copy of the staff cs336_basics layers the 2026 FSDP test builds its model from (weights stored (out, in)
+    and (vocab, d), truncated-normal init, RMSNorm in fp32 with eps 1e-5): the course's model when the student's
+    tree has no cs336_basics.model (FSDP is judged on the course's model whatever the student's package holds)."""
+
+    class Linear(nn.Module):
+        def __init__(self, in_features, out_features, device=None, dtype=None):
+            super().__init__()
+            std = (2.0 / (in_features + out_features)) ** 0.5
+            w = torch.empty(out_features, in_features, device=device, dtype=dtype)
+            self.weight = nn.Parameter(nn.init.trunc_normal_(w, 0.0, std, -3 * std, 3 * std))
+
+        def forward(self, x):
+            return x @ self.weight.T  # (..., out)
+
+    class Embedding(nn.Module):
+        def __init__(self, num_embeddings, embedding_dim, device=None, dtype=None):
+            super().__init__()
+            w = torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype)
+            self.weight = nn.Parameter(nn.init.trunc_normal_(w, 0.0, 1.0, -3.0, 3.0))
+
+        def forward(self, ids):
+            return self.weight[ids]  # (..., d)
+
+    class RMSNorm(nn.Module):
+        def __init__(self, d_model, eps=1e-5, device=None, dtype=None):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+        def forward(self, x):
+            dtype, x = x.dtype, x.to(torch.float32)
+            rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (x / rms * self.weight).to(dtype)
+
+
+STAFF_SOURCE = "our copy of the staff cs336_basics layers: your tree has no importable cs336_basics.model"
+
+
+def course_layers_source() -> str:
+    """Whose layers the 2026 FSDP test's model is built from here (one line for the report)."""
+    layers, _ = course_layers()
+    return STAFF_SOURCE if layers is StaffLayers else "your cs336_basics.model's Linear, Embedding and RMSNorm"
+
+
 def course_layers():
-    """The student's cs336_basics.model (the 2026 FSDP test builds its model from it) and its sharded layer types."""
+    """The student's cs336_basics.model (the 2026 FSDP test builds its model from it) and its sharded layer types;
+    our copy of the staff layers (StaffLayers) when it does not import or lacks a layer."""
     import importlib
 
-    layers = importlib.import_module("cs336_basics.model")
+    try:
+        layers = importlib.import_module("cs336_basics.model")
+        layers.Linear, layers.Embedding, layers.RMSNorm  # noqa: B018 - the three the test's model is built from
+    except (ImportError, AttributeError):
+        layers = StaffLayers
     return layers, (layers.Linear, layers.Embedding)

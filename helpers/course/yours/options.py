@@ -16,6 +16,8 @@ class Options:
     timed: bool = True  # time the implementations (the checks alone: False)
     compiled: bool = True  # time torch.compile'd PyTorch too (its first call compiles: seconds on a CPU)
     timeout_s: float = 300.0  # per launched check: a hung collective is reported after this
+    timing_skip: tuple = ()  # timing rows ("who:impl") left out: one met a CUDA error in another process
+    timing_only: tuple = ()  # only these timing rows (and the baseline): a failed one rerun in a fresh process
 
 
 RUNNERS = {  # topic -> (module, function): kernels run in one launched rank here, distributed ones launch their own

@@ -40,6 +40,7 @@ class TopicResult:
     checks: list[Check] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
     poisoned: bool = False  # a CUDA error stopped the checks: what is left must run in a fresh process
+    timing_fault: str | None = None  # the timing row ("who:impl") whose CUDA error stopped the timing here
 
     @property
     def failed(self) -> bool:

@@ -23,7 +23,7 @@ import torch.nn as nn
 import helpers.course.yours.adapters as A
 import helpers.course.yours.course_models as CM
 import helpers.course.yours.student_calls as S
-from helpers.comm import count_collectives
+from helpers.course.yours.collectives import watch_calls
 from helpers.experiments.common import rank_rows
 from helpers.experiments.ddp_equivalence import gradient_bound, worst_element
 from helpers.formulas import MiB
@@ -55,6 +55,15 @@ class Readiness:
                 first = n
         return out
 
+    def most_buckets(self, limit: float) -> int:
+        """The most buckets of at most `limit` bytes a greedy fill makes, filled in registration order, its reverse
+        (the handout's suggestion), the order gradients become ready, or that order's reverse: what a correct
+        bucketed DDP may need, whichever order it fills in."""
+        ready = sorted(self.names, key=lambda n: self.at.get(n, len(self.at)))
+        size = dict(zip(self.names, self.nbytes, strict=True))
+        orders = (self.names, self.names[::-1], ready, ready[::-1])
+        return max(_greedy([size[n] for n in order], limit) for order in orders)
+
     def parts(self, limit: float) -> bool:
         """Whether buckets of at most `limit` bytes, filled in reverse registration order (the handout's suggestion),
         hold a tensor whose gradient comes after that of the bucket's last-added member."""
@@ -67,6 +76,16 @@ class Readiness:
             bucket.append(n)
             size += b
         return any(self.at.get(m, -1) > self.at.get(bucket[-1], -1) for m in bucket)
+
+
+def _greedy(nbytes: list[int], limit: float) -> int:
+    """Buckets a greedy fill of these sizes makes: a new bucket when the next tensor would overflow this one."""
+    count, size = 0, 0
+    for b in nbytes:
+        if count == 0 or size + b > limit:
+            count, size = count + 1, 0
+        size += b
+    return count
 
 
 def readiness(model: nn.Module, x, y) -> Readiness:
@@ -188,10 +207,11 @@ class PlainSGD:
                 p.add_(p.grad, alpha=-group["lr"])
 
 
-def lm_run(fns: dict, impl: str, cls: type, late: dict, bucket_mb: float | None) -> dict:
+def lm_run(fns: dict, impl: str, cls: type, order: Readiness, bucket_mb: float | None) -> dict:
     """The course's DDP procedure on its LM on this rank: the model seeded by the rank (the broadcast must give rank
     0's), LM_STEPS SGD steps on this rank's rows with the adapters' hooks; before each, one process's average of
-    every rank's gradient at the same weights; the all-reduces' sizes of each step."""
+    every rank's gradient at the same weights; each step's all-reduces as called (bytes, async_op, the phase of
+    backward they were launched in), and how many buckets a greedy fill makes at this size."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ref = CM.course_lm(cls, 0)  # rank 0's start, then each step's one-process reference
     shim = S.StudentDDP(fns, impl, CM.course_lm(cls, rank), bucket_mb)
@@ -214,22 +234,26 @@ def lm_run(fns: dict, impl: str, cls: type, late: dict, bucket_mb: float | None)
         rows = rank_rows(x.shape[0], rank, world)
         shim.on_train_batch_start()
         opt.zero_grad()
-        with count_collectives() as log:
-            lm_loss(shim(x[rows]), y[rows]).backward()
+        with watch_calls() as calls:
+            loss = lm_loss(shim(x[rows]), y[rows])
+            calls.backward_of(loss)
+            loss.backward()
             shim.finish_gradient_synchronization()
         grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in mine.items()}
         steps.append(
             {
                 **compare_step(grads, g_ref, scale, x.numel() + world),  # the tokens, then the average
-                "messages": [b for op, b in log if op == "all_reduce"],
+                "messages": [c.nbytes for c in calls.of("all_reduce")],
+                "calls": [(c.async_op, c.phase) for c in calls.of("all_reduce")],
             }
         )
         opt.step()
     return {
         "bucket_mb": bucket_mb,
+        "buckets": None if bucket_mb is None else order.most_buckets(bucket_mb * MiB),
         "start_diff": start_diff,
         "steps": steps,
-        "late": late,
+        "late": order.late(),
         "sizes": sizes,
         "state": S.digest({n: p.detach() for n, p in mine.items()}),
     }
@@ -261,7 +285,7 @@ def lm_worker(path: str, impls: list[str], opts, parts=("course",)) -> dict:
             basics_on_path(path)
             cls, source, order = usable_lm(dist.get_world_size())
             sizes = lm_bucket_sizes(order) if impl == "bucketed" else [None]
-            runs = [S.phase(path, functools.partial(lm_run, fns, impl, cls, order.late(), mb)) for mb in sizes]
+            runs = [S.phase(path, functools.partial(lm_run, fns, impl, cls, order, mb)) for mb in sizes]
             return {"source": source, "sizes": sizes, "runs": runs}
 
         out[impl] = S.outcome(run)

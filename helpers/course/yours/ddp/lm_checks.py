@@ -1,6 +1,7 @@
 """The parent's side of `yours` for DDP on the course's LM (helpers.course.yours.ddp.lm runs it in the ranks): per
 flavour, rank 0's parameters after construction, each bucket size's gradients against one process with the likely
-mistake, each bucket's all-reduce against bucket_size_mb; beyond the handout, how full the buckets are.
+mistake, each bucket's all-reduce against bucket_size_mb, and how the calls are made
+(helpers.course.yours.ddp.rules: overlap, a bucket as one call).
 
     checks = lm_checks("bucketed", per_rank_outcomes, adapters_path)
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import helpers.course.yours.course_models as CM
 import helpers.course.yours.student_calls as S
 from helpers.course.yours.ddp.lm import HANDOUT_BUCKETS_MB, LM_WORLD, SLACK_BYTES
+from helpers.course.yours.ddp.rules import call_count_checks, overlap_check
 from helpers.course.yours.dist_common import failure_detail
 from helpers.course.yours.report import ERROR, FAIL, PASS, SKIPPED, Check
 from helpers.formulas import MiB
@@ -39,7 +41,9 @@ def lm_checks(impl: str, got, path: str) -> list[Check]:
     if done:
         checks.insert(0, _start_check(impl, done))
     if done and impl == "bucketed":
-        checks += [_bucket_size_check(impl, done), _one_bucket_check(impl, done)]
+        checks += [_bucket_size_check(impl, done), *call_count_checks(impl, done)]
+    elif done:
+        checks.append(overlap_check(impl, done))
     return [c for c in checks if c is not None]
 
 
@@ -171,26 +175,3 @@ def _bucket_size_check(impl: str, done: list[list[dict]]) -> Check:
         PASS,
         f"{seen} all-reduces over {len(done)} bucket sizes, every one within bucket_size_mb or a single tensor",
     )
-
-
-def _one_bucket_check(impl: str, done: list[list[dict]]) -> Check | None:
-    """Beyond the handout: where bucket_size_mb holds the whole small model, one all-reduce a step (buckets filled up
-    to the limit; the handout asks for at most bucket_size_mb per bucket and for fewer calls, not for full buckets)."""
-    counts = [
-        (r["bucket_mb"], len(st["messages"]))
-        for runs in done
-        for r in runs
-        if r["bucket_mb"] * MiB >= sum(r["sizes"].values())
-        for st in r["steps"]
-    ]
-    if not counts or not any(n for _, n in counts):
-        return None
-    mb, most = max(counts, key=lambda t: t[1])
-    prop = "beyond the handout: course LM, one all-reduce a step where one bucket holds the whole model"
-    detail = f"{most} all-reduce{'s' if most > 1 else ''} in a step at {mb:g} MB, a bucket that holds the model" + (
-        ": buckets not filled up to bucket_size_mb (bytes compared with MB, or one call per tensor?); the handout "
-        "asks for at most bucket_size_mb per bucket and for fewer calls, not for full buckets"
-        if most > 1
-        else ""
-    )
-    return Check("ddp", impl, prop, PASS if most == 1 else FAIL, detail, beyond=True)

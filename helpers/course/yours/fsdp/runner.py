@@ -33,7 +33,7 @@ from helpers.course.yours.fsdp.checks import (
 )
 from helpers.course.yours.fsdp.probe import probe_step
 from helpers.course.yours.options import Options
-from helpers.course.yours.report import SKIPPED, Check, TopicResult
+from helpers.course.yours.report import PASS, SKIPPED, Check, TopicResult
 from helpers.experiments import fsdp as XF
 from helpers.experiments.common import make_batches, rank_share
 
@@ -63,8 +63,7 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
             try:
                 if "course" not in parts:
                     raise NotAsked
-                CM.course_layers()
-                course = {}
+                course = {"source": CM.course_layers_source()}
                 for dtype in CF.COURSE_FSDP_DTYPES:
                     course[f"run {dtype}"] = S.phase(path, functools.partial(CF.course_fsdp_run, impl, dtype))
                     course[f"grads {dtype}"] = S.phase(path, functools.partial(CF.course_fsdp_grads, impl, dtype))
@@ -151,21 +150,16 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
         if early:
             result.checks += early
             continue
-        if "missing" in per_rank[0]["course"]:  # the course's test cannot run without it either
+        first = per_rank[0]["course"] or {}
+        course = {k: [r["course"][k] for r in per_rank] for k in first if k != "source"}
+        source = first.get("source", "")
+        if "missing" in course:  # our own layers failed to build: an error of ours, said as such
             result.checks.append(
-                Check(
-                    "fsdp",
-                    impl,
-                    "the 2026 test's model (cs336_basics.model)",
-                    SKIPPED,
-                    f"cs336_basics.model does not import ({per_rank[0]['course']['missing']}): the "
-                    "course's FSDP test builds its model from it; put your cs336-basics on the path",
-                )
+                Check("fsdp", impl, "the 2026 test's model", SKIPPED, f"not built: {course['missing'][0]}")
             )
         else:
-            result.checks += CF.course_fsdp_checks(
-                impl, {k: [r["course"][k] for r in per_rank] for k in per_rank[0]["course"]}
-            )
+            result.checks.append(Check("fsdp", impl, "the 2026 test's model: built from", PASS, source))
+            result.checks += CF.course_fsdp_checks(impl, course)
         if beyond_failed("fsdp", impl, per_rank):
             result.checks += beyond_failed("fsdp", impl, per_rank)
             continue

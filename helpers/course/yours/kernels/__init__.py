@@ -38,7 +38,7 @@ from helpers.course.yours.kernels.suites import (  # noqa: F401
     norm_suites,
     property_names,
 )
-from helpers.course.yours.kernels.timing import attn_timing, norm_timing
+from helpers.course.yours.kernels.timing import TimingFault, attn_timing, norm_timing
 from helpers.course.yours.kernels.triton_runtime import (  # noqa: F401
     NotHere,
     Poisoned,
@@ -241,21 +241,19 @@ def _named(module, topic: str, res: TopicResult, only=None):
 
 
 def _timed(res: TopicResult, timing) -> None:
-    """Add timing()'s rows to res; an exception while timing is its own row, beside the checks already made (the
-    timing shapes go past the handout's: it never changes the exit status)."""
+    """Add timing(errors)'s rows to res; a row whose call raised is its own error row, beside the other rows and the
+    checks already made (the timing shapes go past the handout's: it never changes the exit status); a CUDA error
+    marks res.timing_fault (run_kernel_topic times the rest in a fresh process)."""
+    errors: list = []
     try:
-        res.rows += timing()
+        res.rows += timing(errors)
+    except TimingFault as fault:
+        res.timing_fault = fault.label
+        errors.append((fault.label, fault.why + " (a CUDA error: the other rows were timed in a fresh process)"))
     except Exception as exc:  # noqa: BLE001 - one failure hides nothing else
-        res.checks.append(
-            Check(
-                res.topic,
-                "-",
-                "timing runs",
-                ERROR,
-                f"raised {type(exc).__name__}: {exc} (at {A.where(exc)})",
-                beyond=True,
-            )
-        )
+        errors.append(("-", f"raised {type(exc).__name__}: {exc} (at {A.where(exc)})"))
+    for label, why in errors:
+        res.checks.append(Check(res.topic, label, "timing runs", ERROR, why, beyond=True))
 
 
 def _applies(module, topic: str, impls) -> dict:
@@ -304,7 +302,7 @@ def rmsnorm_worker(
     dtype = torch.float32 if opts.profile == "cpu" else torch.bfloat16
     if opts.timed:
         ours = {"pytorch": RMSNormPyTorchFunction.apply, "triton": RMSNormTritonFunction.apply}
-        _timed(res, lambda: norm_timing(yours, rows=rows, H=H, dtype=dtype, opts=opts, ours=ours))
+        _timed(res, lambda e: norm_timing(yours, rows=rows, H=H, dtype=dtype, opts=opts, ours=ours, errors=e))
     return res
 
 
@@ -355,5 +353,5 @@ def attention_worker(
         yours = _applies(module, "attention", timed_impls)
     ours = {"pytorch": FlashAttentionPyTorch.apply, "triton": FlashAttentionTriton.apply}
     if opts.timed:
-        _timed(res, lambda: attn_timing(yours, opts=opts, ours=ours))
+        _timed(res, lambda e: attn_timing(yours, opts=opts, ours=ours, errors=e))
     return res

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from helpers.course.yours.kernels.attention import AttnCase, attn_inputs
 from helpers.course.yours.kernels.numerics import EPS, saved_tensors, short
+from helpers.course.yours.kernels.triton_runtime import cuda_broken, is_cuda_error
 from helpers.course.yours.options import Options
 from helpers.timing import MIN_PAIRS, compare, ratio_columns, verdict
 
@@ -20,8 +21,42 @@ def _fwd_bwd(apply, *inputs, grad_out):
     return lambda: torch.autograd.grad(apply(*inputs), leaves, grad_out)
 
 
-def timing_rows(topic: str, calls: dict, *, baseline: str, opts: Options, shape: str) -> list[dict]:
-    """Every call timed in ONE interleaved loop; a row each: median, the paired ratio to `baseline`, the verdict."""
+class TimingFault(Exception):
+    """A timing row's call left a CUDA error: this process cannot time anything else (run_kernel_topic times the
+    other rows in a fresh process, and this one once more alone with the baseline)."""
+
+    def __init__(self, label: str, why: str):
+        super().__init__(f"{label}: {why}")
+        self.label, self.why = label, why
+
+
+def runnable(calls: dict, *, baseline: str, opts: Options, errors: list) -> dict:
+    """The calls to time: those opts.timing_skip/timing_only leave, each run once alone first so that one row's
+    error hides no other (appended to `errors` as (label, why)); TimingFault on a CUDA error (the process is gone)."""
+    keep = {k: f for k, f in calls.items() if k not in opts.timing_skip}
+    if opts.timing_only:
+        keep = {k: f for k, f in keep.items() if k in opts.timing_only or k == baseline}
+    out = {}
+    for label, call in keep.items():
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - one row's error is that row's
+            why = f"raised {type(exc).__name__}: {exc}"
+            if is_cuda_error(exc) or cuda_broken():
+                raise TimingFault(label, why) from exc
+            errors.append((label, why))
+        else:
+            out[label] = call
+    return out
+
+
+def timing_rows(topic: str, calls: dict, *, baseline: str, opts: Options, shape: str, errors=None) -> list[dict]:
+    """Every call that runs timed in ONE interleaved loop; a row each: median, the paired ratio to `baseline`, the
+    verdict. A call that raises is left out and named in `errors`; without the baseline, the first that runs is."""
+    calls = runnable(calls, baseline=baseline, opts=opts, errors=[] if errors is None else errors)
+    if not calls:
+        return []
+    baseline = baseline if baseline in calls else next(iter(calls))
     comp = compare(calls, steps=max(opts.steps, MIN_PAIRS), warmup=opts.warmup, baseline=baseline)
     rows = []
     for label, samples in comp.samples.items():
@@ -82,7 +117,7 @@ def memory_rows(topic: str, fns: dict, inputs, *, shape: str, formula: int | Non
     return rows
 
 
-def norm_timing(yours: dict, *, rows: int, H: int, dtype, opts: Options, ours: dict) -> list[dict]:
+def norm_timing(yours: dict, *, rows: int, H: int, dtype, opts: Options, ours: dict, errors=None) -> list[dict]:
     """fwd+bwd of yours, ours and PyTorch's (F.rms_norm; compiled when opts.compiled) on (rows, H), interleaved.
     Triton implementations are timed on a GPU only (the CPU's interpreter measures Python, not the kernel)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -100,9 +135,9 @@ def norm_timing(yours: dict, *, rows: int, H: int, dtype, opts: Options, ours: d
     calls = {k: _fwd_bwd(f, x, g, grad_out=dy) for k, f in fns.items()}
     shape = f"{short(dtype)} {rows}x{H}"
     eager = {k: f for k, f in fns.items() if not k.endswith("compiled")}
-    return timing_rows("rmsnorm", calls, baseline="ours:pytorch", opts=opts, shape=shape) + memory_rows(
-        "rmsnorm", eager, (x, g), shape=shape, formula=None
-    )
+    timed = timing_rows("rmsnorm", calls, baseline="ours:pytorch", opts=opts, shape=shape, errors=errors)
+    eager = {k: f for k, f in eager.items() if k in {r["who"] + ":" + r["impl"] for r in timed}}
+    return timed + memory_rows("rmsnorm", eager, (x, g), shape=shape, formula=None)
 
 
 def sdpa_3d(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
@@ -111,7 +146,7 @@ def sdpa_3d(q: Tensor, k: Tensor, v: Tensor, is_causal: bool) -> Tensor:
     return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=is_causal)[0]  # (batch, N, d)
 
 
-def attn_timing(yours: dict, *, opts: Options, ours: dict) -> list[dict]:
+def attn_timing(yours: dict, *, opts: Options, ours: dict, errors=None) -> list[dict]:
     """fwd+bwd of yours, ours and SDPA, interleaved, on 3-D inputs as the handout's skeleton takes them: on a GPU at
     the 2025 leaderboard's work (bf16, causal, 16 heads x 16384 x 64, the heads as the batch) without the tiled
     PyTorch versions (a million eager launches each: minutes), baseline our Triton; on a CPU a small fp32 shape
@@ -132,6 +167,6 @@ def attn_timing(yours: dict, *, opts: Options, ours: dict) -> list[dict]:
     calls = {k_: _fwd_bwd(f, q, k, v, case.is_causal, grad_out=do) for k_, f in fns.items()}
     formula = case.batch * case.Tq * case.d * case.dtype.itemsize + case.batch * case.Tq * 4  # O, and L in fp32
     baseline = "ours:triton" if gpu else "ours:pytorch"
-    return timing_rows("attention", calls, baseline=baseline, opts=opts, shape=str(case)) + memory_rows(
-        "attention", fns, (q, k, v, case.is_causal), shape=str(case), formula=formula
-    )
+    timed = timing_rows("attention", calls, baseline=baseline, opts=opts, shape=str(case), errors=errors)
+    fns = {k_: f for k_, f in fns.items() if k_ in {r["who"] + ":" + r["impl"] for r in timed}}
+    return timed + memory_rows("attention", fns, (q, k, v, case.is_causal), shape=str(case), formula=formula)
