@@ -8,8 +8,12 @@ A pre-norm decoder: token embeddings, `n_layers` blocks of `x + attn(norm1(x))` 
 norm and an untied LM head; every Linear is bias-free. Two architectures (`arch`, ARCHS): the 2024 edition's ("gpt":
 learned positions, GELU feed-forward w2(gelu(w1 x))) and the cs336-basics model the 2025 and 2026 editions measure
 ("basics": RoPE on queries and keys, SwiGLU w2(silu(w1 x) * w3 x)); each edition's Table 1 is in EDITION_SIZES
-("xl-2026", "small-2025/cpu"). Attention is written out by default (`attention="naive"`, no fused kernel) so a
-profiler shows the softmax as its own op; `attention="sdpa" | "flash_pytorch" | "flash_triton"` swaps in
+("xl-2026", "small-2025/cpu"). The "basics" block computes as the course's staff code does (`ops`, OPS: SiLU as
+x·sigmoid(x), softmax as exp/sum, the mask made each forward), so what autograd saves and what a profiler shows is
+what a student's run shows; ops="fused" is ours (F.silu, torch.softmax), one (B, T, d_ff) and one (B, H, T, T) tensor
+lighter per block. (2025's staff RoPE gathered cos and sin by position ids and interleaved its output; 2026's,
+written here, slices and concatenates.) Attention is written out by default (`attention="naive"`, no fused kernel)
+so a profiler shows the softmax as its own ops; `attention="sdpa" | "flash_pytorch" | "flash_triton"` swaps in
 F.scaled_dot_product_attention or helpers.attention's FlashAttention-2 (notebook 06), e.g. build_model("small",
 attention="flash_triton").
 
@@ -41,6 +45,12 @@ ARCHS = {  # ModelConfig.arch: the two architectures the course's editions measu
     "basics": "2025/2026 (cs336-basics): SwiGLU feed-forward (w1, w2, w3), rotary positions (RoPE)",
 }
 ARCH_NAMES = {"gpt": "GPT-2 style: GELU, learned positions", "basics": "cs336-basics: SwiGLU, RoPE"}  # in a sentence
+OPS = {  # ModelConfig.ops: how a block computes, which decides what autograd saves and what a profiler shows
+    "staff": "the course's cs336-basics op for op: SiLU as x·sigmoid(x), softmax as exp(x - max) / sum, the causal "
+    "mask built each forward and applied with where, RoPE's rotated halves concatenated (2025/2026 editions)",
+    "fused": "ours: F.silu / F.gelu, torch.softmax, a causal-mask buffer and masked_fill, RoPE's pairs interleaved",
+}
+ARCH_OPS = {"gpt": "fused", "basics": "staff"}  # an arch's ops when ModelConfig.ops is None
 
 
 @dataclass(frozen=True)
@@ -58,10 +68,15 @@ class ModelConfig:
     attention: str = "naive"  # one of ATTENTION_IMPLS
     arch: str = "gpt"  # one of ARCHS
     rope_theta: float = 10_000.0  # "basics" only
+    ops: str | None = None  # one of OPS; None: the arch's own (ARCH_OPS)
 
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; known: {', '.join(ARCHS)}")
+        if self.ops is not None and self.ops not in OPS:
+            raise ValueError(f"unknown ops {self.ops!r}; known: {', '.join(OPS)}")
+        if self.arch == "gpt" and self.ops == "staff":
+            raise ValueError("the 2024 staff block (arch 'gpt') is not transcribed here; use ops='fused'")
         if self.arch == "basics" and self.head_dim % 2:
             raise ValueError(f"RoPE rotates pairs: head_dim ({self.head_dim}) must be even")
         if self.d_model % self.n_heads != 0:
@@ -72,6 +87,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def block_ops(self) -> str:
+        """The ops a block runs: `ops`, or the arch's own ("staff" for "basics", "fused" for "gpt")."""
+        return self.ops or ARCH_OPS[self.arch]
 
 
 CPU_WIDTH, CPU_LAYERS = 4, 8  # the CPU presets: heads ÷ 4 at the reference head_dim, layers ÷ 8
@@ -234,17 +254,32 @@ def _flash(impl: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return fn.apply(q, k, v, True)  # (B, H, T, D)
 
 
+def silu(x: Tensor) -> Tensor:
+    """SiLU as the course's staff code writes it, x · sigmoid(x): autograd keeps x and sigmoid(x) (F.silu keeps x)."""
+    return x * torch.sigmoid(x)
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """Softmax as the course's staff code writes it, exp(x - max) / sum: autograd keeps the max's indices, the exp,
+    the sum and (for the next matmul) the output, where torch.softmax keeps its output alone."""
+    e = torch.exp(x - torch.max(x, dim=dim, keepdim=True)[0])  # (..., N)
+    return e / torch.sum(e, dim=dim, keepdim=True)  # (..., N)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention: written out op by op ("naive"), or a fused implementation (cfg.attention).
-    The causal mask buffer is kept in every mode, so buffers (formulas.buffer_bytes) do not depend on the choice."""
+    ops "staff" (the cs336-basics model) builds the causal mask each forward, as the course's code does; "fused"
+    keeps it as a buffer in every attention mode, so buffers (formulas.buffer_bytes) do not depend on the choice."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.head_dim, self.impl = cfg.n_heads, cfg.head_dim, cfg.attention
+        self.staff = cfg.block_ops == "staff"
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         T = cfg.context_length
-        self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)), persistent=False)
+        if not self.staff:
+            self.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)), persistent=False)
         self.rope = cfg.arch == "basics"
         if self.rope:  # the angles of RoPE (Su et al., 2021): position t turns pair i by t·theta^(-2i/D)
             inv = cfg.rope_theta ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
@@ -253,10 +288,14 @@ class CausalSelfAttention(nn.Module):
             self.register_buffer("sin", angles.sin(), persistent=False)
 
     def rotate(self, t: Tensor) -> Tensor:
-        """RoPE on (B, H, T, D): each pair (2i, 2i+1) of a position's vector turned by that position's angle."""
+        """RoPE on (B, H, T, D): each pair (2i, 2i+1) of a position's vector turned by that position's angle; the
+        turned pairs' first and second members concatenated in two halves ("staff", the 2026 staff code), or
+        interleaved back in place ("fused"). Scores are the same either way: q and k are laid out alike."""
         T = t.shape[-2]
         cos, sin = self.cos[:T].to(t.dtype), self.sin[:T].to(t.dtype)  # (T, D/2)
         even, odd = t[..., 0::2], t[..., 1::2]  # (B, H, T, D/2) each
+        if self.staff:
+            return torch.cat((cos * even - sin * odd, sin * even + cos * odd), dim=-1)  # (B, H, T, D)
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)  # (B, H, T, D)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -273,17 +312,24 @@ class CausalSelfAttention(nn.Module):
             )  # (B, H, T, D)
             return self.proj(y.transpose(1, 2).reshape(B, T, C))
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, H, T, T)
-        scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))
-        att = torch.softmax(scores, dim=-1)  # (B, H, T, T)
+        if self.staff:
+            iota = torch.arange(T, device=x.device)  # (T,)
+            scores = torch.where(iota[:, None] >= iota[None, :], scores, float("-inf"))  # (T, T) mask, made anew
+            att = softmax(scores, dim=-1)  # (B, H, T, T)
+        else:
+            scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))
+            att = torch.softmax(scores, dim=-1)  # (B, H, T, T)
         y = (att @ v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.proj(y)
 
 
 class FeedForward(nn.Module):
-    """Position-wise MLP: w2(gelu(w1(x))) ("gpt"), or SwiGLU w2(silu(w1(x)) * w3(x)) ("basics")."""
+    """Position-wise MLP: w2(gelu(w1(x))) ("gpt"), or SwiGLU w2(silu(w1(x)) * w3(x)) ("basics"; SiLU as x·sigmoid(x)
+    with ops "staff", F.silu with "fused")."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.silu = silu if cfg.block_ops == "staff" else F.silu
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
         self.w3 = nn.Linear(cfg.d_model, cfg.d_ff, bias=False) if cfg.arch == "basics" else None
@@ -291,7 +337,7 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.w3 is None:
             return self.w2(F.gelu(self.w1(x)))  # (B, T, d_ff) -> (B, T, C)
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, d_ff) -> (B, T, C)
+        return self.w2(self.silu(self.w1(x)) * self.w3(x))  # (B, T, d_ff) -> (B, T, C)
 
 
 class Block(nn.Module):

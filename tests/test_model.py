@@ -1,5 +1,6 @@
 """TransformerLM: analytic parameter counts, sizes and presets, forward/backward, causality, norms, batches."""
 
+import dataclasses
 import math
 
 import pytest
@@ -371,12 +372,18 @@ def test_basics_model_has_swiglu_and_no_position_table():
     model = build_model(TOY_BASICS)
     assert model.pos_emb is None and model.blocks[0].ffn.w3 is not None
     ffn, x = model.blocks[0].ffn, torch.randn(2, 3, 32)
-    expected = ffn.w2(torch.nn.functional.silu(ffn.w1(x)) * ffn.w3(x))  # SwiGLU, by its definition
+    a = ffn.w1(x)
+    expected = ffn.w2(a * torch.sigmoid(a) * ffn.w3(x))  # SwiGLU as the staff code writes it: silu = x·sigmoid(x)
     torch.testing.assert_close(ffn(x), expected, rtol=0, atol=0)
+    fused = build_model(dataclasses.replace(TOY_BASICS, ops="fused"))
+    fused.load_state_dict(model.state_dict())
+    f = fused.blocks[0].ffn
+    torch.testing.assert_close(f(x), f.w2(torch.nn.functional.silu(f.w1(x)) * f.w3(x)), rtol=0, atol=0)
 
 
 def test_rope_turns_pairs_and_scores_depend_on_relative_position_only():
-    """RoPE rotates each pair (2i, 2i+1) by t·theta^(-2i/D): norms are kept, position 0 is unchanged, and the score
+    """RoPE rotates each pair (2i, 2i+1) by t·theta^(-2i/D): norms are kept, position 0 is unchanged (laid out as
+    the staff's code does, the pairs' first members then their second; "fused" interleaves them back), and the score
     of a query at m with a key at n depends on m - n alone (fp32: agreement to a few units of 2^-24 per term)."""
     attn = build_model(TOY_BASICS).blocks[0].attn
     D = attn.head_dim
@@ -384,7 +391,10 @@ def test_rope_turns_pairs_and_scores_depend_on_relative_position_only():
     k = torch.randn(1, 1, 1, D, dtype=torch.float64).expand(1, 1, 16, D)
     rq, rk = attn.rotate(q), attn.rotate(k)  # (1, 1, 16, D)
     torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1), rtol=1e-6, atol=0)
-    torch.testing.assert_close(rq[..., 0, :], q[..., 0, :], rtol=0, atol=0)
+    halves = torch.cat((q[..., 0, 0::2], q[..., 0, 1::2]), dim=-1)  # (1, 1, D)
+    torch.testing.assert_close(rq[..., 0, :], halves, rtol=0, atol=0)
+    fused = build_model(dataclasses.replace(TOY_BASICS, ops="fused")).blocks[0].attn
+    torch.testing.assert_close(fused.rotate(q)[..., 0, :], q[..., 0, :], rtol=0, atol=0)
     scores = rq[0, 0] @ rk[0, 0].T  # (16, 16): m, n
     for shift in (0, 3, 7):
         diagonal = torch.diagonal(scores, offset=-shift)  # pairs (m, m - shift)
@@ -404,3 +414,20 @@ def test_basics_model_is_causal_and_every_parameter_gets_a_grad(t):
     assert not torch.allclose(a[:, t], b[:, t])
     lm_loss(a, x).backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_ops_default_to_the_archs_own_and_the_staff_block_keeps_no_mask_buffer():
+    """ "basics" computes as the course's staff code does (no mask buffer: the mask is made each forward); "gpt" and
+    ops="fused" keep ours (a mask buffer); same parameters either way."""
+    assert TOY_BASICS.block_ops == "staff" and TOY.block_ops == "fused" and get_config("xl-2026").block_ops == "staff"
+    fused = dataclasses.replace(TOY_BASICS, ops="fused")
+    assert not hasattr(build_model(TOY_BASICS).blocks[0].attn, "mask") and hasattr(
+        build_model(fused).blocks[0].attn, "mask"
+    )
+    assert M.parameter_shapes(fused) == M.parameter_shapes(TOY_BASICS) and count_parameters(fused) == count_parameters(
+        TOY_BASICS
+    )
+    with pytest.raises(ValueError, match="unknown ops"):
+        get_config("xl-2026", ops="flash")
+    with pytest.raises(ValueError, match="not transcribed"):
+        get_config("small", ops="staff")

@@ -32,35 +32,28 @@ def residual_stream_bytes(batch_size: int, context_length: int, d_model: int, dt
 
 
 def buffer_bytes(cfg: ModelConfig | str) -> int:
-    """The causal-mask buffers: one (context, context) bool matrix per block; with RoPE ("basics") also its cos and
-    sin tables, (context, head_dim / 2) fp32 each."""
+    """Each block's buffers: its causal mask, (context, context) bool, unless the block computes as the course's
+    staff code does (ops "staff", which makes the mask each forward); with RoPE ("basics") its cos and sin tables,
+    (context, head_dim / 2) fp32 each."""
     c = get_config(cfg)
+    mask = c.context_length**2 if c.block_ops == "fused" else 0
     rope = 2 * c.context_length * (c.head_dim // 2) * 4 if c.arch == "basics" else 0
-    return c.n_layers * (c.context_length**2 + rope)
+    return c.n_layers * (mask + rope)
 
 
 def activation_bytes(
     cfg: ModelConfig | str, batch_size: int, context_length: int | None = None, dtype=torch.float32
 ) -> dict[str, int]:
-    """Bytes autograd saves for backward in one forward pass of TransformerLM (fp32), per part.
-
-    Per block, with R = B·T·d: the block input, norm1's y and output, q, k and v made contiguous
-    for the matmuls (3R), the re-assembled heads, the mid-block residual, norm2's y and output
-    (10 R in all), two rsqrt columns (2 B·T), the attention probabilities (B·H·T²), the negated
-    causal mask (T² bool), and the FFN's d_ff-wide tensors (ffn_saved_widths). After the blocks:
-    the last residual, the final norm's y, output and rsqrt, the log-softmax output (B·T·V) and
-    the loss with its total weight (2 scalars). The position ids (int64 T) for the embedding backward
-    ("gpt"; RoPE's rotation saves only its tables, buffers already counted, and its outputs are the q and k
-    the matmuls save).
-    """
+    """Bytes autograd saves for backward in one forward pass of TransformerLM (fp32), per part: the blocks
+    (n_layers × block_saved_parts); after them the last residual, the final norm's y, output and rsqrt, the
+    log-softmax output (B·T·V) and the loss with its total weight (2 scalars); the position ids (int64 T) for the
+    embedding backward ("gpt"; RoPE's rotation saves only its tables, buffers already counted)."""
     c = get_config(cfg)
     B, T = batch_size, context_length or c.context_length
     e = dtype_bytes(dtype)
     R = B * T * c.d_model
-    ffn = ffn_saved_widths(c) * B * T * c.d_ff
-    per_block = (10 * R + 2 * B * T + ffn + B * c.n_heads * T * T) * e + T * T
     return {
-        "blocks": c.n_layers * per_block,
+        "blocks": c.n_layers * sum(block_saved_parts(c, B, T, dtype).values()),
         "final norm + head + loss": (3 * R + B * T + B * T * c.vocab_size + 2) * e,
         "position ids": T * 8 if c.arch == "gpt" else 0,
     }
@@ -68,30 +61,49 @@ def activation_bytes(
 
 def ffn_saved_widths(cfg: ModelConfig | str) -> int:
     """How many (B, T, d_ff) tensors the feed-forward saves: GELU's input and output ("gpt": 2); SwiGLU's w1 and w3
-    outputs, silu(w1 x) and the product w2 reads ("basics": 4)."""
-    return {"gpt": 2, "basics": 4}[get_config(cfg).arch]
+    outputs, silu(w1 x) and the product w2 reads, and with the staff's SiLU, x·sigmoid(x), the sigmoid too
+    ("basics": 5 with ops "staff", 4 with "fused")."""
+    c = get_config(cfg)
+    return 2 if c.arch == "gpt" else {"staff": 5, "fused": 4}[c.block_ops]
 
 
 def block_saved_parts(
     cfg: ModelConfig | str, batch_size: int, context_length: int | None = None, dtype=torch.float32
 ) -> dict[str, int]:
     """The bytes one block saves for backward, per op that produced them (activation_bytes' "blocks" / L, itemised),
-    largest first."""
+    largest first. With R = B·T·d: the block input, norm1's y and output, q, k and v made contiguous for the
+    matmuls, the re-assembled heads, the mid-block residual, norm2's y and output (10 R), two rsqrt columns, the
+    causal mask (T², bool) and the feed-forward's d_ff-wide tensors (ffn_saved_widths); the attention
+    probabilities (B·H·T²), and with the staff's softmax, exp(x - max) / sum, also the exp (B·H·T²), the sum and
+    the max's int64 indices (B·H·T each)."""
     c = get_config(cfg)
     B, T = batch_size, context_length or c.context_length
     e = dtype_bytes(dtype)
     R = B * T * c.d_model * e
+    staff = c.block_ops == "staff"
     ffn_parts = {
         "gpt": ("ffn w1 output (B·T·d_ff)", "GELU output (B·T·d_ff)"),
         "basics": (
             "ffn w1 output (B·T·d_ff)",
             "ffn w3 output (B·T·d_ff)",
+            *(("sigmoid(w1 x), SiLU's (B·T·d_ff)",) if staff else ()),
             "SiLU output (B·T·d_ff)",
             "SiLU(w1 x) · w3 x, w2's input (B·T·d_ff)",
         ),
     }[c.arch]
+    scores = B * c.n_heads * T * T * e
+    softmax = (
+        {
+            "softmax: exp(x - max) (B·H·T²)": scores,
+            "softmax output (attention probabilities, B·H·T²)": scores,
+            "softmax: max's indices (B·H·T, int64)": B * c.n_heads * T * 8,
+            "softmax: the sum (B·H·T)": B * c.n_heads * T * e,
+        }
+        if staff
+        else {"softmax output (attention probabilities, B·H·T²)": scores}
+    )
     parts = {
-        "softmax output (attention probabilities, B·H·T²)": B * c.n_heads * T * T * e,
+        **softmax,
         **dict.fromkeys(ffn_parts, B * T * c.d_ff * e),
         (
             "q, k, v made contiguous for the matmuls (3 B·T·d)"
@@ -104,7 +116,7 @@ def block_saved_parts(
         "heads re-assembled for the output projection (B·T·d)": R,
         "mid-block residual (B·T·d)": R,
         "norms' rsqrt columns (2 B·T)": 2 * B * T * e,
-        "causal mask, negated (T², bool)": T * T,
+        "causal mask (T², bool)" if staff else "causal mask, negated (T², bool)": T * T,
     }
     return dict(sorted(parts.items(), key=lambda kv: -kv[1]))
 

@@ -237,11 +237,20 @@ def block_memory(q, saved):
         f" the 5 largest ops {pct(r['top5_share'])} ({r['top5_ops']}), gradients {fmt_mib(r['grads_MiB'])}"
         for r in m.to_dict("records")
     )
+    fused = get_config(xl, ops="fused")  # ours: F.silu, torch.softmax
+    lighter = [
+        sum(formulas.block_saved_parts(xl, B, T).values()) - sum(formulas.block_saved_parts(fused, B, T).values())
+        for T in contexts
+    ]
     return Answer(
-        f"The handout's block (cs336-basics: SwiGLU with three matrices, RoPE; fp32, attention keeping its "
-        f"probabilities), batch {B}, closed form (`formulas.block_saved_parts`): for the 2026 xl, "
+        f"The handout's block as the course's staff code computes it (cs336-basics: SwiGLU with three matrices and "
+        f"SiLU as x·sigmoid(x), RoPE, softmax as exp(x - max) / sum; fp32), batch {B}, closed form "
+        f"(`formulas.block_saved_parts`): for the 2026 xl, "
         + "; ".join(said)
-        + ". One block's gradients are its parameters' bytes (fp32): the rise per block in backward's profile. "
+        + ". The staff's SiLU keeps the sigmoid beside its input and its softmax keeps the exp, the sum and the max's "
+        f"indices beside its output: {' and '.join(fmt_mib(b / 2**20) for b in lighter)} more than F.silu and "
+        "torch.softmax would keep (helpers.model's ops=\"fused\"). One block's gradients are its parameters' "
+        "bytes (fp32): the rise per block in backward's profile. "
         f"Measured here with the memory tracker on {p.get('model')} at batch {p.get('batch_size')} (a quarter of "
         f"the contexts, as the cpu presets run): {measured}; byte for byte the closed form at the same shape. "
         "Every 2026 size, closed form:",

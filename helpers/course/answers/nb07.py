@@ -314,8 +314,10 @@ def best_block(q, saved):
     k_cont, k_int = formulas.best_segment(xl.n_layers, block_input, block_saved)
     return Answer(
         f"The 2026 handout's xl (Table 1: d {xl.d_model}, d_ff {xl.d_ff}, {xl.n_layers} layers, "
-        f"{xl.n_heads} heads) at batch 4 × 2048, fp32, with the handout's block (cs336-basics: SwiGLU, RoPE; "
-        f"attention keeping its probabilities; I = one block input, A = its saved activations): "
+        f"{xl.n_heads} heads) at batch 4 × 2048, fp32, with the handout's block as the course's staff code "
+        f"computes it (cs336-basics: SwiGLU with SiLU as x·sigmoid(x), RoPE, softmax as exp / sum keeping the exp "
+        f"and its output; I = one block input, {fmt_mib(block_input / 2**20)}, A = its saved activations, "
+        f"{fmt_mib(block_saved / 2**20)}, `formulas.block_saved_parts`): "
         f"k* = √(L·I/A) = {k_cont:.2f}, best integer k = {k_int}, since one block's "
         f"activations outweigh its input. Measured here ({p.get('model')}, {p.get('n_blocks')} blocks, batch "
         f"{p.get('batch')} × {p.get('context')}): the lowest peak is at k = {best} (the model's optimum there "
