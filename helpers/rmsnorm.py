@@ -20,6 +20,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from helpers.env import import_triton
+from helpers.rmsnorm_tuned import BACKWARD
 
 triton, tl = import_triton()  # (None, None) e.g. on macOS: the PyTorch paths still work
 
@@ -161,30 +162,35 @@ if triton is not None:
         rows_per_program,
         BLOCK_H: tl.constexpr,
         CHUNKS: tl.constexpr,
+        ROWS: tl.constexpr = 1,
     ):
-        """Program (p, c) handles rows [p*rows_per_program, ...) in column block c: dx, and its share of dg in fp32
-        registers. One block per row: the row's dot product is computed here; wider rows read it from dot_ptr."""
+        """Program (p, c) handles rows [p*rows_per_program, ...) in column block c, ROWS rows at a time (more bytes
+        in flight per program for narrow rows): dx, and its share of dg in fp32 registers. One block per row: the
+        row's dot product is computed here; wider rows read it from dot_ptr."""
         pid = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
         mask = cols < H
         g = tl.load(g_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_H,)
-        dg_acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        dg_acc = tl.zeros((ROWS, BLOCK_H), dtype=tl.float32)
         row_start = pid * rows_per_program
         row_end = tl.minimum(row_start + rows_per_program, n_rows)
-        for row in range(row_start, row_end):
-            offs = row * H + cols
-            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_H,)
-            dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_H,)
-            rrms = tl.load(rrms_ptr + row)  # scalar, saved by the forward
-            xhat = x * rrms
-            dyg = dy * g
+        for r0 in range(row_start, row_end, ROWS):
+            rows = r0 + tl.arange(0, ROWS)  # (ROWS,)
+            in_rows = rows < row_end
+            offs = rows[:, None] * H + cols[None, :]  # (ROWS, BLOCK_H)
+            m = in_rows[:, None] & mask[None, :]
+            x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)  # (ROWS, BLOCK_H)
+            dy = tl.load(dy_ptr + offs, mask=m, other=0.0).to(tl.float32)  # (ROWS, BLOCK_H)
+            rrms = tl.load(rrms_ptr + rows, mask=in_rows, other=0.0)  # (ROWS,), saved by the forward
+            xhat = x * rrms[:, None]
+            dyg = dy * g[None, :]
             if CHUNKS == 1:  # noqa: SIM108  (Triton: a constexpr if-statement compiles only the taken branch)
-                dot = tl.sum(dyg * xhat, axis=0) / H  # mean(dy * g * xhat)
+                dot = tl.sum(dyg * xhat, axis=1) / H  # (ROWS,) mean(dy * g * xhat)
             else:
-                dot = tl.load(dot_ptr + row)
-            tl.store(dx_ptr + offs, (rrms * (dyg - xhat * dot)).to(dx_ptr.dtype.element_ty), mask=mask)
-            dg_acc += dy * xhat
-        tl.store(dg_partial_ptr + pid * H + cols, dg_acc, mask=mask)
+                dot = tl.load(dot_ptr + rows, mask=in_rows, other=0.0)
+            tl.store(dx_ptr + offs, (rrms[:, None] * (dyg - xhat * dot[:, None])).to(dx_ptr.dtype.element_ty), mask=m)
+            dg_acc += dy * xhat  # padded rows load 0: they add 0
+        tl.store(dg_partial_ptr + pid * H + cols, tl.sum(dg_acc, axis=0), mask=mask)
 
     # spec: dg = dg_partial.sum(0)  ((P, H) fp32 -> (H,) in g's dtype)
     @triton.jit
@@ -202,21 +208,26 @@ if triton is not None:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """How a kernel covers a row of H columns: CHUNKS blocks of BLOCK_H, with num_warps warps per program."""
+    """How a kernel covers a row of H columns: CHUNKS blocks of BLOCK_H, with num_warps warps per program; the
+    backward also takes `rows` rows per step and `programs_per_sm` programs (so dg partial rows) per SM."""
 
     block_h: int
     chunks: int
     num_warps: int
+    rows: int = 1
+    programs_per_sm: int = 4
 
 
-MAX_BLOCK = {"forward": 16384, "backward": 4096}  # widest row held whole in registers without spills (sm_80, sm_90a)
+MAX_BLOCK = {"forward": 16384, "backward": 8192}  # widest row held whole in registers without spills (sm_80, sm_90a)
 CHUNK_BLOCK = {"forward": 8192, "backward": 4096}  # block of a wider row's loop (the forward loop keeps two of them)
 SUM_ROWS = dict(BLOCK_P=32, BLOCK_C=128, num_warps=4)  # stage two of the dg reduction
 
 
 def launch_config(H: int, kind: str, max_block: int | None = None) -> LaunchConfig:
     """The one place that picks block width, block count and warps for a row of H columns ("forward"/"backward").
-    `max_block` forces narrower blocks (tests use it to run the wide-row loops on small shapes)."""
+    `max_block` forces narrower blocks (tests use it to run the wide-row loops on small shapes). A backward row
+    of up to 8192 columns is one block: a wider block would need the dot product's extra pass over x and dy (5
+    row reads and writes instead of 3, what held H = 8192 at 0.7 of copy bandwidth)."""
     block = triton.next_power_of_2(max(H, 1))
     if block > (max_block or MAX_BLOCK[kind]):
         block = max_block or CHUNK_BLOCK[kind]
@@ -224,10 +235,43 @@ def launch_config(H: int, kind: str, max_block: int | None = None) -> LaunchConf
     return LaunchConfig(block, triton.cdiv(max(H, 1), block), warps)
 
 
-def _bwd_programs(n_rows: int, device: torch.device) -> int:
+def backward_grid(H: int) -> list[LaunchConfig]:
+    """The backward layouts `python -m helpers tune rmsnorm` times for a width (one block per row): warps and rows
+    per step such that each thread holds 8 or 16 elements of each row tile (fewer starve the loads; 32 leaves the
+    kernel at 255 registers, one program per SM)."""
+    base = launch_config(H, "backward")
+    if base.chunks > 1:
+        return [base]
+    out = []
+    for warps in (4, 8, 16):
+        for rows in (1, 2, 4, 8):
+            if 8 <= rows * base.block_h // (32 * warps) <= 16:
+                out.append(LaunchConfig(base.block_h, 1, warps, rows, base.programs_per_sm))
+    return out
+
+
+def backward_config(H: int, dtype: torch.dtype, arch: str | None) -> LaunchConfig:
+    """The backward's layout: the tuned table's row for (arch, dtype, width) where it has one (helpers.rmsnorm_tuned;
+    fp16 reads bf16's), else launch_config's. `arch` None (the interpreter) takes launch_config's."""
+    name = "float32" if dtype == torch.float32 else "bfloat16"
+    block = triton.next_power_of_2(max(H, 1))
+    for row in BACKWARD:
+        if row[:3] == (arch, name, block):
+            return LaunchConfig(row[3], 1, *row[4:])
+    return launch_config(H, "backward")
+
+
+def _arch(device: torch.device) -> str | None:
+    """sm_90a from compute capability 9 on, else sm_80; None off CUDA (the table's architectures)."""
+    if device.type != "cuda":
+        return None
+    return "sm_90a" if torch.cuda.get_device_capability(device)[0] >= 9 else "sm_80"
+
+
+def _bwd_programs(n_rows: int, device: torch.device, per_sm: int = 4) -> int:
     """How many programs share the backward rows (and so how many dg partials): a few per SM on CUDA."""
     if device.type == "cuda":
-        return max(1, min(n_rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+        return max(1, min(n_rows, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
     return max(1, min(n_rows, 4))  # the interpreter runs programs one after another
 
 
@@ -245,12 +289,14 @@ def rmsnorm_triton_forward(x2: Tensor, g: Tensor, max_block: int | None = None) 
 
 
 def rmsnorm_triton_backward(
-    dy2: Tensor, x2: Tensor, g: Tensor, rrms: Tensor, max_block: int | None = None
+    dy2: Tensor, x2: Tensor, g: Tensor, rrms: Tensor, max_block: int | None = None, cfg: LaunchConfig | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Launch the backward kernels on contiguous (N, H) tensors: returns dx (N, H) and dg (H,)."""
+    """Launch the backward kernels on contiguous (N, H) tensors: returns dx (N, H) and dg (H,). The layout: `cfg`,
+    else launch_config's with `max_block`, else the tuned table's (backward_config)."""
     n_rows, H = x2.shape
-    cfg = launch_config(H, "backward", max_block)
-    programs = _bwd_programs(n_rows, x2.device)
+    if cfg is None:
+        cfg = launch_config(H, "backward", max_block) if max_block else backward_config(H, x2.dtype, _arch(x2.device))
+    programs = _bwd_programs(n_rows, x2.device, cfg.programs_per_sm)
     rows_per_program = -(-n_rows // programs)  # ceil
     dx = torch.empty_like(x2)
     partial = torch.empty(programs, H, device=x2.device, dtype=torch.float32)  # (P, H): sized by programs, not rows
@@ -274,6 +320,7 @@ def rmsnorm_triton_backward(
             rows_per_program,
             BLOCK_H=cfg.block_h,
             CHUNKS=cfg.chunks,
+            ROWS=cfg.rows,
             num_warps=cfg.num_warps,
         )
     else:

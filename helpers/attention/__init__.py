@@ -8,12 +8,21 @@ Both Functions save one tensor beside q, k, v, O: L = row-wise logsumexp of the 
 Backward recomputes P = exp(S - L) tile by tile, so no Tq x Tk matrix lives between forward and backward.
 Without CUDA the kernels run in Triton's interpreter (`import helpers` sets TRITON_INTERPRET=1): correct, but slow.
 
-The parts: .reference (naive attention, its costs, the input checks), .tiles (the launch configuration),
-.pytorch (the tiled spec and FlashAttentionPyTorch), .kernels (the Triton kernels and FlashAttentionTriton);
-every name is re-exported here.
+The parts: .reference (naive attention, its costs, the input checks), .tiles (the launch configuration, from the
+table in .tuned), .pytorch (the tiled spec and FlashAttentionPyTorch), .kernels (the Triton kernels and
+FlashAttentionTriton); every name is re-exported here.
 """
 
-from helpers.attention.kernels import FlashAttentionTriton, _as_4d, triton
+from helpers.attention.kernels import (
+    DELTA_BLOCK,
+    FlashAttentionTriton,
+    _as_4d,
+    bwd_delta,
+    bwd_kernel,
+    flash_backward_triton,
+    flash_forward_triton,
+    triton,
+)
 from helpers.attention.pytorch import (
     TILE_OPS,
     FlashAttentionPyTorch,
@@ -34,10 +43,19 @@ from helpers.attention.reference import (
     naive_attention,
     score_matrix_bytes,
 )
-from helpers.attention.tiles import LaunchConfig, _launch_config
+from helpers.attention.tiles import GRID, KERNELS, LaunchConfig, Tiles, _launch_config, tiles_for
 
 if triton is not None:
-    from helpers.attention.kernels import _dot, _fwd_tile, attn_bwd_dkdv_kernel, attn_bwd_dq_kernel, attn_fwd_kernel
+    from helpers.attention.kernels import (
+        _dkdv_tile,
+        _dot,
+        _dq_tile,
+        _fwd_tile,
+        attn_bwd_delta_kernel,
+        attn_bwd_dkdv_kernel,
+        attn_bwd_dq_kernel,
+        attn_fwd_kernel,
+    )
 
 __all__ = [
     "HEAD_DIMS",
@@ -49,16 +67,36 @@ __all__ = [
     "naive_attention",
     "score_matrix_bytes",
     "LaunchConfig",
+    "Tiles",
+    "tiles_for",
+    "GRID",
+    "KERNELS",
+    "DELTA_BLOCK",
     "TILE_OPS",
     "FlashAttentionPyTorch",
     "flash_backward_torch",
     "flash_forward_torch",
     "tiled_launches",
     "FlashAttentionTriton",
+    "flash_forward_triton",
+    "flash_backward_triton",
+    "bwd_delta",
+    "bwd_kernel",
     "triton",
     "attn_fwd_kernel",
+    "attn_bwd_delta_kernel",
     "attn_bwd_dkdv_kernel",
     "attn_bwd_dq_kernel",
 ]
 # the parts notebook 06, kernel_check and the tests show or call directly
-__all__ += ["_check", "_scores", "_launch_config", "_above_diagonal", "_as_4d", "_dot", "_fwd_tile"]
+__all__ += [
+    "_check",
+    "_scores",
+    "_launch_config",
+    "_above_diagonal",
+    "_as_4d",
+    "_dot",
+    "_fwd_tile",
+    "_dkdv_tile",
+    "_dq_tile",
+]

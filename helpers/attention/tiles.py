@@ -1,5 +1,5 @@
-"""One helper picks the tiles and warps for both FlashAttention implementations (the PyTorch spec and the Triton
-kernels), per head dim, dtype and device.
+"""One helper picks the tiles, warps and stages of every FlashAttention kernel (the PyTorch spec's loops and the
+three Triton kernels), per head dim, dtype and GPU architecture, from the table in helpers.attention.tuned.
 """
 
 from __future__ import annotations
@@ -8,36 +8,135 @@ from dataclasses import dataclass
 
 import torch
 
+from helpers.attention.tuned import TILES
+
+KERNELS = ("fwd", "dkdv", "dq")  # forward (owns queries, streams keys); dK/dV (owns keys); dQ (owns queries)
+ARCHS = ("sm_80", "sm_90a")  # Ampere's mma.sync and Hopper's wgmma: the two code paths Triton compiles
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One kernel's launch: a program owns `own` rows (queries or keys) and streams `loop` rows of the other side
+    per step (own % loop == 0, so causal bounds fall on tile borders)."""
+
+    own: int
+    loop: int
+    num_warps: int
+    num_stages: int
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Tiles and warps for one (d, dtype, device). Forward: block_q query rows x block_k key rows. Backward: a
-    program owns block_own rows (keys for dK/dV, queries for dQ) and loops over block_loop rows of the other side."""
+    """Tiles for one (d, dtype, device): the forward's, the dK/dV kernel's and the dQ kernel's."""
 
-    block_q: int
-    block_k: int
-    block_own: int
-    block_loop: int
-    num_warps: int
-    num_stages: int
+    fwd: Tiles
+    dkdv: Tiles
+    dq: Tiles
     dot_precision: str  # "ieee" for fp32: full fp32 dots (no tf32), so fp32 results match the spec to ~1e-6
+
+    # the names the PyTorch spec's loops read: forward query x key tiles; backward owned x streamed rows
+    @property
+    def block_q(self) -> int:
+        return self.fwd.own
+
+    @property
+    def block_k(self) -> int:
+        return self.fwd.loop
+
+    @property
+    def block_own(self) -> int:
+        return self.dkdv.own
+
+    @property
+    def block_loop(self) -> int:
+        return self.dkdv.loop
+
+    @property
+    def num_warps(self) -> int:
+        return self.fwd.num_warps
+
+    @property
+    def num_stages(self) -> int:
+        return self.fwd.num_stages
+
+
+BOTH, HOPPER = ARCHS, ("sm_90a",)
+# What `python -m helpers tune attention` times: (dtype, d) -> kernel -> [(tiles, the architectures it may run on)].
+# Every candidate compiles for its architectures without spills (`python -m helpers kernels --grid`); the 4-warp
+# 128 x 32 tiles of Triton's tutorial spill our dK/dV kernel on both (its dQ on sm_80 only), so 8 warps stand in.
+# fp32 has one candidate: on FMA units it is for checking, not for speed.
+GRID = {
+    ("bfloat16", 64): {
+        "fwd": [
+            (Tiles(128, 64, 8, 3), BOTH),
+            (Tiles(128, 64, 4, 3), BOTH),
+            (Tiles(128, 128, 8, 3), BOTH),
+            (Tiles(128, 64, 8, 4), BOTH),
+            (Tiles(128, 32, 4, 4), BOTH),
+            (Tiles(64, 64, 4, 3), BOTH),
+        ],
+        "dkdv": [
+            (Tiles(128, 32, 8, 5), BOTH),
+            (Tiles(128, 32, 8, 3), BOTH),
+            (Tiles(128, 16, 4, 5), BOTH),
+            (Tiles(64, 32, 4, 4), BOTH),
+            (Tiles(64, 32, 8, 3), BOTH),
+            (Tiles(64, 16, 4, 5), BOTH),
+            (Tiles(128, 64, 8, 3), HOPPER),
+        ],
+        "dq": [
+            (Tiles(128, 32, 8, 5), BOTH),
+            (Tiles(128, 32, 8, 3), BOTH),
+            (Tiles(128, 32, 4, 5), HOPPER),
+            (Tiles(128, 16, 4, 5), BOTH),
+            (Tiles(64, 32, 4, 4), BOTH),
+            (Tiles(64, 32, 8, 3), BOTH),
+        ],
+    },
+    ("bfloat16", 128): {
+        "fwd": [(Tiles(128, 32, 8, 2), BOTH), (Tiles(128, 64, 8, 3), BOTH), (Tiles(64, 64, 4, 3), BOTH)],
+        "dkdv": [(Tiles(64, 32, 8, 2), BOTH), (Tiles(64, 32, 4, 3), BOTH), (Tiles(128, 32, 8, 3), HOPPER)],
+        "dq": [(Tiles(64, 32, 8, 2), BOTH), (Tiles(64, 32, 4, 3), BOTH), (Tiles(128, 32, 8, 3), HOPPER)],
+    },
+    ("float32", 64): {"fwd": [(Tiles(64, 32, 8, 2), BOTH)], "dkdv": [(Tiles(64, 16, 8, 2), BOTH)]},
+    ("float32", 128): {"fwd": [(Tiles(16, 16, 8, 3), BOTH)], "dkdv": [(Tiles(16, 16, 8, 3), BOTH)]},
+}
+GRID[("float32", 64)]["dq"] = GRID[("float32", 64)]["dkdv"]
+GRID[("float32", 128)]["dq"] = GRID[("float32", 128)]["dkdv"]
+
+INTERPRETER = Tiles(32, 16, 4, 1)  # small tiles: small test shapes still cross many tile borders and ragged edges
+
+
+def device_arch(device) -> str:
+    """The table's architecture for a CUDA device: sm_90a from compute capability 9 (Hopper) on, else sm_80; sm_90a
+    where there is no CUDA (a "cuda" device named on a CPU machine: the dry run, the compile check)."""
+    if not torch.cuda.is_available():
+        return "sm_90a"
+    major, _ = torch.cuda.get_device_capability(device)
+    return "sm_90a" if major >= 9 else "sm_80"
+
+
+def table_key(d: int, dtype: torch.dtype) -> tuple[str, int]:
+    """(dtype name, d) as the table stores them: fp16 shares bf16's rows (same tensor-core paths), d <= 64 rounds up
+    to 64's (smaller heads only shrink the tiles' registers)."""
+    name = "float32" if dtype == torch.float32 else "bfloat16"
+    return name, 64 if d <= 64 else 128
+
+
+def tiles_for(d: int, dtype: torch.dtype, arch: str, table=TILES) -> LaunchConfig:
+    """The table's LaunchConfig for (d, dtype) on `arch` (sm_80 | sm_90a); a later architecture uses sm_90a's."""
+    name, d_key = table_key(d, dtype)
+    rows = {r[3]: Tiles(*r[4:]) for r in table if r[:3] == (arch, name, d_key)}
+    if set(rows) != set(KERNELS):
+        raise ValueError(
+            f"the tiles table has no complete entry for {arch} {name} d={d_key}: run `python -m helpers tune`"
+        )
+    return LaunchConfig(rows["fwd"], rows["dkdv"], rows["dq"], "ieee" if dtype == torch.float32 else "tf32")
 
 
 def _launch_config(d: int, dtype: torch.dtype, device) -> LaunchConfig:
-    """Tile sizes and warps for FlashAttentionPyTorch and FlashAttentionTriton (block_q % block_k == 0 and
-    block_own % block_loop == 0, so causal loop bounds fall on tile borders)."""
-    precision = "ieee" if dtype == torch.float32 else "tf32"  # "tf32" only matters for fp32 operands
+    """Tiles for FlashAttentionPyTorch and FlashAttentionTriton on `device`: the tuned table on CUDA, small tiles in
+    the interpreter (block_q = 2 * block_k gives two diagonal key tiles per query tile, as on the GPU)."""
     if torch.device(device).type != "cuda":
-        # interpreter / CPU: small tiles, so small test shapes still cross many tile borders and ragged edges;
-        # block_q = 2 * block_k gives two diagonal key tiles per query tile, as on the GPU
-        return LaunchConfig(32, 16, 32, 16, 4, 1, precision)
-    # Chosen by compiling for sm_80 and sm_90a (ptxas -v): no register spills on either (e.g. 4 warps spill there).
-    # 16-bit: 128 query rows share each K/V tile load; d = 128 halves the key tile to keep S and O in registers.
-    # Backward programs hold k, v, dk, dv (or q, dO, dq) for 64 rows and stream 32-row tiles of the other side.
-    # fp32 ("ieee") dots run on FMA units, not tensor cores, and need far more registers: small tiles (fp32 on a
-    # GPU is for checking; train in bf16).
-    if dtype != torch.float32:  # (block_q, block_k, block_own, block_loop, num_warps, num_stages)
-        choice = (128, 64, 64, 32, 8, 3) if d <= 64 else (128, 32, 64, 32, 8, 2)
-    else:
-        choice = (64, 32, 64, 16, 8, 2) if d <= 64 else (16, 16, 16, 16, 8, 3)  # d=128, 4 warps: triton 3.6 spills
-    return LaunchConfig(*choice, dot_precision=precision)
+        return LaunchConfig(INTERPRETER, INTERPRETER, INTERPRETER, "ieee" if dtype == torch.float32 else "tf32")
+    return tiles_for(d, dtype, device_arch(device))
