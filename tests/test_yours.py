@@ -661,3 +661,25 @@ def test_a_timing_rows_error_hides_no_other_row_and_a_cuda_error_is_rerun_in_a_f
     assert launched[1].timing_only == ("yours:triton",)
     assert {(r["who"], r["impl"]) for r in got.rows} == {("ours", "pytorch"), ("yours", "triton")}
     assert "not when rerun alone in a fresh process" in got.checks[0].detail
+
+
+def test_cuda_events_and_streams_run_on_a_cpu_only_torch_as_nvtx_does(monkeypatch):
+    """torch.cuda.Event, Stream, stream(), current_stream() and synchronize() raise on a CPU-only build: stubbed where
+    the student's code runs, their logic (timing, a side stream) runs and the elapsed time is the host's."""
+    import torch
+
+    from helpers.course.yours.student_env import CUDA_STUBS, quiet_cuda_events
+
+    for name in CUDA_STUBS:
+        monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))  # restored after the test
+    if not quiet_cuda_events():
+        pytest.skip("a CUDA build of torch runs its own events")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        start.record()
+        torch.ones(64).sum()
+        end.record()
+    torch.cuda.synchronize()
+    assert start.elapsed_time(end) >= 0.0

@@ -667,3 +667,24 @@ def test_without_cs336_basics_model_fsdp_is_judged_on_our_copy_of_the_staff_laye
     ids, _ = CM.fsdp_data()
     assert model(ids).shape == (*ids.shape, CM.FSDP_VOCAB)
     assert {type(m) for m in model.modules()} >= {CM.StaffLayers.Linear, CM.StaffLayers.Embedding}
+
+
+def _dies_once(marker, path, names, opts, parts):
+    """A worker whose rank 1 is killed by SIGSEGV the first time only (the marker file remembers)."""
+    import os
+    import signal
+
+    if torch.distributed.get_rank() == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return {n: {"status": PASS} for n in names}
+
+
+def test_a_signal_that_a_fresh_launch_does_not_repeat_is_the_environments(tmp_path):
+    """A rank killed by a signal once (gloo's teardown, say) is rerun in a fresh launch; the results are the rerun's
+    and the report says the environment, the signal and the phase, never a failed rule."""
+    worker = functools.partial(_dies_once, str(tmp_path / "died"))
+    got = DC.launch_each(worker, "adapters.py", ["individual"], CHECKS_ONLY, world=2, parts=("course",))
+    assert [r["status"] for r in got["individual"]] == [PASS, PASS]
+    [env] = DC.environment_checks("ddp", "individual", got["individual"])
+    assert env.beyond and env.status == SKIPPED and "killed by SIGSEGV" in env.detail and "course part" in env.detail

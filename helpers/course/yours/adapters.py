@@ -104,8 +104,9 @@ def prepare(root: Path, dirs: list[Path] | None = None) -> list[str]:
     folder every edition ships (in the root, or in a folder pytest may run from: `dirs`, the 2024 layout) on
     sys.path, the metadata of their projects (pyproject.toml's name and version) visible to importlib.metadata where
     they are not installed (the 2025 template's package reads its own version at import), and NVTX ranges that run on
-    a CPU-only torch build (student_env). The folders added, in order."""
+    a CPU-only torch build, and CUDA events and streams too (student_env). The folders added, in order."""
     E.quiet_nvtx()
+    E.quiet_cuda_events()
     basics = [d / "cs336-basics" for d in dict.fromkeys([root, *(dirs or [])]) if (d / "cs336-basics").is_dir()]
     folders = [str(root), *(str(b) for b in basics)]
     for folder in folders:

@@ -13,7 +13,7 @@ import helpers.course.yours.student_calls as S
 from helpers import formulas as F
 from helpers import launch as L
 from helpers.course.yours.options import Options
-from helpers.course.yours.report import ERROR, Check, TopicResult
+from helpers.course.yours.report import ERROR, SKIPPED, Check, TopicResult
 from helpers.experiments.common import slowest_rank
 from helpers.timing import paired_ratio, ratio_columns, verdict
 
@@ -62,7 +62,7 @@ def launch_each(worker, path: str, impls: list[str], opts: Options, world: int =
     the probes beyond them alone: a crash or hang beyond the handout keeps the contract's results (each rank's dict
     then has "beyond_failed", what stopped the probes)."""
 
-    def launch(names, parts=parts):
+    def fresh(names, parts):
         return L.launch(
             functools.partial(worker, path, names, opts, parts),
             world,
@@ -70,6 +70,21 @@ def launch_each(worker, path: str, impls: list[str], opts: Options, world: int =
             device="cpu",
             timeout_s=opts.timeout_s,
         )
+
+    def launch(names, parts=parts):
+        try:
+            return fresh(names, parts)
+        except L.RankError as exc:
+            killed = SIGNAL.search(str(exc))
+            if not killed:
+                raise
+            per_rank = fresh(names, parts)  # once more in a fresh launch: a recurrence propagates, the student's
+            note = environment_note(killed.group(1), worker, names, parts)
+            for r in per_rank:
+                for n in names:
+                    if isinstance(r.get(n), dict):
+                        r[n]["environment"] = note
+            return per_rank
 
     try:
         per_rank = launch(impls)
@@ -116,6 +131,26 @@ def beyond_failed(topic: str, impl: str, per_rank: list[dict]) -> list[Check]:
             beyond=True,
         )
     ]
+
+
+SIGNAL = re.compile(r"was killed by (SIG\w+|signal \d+)")
+
+
+def environment_note(signal: str, worker, names: list[str], parts) -> str:
+    """What a crash outside Python that a fresh launch did not repeat says: the signal and the phase it came in."""
+    what = getattr(worker, "__name__", "the worker")
+    return (
+        f"a rank was killed by {signal} in {what} ({', '.join(names)}; {' and '.join(parts)} part) once, and not "
+        "when rerun in a fresh launch: the environment's (e.g. gloo's teardown), not your code; the results are the "
+        "rerun's"
+    )
+
+
+def environment_checks(topic: str, impl: str, got) -> list[Check]:
+    """The environment's crash, rerun away (launch_each), as information beside the checks; none otherwise."""
+    if isinstance(got, BaseException) or not got or not isinstance(got[0], dict) or "environment" not in got[0]:
+        return []
+    return [Check(topic, impl, "the environment: a crash outside Python, rerun", SKIPPED, got[0]["environment"], True)]
 
 
 def status_checks(topic: str, impl: str, got, path: str) -> list[Check] | None:

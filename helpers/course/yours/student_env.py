@@ -11,10 +11,12 @@ template's package reads its own version through importlib.metadata, which works
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 # ---- where pytest runs from ----
@@ -103,6 +105,76 @@ def quiet_nvtx() -> bool:
         return False
     if not isinstance(nvtx._nvtx, NoNVTX):
         nvtx._nvtx = NoNVTX()
+    return True
+
+
+class HostEvent:
+    """torch.cuda.Event on a CPU-only torch build: record() notes the host's clock (work here is synchronous, so
+    elapsed_time is the work's), the rest no-ops. Students time their hooks with CUDA events, as the handout's
+    profiling advice suggests; on a CUDA build without a GPU torch's own work."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.at = None
+
+    def record(self, stream=None) -> None:
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end: HostEvent) -> float:
+        return 1e3 * ((end.at or 0.0) - (self.at or 0.0))  # ms, as CUDA's
+
+    def wait(self, stream=None) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+class HostStream:
+    """torch.cuda.Stream on a CPU-only torch build: one host stream, everything already done."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        self.device = device
+
+    def wait_stream(self, stream) -> None:
+        return None
+
+    def wait_event(self, event) -> None:
+        return None
+
+    def record_event(self, event=None):
+        event = event or HostEvent()
+        event.record()
+        return event
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+CUDA_STUBS = {  # torch.cuda's names a student's code may call without a GPU, as a CPU-only build runs them here
+    "Event": HostEvent,
+    "Stream": HostStream,
+    "synchronize": lambda device=None: None,
+    "current_stream": lambda device=None: HostStream(),
+    "default_stream": lambda device=None: HostStream(),
+    "stream": lambda stream=None: contextlib.nullcontext(stream),
+}
+
+
+def quiet_cuda_events() -> bool:
+    """Make torch.cuda's events, streams and synchronize work on a CPU-only torch build (they raise there; a CUDA
+    build runs them with or without a GPU): the logic around them is judged, not the build. True when stubbed."""
+    import torch
+
+    if torch.version.cuda is not None or torch.version.hip is not None:
+        return False
+    for name, stub in CUDA_STUBS.items():
+        setattr(torch.cuda, name, stub)
     return True
 
 

@@ -23,6 +23,7 @@ from helpers.course.yours.dist_common import (
     TOY,
     WORLD,
     beyond_failed,
+    environment_checks,
     launch_each,
     sent_bytes,
     status_checks,
@@ -290,6 +291,7 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
     if runnable:
         on_lm = launch_each(lm_worker, str(adapters_path), runnable, opts, world=LM_WORLD, parts=("course",))
     for impl, per_rank in got.items():
+        result.checks += environment_checks("ddp", impl, per_rank)
         early = status_checks("ddp", impl, per_rank, str(adapters_path))
         if early:
             result.checks += early
@@ -299,7 +301,7 @@ def run_ddp(adapters_path: str, opts: Options) -> TopicResult:
             runs = [r["course"][k] for r in per_rank]
             error = S.phase_error("ddp", impl, f"{label}: the course's DDP test runs", runs, beyond=False)
             result.checks += [error] if error else C.course_ddp_checks(impl, label, runs)
-        result.checks += lm_checks(impl, on_lm[impl], str(adapters_path))
+        result.checks += environment_checks("ddp", impl, on_lm[impl]) + lm_checks(impl, on_lm[impl], str(adapters_path))
         if beyond_failed("ddp", impl, per_rank):
             result.checks += beyond_failed("ddp", impl, per_rank)
             continue

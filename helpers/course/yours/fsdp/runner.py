@@ -19,6 +19,7 @@ from helpers.course.yours.dist_common import (
     SPEED,
     NotAsked,
     beyond_failed,
+    environment_checks,
     launch_each,
     rows_into,
     status_checks,
@@ -146,6 +147,7 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
     times), memory and bytes vs the formulas, and yours vs ours vs torch's fully_shard."""
     result = TopicResult("fsdp")
     for impl, per_rank in launch_each(fsdp_worker, str(adapters_path), list(A.ADAPTERS["fsdp"]), opts).items():
+        result.checks += environment_checks("fsdp", impl, per_rank)
         early = status_checks("fsdp", impl, per_rank, str(adapters_path))
         if early:
             result.checks += early

@@ -24,6 +24,7 @@ from helpers.course.yours.dist_common import (
     TOY,
     WORLD,
     beyond_failed,
+    environment_checks,
     launch_each,
     sent_bytes,
     status_checks,
@@ -163,6 +164,7 @@ def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
 def judge_sharding(result: TopicResult, impl: str, per_rank, path: str) -> None:
     """The checks and side-by-side rows of one implementation, from its ranks' sharding_worker results (or the
     exception that stopped its launch); the probes beyond the handout only where the worker ran them."""
+    result.checks += environment_checks("sharding", impl, per_rank)
     early = status_checks("sharding", impl, per_rank, path)
     if early:
         result.checks += early
