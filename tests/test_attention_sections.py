@@ -12,7 +12,7 @@ import torch
 
 import helpers  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before triton is imported)
 from helpers import attention as A
-from helpers import results
+from helpers import env, results
 from helpers.experiments import attention as X
 from helpers.experiments import attention_bench_sections, attention_sections
 from helpers.section import Result
@@ -42,7 +42,9 @@ SCALE = dict(  # a PROFILES entry at the smallest sizes that still exercise ever
     model_steps=2,
     kernel_shape=(1, 1, 20, 16),
 )
-CTX = X.Setup("cpu", "cpu", "test CPU", SCALE)
+DEVICE = env.device_type()  # the machine's: Triton compiled on a GPU refuses host tensors (interpreted here)
+CTX = X.Setup("cpu", DEVICE, "test machine", SCALE)
+TRITON_TIMED = {"flash_triton"} if CTX.triton_timed else set()  # on a GPU the cpu profile times Triton too
 
 
 @pytest.fixture
@@ -55,7 +57,7 @@ def saved(tmp_path, monkeypatch):
 
 def test_setup_resolves_the_profile_and_names_the_device():
     ctx = X.setup("cpu")
-    assert ctx.device == "cpu" and ctx.scale is X.PROFILES["cpu"]
+    assert ctx.device == DEVICE and ctx.scale is X.PROFILES["cpu"]  # the profile picks the sizes, not the device
     assert ctx.where.startswith(ctx.device_name) and "profile cpu" in ctx.where
 
 
@@ -78,7 +80,7 @@ def test_the_flop_cap_leaves_shapes_out_says_which_and_saves_the_grid(saved):
     """Issue 41: the cpu profile times the handout's grid only where a forward+backward is at most naive_max_flops
     (1·32²·16·14 = 229,376 FLOPs at T 32; 917,504 at T 64): the notes, the saved provenance and the memory table say
     which shapes did not run."""
-    ctx = X.Setup("cpu", "cpu", "test CPU", {**SCALE, "naive_max_flops": 5e5})
+    ctx = X.Setup("cpu", DEVICE, "test machine", {**SCALE, "naive_max_flops": 5e5})
     times = X.naive_times(ctx)
     assert times.values["left_out"] == [(1, 1, 64, 16)] and set(times.values["rows"]["T"]) == {32}
     assert "not timed here: 1 of the grid's 2 shapes, over the profile's 0.0005 GFLOP" in times.notes[1]
@@ -138,13 +140,16 @@ def test_kernel_checks_and_the_summary_the_answers_page_reads(saved):
 def test_benchmark_and_tflops_from_the_same_rows(saved):
     bench = X.benchmark(CTX)
     rows = bench.values["rows"]
-    assert bench.saved.name == "attention_bench.jsonl" and set(rows["impl"]) == {"naive", "sdpa", "flash_pytorch"}
-    assert (rows["ms"] == rows["median_s"] * 1e3).all() and "Triton is not timed here" in bench.notes[0]
-    assert any(line.startswith(LEFT_OUT_LINES) for line in repr(bench).splitlines())  # the front page's left-out note
+    assert bench.saved.name == "attention_bench.jsonl"
+    assert set(rows["impl"]) == {"naive", "sdpa", "flash_pytorch", *TRITON_TIMED}
+    assert (rows["ms"] == rows["median_s"] * 1e3).all()
+    assert ("Triton is not timed here" in bench.notes[0]) != CTX.triton_timed
+    left_out = any(line.startswith(LEFT_OUT_LINES) for line in repr(bench).splitlines())  # the front page's note
+    assert left_out != CTX.triton_timed
     t = X.tflops(CTX, bench)
     fb = rows[rows["pass"] == "fwd+bwd"].set_index("impl")["median_s"]
     assert f"sdpa {fb['naive'] / fb['sdpa']:.2g}x" in t.notes[1], t.notes
-    assert t.table.max().max() > 0
+    assert (rows["TFLOPs"] > 0).all() and len(t.table) == 3  # the table rounds: a loaded CPU shows 0.0
 
 
 def test_benchmark_asserts_the_order_on_device_time_and_notes_it_on_host_time(saved, monkeypatch):
@@ -155,6 +160,25 @@ def test_benchmark_asserts_the_order_on_device_time_and_notes_it_on_host_time(sa
     assert any(n.startswith("naive float32 T=16: the fastest forward took 5.0x") for n in notes), notes
     with pytest.raises(AssertionError, match="forward slower"):
         X.benchmark(X.Setup("gpu", "cuda", "NVIDIA H100 80GB HBM3", SCALE))
+    kept = results.load_results(saved / "attention_bench.jsonl")  # saved before the bound tripped (issue 47)
+    assert kept.provenance["profile"] == "gpu" and len(kept.rows) == len(slow)
+
+
+def test_naive_sections_save_before_a_tripped_bound(saved, monkeypatch):
+    """One tripped bound on a GPU must not lose the run: the rows are saved first, then asserted."""
+    times = X.naive_times(CTX)
+    real = attention_sections.saved_memory
+    monkeypatch.setattr(attention_sections, "saved_memory", lambda *a, **k: {**real(*a, **k), "formula_bytes": -1})
+    with pytest.raises(AssertionError):  # every row off its closed form
+        X.naive_memory(CTX, times)
+    assert len(results.load_results(saved / "06_naive_memory.jsonl").rows) == len(X.naive_shapes(SCALE)[0])
+    rows = X.bench_attention("naive", (1, 1, 16, 16), warmup=0, steps=1)
+    slow = [dict(r, min_s=5.0 if r["pass"] == "fwd" else 1.0) for r in rows]  # a forward 5x its forward+backward
+    monkeypatch.setattr(attention_sections, "sweep", lambda *a, **k: slow)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (0, 80 * 2**30))  # the gpu branch's provenance
+    with pytest.raises(AssertionError, match="forward slower"):
+        X.naive_times(X.Setup("gpu", "cuda", "NVIDIA H100 80GB HBM3", SCALE))
+    assert len(results.load_results(saved / "06_naive_attention.jsonl").rows) == len(slow)
 
 
 def test_yours_against_ours_interleaves_one_loop():
@@ -184,7 +208,7 @@ def test_model_and_leaderboard_sections_on_a_cpu(saved):
     assert any(line.startswith(LEFT_OUT_LINES) for line in repr(board).splitlines())
     assert f"{X.PUBLISHED_MS['best class entry']:g} ms" in board.notes[0]
     marks = X.leaderboard_marks(CTX, board, X.benchmark(CTX))
-    assert marks.figure is not None and set(marks.table.index) == {"naive", "sdpa", "flash_pytorch"}
+    assert marks.figure is not None and set(marks.table.index) == {"naive", "sdpa", "flash_pytorch", *TRITON_TIMED}
 
 
 def test_notebook_06_cells_are_short_and_show_the_code_they_measure():
@@ -209,7 +233,7 @@ def test_the_leaderboard_on_a_gpu_profile_saves_its_paired_rows(saved, monkeypat
     verdicts against flash_triton, and the marks compared on an H100."""
     tiny = functools.partial(X.leaderboard_comparison, warmup=0, shape=(1, 1, 32, 16), dtype=torch.float32)
     monkeypatch.setattr(attention_bench_sections, "leaderboard_comparison", tiny)
-    ctx = X.Setup("gpu", "cpu", "NVIDIA H100 80GB HBM3", {**SCALE, "model_steps": 3})
+    ctx = X.Setup("gpu", DEVICE, "NVIDIA H100 80GB HBM3", {**SCALE, "model_steps": 3})
     board = X.leaderboard(ctx)
     run = results.load_results(board.saved)
     assert board.saved.name == "06_leaderboard.jsonl" and [r["impl"] for r in run.rows] == list(board.table.index)

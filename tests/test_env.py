@@ -33,6 +33,40 @@ def test_make_tests_profile_variable_decides_auto_only(monkeypatch):
     assert f"{env.AUTO_PROFILE_VAR}=cpu $(PY) -m pytest" in makefile
 
 
+TORCH_211_CU130 = [
+    "filelock",
+    'triton==3.6.0; platform_system == "Linux"',
+    'nvidia-nccl-cu13==2.28.9; platform_system == "Linux"',
+]
+TORCH_213_CUDA = ["filelock", 'triton==3.7.1; platform_system == "Linux" and platform_machine == "x86_64"']  # its own
+TORCH_NIGHTLY = ["filelock", 'pytorch-triton==3.8.0+gitabc; platform_system == "Linux"']
+TORCH_CPU = ["filelock", "sympy>=1.13.3", 'optree>=0.13.0; extra == "optree"']
+
+
+@pytest.mark.parametrize(
+    "requires, installs",
+    [(TORCH_211_CU130, None), (TORCH_213_CUDA, None), (TORCH_NIGHTLY, None), (TORCH_CPU, env.COURSE_TRITON)],
+    ids=["cuda 2.11 keeps its 3.6", "cuda 2.13 keeps its own", "nightly keeps pytorch-triton", "cpu build: the pin"],
+)
+def test_make_setup_keeps_the_triton_torch_requires(requires, installs):
+    """Issue 47 item 4: PyPI's CUDA torch requires the one Triton inductor was built for; pinning the course's 3.6
+    beside torch 2.13 would make inductor generate code for a Triton it was not built for. The pin is for a torch that
+    requires none (a CPU build: the interpreter runs a student's block-pointer kernel)."""
+    assert env.triton_to_install(requires) == installs
+    assert env.triton_to_install(requires + ['triton; extra == "compile"'], "triton==9") == (installs and "triton==9")
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert 'e.triton_to_install(m.requires("torch"), sys.argv[1])' in makefile  # what make setup asks, then installs
+    assert not any(line.strip().startswith("$(if $(strip $(TRITON)),$(PY) -m pip") for line in makefile.splitlines())
+
+
+def test_the_device_follows_the_machine_not_the_profile(monkeypatch):
+    monkeypatch.setenv(env.AUTO_PROFILE_VAR, "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert (env.resolve_profile("auto"), env.device_type()) == ("cpu", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert (env.resolve_profile("auto"), env.device_type()) == ("cpu", "cpu")
+
+
 def test_bad_profiles_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="unknown PROFILE"):
         env.resolve_profile("tpu")

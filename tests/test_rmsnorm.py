@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import helpers  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before triton is imported)
+from helpers import env
 from helpers import formulas as F
 from helpers import rmsnorm as R
 from helpers.experiments import rmsnorm as XR
@@ -20,7 +21,7 @@ from helpers.rmsnorm import (
 )
 
 needs_triton = pytest.mark.skipif(R.triton is None, reason="triton is not installed")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton runs in its interpreter
+DEVICE = env.device_type()  # the machine's: compiled Triton refuses host tensors (CPU: Triton's interpreter)
 TOL = XR.TOL  # the notebook's tolerances: one table, in helpers.experiments.rmsnorm
 SHAPES = [(10, 20, 50), (3, 37), (2, 3, 100), (4, 256), (1, 1)]
 
@@ -256,24 +257,25 @@ def _saved(path):
 
 
 def test_shapes_and_bandwidth_sections_save_what_the_answers_page_reads(data_dir):
-    shapes = XR.shapes_section(SCALE, "cpu", "cpu", yours={"yours:torchfn": RMSNormPyTorchFunction.apply})
+    shapes = XR.shapes_section(SCALE, DEVICE, "cpu", yours={"yours:torchfn": RMSNormPyTorchFunction.apply})
     assert list(shapes.table.columns) == XR.PYTORCH_NORMS and shapes.saved.name == "rmsnorm_ratios.jsonl"
     ratios = _saved(shapes.saved)
     assert {"a", "b", "pass", "dtype", "H"} <= set(ratios.columns) and "yours:torchfn" in set(ratios["a"])
     low = shapes.values["forward_over_both_low"]
     assert low <= 1 and f"is {low:.2f})" in shapes.notes[1]  # the sentence states the value the cell asserts on
     assert sum(n.startswith("yours, ") for n in shapes.notes) == 2  # yours vs torchfn, per pass
-    bw = XR.bandwidth_section(shapes, SCALE, "cpu", "cpu")
+    bw = XR.bandwidth_section(shapes, SCALE, DEVICE, "cpu")
     bench = _saved(bw.saved)
     assert bw.saved.name == "rmsnorm_bench.jsonl" and {"impl", "pass", "median_ms", "frac_of_copy"} <= set(bench)
     assert bw.values["max_fraction_of_copy"] == pytest.approx(bw.big["frac_of_copy"].max())
-    assert ("triton", 4) in set(zip(bench["impl"], bench["rows"], strict=True))  # the interpreter's tiny shape
+    tiny = ("triton", 4) in set(zip(bench["impl"], bench["rows"], strict=True))  # the interpreter's tiny shape
+    assert tiny != XR.triton_timed(SCALE) and ("triton" in set(bw.big["impl"])) == XR.triton_timed(SCALE)
     assert {"fraction of copy", "median ms"} == set(bw.table.columns.get_level_values(0))
     fast = XR.fastest_section(shapes, bw, SCALE, "cpu")
     assert len(fast.notes) == 3 and "judged on the gpu profile" in fast.notes[-1] and fast.table is None
     shapes.rows[0] = {**shapes.rows[0], "frac_of_copy": 1.2}  # a norm faster than the copy: a wrong byte count
     with pytest.raises(AssertionError, match="copy bandwidth"):
-        XR.bandwidth_section(shapes, SCALE, "cpu", "cpu")
+        XR.bandwidth_section(shapes, SCALE, DEVICE, "cpu")
 
 
 def test_gradients_section_catches_a_wrong_derivation(data_dir, monkeypatch):
@@ -312,8 +314,9 @@ def test_model_and_compile_sections_save_both_loops(data_dir, monkeypatch):
     from helpers.budget import Budget
     from helpers.experiments import rmsnorm_speed
 
-    models = XR.model_section(Budget(None), [XR.TINY], dict(SCALE, steps=3), "cpu", "cpu")
-    assert list(models.table.columns) == XR.model_norms("cpu") and XR.TRITON_LEFT_OUT in models.notes
+    models = XR.model_section(Budget(None), [XR.TINY], dict(SCALE, steps=3), DEVICE, "cpu")
+    assert list(models.table.columns) == XR.model_norms("cpu")
+    assert (XR.TRITON_LEFT_OUT in models.notes) == (env.triton_mode() == "interpreter")  # compiled: timed
     assert set(models.comps) == {"tiny"} and {r["size"] for r in models.rows} == {"tiny"}
 
     def eager_twice(size, device, batch, warmup, steps):  # torch.compile stood in by the eager model (seconds)
@@ -322,12 +325,38 @@ def test_model_and_compile_sections_save_both_loops(data_dir, monkeypatch):
         return [{**row, "compiled": c} for row in rows for c in (False, True)], comp
 
     monkeypatch.setattr(rmsnorm_speed, "compare_compiled", eager_twice)
-    r = XR.compile_section(models, dict(SCALE, steps=3, compile_model_sizes=[XR.TINY]), [XR.TINY, "x"], "cpu", "cpu")
+    r = XR.compile_section(models, dict(SCALE, steps=3, compile_model_sizes=[XR.TINY]), [XR.TINY, "x"], DEVICE, "cpu")
     assert list(r.table.columns) == ["eager", "compiled"] and r.notes[0].startswith("compiled here: tiny of")
     saved = _saved(r.saved)  # section 2's rows and the compiled ones
     assert r.saved.name == "rmsnorm_models.jsonl" and len(saved) == len(models.rows) + 2
     loops = _saved(r.saved.with_name("rmsnorm_model_ratios.jsonl"))["loop"]
     assert set(loops) == {"norms", "compile"}
+
+
+def test_sections_save_before_a_tripped_bound(data_dir, monkeypatch):
+    """One tripped bound on a GPU must not lose the run (issue 47): section 1's ratios and section 5's loops are saved
+    first, then forward <= forward+backward is checked."""
+    from helpers.experiments import rmsnorm_sections, rmsnorm_speed
+    from helpers.timing import Comparison
+
+    def slow(a, b):  # a's forward measurably slower than its forward+backward
+        times = {f"{a}|fwd": 1.0, f"{a}|fwd+bwd": 0.5, f"{b}|fwd": 0.2, f"{b}|fwd+bwd": 0.5}
+        return Comparison({label: [t] * 6 for label, t in times.items()}, f"{a}|fwd", "cpu")
+
+    monkeypatch.setattr(rmsnorm_sections, "compare_shapes", lambda *a, **k: ([], {("float32", 32): slow("torch", "x")}))
+    with pytest.raises(AssertionError, match="forward takes"):
+        XR.shapes_section(SCALE, DEVICE, "cpu")
+    [ratios] = data_dir.rglob("rmsnorm_ratios.jsonl")
+    assert set(_saved(ratios)["pass"]) == {"fwd", "fwd+bwd"}  # saved before the check raised
+    row = dict(size="tiny", norm="rmsnorm", pass_="fwd", median_s=1e-3)
+    monkeypatch.setattr(
+        rmsnorm_speed, "compare_compiled", lambda *a, **k: ([{**row, "compiled": True}], slow("True", "False"))
+    )
+    models = XR.Timed(rows=[row], comps={})  # section 2's rows, saved beside the compiled ones
+    with pytest.raises(AssertionError, match="forward takes"):
+        XR.compile_section(models, dict(SCALE, compile_model_sizes=["tiny"]), ["tiny"], DEVICE, "cpu")
+    [loops] = data_dir.rglob("rmsnorm_model_ratios.jsonl")
+    assert set(_saved(loops)["loop"]) == {"compile"} and len(_saved(loops.with_name("rmsnorm_models.jsonl"))) == 2
 
 
 def test_fastest_section_judges_the_kernels_targets_on_the_gpu_profile():

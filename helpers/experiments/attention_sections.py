@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from helpers import attention as A
-from helpers.env import machine_facts, resolve_profile, triton_mode
+from helpers.env import device_type, machine_facts, resolve_profile, triton_mode
 from helpers.experiments.attention_bench import check_physical_bounds, sweep
 from helpers.experiments.attention_checks import (
     KERNELS,
@@ -47,11 +47,15 @@ class Setup:
 
     @classmethod
     def resolve(cls, profile: str, profiles: dict) -> Setup:
-        """`profile` ("auto" | "cpu" | "gpu") resolved against CUDA's presence; `profiles`: attention.PROFILES."""
+        """`profile` ("auto" | "cpu" | "gpu") picks the sizes (`profiles`: attention.PROFILES); the device is the
+        machine's (env.device_type: CUDA when present, so compiled Triton gets CUDA tensors on the cpu profile too)."""
         profile = resolve_profile(profile)
-        gpu = profile == "gpu"
-        name = torch.cuda.get_device_name() if gpu else machine_facts()["device"]
-        return cls(profile, "cuda" if gpu else "cpu", name, profiles[profile])
+        return cls(profile, device_type(), machine_facts()["device"], profiles[profile])
+
+    @property
+    def triton_timed(self) -> bool:
+        """Whether Triton is timed: where it is compiled (the interpreter's times say nothing about the kernels)."""
+        return torch.device(self.device).type == "cuda" and triton_mode() == "compiled"
 
     @property
     def where(self) -> str:
@@ -105,16 +109,16 @@ def naive_times(ctx: Setup) -> Result:
     GPU, its memory). values: `rows` (every row), `oom` (the rows that ran out), `left_out` (shapes not run)."""
     s = ctx.scale
     shapes, left_out = naive_shapes(s)
-    rows = sweep(["naive"], shapes, [torch.float32], ctx.device, False, s["warmup"], s["steps"])
+    timed = sweep(["naive"], shapes, [torch.float32], ctx.device, False, s["warmup"], s["steps"])
     cuda = torch.device(ctx.device).type == "cuda"
-    check_physical_bounds(rows, ctx.device_name, order=cuda)  # TFLOP/s <= peak; fwd <= fwd+bwd on device time
-    rows = pd.DataFrame(rows)
+    rows = pd.DataFrame(timed)
     rows["ms"] = (rows["median_s"] * 1e3).round(3).astype(object).where(~rows.oom, "OOM")
     grid = dict(head_dims=list(s["head_dims"]), seq_lens=list(s["seq_lens"]), max_flops=s["naive_max_flops"])
     memory = {"device_bytes": torch.cuda.mem_get_info()[1]} if cuda else {}
     saved = save_results(
         rows, "06_naive_attention", profile=ctx.profile, grid=grid, warmup=s["warmup"], steps=s["steps"], **memory
-    )
+    )  # saved first: a tripped bound below still leaves the run's rows
+    check_physical_bounds(timed, ctx.device_name, order=cuda)  # TFLOP/s <= peak; fwd <= fwd+bwd on device time
     table = rows.pivot_table(index=["d", "T"], columns="pass", values="ms", aggfunc="first")
     note = (
         f"naive attention, batch {s['batch']}, 1 head, fp32, not causal: median ms of {s['steps']} steps · {ctx.where}"
@@ -165,9 +169,9 @@ def naive_memory(ctx: Setup, times: Result) -> Result:
     rows = pd.DataFrame([saved_memory("naive", shape, torch.float32, ctx.device) for shape in shapes])
     ran = rows[~rows.oom]
     mismatched = int((ran.saved_bytes != ran.formula_bytes).sum())
-    assert mismatched == 0, ran  # measured == P + O, byte-exact
     rows["saved MiB"] = rows.saved_bytes / 2**20
-    saved = save_results(rows, "06_naive_memory", profile=ctx.profile)
+    saved = save_results(rows, "06_naive_memory", profile=ctx.profile)  # saved first, then asserted
+    assert mismatched == 0, ran  # measured == P + O, byte-exact
     by_T = ran[ran.d == s["head_dims"][0]].set_index("T").saved_bytes
     growth = [(t1 / t0, b1 / b0) for (t0, b0), (t1, b1) in itertools.pairwise(by_T.items())]
     notes = [

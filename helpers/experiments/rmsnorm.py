@@ -13,7 +13,7 @@ The code, one idea per module (all importable from here, as the notebook, the te
     rmsnorm_model    the norms inside the model: timed, swapped in one loop, eager vs torch.compile
     rmsnorm_sections the notebook's sections 1-3, one call each returning a Result (helpers.section)
     rmsnorm_speed    sections 4 and 5: bandwidth vs copy, the published mark, the fastest, torch.compile
-and here: PROFILES and `python -m helpers bench rmsnorm`.
+and here: PROFILES, setup (the notebook's profile, device and budget) and `python -m helpers bench rmsnorm`.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from helpers.experiments.rmsnorm_sections import (
     PYTORCH_NORMS,
     TRITON_LEFT_OUT,
     Bandwidth,
+    Setup,
     Timed,
     gradients_section,
     kernels_at,
@@ -78,6 +79,7 @@ from helpers.experiments.rmsnorm_sections import (
     model_section,
     shapes_section,
     spec_section,
+    triton_timed,
     where,
 )
 from helpers.experiments.rmsnorm_speed import (
@@ -134,10 +136,12 @@ __all__ = [
     # rmsnorm_sections: notebook 02's sections 1-3, one Result each
     "PYTORCH_NORMS",
     "TRITON_LEFT_OUT",
+    "Setup",
     "Timed",
     "Bandwidth",
     "where",
     "kernels_at",
+    "triton_timed",
     "model_norms",
     "shapes_section",
     "model_section",
@@ -154,6 +158,7 @@ __all__ = [
     "compile_section",
     # here
     "PROFILES",
+    "setup",
     "bench_main",
 ]
 
@@ -182,6 +187,11 @@ PROFILES = {  # what notebook 02 measures per profile
         compile_model_sizes=["small/cpu"],
     ),
 }
+
+
+def setup(profile: str = "auto", budget="auto") -> Setup:
+    """Notebook 02's set-up: the profile resolved (its sizes: PROFILES), the machine's device, the time budget."""
+    return Setup.resolve(profile, budget, PROFILES)
 
 
 def bench_main(argv: list[str]) -> int:

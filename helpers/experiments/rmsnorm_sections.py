@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from helpers.env import machine_facts, triton_mode
+from helpers.budget import Budget
+from helpers.env import device_type, machine_facts, resolve_profile, triton_mode
 from helpers.experiments.rmsnorm_checks import (
     DERIVED_TOL,
     GRADCHECK,
@@ -37,7 +38,7 @@ from helpers.experiments.rmsnorm_model import (
     model_lines,
     plan_model_norms,
 )
-from helpers.model import get_config
+from helpers.model import get_config, sizes_for
 from helpers.results import save_results
 from helpers.rmsnorm import (
     RMSNormPyTorchFunction,
@@ -53,6 +54,26 @@ TRITON_LEFT_OUT = (  # how the writeup's front page recognises this cut (helpers
     "rmsnorm_triton is left out of the model timings here: Triton runs in its interpreter on this machine "
     "(its correctness inside the model is checked in section 3 and in tests/test_rmsnorm.py)"
 )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Where notebook 02 runs: the profile (it picks the sizes: `scale`, a PROFILES entry, and the model `sizes`), the
+    machine's device (env.device_type: CUDA when present, under the cpu profile too, so compiled Triton gets CUDA
+    tensors) and the time budget."""
+
+    profile: str
+    device: str
+    scale: dict = field(repr=False)
+    sizes: list = field(repr=False)
+    budget: Budget = field(repr=False)
+
+    @classmethod
+    def resolve(cls, profile: str, budget, profiles: dict) -> Setup:
+        """The parameters cell's PROFILE and BUDGET made concrete (on cpu the budget calibrates this machine, about a
+        second); `profiles`: rmsnorm.PROFILES."""
+        profile = resolve_profile(profile)
+        return cls(profile, device_type(), profiles[profile], sizes_for(profile), Budget.resolve(budget, "02", profile))
 
 
 @dataclass(repr=False)  # Result's own repr: notes and table, not every field
@@ -99,15 +120,22 @@ def _ms(rows) -> pd.DataFrame:
     return df
 
 
+def triton_timed(scale: dict) -> bool:
+    """Whether Triton is timed on every shape: where it is compiled (a GPU, whatever the profile), or where the
+    profile names no interpreter shape; in the interpreter only scale["triton_shape"] runs, to show it runs."""
+    return scale["triton_shape"] is None or triton_mode() == "compiled"
+
+
 def kernels_at(H: int, scale: dict) -> list[str]:
-    """Section 4's kernels timed at width H: torchfn; compiled and Triton where this profile times them."""
+    """Section 4's kernels timed at width H: torchfn; compiled where this profile compiles H; Triton where timed."""
     compiled = ["compiled"] if H in scale["compile_hidden"] else []
-    return ["torchfn", *compiled, *(["triton"] if scale["triton_shape"] is None else [])]
+    return ["torchfn", *compiled, *(["triton"] if triton_timed(scale) else [])]
 
 
 def model_norms(profile: str) -> list[str]:
     """The norms swapped into the model: Triton's only where it is compiled (the interpreter would take hours)."""
-    return ["layernorm", "rmsnorm", "rmsnorm_torchfn"] + (["rmsnorm_triton"] if profile == "gpu" else [])
+    compiled = profile == "gpu" or triton_mode() == "compiled"
+    return ["layernorm", "rmsnorm", "rmsnorm_torchfn"] + (["rmsnorm_triton"] if compiled else [])
 
 
 # ---- §1: the norms on (rows, H), and inside the model --------------------------------------------------------
@@ -128,8 +156,8 @@ def shapes_section(scale: dict, device, profile: str, yours: dict | None = None)
         steps=scale["steps"],
         fns=yours,
     )
+    saved = save_results(ratio_rows(comps, ("dtype", "H")), "rmsnorm_ratios", profile=profile)  # then the bound
     low = check_forward_le_both(comps)
-    saved = save_results(ratio_rows(comps, ("dtype", "H")), "rmsnorm_ratios", profile=profile)
     df = _ms(rows)
     table = df.pivot_table(index=["dtype", "pass", "H"], columns="impl", values="median_ms")[PYTORCH_NORMS]
     notes = [

@@ -21,7 +21,7 @@ from helpers.experiments.rmsnorm_bench import (
 )
 from helpers.experiments.rmsnorm_compare import check_forward_le_both, fastest_lines, ratio_rows
 from helpers.experiments.rmsnorm_model import COMPILE_PASSES, compare_compiled, compiled_lines
-from helpers.experiments.rmsnorm_sections import Bandwidth, Timed, _ms, _named, _tidy, size_name, where
+from helpers.experiments.rmsnorm_sections import Bandwidth, Timed, _ms, _named, _tidy, size_name, triton_timed, where
 from helpers.results import save_results
 from helpers.section import Result
 
@@ -34,7 +34,7 @@ def bandwidth_section(shapes: Timed, scale: dict, device, profile: str) -> Bandw
     copy's: saved (rmsnorm_bench), every implementation checked under MAX_FRACTION_OF_COPY. The table: fraction of
     copy and median ms per implementation at the profile's row count."""
     kernel_rows = []
-    if scale["triton_shape"] is not None:  # the interpreter: a tiny shape, only to show it runs
+    if not triton_timed(scale):  # the interpreter: a tiny shape, only to show it runs
         kernel_rows = [
             bench_norm("triton", *scale["triton_shape"], dt, device, backward, warmup=1, steps=3)
             for dt in scale["dtypes"]
@@ -176,7 +176,6 @@ def compile_section(models: Timed, scale: dict, sizes, device, profile: str) -> 
     for size in sizes_c:  # eager and compiled (sharing weights) in one interleaved loop per size
         rows_, comps[size_name(size)] = compare_compiled(size, device, B, W, S)
         rows += _named(rows_)
-    low = check_forward_le_both(comps)
     whole = _ms(rows)
     saved = save_results(
         pd.concat([_ms(models.rows), whole[whole["compiled"]]], ignore_index=True), "rmsnorm_models", profile=profile
@@ -186,7 +185,8 @@ def compile_section(models: Timed, scale: dict, sizes, device, profile: str) -> 
         + ratio_rows(comps, ("size",), passes=COMPILE_PASSES, loop="compile"),
         "rmsnorm_model_ratios",
         profile=profile,
-    )
+    )  # saved first: a tripped bound below still leaves both loops' rows
+    low = check_forward_le_both(comps)
     notes = [
         f"model with rmsnorm, median ms, eager and compiled interleaved in one loop per size (its eager column is "
         f"this loop's own measurement, not section 2's) · {where(profile)}",
