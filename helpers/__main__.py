@@ -5,6 +5,7 @@
     torchrun --nproc-per-node 2 -m helpers demo    # the same worker, ranks from torchrun
     python -m helpers writeup [--profile gpu]      # execute notebooks, export HTML (make writeup)
     python -m helpers kernels [--quick]            # compile every Triton kernel for sm_80/sm_90a: registers, spills
+    python -m helpers tune attention|rmsnorm       # time the kernels' tile grids on a GPU; --check compiles them here
     python -m helpers bench TOPIC [...]            # a topic's benchmark script, e.g. `bench collectives`
     python -m helpers yours PATH/tests/adapters.py # your implementation checked and timed beside ours (make yours)
     python -m helpers reference [--budget-s S]     # the gpu profile's work in batches into data/reference/<device>/
@@ -54,6 +55,13 @@ def cmd_demo(argv: list[str]) -> int:
 def cmd_kernels(argv: list[str]) -> int:
     """Compile every Triton kernel for sm_80 and sm_90a; registers and spills per launch configuration."""
     from helpers.kernel_check import main
+
+    return main(argv)
+
+
+def cmd_tune(argv: list[str]) -> int:
+    """Time each Triton kernel's configuration grid on a GPU and write the fastest into the code's tables."""
+    from helpers.course.tune import main
 
     return main(argv)
 
@@ -114,6 +122,7 @@ COMMANDS = {
     "writeup": cmd_writeup,
     "bench": cmd_bench,
     "kernels": cmd_kernels,
+    "tune": cmd_tune,
     "yours": cmd_yours,
     "reference": cmd_reference,
 }
