@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from helpers.model import softmax as staff_softmax
 from helpers.results import save_results
 from helpers.timing import Ratio, compare, paired_ratio, ratio_columns
 
@@ -80,10 +81,11 @@ def attention_parts(
     q, k, v = (torch.randn(batch, heads, context, d, generator=gen).to(device) for _ in range(3))  # (B, H, T, d)
     mask = torch.ones(context, context, dtype=torch.bool, device=device).tril()  # (T, T)
     scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~mask, float("-inf"))  # (B, H, T, T)
-    att = torch.softmax(scores, dim=-1)  # (B, H, T, T)
+    soft = staff_softmax if cfg.block_ops == "staff" else torch.softmax  # the staff's exp / sum, or one op
+    att = soft(scores, dim=-1)  # (B, H, T, T)
     fns = {
         "QKᵀ": lambda: q @ k.transpose(-2, -1),  # (B, H, T, T)
-        "softmax": lambda: torch.softmax(scores, dim=-1),  # (B, H, T, T)
+        "softmax": lambda: soft(scores, dim=-1),  # (B, H, T, T)
         "PV": lambda: att @ v,  # (B, H, T, d)
     }
     comp = compare(fns, steps=steps, warmup=warmup, device=device, baseline="QKᵀ")

@@ -269,7 +269,9 @@ def flame_section(S: Setup, prof: ProfileResult, m: Profiled) -> Result:
     collapsed = profiling.write_collapsed(stacks, results.DATA_DIR / "local" / f"01_flame_{S.profile}.collapsed")
     n_norms, n_softmax = 2 * m.lm.cfg.n_layers + 1, m.lm.cfg.n_layers
     rms = profiling.module_share(stacks, "RMSNormTorch")
-    softmax = profiling.op_share(stacks, "aten::softmax", "aten::_softmax", "SoftmaxBackward0")
+    softmax = profiling.op_share(stacks, "aten::softmax", "aten::_softmax", "SoftmaxBackward0") + (
+        profiling.module_share(stacks, "Softmax")  # the staff's exp / sum ("basics"), helpers.model.Softmax
+    )
     assert 0 < rms < 1 and 0 < softmax < 1, (rms, softmax)
     parts = {"RMSNorm": (rms, n_norms), "softmax": (softmax, n_softmax)}
     saved = save_results(XB.flame_rows(stacks, parts), "01_flame", **S.provenance(size=S.profile_size))
