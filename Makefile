@@ -6,7 +6,9 @@
 #   make writeup ADAPTERS=PATH   the same with a "yours" row from your tests/adapters.py
 #   make writeup BUDGET=300      cpu profile: give each notebook's timed runs 300 s (default auto: a few minutes
 #                                in all on a 2-core laptop; none: every size; each notebook names what it left out)
-#   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs; TEST_WORKERS=1: one at a time)
+#   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs; TEST_WORKERS=1: one at a time);
+#                                on a GPU the smoke run: every notebook at the cpu profile's sizes on the GPU and the
+#                                kernel tests compiled, about 6 minutes on an H100 (TESTS=tests: all of tests/ too)
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
 #   make lint                    ruff check and ruff format --check (make test runs both, in tests/test_style.py)
@@ -27,9 +29,11 @@
 # course machines and to a CUDA build from PyPI elsewhere. On a machine whose
 # Python already has a CUDA torch, reuse it:
 #   make setup VENV_ARGS=--system-site-packages TORCH=
-# TRITON is the course's pin (2026: triton 3.6, as on the GPU image), so a student's block-pointer kernel runs in the
-# interpreter here; with TORCH= it is empty too (the machine's own triton matches its torch). Without CUDA, `make
-# test` runs the kernel tests again under NEWEST_TRITON, so the companion's kernels are known to work in both.
+# TRITON is the course's pin (2026: triton 3.6, torch 2.11's and the GPU image's), installed only where the torch just
+# installed requires no Triton of its own: a CPU build, so a student's block-pointer kernel runs in the interpreter
+# here. PyPI's CUDA wheels require the one Triton inductor was built for (2.11: 3.6; 2.13: its own), which is kept
+# (helpers.env.triton_to_install decides). With TORCH= it is empty too (the machine's own triton matches its torch).
+# Without CUDA, `make test` runs the kernel tests again under NEWEST_TRITON, so the kernels work in both.
 
 PYTHON    ?= python3
 VENV      := .venv
@@ -62,9 +66,14 @@ $(PY):
 	$(if $(and $(findstring --system-site-packages,$(VENV_ARGS)),$(strip $(OUTER_SITE))),\
 	    printf '%s\n' $(OUTER_SITE) > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/outer-venv.pth")
 
+# TRITON, or nothing where the installed torch requires a Triton (it prints the requirement to install, or nothing)
+TRITON_FOR_TORCH = $(PY) -c 'import importlib.metadata as m, sys, helpers.env as e; \
+    print(e.triton_to_install(m.requires("torch"), sys.argv[1]) or "")'
+
 $(VENV)/.installed: pyproject.toml Makefile | $(PY)
 	$(if $(strip $(TORCH)),$(PY) -m pip install --quiet "$(TORCH)")
-	$(if $(strip $(TRITON)),$(PY) -m pip install --quiet "$(TRITON)")
+	$(if $(strip $(TRITON)),pin="$$($(TRITON_FOR_TORCH) "$(TRITON)")" && if [ -n "$$pin" ]; then \
+	    $(PY) -m pip install --quiet "$$pin"; fi)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	mkdir -p $(@D) && touch $@
 
@@ -80,15 +89,18 @@ CELL_TIMEOUT ?= 360
 TEST_WORKERS ?= $(shell $(PY) -c "import torch; print(1 if torch.cuda.is_available() else 2)")
 
 # HELPERS_PROFILE=cpu: PROFILE="auto" means the cpu profile's sizes under make test, on a GPU too (fast: every cell
-# fits the CPU's CELL_TIMEOUT); the gpu profile's sizes are `make writeup PROFILE=gpu`'s and `make reference`'s.
-# With CUDA the kernels compile with the machine's own Triton; without, the kernel tests run a second time in the
-# interpreter of NEWEST_TRITON (installed apart, in build/, first on PYTHONPATH). EXPECT_TRITON: test_kernels checks
-# that each run imported the Triton it names.
+# fits the CPU's CELL_TIMEOUT; the device is still the GPU); the gpu profile's sizes are `make writeup PROFILE=gpu`'s
+# and `make reference`'s. With CUDA, make test is the GPU smoke run: the notebooks and SMOKE_TESTS, the kernels
+# compiled with the machine's own Triton (the rest of tests/ is the CPU's; TESTS=tests runs it too). Without CUDA,
+# the kernel tests run a second time in the interpreter of NEWEST_TRITON (installed apart, in build/, first on
+# PYTHONPATH). EXPECT_TRITON: test_kernels checks that each run imported the Triton it names.
 HAS_CUDA = $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))")
+SMOKE_TESTS := $(KERNEL_TESTS) tests/test_gpu_setups.py
+TESTS ?= $(if $(filter 1,$(HAS_CUDA)),$(SMOKE_TESTS),tests)
 
 test: setup
 	HELPERS_PROFILE=cpu $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
-	    --nbval-cell-timeout=$(CELL_TIMEOUT) tests notebooks
+	    --nbval-cell-timeout=$(CELL_TIMEOUT) $(TESTS) notebooks
 	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory test-newest-triton)
 
 test-newest-triton: setup
