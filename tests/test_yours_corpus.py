@@ -92,6 +92,8 @@ KERNEL_MUTANTS = [  # (mutant, implementation, the contract properties it fails,
     ("attention_triton_fp32_out", "triton", {"bf16 (the handout benchmarks bf16 and fp32)"}, "expected the input's"),
     ("attention_triton_nk_backward", "triton", {"N_q != N_k (powers of two)"}, "must match the existing size"),
     ("attention_backward_masks", "pytorch", {"is_causal=True runs (the mask may be ignored)"}, "backward applies"),
+    ("rmsnorm_triton_dy_row_stride", "triton", {next(iter(K.NORM_LAYOUTS))}, "dy expanded (stride 0)"),
+    ("rmsnorm_triton_sliced_rows", "triton", {list(K.NORM_LAYOUTS)[1]}, "fp32 6x72, non-contiguous: y["),
 ]
 
 

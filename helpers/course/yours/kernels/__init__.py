@@ -26,6 +26,7 @@ from helpers.course.yours.kernels.attention import ATTN_PROPERTIES, check_attn_f
 from helpers.course.yours.kernels.numerics import EPS, BackwardMissing, ShapeError  # noqa: F401
 from helpers.course.yours.kernels.rmsnorm import (  # noqa: F401
     NORM_CONTRACT,
+    NORM_LAYOUTS,
     NormCase,
     check_norm_backward,
     check_norm_function,
@@ -130,6 +131,7 @@ def _function_checks(
                 lambda case, check=suite.check: check(cls.apply, case, device),
                 beyond=suite.beyond,
                 runtime=runtime,
+                refusable=suite.refusable,
             )
         except Poisoned as stop:
             checks += stop.checks
@@ -158,9 +160,17 @@ class CudaFault(Exception):
     """A case raised a CUDA error (the message says which and where)."""
 
 
-def _one_case(check, case, runtime: TritonRuntime | None) -> tuple[str, str]:
+REFUSED = "refused"  # _one_case's status for a clear error on a layout the handout lets a wrapper refuse
+REFUSAL = (
+    "a clear refusal, which the handout allows (its own example asserts contiguous inputs): information; a silently "
+    "wrong answer would fail"
+)
+
+
+def _one_case(check, case, runtime: TritonRuntime | None, refusable: bool = False) -> tuple[str, str]:
     """(status, detail) of one case: PASS, FAIL, ERROR, BACKWARD_MISSING, or NEEDS_GPU / NEEDS_TRITON where this
-    environment cannot run it. CudaFault when the student's code left a CUDA error (the process is unusable)."""
+    environment cannot run it; REFUSED for an error that is not an access outside a tensor where `refusable`.
+    CudaFault when the student's code left a CUDA error (the process is unusable)."""
     try:
         with runtime.running() if runtime else contextlib.nullcontext():
             detail = check(case)
@@ -181,13 +191,22 @@ def _one_case(check, case, runtime: TritonRuntime | None) -> tuple[str, str]:
             ) from None
         if runtime and runtime.device == "cpu" and not runtime.pretend_cuda and asserts_is_cuda(exc):
             runtime.pretend_cuda = True  # the handout's example asserts is_cuda: the interpreter runs it on CPU
-            return _one_case(check, case, runtime)
+            return _one_case(check, case, runtime, refusable)
         why = unrunnable(exc, runtime) if runtime else None
+        if not why and refusable and not oob:
+            return REFUSED, f"{raised} - {REFUSAL}"
         return why if why else (ERROR, raised)
 
 
 def _run_properties(
-    topic: str, impl: str, properties: dict, check, *, beyond: bool = False, runtime: TritonRuntime | None = None
+    topic: str,
+    impl: str,
+    properties: dict,
+    check,
+    *,
+    beyond: bool = False,
+    runtime: TritonRuntime | None = None,
+    refusable: bool = False,
 ) -> list[Check]:
     """One Check per property: the first failing case's detail, or pass; an exception in student code is ERROR;
     a case this environment cannot run (runtime) makes the property NEEDS_GPU / NEEDS_TRITON, not a failure.
@@ -195,16 +214,19 @@ def _run_properties(
     out, forward_only = [], ""
     for prop, cases in properties.items():
         _note(start=prop)
-        failed, cannot = None, None  # (status, detail): the first case that fails; the first that cannot run here
+        failed, cannot, refused = None, None, None  # (status, detail): the first that fails, cannot run, refused
         for case in cases:
             try:
-                status, detail = _one_case(check, case, runtime)
+                status, detail = _one_case(check, case, runtime, refusable)
             except CudaFault as fault:
                 out.append(Check(topic, impl, prop, ERROR, str(fault), beyond=beyond))
                 _note(check=asdict(out[-1]))
                 raise Poisoned(out) from None
             if status == BACKWARD_MISSING:
                 status, forward_only = PASS, detail
+            if status == REFUSED:  # information: the other cases of the property still run
+                refused = refused or (SKIPPED, detail)
+                continue
             if status not in (PASS, FAIL, ERROR):  # NEEDS_GPU / NEEDS_TRITON
                 cannot = cannot or (status, detail)
                 continue
@@ -219,7 +241,7 @@ def _run_properties(
             if status != PASS:
                 failed = (status, detail)
                 break
-        status, detail = failed or cannot or (PASS, FORWARD_ONLY if forward_only else "")
+        status, detail = failed or cannot or refused or (PASS, FORWARD_ONLY if forward_only else "")
         out.append(Check(topic, impl, prop, status, detail, beyond=beyond))
         _note(check=asdict(out[-1]))
     return out

@@ -38,12 +38,16 @@ class AttnCase:
     dtype: torch.dtype = torch.float32
     batch: int = 2
     heads: int = 0  # 0: 3-D inputs
+    sliced: bool = False  # q, k, v are slices [..., :d] of one wider (.., T, 3d) projection: rows 3d apart
+    expanded: bool = False  # do is one value expanded over o (stride 0), as o.sum().backward() passes it
 
     def __str__(self) -> str:
         lead = f"{self.batch}x{self.heads}" if self.heads else f"batch {self.batch}"
-        return (
-            f"{short(self.dtype)} {lead}, Tq={self.Tq}, Tk={self.Tk}, d={self.d}{', causal' if self.is_causal else ''}"
+        extra = (", q, k, v sliced from a wider projection" if self.sliced else "") + (
+            ", do expanded (stride 0)" if self.expanded else ""
         )
+        causal = ", causal" if self.is_causal else ""
+        return f"{short(self.dtype)} {lead}, Tq={self.Tq}, Tk={self.Tk}, d={self.d}{causal}{extra}"
 
 
 BF16 = torch.bfloat16
@@ -99,6 +103,15 @@ ATTN_TRITON_GPU_BEYOND = {
         AttnCase(65536, 65536, 64, True, BF16, batch=1),
     ],
 }
+# The autograd contract (helpers.course.yours.kernels.suites runs these with a clear refusal as information): the
+# backward gets whatever gradient autograd passes (o.sum().backward(): stride 0) and q, k, v may be views (slices of
+# one fused projection); silently wrong on either fails.
+ATTN_LAYOUTS = {
+    "an expanded upstream gradient (stride 0, as o.sum().backward() passes)": [
+        AttnCase(64, 64, 32, False, batch=2, expanded=True)
+    ],
+    "sliced inputs (q, k, v as [..., :d] of one wider projection)": [AttnCase(64, 64, 32, False, batch=2, sliced=True)],
+}
 ATTN_BEYOND = {  # probes past the handout: tails, 4-D
     "lengths that are not tile multiples": [
         AttnCase(37, 37, 16, False, batch=1),
@@ -130,10 +143,13 @@ def attn_inputs(case: AttnCase, seed: int = 0, device="cpu") -> tuple[Tensor, ..
     lead = (case.batch, case.heads) if case.heads else (case.batch,)
 
     def draw(T, grad=True):
-        t = torch.randn(*lead, T, case.d, generator=gen).to(device, case.dtype)  # (*lead, T, d)
-        return t.requires_grad_(grad)
+        t = torch.randn(*lead, T, case.d * (3 if case.sliced else 1), generator=gen).to(device, case.dtype)
+        return t[..., : case.d].requires_grad_(grad)  # (*lead, T, d), a view with rows 3d apart when sliced
 
-    return draw(case.Tq), draw(case.Tk), draw(case.Tk), draw(case.Tq, grad=False)
+    q, k, v, do = draw(case.Tq), draw(case.Tk), draw(case.Tk), draw(case.Tq, grad=False)
+    if case.expanded:
+        do = torch.ones((), device=device, dtype=case.dtype).expand(do.shape)  # (*lead, Tq, d), all strides 0
+    return q, k, v, do
 
 
 def attn_bounds(ref: Reference, case: AttnCase, tolerance: str = DERIVED) -> dict:

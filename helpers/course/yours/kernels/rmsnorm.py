@@ -32,9 +32,12 @@ class NormCase:
     dtype: torch.dtype = torch.float32
     transposed: bool = False  # x is a non-contiguous view (the transpose of a contiguous tensor)
     scale: float = 1.0
+    sliced: bool = False  # x is x_wide[..., :H] of a wider tensor: rows further apart than H
+    expanded: bool = False  # dy is one row expanded over the others (stride 0), as autograd may pass it
 
     def __str__(self) -> str:
         extra = (", non-contiguous" if self.transposed else "") + (f", |x| ~ {self.scale:g}" if self.scale != 1 else "")
+        extra += (", x sliced from wider rows" if self.sliced else "") + (", dy expanded (stride 0)" * self.expanded)
         return f"{short(self.dtype)} {'x'.join(map(str, self.shape))}{extra}"
 
 
@@ -58,12 +61,21 @@ NORM_CONTRACT = {
     # mean(x^2) ~ 1e-6: eps = 1e-5 scales y by 1/sqrt(1.1e-5), eps = 1e-6 by 1/sqrt(2e-6), 2.3x apart
     "eps = 1e-5 inside the square root (rows with mean(x^2) below eps)": [NormCase((4, 96), scale=1e-3)],
 }
+# The autograd contract: a Function's backward gets whatever gradient autograd passes (y.sum().backward(): one value
+# expanded, stride 0) and callers pass views; a wrapper may refuse a layout with a clear error (the handout's example
+# asserts contiguity: reported as information), never be silently wrong on it.
+NORM_LAYOUTS = {
+    "an expanded upstream gradient (stride 0, as y.sum().backward() passes)": [NormCase((3, 4, 96), expanded=True)],
+    "non-contiguous and sliced inputs (a transposed view; x[..., :H] of wider rows)": [
+        NormCase((6, 72), transposed=True),
+        NormCase((5, 96), sliced=True),
+    ],
+}
 NORM_GPU_CONTRACT = {  # the benchmark's own sizes on a GPU (the gpu profile): 50,000 rows; the widest rows
     "the benchmark's sizes (50,000 rows; H to 8192)": [NormCase((50_000, 1024)), NormCase((4096, 8192))],
 }
 NORM_BEYOND = {
     "bf16 and fp16": [NormCase((3, 1000), torch.bfloat16), NormCase((3, 1000), torch.float16)],
-    "non-contiguous input (a transposed view)": [NormCase((6, 72), transposed=True)],
     "a row wider than the benchmark's 8192": [NormCase((2, 10000))],
 }
 NORM_PROPERTIES = {**NORM_CONTRACT, **NORM_BEYOND}
@@ -73,11 +85,13 @@ def norm_inputs(case: NormCase, seed: int = 0, device="cpu") -> tuple[Tensor, Te
     """x (case.shape, maybe a transposed view), g (H,), dy: drawn in fp32 on the CPU, cast and moved to `device`;
     x and g require grad."""
     gen = torch.Generator().manual_seed(seed)
-    shape = case.shape[::-1] if case.transposed else case.shape
+    shape = case.shape[::-1] if case.transposed else (*case.shape[:-1], case.shape[-1] + 8 * case.sliced)
     x = (case.scale * torch.randn(*shape, generator=gen)).to(device, case.dtype)
-    x = (x.t() if case.transposed else x).requires_grad_()  # (..., H)
+    x = x.t() if case.transposed else x[..., : case.shape[-1]] if case.sliced else x
+    x = x.requires_grad_()  # (..., H)
     g = (1 + 0.5 * torch.randn(case.shape[-1], generator=gen)).to(device, case.dtype).requires_grad_()  # (H,)
     dy = torch.randn(*case.shape, generator=gen).to(device, case.dtype)  # (..., H)
+    dy = dy[(0,) * (dy.dim() - 1)].expand(case.shape) if case.expanded else dy  # (..., H), stride 0 but the last
     return x, g, dy
 
 

@@ -14,6 +14,7 @@ import torch
 from helpers.course.yours.kernels.attention import (
     ATTN_BEYOND,
     ATTN_CAUSAL_RUNS,
+    ATTN_LAYOUTS,
     ATTN_PYTORCH_BEYOND,
     ATTN_PYTORCH_CONTRACT,
     ATTN_TRITON_CONTRACT,
@@ -26,7 +27,13 @@ from helpers.course.yours.kernels.attention import (
     check_lse_saved,
     check_nothing_square_saved,
 )
-from helpers.course.yours.kernels.rmsnorm import NORM_BEYOND, NORM_CONTRACT, NORM_GPU_CONTRACT, check_norm_function
+from helpers.course.yours.kernels.rmsnorm import (
+    NORM_BEYOND,
+    NORM_CONTRACT,
+    NORM_GPU_CONTRACT,
+    NORM_LAYOUTS,
+    check_norm_function,
+)
 from helpers.course.yours.kernels.triton_runtime import interpreted
 from helpers.course.yours.options import Options
 
@@ -38,6 +45,7 @@ class Suite:
     properties: dict
     check: object
     beyond: bool = False
+    refusable: bool = False  # a clear error is information (a layout the handout lets a wrapper refuse)
 
 
 def triton_device() -> str:
@@ -52,7 +60,7 @@ def norm_suites(impl: str, opts: Options) -> list[Suite]:
         check = interpreted(check_norm_function)
         if triton_device() == "cuda" and opts.profile == "gpu":
             contract.update(NORM_GPU_CONTRACT)
-    return [Suite(contract, check), Suite(NORM_BEYOND, check, beyond=True)]
+    return [Suite(contract, check), Suite(NORM_LAYOUTS, check, refusable=True), Suite(NORM_BEYOND, check, beyond=True)]
 
 
 def attention_suites(impl: str, opts: Options) -> list[Suite]:
@@ -67,6 +75,7 @@ def attention_suites(impl: str, opts: Options) -> list[Suite]:
             Suite(ATTN_PYTORCH_CONTRACT, check_attn_function),
             Suite(ATTN_CAUSAL_RUNS, functools.partial(check_attn_function, mask_optional=True)),
             Suite(lse_case, check_lse_saved),
+            Suite(ATTN_LAYOUTS, check_attn_function, refusable=True),
             Suite(ATTN_PYTORCH_BEYOND, check_attn_function, beyond=True),
             square,
         ]
@@ -77,6 +86,7 @@ def attention_suites(impl: str, opts: Options) -> list[Suite]:
     suites = [
         Suite(contract, check),
         Suite(lse_case, functools.partial(check_lse_saved, tolerance=tolerance)),
+        Suite(ATTN_LAYOUTS, check, refusable=True),
         Suite(ATTN_BEYOND, check, beyond=True),
         square,
     ]
