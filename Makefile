@@ -6,9 +6,9 @@
 #   make writeup ADAPTERS=PATH   the same with a "yours" row from your tests/adapters.py
 #   make writeup BUDGET=300      cpu profile: give each notebook's timed runs 300 s (default auto: a few minutes
 #                                in all on a 2-core laptop; none: every size; each notebook names what it left out)
-#   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs; TEST_WORKERS=1: one at a time);
-#                                on a GPU the smoke run: every notebook at the cpu profile's sizes on the GPU and the
-#                                kernel tests compiled, about 6 minutes on an H100 (TESTS=tests: all of tests/ too)
+#   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs; TEST_WORKERS=1: one at a
+#                                time); on a GPU the smoke run: every notebook at the cpu profile's sizes on the GPU
+#                                and the kernel tests compiled, about 6 minutes on an H100 (TESTS=tests: all of tests/)
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
 #   make lint                    ruff check and ruff format --check (make test runs both, in tests/test_style.py)
