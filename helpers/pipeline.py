@@ -39,9 +39,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch import Tensor
 
+from helpers import timing
 from helpers.comm import InFlight, wait_all
 from helpers.model import lm_loss
-from helpers.timing import sync
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -194,6 +194,14 @@ def upstream(rank: int, kind: str, micro: int, chunk: int, stages: int, chunks: 
     return (t % stages, kind, micro, t // stages) if 0 <= t < stages * chunks else None
 
 
+def downstream(rank: int, kind: str, micro: int, chunk: int, stages: int, chunks: int) -> tuple | None:
+    """(rank, kind, micro-batch, chunk) of the pass that receives this pass's output (upstream's inverse); None for
+    the last forward (its loss) and the first backward (the token ids)."""
+    s = chunk * stages + rank
+    t = s + 1 if kind == "F" else s - 1
+    return (t % stages, kind, micro, t // stages) if 0 <= t < stages * chunks else None
+
+
 def held_micro_batches(actions, chunk_bytes: list) -> float:
     """The most micro-batches' activations a stage holds at once under `actions` (forward adds its chunk's bytes,
     backward frees them), in units of one micro-batch through every chunk (sum of chunk_bytes)."""
@@ -210,18 +218,110 @@ def staged(t: Tensor) -> Tensor:
     return t.cpu() if t.is_cuda and dist.get_backend() == "gloo" else t
 
 
-class _Channel:
-    """send/recv between neighbouring stages: sends non-blocking (kept until the step ends), receives blocking."""
+def stream_ready(device: torch.device) -> None:
+    """Block the host until the current stream has done its work: on CUDA the current stream alone (a device
+    synchronize would also wait for this rank's sends still outstanding on NCCL's stream, i.e. for its neighbour to
+    post their receives); elsewhere helpers.timing.sync."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    else:
+        timing.sync(device)
 
-    def __init__(self):
-        self.pending = []
+
+def inputs_from(actions, stage: int, stages: int, chunks: int) -> list[int | None]:
+    """Per action, the rank its input comes from (None: token ids, or its own loss)."""
+    return [(dep[0] if (dep := upstream(stage, k, i, c, stages, chunks)) else None) for k, i, c in actions]
+
+
+def p2p_posts(lines: list[list], stage: int, chunks: int) -> list:
+    """What run_schedule posts and waits for on `stage`, in order, given every rank's actions: "take" where a pass
+    waits for its input, else a batch_isend_irecv group (("send", to) | ("recv", frm), ...). A pass's send goes
+    alone unless the next receive not yet posted comes from the same rank and that rank sends it before receiving
+    this send: then both cross, and go in one group (posted ahead of the pass that needs the receive). A receive no
+    send took along is posted alone when its pass needs it."""
+    p, mine = len(lines), lines[stage]
+    order = [{action: j for j, action in enumerate(line)} for line in lines]
+    sources = inputs_from(mine, stage, p, chunks)
+    recvs = [(j, src) for j, src in enumerate(sources) if src is not None]  # (my pass, the rank it receives from)
+    out, posted, taken = [], 0, 0
+    for j, (kind, i, c) in enumerate(mine):
+        if sources[j] is not None:
+            if taken == posted:
+                out.append((("recv", sources[j]),))
+                posted += 1
+            out.append("take")
+            taken += 1
+        to = downstream(stage, kind, i, c, p, chunks)
+        if to is None:
+            continue
+        group = (("send", to[0]),)
+        frm = upstream(stage, *mine[recvs[posted][0]], p, chunks) if posted < len(recvs) else None
+        if frm is not None and (recvs[posted][0] == j + 1 or _cross(order, to, frm)):
+            group += (("recv", recvs[posted][1]),)
+            posted += 1
+        out.append(group)
+    return out
+
+
+def _cross(order: list, to: tuple, frm: tuple) -> bool:
+    """Whether the pass `frm` that sends a receive runs on the rank `to` sends to, before the pass `to` receives."""
+    return frm[0] == to[0] and order[to[0]][frm[1:]] < order[to[0]][to[1:]]
+
+
+class _Channel:
+    """send/recv between neighbouring stages: sends non-blocking (kept until the step ends), receives waited on.
+
+    NCCL's pairing rule: NCCL runs a rank's point-to-point operations in order on one stream, and a send completes
+    only once its peer's matching receive runs; two ranks that each posted a send and behind it a receive of the
+    other's send wait forever (1F1B's steady state at p = 2; interleaved 1F1B's warm-up). So every operation goes
+    through batch_isend_irecv (one communicator) and each send is posted in one group with the next receive not yet
+    posted, even one a later pass needs (as Megatron-LM's send_forward_recv_backward, posted ahead): a rank's
+    stream never holds a lone send ahead of a receive its peer is waiting to match. p2p_posts lists the groups."""
+
+    def __init__(self, plan: list, shape, dtype, device):
+        self.plan, self.at, self.shape, self.dtype, self.device = plan, 0, shape, dtype, device
+        self.posted, self.taken, self.pending = [], 0, []  # posted receives [work, buf, got, flight]; sends
+
+    def _post(self, ops: list, sent: InFlight | None) -> None:
+        """batch_isend_irecv `ops` (a send first, if any): gloo gives a work per op, NCCL one for the group."""
+        works = dist.batch_isend_irecv(ops)
+        if sent is not None:
+            self.pending.append((works[0], sent))
+        for item in self.posted[len(self.posted) - sum(op.op is not dist.isend for op in ops) :]:
+            item[0] = works[-1]
+        del works
+
+    def _recv_op(self, frm: int) -> dist.P2POp:
+        got = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        buf, flight = staged(got), InFlight()
+        flight.launching(buf)
+        self.posted.append([None, buf, got, flight])
+        return dist.P2POp(dist.irecv, buf, frm)
 
     def send(self, t: Tensor, to: int) -> None:
+        """Post `t` to rank `to`, with the receives the plan puts beside it."""
         self._let_go(lambda h: h.is_completed())  # delivered buffers go, once gloo's threads let go of them too
-        t = staged(t).contiguous()
-        flight = InFlight()
-        flight.launching(t)
-        self.pending.append((dist.isend(t, to), flight))
+        step, self.at = self.plan[self.at], self.at + 1
+        if step[0] != ("send", to):
+            raise ValueError(f"the plan posts {step} here, not a send to {to}: p2p_posts and run_schedule disagree")
+        t, sent = staged(t).contiguous(), InFlight()
+        sent.launching(t)
+        self._post([dist.P2POp(dist.isend, t, to)] + [self._recv_op(frm) for _, frm in step[1:]], sent)
+
+    def take(self) -> Tensor:
+        """The next received tensor, in order (posted alone now where the plan says so): its data is on the
+        stream, not necessarily on the host's clock (stamp after stream_ready)."""
+        step, self.at = self.plan[self.at], self.at + 1
+        if step != "take":  # a receive posted alone, then taken
+            self._post([self._recv_op(frm) for _, frm in step], None)
+            self.at += 1
+        item = self.posted[self.taken]
+        self.posted[self.taken], self.taken = None, self.taken + 1
+        wait_all([item[0]])  # on NCCL the stream waits, not the host
+        buf, got, flight = item[1:]
+        del item  # and with it the work: no name keeps it (or its buffer) alive
+        flight.settle()
+        return got.copy_(buf) if buf is not got else got
 
     def _let_go(self, done) -> None:
         """Wait for the sends `done` picks, drop their works, then wait until the backend let go of their buffers."""
@@ -234,45 +334,49 @@ class _Channel:
         for flight in flights:
             flight.settle()
 
-    def recv(self, shape, dtype, device, frm: int) -> Tensor:
-        t = torch.empty(shape, dtype=dtype, device=device)
-        buf = staged(t)
-        flight = InFlight()
-        flight.launching(buf)
-        dist.recv(buf, frm)
-        flight.settle()
-        return t.copy_(buf) if buf is not t else t
-
     def finish(self) -> None:
         self._let_go(lambda h: True)
 
 
-def run_schedule(stage: PipelineStage, actions, x: Tensor, y: Tensor, micro_batches: int, width: int) -> list:
+def run_schedule(
+    stage: PipelineStage, actions, x: Tensor, y: Tensor, micro_batches: int, width: int, lines=None
+) -> list:
     """Run one step's `actions` on this rank's stage; x, y are the whole batch (b·m, T). Returns this rank's compute
     timeline [(kind, micro_batch, chunk, start_s, end_s)], receives excluded (they are the waiting), on
-    time.perf_counter's clock: CLOCK_MONOTONIC, one clock for every process of a machine (not across nodes)."""
+    time.perf_counter's clock: CLOCK_MONOTONIC, one clock for every process of a machine (not across nodes).
+
+    A pass starts when its input is on this rank's stream and ends when the stream has run its kernels: the host
+    waits for the stream (stream_ready) before each stamp. On NCCL, dist.recv and Work.wait() return as soon as the
+    stream is ordered after the receive, before the data has arrived; a stamp taken then would count the wait as
+    compute and shrink the bubble. Sends and receives are grouped as p2p_posts says (NCCL's pairing rule), from
+    every rank's actions: `lines`, or gathered here."""
     xs, ys = x.chunk(micro_batches), y.chunk(micro_batches)
     act_shape = (xs[0].shape[0], xs[0].shape[1], width)
-    p = stage.stages
+    p, v = stage.stages, stage.chunks
     before, after = (stage.stage - 1) % p, (stage.stage + 1) % p  # neighbours on the ring of virtual stages
-    chan, held, timeline = _Channel(), {}, []
+    if lines is None:
+        lines = [None] * p
+        dist.all_gather_object(lines, list(actions))
+    plan = p2p_posts([list(line) for line in lines], stage.stage, v)
+    chan, held, timeline = _Channel(plan, act_shape, torch.float32, x.device), {}, []
     dist.barrier()
     for kind, i, c in actions:
         if kind == "F":
-            ids = stage.takes_ids(c)
-            inp = xs[i] if ids else chan.recv(act_shape, torch.float32, x.device, before).requires_grad_()
+            inp = xs[i] if stage.takes_ids(c) else chan.take().requires_grad_()
+            stream_ready(x.device)
             start = time.perf_counter()
             out = stage(inp, c)
             if stage.gives_logits(c):
                 out = lm_loss(out, ys[i]) / micro_batches  # the whole batch's mean, summed over micro-batches
             held[i, c], send = (inp, out), None if stage.gives_logits(c) else (out.detach(), after)
         else:
-            grad = None if stage.gives_logits(c) else chan.recv(act_shape, torch.float32, x.device, after)
+            grad = None if stage.gives_logits(c) else chan.take()
+            stream_ready(x.device)
             start = time.perf_counter()
             inp, out = held.pop((i, c))
             out.backward(grad)
             send = None if stage.takes_ids(c) else (inp.grad, before)
-        sync(x.device)
+        stream_ready(x.device)
         timeline.append((kind, i, c, start, time.perf_counter()))  # stamped before the send: a neighbour starts after
         if send is not None:
             chan.send(*send)

@@ -8,6 +8,7 @@ cut is refused before any rank starts."""
 import dataclasses
 
 import pytest
+from nccl_stub import deadlock
 
 from helpers import pipeline as PP
 from helpers.experiments import model_parallel_pipeline as P
@@ -143,3 +144,77 @@ def test_cuts_that_do_not_fit_are_refused_before_launch(overrides, match):
         P.pipeline_run({**CONFIG, **overrides}, "test")
     with pytest.raises(ValueError, match="for 'interleaved'"):
         PP.schedule("1f1b", 4, 8, 0, chunks=2)
+
+
+NCCL_DELAY_S = 0.02  # the stub's data lands this long after gloo delivered it, and only when the stream needs it
+
+
+def _nccl_worker(cfg, batch_size: int, micro_batches: int, fixed_ms: tuple, chunks: int) -> dict:
+    """Each schedule's step of fixed-cost stages under the NCCL stub: its timeline, when each received tensor's data
+    landed, whether every gradient is finite (NcclDeadlock on leaving the stub where NCCL would hang)."""
+    import torch
+    import torch.distributed as dist
+    from nccl_stub import NcclStub
+
+    from helpers.model import build_model, random_batch
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    x, y = random_batch(cfg, batch_size, generator=torch.Generator().manual_seed(1))
+    out = {}
+    for kind in PP.SCHEDULES:
+        v = chunks if kind == "interleaved" else 1
+        stage = PP.FixedCostStage(PP.PipelineStage(model, rank, world, v), fixed_ms[0] / 1e3, fixed_ms[1] / 1e3)
+        lines = [PP.schedule(kind, world, micro_batches, r, v) for r in range(world)]
+        with NcclStub(delay_s=NCCL_DELAY_S) as stub:
+            line = PP.run_schedule(stage, lines[rank], x, y, micro_batches, cfg.d_model)  # lines gathered
+        finite = all(bool(p.grad.isfinite().all()) for p in stage.parameters())
+        out[kind] = {"line": line, "landed": [ready for *_, ready in stub.landed], "finite": finite}
+    return out
+
+
+def test_stamps_wait_for_the_data_under_nccl_semantics():
+    """On NCCL, recv returns before the data has arrived: each pass that receives must start after its input landed
+    (not when the host queued it), so waiting is not counted as compute; 1F1B's send and the next receive between
+    the same two ranks are one group, or NCCL hangs (the stub's replay of every rank's posts)."""
+    cfg = dataclasses.replace(TINY, n_layers=4, d_model=8, d_ff=8, n_heads=1)
+    ranks = P.L.launch(_nccl_worker, 2, cfg, 8, 4, (5, 10), 2, backend="gloo", device="cpu")
+    for kind in PP.SCHEDULES:
+        lines = [r[kind]["line"] for r in ranks]
+        for rank, r in enumerate(ranks):
+            assert r[kind]["finite"], (kind, rank)
+            receiving = [
+                (k, i, c, s)
+                for k, i, c, s, _ in r[kind]["line"]
+                if PP.upstream(rank, k, i, c, 2, 2 if kind == "interleaved" else 1)
+            ]
+            assert len(receiving) == len(r[kind]["landed"]), (kind, rank)
+            early = [(p, ready - p[3]) for p, ready in zip(receiving, r[kind]["landed"], strict=True) if p[3] < ready]
+            assert not early, f"{kind}, rank {rank}: passes stamped before their input landed: {early}"
+        latency = PP.handoff_latency(lines)
+        assert latency >= NCCL_DELAY_S, (kind, latency)  # the wait is the handoff's, not a pass's
+
+
+@pytest.mark.parametrize("kind, p, m, v", GRID)
+def test_sends_and_receives_are_grouped_so_nccl_cannot_hang(kind, p, m, v):
+    """Every rank's posts (p2p_posts) replayed with NCCL's rules (the stub's): nothing waits forever; without the
+    groups, 1F1B at p = 2 would (a send and, behind it, the receive of the peer's own send on both ranks)."""
+    lines = [PP.schedule(kind, p, m, r, v) for r in range(p)]
+    assert deadlock([_log(PP.p2p_posts(lines, r, v)) for r in range(p)]) is None
+    if (kind, p) == ("1f1b", 2):
+        alone = [[(op,) for step in PP.p2p_posts(lines, r, v) if step != "take" for op in step] for r in range(p)]
+        assert "NCCL would hang" in deadlock([_log(steps) for steps in alone])
+
+
+def _log(steps: list) -> list:
+    """p2p_posts' steps as the NCCL stub logs them: a barrier, then posts, and a wait and a sync at each take."""
+    log, holding, taken = [("post", 0, (("collective", "barrier", 4),)), ("sync",)], [], 0
+    for step in steps:
+        if step == "take":
+            log += [("wait", holding[taken]), ("sync",)]
+            taken += 1
+        else:
+            holding += [len(log)] * sum(op == "recv" for op, _ in step)
+            log.append(("post", len(log), tuple((op, peer, 1) for op, peer in step)))
+    return log

@@ -89,8 +89,9 @@ def pipeline_worker(
     for kind in SCHEDULES:
         v = chunks if kind == "interleaved" else 1
         stage = PipelineStage(full, rank, world, v)
-        actions = schedule(kind, world, micro_batches, rank, v)
-        step = functools.partial(run_schedule, stage, actions, x, y, micro_batches, cfg.d_model)
+        lines = [schedule(kind, world, micro_batches, r, v) for r in range(world)]  # every rank's, for the sends
+        actions = lines[rank]
+        step = functools.partial(run_schedule, stage, actions, x, y, micro_batches, cfg.d_model, lines=lines)
         step()
         diffs = {
             n: (float((p.grad - ref[n]).abs().max()), float(ref[n].abs().max())) for n, p in stage.named_parameters()
@@ -101,7 +102,8 @@ def pipeline_worker(
         timelines = [step() for _ in range(timed_steps)]
         trace = track(step, existing=[*stage.parameters(), *(p.grad for p in stage.parameters())])
         fixed = FixedCostStage(PipelineStage(tiny, rank, world, v), fixed_ms[0] / 1e3 / v, fixed_ms[1] / 1e3 / v)
-        fixed_lines = [run_schedule(fixed, actions, x, y, micro_batches, tiny.cfg.d_model) for _ in range(timed_steps)]
+        fixed_step = functools.partial(run_schedule, fixed, actions, x, y, micro_batches, tiny.cfg.d_model, lines=lines)
+        fixed_lines = [fixed_step() for _ in range(timed_steps)]
         out[kind] = {
             "diffs": diffs,
             "timelines": timelines,
