@@ -138,3 +138,33 @@ def test_the_alpha_beta_model_of_a_tp_step():
     assert table["holds"].all() and (table["comm_share"] - table["model_comm_share"]).abs().max() < 1e-9, table
     steps[64] = (steps[64][0] * 3, steps[64][1])  # a step that spends far more than its all-reduces
     assert not S.speed_section(run).table.set_index("d_ff").loc[64, "holds"]
+
+
+SYNC_S = 0.02  # what each host sync costs under the stub (a GPU's synchronize, inflated to stand out of the noise)
+
+
+def _alpha_worker():
+    """tp_speed_worker's all-reduce times under the NCCL stub, host syncs free and then costing SYNC_S each."""
+    from nccl_stub import NcclStub
+
+    from helpers.experiments import model_parallel_calc
+
+    out = []
+    for sync_s in (0.0, SYNC_S):
+        with NcclStub(delay_s=0.002, sync_s=sync_s, check_pairing=False):
+            out.append(model_parallel_calc.tp_speed_worker(64, 16, [32], 3)["all_reduce"])
+    return out
+
+
+def test_the_alpha_beta_fit_times_the_all_reduce_alone():
+    """A timing with a host sync (or an allocation and fill) per call puts their cost in α: with syncs of SYNC_S,
+    the fitted α may grow by at most 0.3·SYNC_S (a sync per call: by SYNC_S), over enough sizes for a fit."""
+    from helpers.experiments import model_parallel_calc as S
+
+    ranks = X.L.launch(_alpha_worker, 2, backend="gloo", device="cpu")
+    alphas = []
+    for i in (0, 1):
+        ar = {k: max(r[i][k] for r in ranks) for k in ranks[0][i]}
+        assert len(ar) >= 6, ar
+        alphas.append(S.fit_alpha_beta(list(ar), list(ar.values())).alpha_s)
+    assert alphas[1] - alphas[0] <= 0.3 * SYNC_S, alphas

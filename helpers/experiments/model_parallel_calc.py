@@ -6,7 +6,6 @@ speed_section(run)                      # measured communication share against t
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +20,7 @@ from helpers.formulas import model_parallel as FM
 from helpers.results import save_results
 from helpers.section import Result
 from helpers.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from helpers.timing import sync
+from helpers.timing import benchmark, time_one
 
 SHARE_TOL = 0.15  # |measured − predicted| communication share counted as "the model holds" (absolute)
 
@@ -34,26 +33,46 @@ class SpeedRun:
     where: str
 
 
+ALL_REDUCE_CALLS = 8  # all-reduces per timed sample, back to back between one pair of syncs (events on CUDA)
+FIT_SIZES = tuple(2.0**k for k in range(-4, 3))  # the α-β fit's sizes, in units of S = B·D·4 bytes: S/16 ... 4S
+
+
 def _median_s(fn, reps: int, dev) -> float:
-    """Median seconds of fn() over `reps` calls after one warm-up, every rank starting each call together."""
+    """Median seconds of fn() alone on the device (helpers.timing.time_one) over `reps` calls after one warm-up,
+    every rank starting each call together."""
     fn()
     out = []
     for _ in range(reps):
         dist.barrier()
-        sync(dev)
-        start = time.perf_counter()
-        fn()
-        sync(dev)
-        out.append(time.perf_counter() - start)
+        out.append(time_one(fn, dev))
     return float(np.median(out))
 
 
+def all_reduce_seconds(sizes: list, reps: int, dev, calls: int = ALL_REDUCE_CALLS) -> dict:
+    """Per size (bytes): seconds of one all-reduce alone, the median of `reps` samples of `calls` back-to-back calls
+    on one preallocated buffer of zeros (nothing to allocate or fill, no sync between the calls: on a GPU a host
+    synchronize costs tens of µs, which would land in α), after one untimed sample; helpers.timing.benchmark."""
+    buf = torch.zeros(max(sizes) // 4, device=dev)  # (largest/4,) fp32, sliced per size
+
+    def calls_of(view):
+        for _ in range(calls):
+            dist.all_reduce(view)
+
+    out = {}
+    for size in sizes:
+        dist.barrier()
+        view = buf[: size // 4]
+        timed = benchmark(lambda view=view: calls_of(view), warmup=1, steps=reps, device=dev, progress=False)
+        out[size] = timed.median / calls
+    return out
+
+
 def tp_speed_worker(tokens: int, d_model: int, widths: list, reps: int) -> dict:
-    """All-reduce seconds over sizes around B·D·4 bytes; per width, a TP feed-forward step (forward + backward) and
-    the same local matmuls without the two all-reduces."""
-    dev, world = L.device(), dist.get_world_size()
-    sizes = [tokens * d_model * 4 // 4, tokens * d_model * 4, tokens * d_model * 4 * 4]
-    ar = {s: _median_s(lambda s=s: dist.all_reduce(torch.ones(s // 4, device=dev)), reps, dev) for s in sizes}
+    """All-reduce seconds over FIT_SIZES around S = B·D·4 bytes (all_reduce_seconds); per width, a TP feed-forward
+    step (forward + backward) and the same local matmuls without the two all-reduces."""
+    dev = L.device()
+    world = dist.get_world_size()
+    ar = all_reduce_seconds([int(tokens * d_model * 4 * k) // 4 * 4 for k in FIT_SIZES], reps, dev)
     x = torch.randn(1, tokens, d_model, device=dev)
     steps = {}
     for f in widths:
@@ -117,6 +136,7 @@ def speed_section(run: SpeedRun, directory=None) -> Result:
         tokens=s["tokens"],
         d_model=s["d_model"],
         share_tol=SHARE_TOL,
+        all_reduce_s=ar.get(s["tokens"] * s["d_model"] * 4),  # one all-reduce of S bytes alone, measured
         directory=directory,
     )
     star = float(np.median(table["d_ff_star"]))
