@@ -89,7 +89,8 @@ def call_count_checks(impl: str, done: list[list[dict]]) -> list[Check]:
         why = (
             "one all-reduce per tensor: the bucket is only a gate in front of one call per member, not one call"
             if n >= tensors
-            else "more calls than buckets: a bucket split over several calls?"
+            else "more calls than buckets: a bucket sent in several calls (each member on its own, once the bucket is "
+            "ready?)"
         )
         detail = (
             f"step {s}, rank {rank}: {n} all-reduces for {tensors} tensors, where buckets of {mb:.3g} MB filled "

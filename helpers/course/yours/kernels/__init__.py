@@ -33,6 +33,7 @@ from helpers.course.yours.kernels.rmsnorm import (  # noqa: F401
     norm_inputs,
 )
 from helpers.course.yours.kernels.suites import (  # noqa: F401
+    NotALayoutBug,
     Suite,
     attention_suites,
     backward_property,
@@ -179,6 +180,8 @@ def _one_case(check, case, runtime: TritonRuntime | None, refusable: bool = Fals
         return FAIL, f"{case}: {exc}"
     except BackwardMissing as exc:
         return BACKWARD_MISSING, str(exc)
+    except NotALayoutBug as exc:
+        return REFUSED, str(exc)
     except NotHere as exc:
         return NEEDS_GPU, str(exc)
     except Exception as exc:  # noqa: BLE001 - the student's code raised: say what and where

@@ -6,6 +6,7 @@ compute them) and the profile (the benchmark's sizes on a GPU).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -48,6 +49,19 @@ class Suite:
     refusable: bool = False  # a clear error is information (a layout the handout lets a wrapper refuse)
 
 
+class NotALayoutBug(Exception):
+    """A layout case whose plain (contiguous, dense-gradient) twin fails too: the rules above judge that mistake."""
+
+
+def layout_check(check, apply, case, device="cpu") -> str:
+    """check on a layout case (an expanded gradient, a transposed or sliced view), once its plain twin passes: a
+    failure here is then the layout's, not a mistake every input shows (NotALayoutBug otherwise)."""
+    plain = dataclasses.replace(case, **{f: False for f in ("expanded", "sliced", "transposed") if hasattr(case, f)})
+    if check(apply, plain, device):
+        raise NotALayoutBug(f"{case}: not judged here - its contiguous twin ({plain}) fails already (the rules above)")
+    return check(apply, case, device)
+
+
 def triton_device() -> str:
     """Where a Triton implementation's inputs live: the GPU when there is one, else the CPU (the interpreter)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -60,7 +74,8 @@ def norm_suites(impl: str, opts: Options) -> list[Suite]:
         check = interpreted(check_norm_function)
         if triton_device() == "cuda" and opts.profile == "gpu":
             contract.update(NORM_GPU_CONTRACT)
-    return [Suite(contract, check), Suite(NORM_LAYOUTS, check, refusable=True), Suite(NORM_BEYOND, check, beyond=True)]
+    layouts = Suite(NORM_LAYOUTS, functools.partial(layout_check, check), refusable=True)
+    return [Suite(contract, check), layouts, Suite(NORM_BEYOND, check, beyond=True)]
 
 
 def attention_suites(impl: str, opts: Options) -> list[Suite]:
@@ -75,7 +90,7 @@ def attention_suites(impl: str, opts: Options) -> list[Suite]:
             Suite(ATTN_PYTORCH_CONTRACT, check_attn_function),
             Suite(ATTN_CAUSAL_RUNS, functools.partial(check_attn_function, mask_optional=True)),
             Suite(lse_case, check_lse_saved),
-            Suite(ATTN_LAYOUTS, check_attn_function, refusable=True),
+            Suite(ATTN_LAYOUTS, functools.partial(layout_check, check_attn_function), refusable=True),
             Suite(ATTN_PYTORCH_BEYOND, check_attn_function, beyond=True),
             square,
         ]
@@ -86,7 +101,7 @@ def attention_suites(impl: str, opts: Options) -> list[Suite]:
     suites = [
         Suite(contract, check),
         Suite(lse_case, functools.partial(check_lse_saved, tolerance=tolerance)),
-        Suite(ATTN_LAYOUTS, check, refusable=True),
+        Suite(ATTN_LAYOUTS, functools.partial(layout_check, check), refusable=True),
         Suite(ATTN_BEYOND, check, beyond=True),
         square,
     ]
