@@ -95,13 +95,16 @@ def compare_shapes(names_for, *, rows, hidden, dtypes, device, warmup, steps, fn
 def check_forward_le_both(comps) -> float:
     """Assert forward <= forward+backward for every implementation and shape, on the paired ratios of one
     interleaved loop (forward and forward+backward alternate, so load hits both alike): it fails when forward is
-    measurably slower (the ratio's 95% interval above 1), not when a median inside the noise lands above 1.
+    measurably slower (the ratio's 95% interval above 1, from at least timing.MIN_PAIRS pairs), not when a median
+    inside the noise lands above 1, nor on fewer pairs (3 ratios all above 1 happen by chance 1 time in 8).
     Returns the largest lower bound of forward / forward+backward seen (nan when nothing was timed)."""
     largest = float("nan")
     for key, comp in comps.items():
         for impl in {label.split("|")[0] for label in comp.samples}:
             r = paired_ratio(comp.samples[f"{impl}|fwd"], comp.samples[f"{impl}|fwd+bwd"])
-            assert r.low <= 1.0, f"{key} {impl}: forward takes {r} of forward+backward, measurably more"
+            assert not (r.enough and r.low > 1.0), (
+                f"{key} {impl}: forward takes {r} of forward+backward, measurably more"
+            )
             largest = r.low if not largest >= r.low else largest
     return largest
 
