@@ -1,17 +1,24 @@
-"""The dry run's runs, one function per notebook (helpers.course.dry_run calls them inside dry_run_meta.on_meta): each
-calls the notebook's own experiment functions at the gpu profile's sizes, the largest launch of each kind (the others
-are the same code at smaller shapes: gpu_plans ranks them), and returns rows of the tracked peak beside gpu_plans'
-estimate of the same run. Multi-rank launches run as rank 0 of two on the fake process group; a launch shares one
-GPU between its ranks (gpu_plans' default of one GPU)."""
+"""The dry run's runs, per notebook (helpers.course.dry_run walks them inside dry_run_meta.on_meta): each calls the
+notebook's own experiment functions at the gpu profile's sizes, the largest launch of each kind (the others are the
+same code at smaller shapes: gpu_plans ranks them), and gives the tracked peak beside gpu_plans' estimate of the same
+run. Notebooks 01, 04, 05 and 07 build their models per edition (gpu_configs: as each notebook's setup builds them)
+and 05 per card: those return Runs, whose `key` names what decides their bytes, so a launch two editions or cards
+share is walked once. Multi-rank launches run as rank 0 of two on the fake process group; a launch shares one GPU
+between its ranks (gpu_plans' default of one GPU)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from helpers import memory as M
+from helpers import model as model_table
 from helpers.attention import naive_attention
 from helpers.course.dry_run_meta import fake_group
 from helpers.experiments import attention as XA
@@ -19,6 +26,7 @@ from helpers.experiments import benchmarking as XB
 from helpers.experiments import collectives as XC
 from helpers.experiments import ddp as XD
 from helpers.experiments import fsdp as XF
+from helpers.experiments import gpu_configs as GC
 from helpers.experiments import gpu_plans as G
 from helpers.experiments import model_parallel as XM
 from helpers.experiments import model_parallel_calc as XT
@@ -36,25 +44,69 @@ WORLD = 2  # the multi-rank notebooks' ranks
 
 def _row(notebook, run, peak_bytes, plan_bytes=None, ranks_per_gpu=1, oom_by_design=False, extra_bytes=0) -> dict:
     """One run: its tracked peak (one rank), extra_bytes the dry run cannot run but the launch holds (planned), the
-    bytes per GPU with gpu_plans' margins, the plan's estimate of the same run, and whether it fits the card."""
-    per_gpu = G.peak_per_gpu(peak_bytes + extra_bytes, ranks_per_gpu)
+    bytes per GPU with gpu_plans' margins, the plan's estimate of the same run, and whether its OOM is recorded as a
+    row (oom_by_design); dry_run judges it against a card."""
     return {
         "notebook": notebook,
         "run": run,
         "peak_GB": peak_bytes / G.GB,
         "extra_GB": extra_bytes / G.GB,
         "ranks_per_gpu": ranks_per_gpu,
-        "per_gpu_GB": per_gpu / G.GB,
+        "per_gpu_GB": G.peak_per_gpu(peak_bytes + extra_bytes, ranks_per_gpu) / G.GB,
         "plan_GB": math.nan if plan_bytes is None else plan_bytes / G.GB,
-        "budget_GB": G.H100_BYTES / G.GB,
-        "fits": per_gpu <= G.H100_BYTES,
         "oom_by_design": oom_by_design,
     }
+
+
+@dataclass(frozen=True)
+class Run:
+    """One launch of an edition's notebook: `walk` returns its tracked peak bytes on meta; `key` is everything its
+    bytes depend on (model shapes, batch, context, variants), so runs with equal keys are walked once."""
+
+    notebook: str
+    run: str
+    key: tuple
+    walk: Callable[[], int]
+    plan_bytes: float
+    ranks_per_gpu: int = 1
+    oom_by_design: bool = False
+    extra_bytes: int = 0
+
+    def row(self, peak_bytes: int) -> dict:
+        return _row(self.notebook, self.run, peak_bytes, self.plan_bytes, self.ranks_per_gpu, self.oom_by_design,
+                    self.extra_bytes)  # fmt: skip
+
+
+def shape(size) -> tuple:
+    """What a model's bytes depend on: its config less its name (2025's 2.7B built at 512 is 2026's xl)."""
+    cfg = get_config(size)
+    return dataclasses.astuple(dataclasses.replace(cfg, name=""))
+
+
+@contextlib.contextmanager
+def one_layer_models():
+    """Every Table 1 size one block deep inside (model.EDITION_SIZES patched in place, restored after): a run walked
+    this way meets every shape its full depth does (blocks are alike), in a fraction of the ops; its bytes are left to
+    the plan."""
+    saved = {edition: dict(sizes) for edition, sizes in model_table.EDITION_SIZES.items()}
+    try:
+        for sizes in model_table.EDITION_SIZES.values():
+            sizes.update({n: dataclasses.replace(c, n_layers=1) for n, c in sizes.items()})
+        yield
+    finally:
+        for edition, sizes in model_table.EDITION_SIZES.items():
+            sizes.update(saved[edition])
 
 
 def _peak(fn, existing=()) -> int:
     """Tracked peak bytes of fn(), counting `existing` from the start."""
     return M.track(fn, existing=existing).peak_bytes
+
+
+def _in_group(fn, world: int = WORLD, rank: int = 0) -> int:
+    """Tracked peak of fn() as `rank` of `world` on the fake process group."""
+    with fake_group(world, rank):
+        return _peak(fn)
 
 
 def run_00(batch_size: int = 4) -> list[dict]:
@@ -67,31 +119,44 @@ def run_00(batch_size: int = 4) -> list[dict]:
     return [_row("00", f"warm-up demo {size} forward, batch {batch_size}", trace.peak_bytes - trace.baseline_bytes)]
 
 
-def run_01(c=None) -> list[dict]:
-    """Notebook 01, at the size with the largest planned peak (the others are the same code at smaller shapes): §1's
-    warm timing (one model, the "backward" pass's graph kept while "forward" and "both" build theirs) and §5's steady
-    AdamW step in fp32 and under autocast (§4's precision loop holds one graph at a time, as §5's autocast step does
-    with AdamW's state beside it)."""
-    c = c or XB.PROFILES["gpu"]
+def runs_01(edition: str, gpu_bytes: float) -> list[Run]:
+    """Notebook 01 at `edition` (gpu_configs.config_01): §1's warm timing at the largest size the card holds (one
+    model, the "backward" pass's graph kept while "forward" and "both" build theirs); §2's profiled step (not
+    guarded); §5's steady AdamW steps at its largest size (2024) or its model at each of the handout's contexts, built
+    that long (benchmarking.profiled_config), fp32 at each and under autocast at the longest (§4's precision loop
+    holds one graph at a time, as §5's autocast step does with AdamW's state beside it)."""
+    c = GC.config_01("gpu", edition)
     B, T = c["batch"], c["context"]
-    size = max(sizes_for("gpu"), key=lambda s: G.warm_timing_bytes(s, B, T))
-    return [
-        _row(
-            "01",
-            f"warm timing {size} (two graphs)",
-            _peak(functools.partial(_warm_round, size, B, T)),
-            G.warm_timing_bytes(size, B, T),
-        ),
-        *(
-            _row(
-                "01",
-                f"memory peaks {size}, {'autocast bf16' if dt else 'fp32'} step",
-                XB.step_peaks(size, B, T, dt, "meta")["full step"].peak_bytes,
-                G.step_peak_bytes(size, B, T, autocast=dt is not None),
-            )
-            for dt in (None, torch.bfloat16)  # fp16's tensors have bf16's bytes
-        ),
-    ]
+    fitting = [s for s in c["sizes"] if G.peak_per_gpu(G.warm_timing_bytes(s, B, T), 1) <= gpu_bytes]
+    size = max(fitting or c["sizes"][:1], key=lambda s: G.warm_timing_bytes(s, B, T))  # larger: OOM rows, same code
+    over = functools.partial(_over, gpu_bytes)
+    warm = G.warm_timing_bytes(size, B, T)
+    runs = [
+        Run("01", f"warm timing {size} (two graphs)", ("01 warm", shape(size), B, T),
+            functools.partial(_peak, functools.partial(_warm_round, size, B, T)), warm, oom_by_design=over(warm)),
+        _step_run(f"profiled step {c['profile_size']}", c["profile_size"], B, T, None, guarded=False),
+    ]  # fmt: skip
+    memory = c["memory"] if len({s for s, _ in c["memory"]}) == 1 else [(size, T)]  # one model by context
+    longest = max(t for _, t in memory)
+    for s, t in memory:
+        for dt in (None, torch.bfloat16) if t == longest else (None,):  # fp16's tensors have bf16's bytes
+            run = f"memory peaks {s} at T {t}, {'autocast bf16' if dt else 'fp32'} step"
+            runs.append(_step_run(run, s, B, t, dt, over=over))
+    return runs
+
+
+def _over(gpu_bytes: float, nbytes: float) -> bool:
+    """A guarded run (its OOM recorded as a row) that this card cannot hold: an OOM by design."""
+    return G.peak_per_gpu(nbytes, 1) > gpu_bytes
+
+
+def _step_run(run: str, size, B: int, T: int, dtype, guarded: bool = True, over=None) -> Run:
+    """step_peaks' full step of `size` at B x T (fp32 or under autocast `dtype`), as notebook 01 runs it."""
+    cfg = XB.profiled_config(size, T)
+    plan = G.step_peak_bytes(cfg, B, T, autocast=dtype is not None)
+    walk = functools.partial(lambda: XB.step_peaks(size, B, T, dtype, "meta")["full step"].peak_bytes)
+    return Run("01", run, ("01 step", shape(cfg), B, T, str(dtype)), walk, plan,
+               oom_by_design=guarded and over is not None and over(plan))  # fmt: skip
 
 
 def _warm_round(size, batch_size: int, context_length: int) -> None:
@@ -158,49 +223,45 @@ def torch_ddp_stand_in(variants) -> list[tuple]:
     return [(label, "bucketed", mb) if kind == "torch_ddp" else (label, kind, mb) for label, kind, mb in variants]
 
 
-def run_04(c=None) -> list[dict]:
-    """Notebook 04 §2: the speed launch with the largest plan (the sweep model's, with every bucket size): every
-    wrapper built on a copy of the model and stepped twice (each then holds its gradients or buckets while the
-    others step), as rank 0 of two on the fake process group."""
-    c = c or XD.config_for("gpu")
-    size = max(c["sizes"], key=lambda s: G.ddp_rank_bytes(s, G.ddp_variants(s), c["batch"] // WORLD, c["context"]))
+def runs_04(edition: str, gpu_bytes: float) -> list[Run]:
+    """Notebook 04 §2 at `edition`: the speed launch with the largest plan (the sweep model's, with every bucket
+    size): every wrapper built on a copy of the model and stepped twice (each then holds its gradients or buckets
+    while the others step), as rank 0 of two on the fake process group."""
+    c = GC.config_04("gpu", edition)
+    b = c["batch"] // WORLD
+    size = max(c["sizes"], key=lambda s: G.ddp_rank_bytes(s, G.ddp_variants(s, "gpu", edition), b, c["context"]))
     variants = XD.SPEED_VARIANTS + (
         [v for v in XD.sweep_variants(G.sweep_buckets_mb()) if v not in XD.SPEED_VARIANTS]
         if size == c["sweep_model"]
         else []
     )
     work = functools.partial(
-        XD.speed_worker,
-        model=size,
-        variants=torch_ddp_stand_in(variants),
-        steps=1,
-        warmup=1,
-        batch_size=c["batch"],
-        context_length=c["context"],
-        traced=0,
-    )
-    with fake_group(WORLD):
-        peak = _peak(work)
-    plan = G.ddp_rank_bytes(size, len(variants), c["batch"] // WORLD, c["context"])
-    return [_row("04", f"speed {size}, {len(variants)} variants", peak, plan, G.ranks_per_gpu(WORLD, 1))]
+        XD.speed_worker, model=size, variants=torch_ddp_stand_in(variants), steps=1, warmup=1, batch_size=c["batch"],
+        context_length=c["context"], traced=0,
+    )  # fmt: skip
+    plan = G.ddp_rank_bytes(size, len(variants), b, c["context"])
+    key = ("04 speed", shape(size), tuple(variants), c["batch"], c["context"])
+    run = f"speed {size}, {len(variants)} variants"
+    return [Run("04", run, key, functools.partial(_in_group, work), plan, G.ranks_per_gpu(WORLD, 1))]
 
 
-def run_05(c=None) -> list[dict]:
-    """Notebook 05 §2: the memory launch, each kind (DDP's buckets with AdamW, ShardedOptimizer, ZeRO-1) built,
-    stepped twice and freed in turn. The speed launches hold one kind each at a context of 64 (less); torch's
-    ZeroRedundancyOptimizer, theirs alone, is planned as ShardedOptimizer's states."""
-    c = c or XS.config_for("gpu", "2026", shared=G.ranks_per_gpu(WORLD, 1), gpu_bytes=G.H100_BYTES)
+def runs_05(edition: str, gpu_bytes: float) -> list[Run]:
+    """Notebook 05 §2 at `edition` on a card of gpu_bytes (its models: gpu_configs.config_05): the memory launch,
+    each kind (DDP's buckets with AdamW, ShardedOptimizer, ZeRO-1) built, stepped twice and freed in turn. The speed
+    launches hold one kind each at a context of 64 (less); torch's ZeroRedundancyOptimizer, theirs alone, is planned
+    as ShardedOptimizer's states."""
+    c = GC.config_05("gpu", edition, gpus=1, gpu_bytes=gpu_bytes)
     kinds = ["unsharded", "sharded", "zero1"]
-    rows = []
+    runs = []
     for size in c["memory_models"]:
         work = functools.partial(
             XS.memory_worker, model=size, kinds=kinds, batch_size=c["batch"], context_length=c["context"], steps=2
         )
-        with fake_group(WORLD):
-            peak = _peak(work)
         plan = max(G.kind_peak_bytes(k, size, c["batch"] // WORLD, c["context"], WORLD) for k in kinds)
-        rows.append(_row("05", f"memory {size}: {', '.join(kinds)}", peak, plan, G.ranks_per_gpu(WORLD, 1)))
-    return rows
+        key = ("05 memory", shape(size), tuple(kinds), c["batch"], c["context"])
+        run = f"memory {size}: {', '.join(kinds)}"
+        runs.append(Run("05", run, key, functools.partial(_in_group, work), plan, G.ranks_per_gpu(WORLD, 1)))
+    return runs
 
 
 def _naive_passes(shape, dtype, is_causal) -> int:
@@ -267,28 +328,32 @@ def _models_side_by_side(size, models: int, batch_size: int, dtype) -> None:
         loss.backward()
 
 
-def run_07(c=None) -> list[dict]:
-    """Notebook 07: §5's checkpoint sweep's model without checkpointing (its largest step); §2-§4's measure launch
-    as rank 0 of two: FSDP, DDP and ZeRO-1 built side by side, each stepped at least twice (its first phase, each
-    kind alone, holds less); torch's fully_shard refuses meta parameters, so its planned share is added."""
-    c = c or XF.PROFILES["gpu"]
+def runs_07(edition: str, gpu_bytes: float) -> list[Run]:
+    """Notebook 07 with the models it builds (gpu_configs.config_07: 2026's): §5's checkpoint sweep's model without
+    checkpointing (its largest step); §2-§4's measure launch as rank 0 of two: FSDP, DDP and ZeRO-1 built side by
+    side, each stepped at least twice (its first phase, each kind alone, holds less); torch's fully_shard refuses
+    meta parameters, so its planned share is added."""
+    c = GC.config_07("gpu", GC.built_edition("07", edition))
+    m, B, T = c["ckpt_model"], c["ckpt_batch"], c["ckpt_context"]
     sweep = functools.partial(
-        XF.checkpoint_sweep, c["ckpt_model"], n_layers=c["ckpt_layers"], batch_size=c["ckpt_batch"],
-        context_length=c["ckpt_context"], segments=[0], steps=1, warmup=0,
+        XF.checkpoint_sweep, m, n_layers=c["ckpt_layers"], batch_size=B, context_length=T, segments=[0], steps=1,
+        warmup=0,
     )  # fmt: skip
-    run = f"checkpoint sweep {c['ckpt_model']}, context {c['ckpt_context']}, no checkpointing"
-    rows = [_row("07", run, _peak(sweep), G.retained_graph_bytes(c["ckpt_model"], c["ckpt_batch"], c["ckpt_context"]))]
+    key = ("07 sweep", shape(m), c["ckpt_layers"], B, T)
+    runs = [Run("07", f"checkpoint sweep {m}, {B} x {T}, no checkpointing", key, functools.partial(_peak, sweep),
+                G.retained_graph_bytes(m, B, T))]  # fmt: skip
     kinds = ("fsdp", "ddp", "zero1")
     work = functools.partial(
         XF.measure_worker, model=c["model"], batch_size=c["batch"], context_length=c["context"], steps=1, warmup=1,
         kinds=kinds, memory=False, trace=False,
     )  # fmt: skip
-    with fake_group(WORLD):
-        peak = _peak(work)
     plan = G.fsdp_launch_bytes(c["model"], c["batch"] // WORLD, c["context"], WORLD)
     run = f"measure {c['model']}: {', '.join(kinds)} (+ fully_shard planned)"
+    key = ("07 measure", shape(c["model"]), kinds, c["batch"], c["context"])
     extra = G.fsdp_state_bytes(c["model"], WORLD)
-    return rows + [_row("07", run, peak, plan, G.ranks_per_gpu(WORLD, 1), extra_bytes=extra)]
+    runs.append(Run("07", run, key, functools.partial(_in_group, work), plan, G.ranks_per_gpu(WORLD, 1),
+                    extra_bytes=extra))  # fmt: skip
+    return runs
 
 
 def run_08(c=None) -> list[dict]:
@@ -338,14 +403,17 @@ def _cp_reference(shape) -> None:
         XCP.reference(q, k, v, do, causal)
 
 
-RUNS = {
+FIXED = {  # notebooks without an edition or a card-dependent model: walked once, rows of tracked peaks
     "00": run_00,
-    "01": run_01,
     "02": run_02,
     "03": run_03,
-    "04": run_04,
-    "05": run_05,
     "06": run_06,
-    "07": run_07,
     "08": run_08,
 }
+BY_EDITION = {  # notebooks that build their EDITION's models (05: per card too): Runs, walked once per key
+    "01": runs_01,
+    "04": runs_04,
+    "05": runs_05,
+    "07": runs_07,
+}
+NOTEBOOKS = sorted(FIXED | BY_EDITION)

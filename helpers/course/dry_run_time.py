@@ -29,12 +29,10 @@ from helpers.course.reference_cost import ESTIMATORS, Rates, gpu_rates, model_es
 from helpers.experiments import attention as XA
 from helpers.experiments import benchmarking as XB
 from helpers.experiments import collectives as XC
-from helpers.experiments import ddp as XD
-from helpers.experiments import fsdp as XF
+from helpers.experiments import gpu_configs as GC
 from helpers.experiments import gpu_plans as G
 from helpers.experiments import rmsnorm as XR
-from helpers.experiments import sharding as XS
-from helpers.model import get_config, sizes_for
+from helpers.model import get_config
 
 GPU = "NVIDIA H100 80GB HBM3"  # the lent card (torch.cuda.get_device_name's spelling)
 LENT_COMMAND_S = 600  # a lent GPU machine cuts a command at 10 minutes
@@ -50,15 +48,24 @@ def _train_s(size, batch: int, context: int, r: Rates, dtype: str = "float32", r
     return F.train_flops(get_config(size), batch, context) * (1 + recompute / 3) / r.flops_for(dtype)
 
 
-def cell_estimates(r: Rates) -> list[tuple[str, str, float]]:
-    """(notebook, cell, seconds) of the gpu profile's heaviest cells."""
-    b, r_, d, s, a, f = (XB.PROFILES["gpu"], XR.PROFILES["gpu"], XD.PROFILES["gpu"], XS.PROFILES["gpu"],
-                         XA.PROFILES["gpu"], XF.PROFILES["gpu"])  # fmt: skip
+def cell_estimates(r: Rates, edition: str = GC.DEFAULT_EDITION) -> list[tuple[str, str, float]]:
+    """(notebook, cell, seconds) of the gpu profile's heaviest cells, with the models each notebook builds for
+    `edition` (gpu_configs)."""
+    e01 = GC.config_01("gpu", edition)
+    b = {**XB.PROFILES["gpu"], **{k: e01[k] for k in ("batch", "context")}}
+    r_, a = XR.PROFILES["gpu"], XA.PROFILES["gpu"]
+    d, s = GC.config_04("gpu", edition), GC.config_05("gpu", edition)
+    f = GC.config_07("gpu", GC.built_edition("07", edition))
     est = ESTIMATORS
     one_05, one_06 = next(n for n in SCALES if n.startswith("05-")), next(n for n in SCALES if n.startswith("06-"))
     precision = sum(
-        (b["warmup"] + b["steps"]) * 3 * _train_s(z, b["batch"], b["context"], r) for z in sizes_for("gpu")
+        (b["warmup"] + b["steps"]) * 3 * _train_s(z, b["batch"], b["context"], r) for z in e01["sizes"]
     )  # §4: one model per size, fp32, bf16 and fp16 interleaved (all at fp32's rate: the slower one)
+    steps = b["cold_steps"] + b["warmup"] + b["steps"]  # §1's full step with AdamW, where the edition times it
+    step = sum(steps * _train_s(z, b["batch"], b["context"], r) for z in e01["sizes"]) if "step" in e01["kinds"] else 0
+    memory = sum(  # §5 by context (2025, 2026): a model per context and precision, three tracked steps
+        3 * 3 * _train_s(z, b["batch"], t, r) for z, t in e01["memory"]
+    ) if len({z for z, _ in e01["memory"]}) == 1 else 0  # fmt: skip
     grid = [(2 * a["batch"], 1, T, dh) for dh in a["head_dims"] for T in a["seq_lens"]]  # not causal: 2x causal
     models = sum(
         len(a["model_impls"]) * (a["warmup"] + a["model_steps"])
@@ -71,7 +78,7 @@ def cell_estimates(r: Rates) -> list[tuple[str, str, float]]:
         (
             "01",
             "§1 timing and §5 memory peaks",
-            est["01"](dict(sizes=sizes_for("gpu"), autocast=("bfloat16", "float16"), **b), r),
+            est["01"](dict(sizes=e01["sizes"], autocast=("bfloat16", "float16"), **b), r) + step + memory,
         ),  # fmt: skip
         ("01", "§4 precision loop", precision),
         (
@@ -125,8 +132,9 @@ def cell_estimates(r: Rates) -> list[tuple[str, str, float]]:
     ]
 
 
-def time_table(device: str = GPU, gpus: int = 1) -> pd.DataFrame:
-    """One row per reference batch and per heavy gpu cell: the cost model's seconds on `device` and the limit."""
+def time_table(device: str = GPU, gpus: int = 1, editions=GC.EDITIONS) -> pd.DataFrame:
+    """One row per reference batch and per heavy gpu cell of each edition: the cost model's seconds on `device` and
+    the limit."""
     r = gpu_rates(device, gpus)
     batch_limit = min(MAX_BATCH_S, LENT_COMMAND_S)
     rows = [
@@ -135,8 +143,9 @@ def time_table(device: str = GPU, gpus: int = 1) -> pd.DataFrame:
         for name in SCALES
     ]  # fmt: skip
     rows += [
-        dict(what="cell", notebook=nb, name=cell, estimate_s=seconds, limit_s=WRITEUP_CELL_S)
-        for nb, cell, seconds in cell_estimates(r)
+        dict(what="cell", notebook=nb, name=f"{cell} ({edition} models)", estimate_s=seconds, limit_s=WRITEUP_CELL_S)
+        for edition in editions
+        for nb, cell, seconds in cell_estimates(r, edition)
     ]
     table = pd.DataFrame(rows)
     table["over"] = table["estimate_s"] > table["limit_s"]
