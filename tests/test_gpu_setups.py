@@ -87,11 +87,6 @@ def test_notebook_00s_ranks_and_device_follow_the_machine(cuda):
     assert backend == ("nccl" if cuda >= 2 else "gloo")  # NCCL with a GPU per rank; gloo ranks share one GPU
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="notebook 03's cpu grid (collectives.PROFILE_GRID['cpu']['combos']) is gloo on cpu only: on a GPU the smoke "
-    "run measures no CUDA collective (not this engineer's file; reported on issue 47)",
-)
 def test_notebook_03s_cpu_grid_runs_cuda_collectives_where_there_is_a_gpu(cuda):
     from helpers.experiments import collectives
 

@@ -93,7 +93,9 @@ PROFILE_GRID = {
     "cpu": dict(
         sizes=SMALL_SIZES + (512 * KiB, 1 * MiB, 4 * MiB, 10 * MiB, 16 * MiB),
         world_sizes=(2, 4),
-        combos=(("gloo", "cpu"),),
+        # the gpu profile's combos too: on a GPU machine the smoke run (make test) moves CUDA tensors; without one
+        # the plan says why each cannot run here
+        combos=(("gloo", "cpu"), ("gloo", "cuda"), ("nccl", "cuda")),
         warmup=5,
         iters=30,
         budget_s=0.3,
