@@ -289,8 +289,20 @@ class Ratio:
         """True when there are enough pairs and the interval excludes 1: a difference this machine can measure."""
         return self.enough and not self.low <= 1.0 <= self.high
 
+    def beyond(self, noise: float = 0.0) -> bool:
+        """The project's one rule for naming a difference: enough pairs (MIN_PAIRS) and an interval outside
+        [1/(1 + noise), 1 + noise], where noise is how far apart identical configurations time (0: the interval
+        excludes 1, as `differs`)."""
+        return self.enough and (self.low > 1 + noise or self.high < 1 / (1 + noise))
+
     def __str__(self) -> str:
         return f"{self.median:.3f}x ({self.confidence:.0%} CI {self.low:.3f}-{self.high:.3f}, {self.pairs} pairs)"
+
+
+def identical_noise(ratios) -> float:
+    """How far apart configurations that are the same thing timed (the largest of max(r, 1/r) - 1 over their paired
+    ratios' medians; 0 when there are none): the noise a ranking of the others must beat (`Ratio.beyond`)."""
+    return max((max(r.median, 1 / r.median) - 1 for r in ratios), default=0.0)
 
 
 def paired_ratio(a, b, confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> Ratio:

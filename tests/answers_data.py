@@ -119,7 +119,8 @@ def notebook_01_rows() -> dict:
                 }
                 for f, cm, c, m in ((128, 1.2, 0.94, 0.43), (1024, 0.4, 0.22, 0.2))
             ],
-            dict(world=2, alpha_s=1.5e-4, beta_Bps=2.9e8, tokens=256, d_model=64, share_tol=0.1),
+            dict(world=2, alpha_s=1.5e-4, beta_Bps=2.9e8, tokens=256, d_model=64, share_tol=0.1)
+            | dict(all_reduce_s=3.2e-4),
         ),
         "01_block_memory": (
             [

@@ -287,8 +287,9 @@ def test_fsdp_tp_calcs_gain_notebook_08s_measured_rows_beside_the_closed_forms(s
     b = got["(b)"]  # closed-form rows first, then the measured one; α's share and the measured/model ratio
     assert b.table[0]["pass / part"] == "(b)" and b.table[-1]["pass / part"] == "(b) measured"
     assert "N_FSDP = 1 and N_TP = 2, 256 tokens of width 64" in b.text and "α = 150 µs" in b.text
-    assert "one all-reduce takes 200 µs-600 µs over the widths against the α-β model's 300 µs (0.67-2.00x" in b.text
-    assert "α is 50% of the model there" in b.text and "bandwidth-only term (150 µs)" in b.text
+    assert "one all-reduce of S bytes timed alone takes 320 µs, against the α-β model's 300 µs (1.07x it)" in b.text
+    assert "reads 200 µs-600 µs over the widths, though the tensor is the same S bytes" in b.text  # named, not timed
+    assert "α is 50% of the model" in b.text and "bandwidth-only term (150 µs)" in b.text
     assert "check (d)'s sum, not this overlapped bound" in got["(c)"].text and not rows(got["(c)"], "(c)")
     d = got["(d)"]
     assert "d_ff ≈ 244 (122 without α); it holds (±0.1) at d_ff 1024 and not at d_ff 128." in d.text

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from helpers.course.answers.core import NotMeasured, Saved
 from helpers.course.answers.page import default_folder
+from helpers.timing import MIN_PAIRS, Ratio
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def collectives(saved: Saved) -> Claim:
 def ddp(saved: Saved) -> Claim:
     """04: bucketed DDP's step time over torch DDP's (both 25 MB buckets), for the last model timed."""
     i, r = _rows(saved, "04_ddp_ratios", field="step", a="bucketed 25 MB", b="torch_ddp 25 MB")[-1]
-    return _ratio(saved, "04_ddp_ratios", i, r, f"bucketed DDP (25 MB), {r.get('model')}: ", "torch DDP's step time")
+    return _ratio(saved, "04_ddp_ratios", i, r, f"bucketed DDP (25 MiB), {r.get('model')}: ", "torch DDP's step time")
 
 
 def sharding(saved: Saved) -> Claim:
@@ -152,6 +153,15 @@ def checkpointing(saved: Saved) -> Claim:
     rows = _rows(saved, "07_checkpoint")
     none = next(r for _, r in rows if r["segment"] == 0)
     i, r = min(((i, r) for i, r in rows if r["segment"] > 0), key=lambda ir: ir[1]["peak_MiB"])
+    pairs = int(saved.run("07_checkpoint").provenance.get("steps") or 0)
+    ratio = Ratio(r["time / none"], r["low"], r["high"], pairs)
+    said = (
+        f"measurably {'slower' if ratio.median > 1 else 'faster'}"
+        if ratio.beyond()
+        else f"no measurable difference: {pairs} paired steps, fewer than {MIN_PAIRS}"
+        if not ratio.enough
+        else "no measurable difference"
+    )
     return Claim(
         "07_checkpoint",
         i,
@@ -161,7 +171,7 @@ def checkpointing(saved: Saved) -> Claim:
         r["high"],
         f"activation checkpointing in segments of {r['segment']} blocks: peak {r['peak_MiB']:.1f} MiB "
         f"instead of {none['peak_MiB']:.1f} MiB, at ",
-        f"the step time without it on {_machine(saved, '07_checkpoint')}",
+        f"the step time without it on {_machine(saved, '07_checkpoint')} ({said})",
     )
 
 

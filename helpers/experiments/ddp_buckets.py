@@ -21,6 +21,7 @@ from helpers.experiments.common import (
 )
 from helpers.experiments.ddp_speed import paired_variants
 from helpers.model import count_parameters
+from helpers.timing import identical_noise
 
 
 @dataclass
@@ -118,13 +119,21 @@ def describe_bucket_model(fit: BucketModel, sweep: pd.DataFrame, model: str, see
 
 
 def sweep_optimum_text(per_rank, sweep: pd.DataFrame) -> str:
-    """The swept bucket size with the lowest median step and the sizes not measurably slower (paired per step)."""
+    """The swept bucket size with the lowest median step, its bucket count, and the sizes it does not beat: a size is
+    ranked only when its paired ratio to the best lies beyond both 1 and the spread of the sizes that build the same
+    single bucket (identical configurations: timing.identical_noise), with at least MIN_PAIRS steps."""
     labels = dict(zip(sweep["variant"], sweep["bucket_MB"], strict=True))
+    buckets = dict(zip(sweep["variant"], sweep.get("buckets", [None] * len(sweep)), strict=True))
     med = {k: float(np.median(slowest_rank([r[k].step for r in per_rank]))) for k in labels}
     best = min(med, key=med.get)
-    tied = [f"{labels[k]:g}" for k in labels if k != best and not paired_variants(per_rank, k, best).differs]
-    return f"lowest median step: {labels[best]:g} MiB ({med[best] * 1e3:.1f} ms); " + (
-        f"not measurably slower (paired 95% interval of the ratio includes 1): {', '.join(tied)} MiB"
+    one = [k for k in labels if buckets[k] == 1]
+    noise = identical_noise(paired_variants(per_rank, a, b) for a in one for b in one if a < b)
+    tied = [f"{labels[k]:g}" for k in labels if k != best and not paired_variants(per_rank, k, best).beyond(noise)]
+    floor = f" or the {noise:.1%} the one-bucket sizes (identical) differ by" if noise else ""
+    n = buckets[best]
+    count = "" if n is None else f", {int(n)} bucket{'s' * (n != 1)}"
+    return f"lowest median step: {labels[best]:g} MiB ({med[best] * 1e3:.1f} ms{count}); " + (
+        f"not measurably slower (paired 95% interval of the ratio within 1{floor}): {', '.join(tied)} MiB"
         if tied
         else "every other swept size is measurably slower"
     )

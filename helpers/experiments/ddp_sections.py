@@ -331,11 +331,10 @@ def bucket_section(s: Setting, sp: SpeedResult, ab) -> BucketResult:
 def sweep_lines(per_rank, sweep: pd.DataFrame, fit: BucketModel) -> list[str]:
     """The measured optimum against the model's, measured minus predicted, the sweep's spread, backward's slowdown
     under bucketed, and the spread of sizes that build the same single bucket (the noise floor of the sweep)."""
-    best = sweep.loc[sweep["step_s"].idxmin()]
     rel = (sweep["step_s"] - sweep["predicted_s"]) / sweep["predicted_s"]
     lines = [
-        f"{sweep_optimum_text(per_rank, sweep)} ({int(best['buckets'])} buckets); model optimum: "
-        f"{fit.grad_bytes / fit.n_star / MB:.3g} MB ({fit.n_star:.1f} buckets). Measured minus predicted step time: "
+        f"{sweep_optimum_text(per_rank, sweep)}; model optimum: "
+        f"{fit.grad_bytes / fit.n_star / MB:.3g} MiB ({fit.n_star:.1f} buckets). Measured minus predicted step time: "
         f"median {rel.median():+.0%}, from {rel.min():+.0%} to {rel.max():+.0%} over {len(rel)} sizes.",
         f"spread of the measured sweep: {sweep['step_s'].min() * 1e3:.1f} to {sweep['step_s'].max() * 1e3:.1f} ms "
         f"({sweep['step_s'].max() / sweep['step_s'].min() - 1:.0%}); backward under bucketed ran "

@@ -17,9 +17,10 @@ from helpers.course.answers.core import (
     ref,
     register,
     series_text,
+    span,
 )
 from helpers.model import ARCH_NAMES, edition_arch
-from helpers.timing import ratio_of
+from helpers.timing import MIN_PAIRS, Ratio, ratio_of
 
 Q = Question
 QUESTIONS = [
@@ -215,7 +216,7 @@ def warm_timings(q, saved):
     spread = warm["std_s"] / warm["mean_s"]
     sizes = ", ".join(f"{s} " + " / ".join(fmt_s(r[p_]) for p_ in passes) for s, r in per.iterrows())
     step = (
-        ""
+        full_step_text(warm)
         if "step" in passes
         else ' The optimizer step was not timed: the 2026 handout\'s full training step needs EDITION = "2026".'
     )
@@ -226,6 +227,40 @@ def warm_timings(q, saved):
     )
 
 
+def full_step_text(warm: pd.DataFrame) -> str:
+    """The full step against forward+backward, paired by round (01_timing's step rows: ratio_vs_both), and why the
+    full step can come out the faster one: two loops, and gradients accumulated in one and set to None in the other."""
+    rows = warm.xs("step", level="pass")
+    rows = rows[rows["pairs_vs_both"].notna()] if "pairs_vs_both" in rows else rows.iloc[:0]
+    if rows.empty:
+        return ""
+    r = max(
+        (
+            Ratio(x.ratio_vs_both, x.ratio_low_vs_both, x.ratio_high_vs_both, int(x.pairs_vs_both))
+            for x in rows.itertuples()
+        ),
+        key=lambda r: r.pairs,
+    )
+    ratios = [float(v) for v in rows["ratio_vs_both"]]
+    said = (
+        f"measurably {'longer' if r.median > 1 else 'shorter'}"
+        if r.beyond()
+        else f"no measurable difference ({r.pairs} pairs{', fewer than ' + str(MIN_PAIRS) if not r.enough else ''})"
+    )
+    why = (
+        " The full step comes out shorter although it does more: forward+backward accumulates into the gradients "
+        "the round before left (one more read and add of every gradient), while the full step sets them to None "
+        "first, so backward writes them fresh; and the full step ran in a loop of its own after the interleaved one, "
+        "so its pairing with forward+backward is by round, not interleaved."
+        if min(ratios) < 1
+        else " The difference is AdamW's update, all elementwise over every parameter and its two moments."
+    )
+    return (
+        f" The full step (forward, backward, AdamW) over forward+backward, paired by round: {span(ratios, 2)} over the "
+        f"sizes ({r.median:.2f}x [{r.low:.2f}-{r.high:.2f}] with the most pairs): {said}.{why}"
+    )
+
+
 @answers("2.1.1(c)")
 def cold_timings(q, saved):
     cold, warm, _ = _warm_cold(saved)
@@ -233,6 +268,7 @@ def cold_timings(q, saved):
     noise = (warm["std_s"] / warm["mean_s"]).median()
     spread = ((cold["std_s"] / cold["mean_s"]) / (warm["std_s"] / warm["mean_s"])).median()
     worst = first.idxmax()
+    cold_steps = int(cold["steps"].min())
     after = [
         f"after {w} warm-up step{'s' * (w > 1)} the mean of the rest is {ratio:.2f}x"
         for w in (1, 2)
@@ -246,6 +282,10 @@ def cold_timings(q, saved):
         + (
             f"The same cold runs read as if 1 or 2 steps had warmed them up: {' and '.join(after)} the warm mean "
             "(medians over sizes and passes). "
+            if after and cold_steps - 2 >= MIN_PAIRS
+            else f"How many warm-up steps suffice these cold runs cannot tell: they took {cold_steps} steps each, so "
+            f"after 2 of them {cold_steps - 2} step{'s' * (cold_steps != 3)} would be left, fewer than the "
+            f"{MIN_PAIRS} a comparison needs. "
             if after
             else ""
         )

@@ -22,7 +22,7 @@ from helpers.course.answers.core import (
     shown,
 )
 from helpers.model import for_edition, size_edition
-from helpers.timing import ratio_of
+from helpers.timing import MIN_PAIRS, identical_noise, ratio_of
 
 Q = Question
 QUESTIONS = [
@@ -279,22 +279,30 @@ def bucket_sweep(q, saved):
     model = saved.run("04_ddp_bucket_sweep").provenance.get("model")
     best = sweep.loc[sweep["step_s"].idxmin()]
     r = _ddp_ratios(saved)
-    r = r[(r["model"] == model) & (r["b"] == best["variant"]) & r["a"].isin(sweep["variant"])]
+    r = r[(r["model"] == model) & r["a"].isin(sweep["variant"]) & r["b"].isin(sweep["variant"])]
+    pair = lambda a, b: ratio_of(r[(r["a"] == a) & (r["b"] == b)].iloc[0])  # noqa: E731
+    one = list(sweep[sweep["buckets"] == 1]["variant"])  # sizes that all build the same single bucket
+    noise = identical_noise(pair(a, b) for a in one for b in one if a < b)
     tied = [
         f"{mb:g}"
         for v, mb in zip(sweep["variant"], sweep["bucket_MB"], strict=True)
-        if v != best["variant"] and not ratio_of(r[r["a"] == v].iloc[0]).differs
+        if v != best["variant"] and not pair(v, best["variant"]).beyond(noise)
     ]
+    floor = (
+        f"the {len(one)} sizes that build one bucket (identical configurations) time up to {noise:.1%} apart, so a "
+        "size is ranked only when its paired interval lies beyond that too; "
+        if noise
+        else ""
+    )
     return (
         f"{model}, {len(sweep)} bucket sizes from {sweep['bucket_MB'].min():g} to {sweep['bucket_MB'].max():g} MiB: "
         f"step medians from {fmt_s(sweep['step_s'].min())} to {fmt_s(sweep['step_s'].max())}; the "
         f"lowest median is {best['bucket_MB']:g} MiB ({int(best['buckets'])} bucket"
-        f"{'s' if best['buckets'] != 1 else ''}), and "
+        f"{'s' if best['buckets'] != 1 else ''}); {floor}"
         + (
-            f"no measurable difference from it for {', '.join(tied)} MiB (paired interval of the step-time ratio "
-            "includes 1), so the sweep cannot rank those."
+            f"no measurable difference from it for {', '.join(tied)} MiB, so the sweep cannot rank those."
             if tied
-            else "every other size is measurably slower (paired per step)."
+            else f"every other size is measurably slower (paired per step, at least {MIN_PAIRS} steps)."
         )
         + f" {BUCKET_UNIT}"
     )

@@ -11,6 +11,7 @@ import numpy as np
 from helpers import formulas
 from helpers.course.answers.core import Answer, Question, answers, fmt_mib, fmt_s, pct, register
 from helpers.formulas import MiB
+from helpers.timing import MIN_PAIRS, Ratio
 
 Q = Question
 QUESTIONS = [
@@ -283,6 +284,18 @@ def nested(q, saved):
     )
 
 
+def checkpoint_ratio(row, provenance) -> Ratio:
+    """A 07_checkpoint row's step time over no checkpointing's, with the pairs it was measured on (the run's steps)."""
+    return Ratio(float(row["time / none"]), float(row["low"]), float(row["high"]), int(provenance.get("steps") or 0))
+
+
+def checkpoint_noise(r: Ratio) -> str:
+    """Why a checkpointing ratio names no difference: too few paired steps, or an interval that includes 1."""
+    if not r.enough:
+        return f"{r.pairs} paired steps, fewer than the {MIN_PAIRS} a comparison needs (`timing.MIN_PAIRS`)"
+    return "the paired interval includes 1"
+
+
 @answers("gradient_checkpointing(b)")
 def best_block(q, saved):
     s, p = _checkpoint(saved)
@@ -303,11 +316,9 @@ def best_block(q, saved):
         }
         for k in [0, best] + near
     )
-    slower = s.loc[best, "low"] > 1
+    r = checkpoint_ratio(s.loc[best], p)
     flops_say = 4 / 3  # one more forward on a step of three forwards' FLOPs
-    against = (
-        "above" if s.loc[best, "low"] > flops_say else "below" if s.loc[best, "high"] < flops_say else "consistent with"
-    )
+    against = "above" if r.low > flops_say else "below" if r.high < flops_say else "consistent with"
     xl = formulas.get_config("xl-2026", context_length=2048)
     block_input = formulas.residual_stream_bytes(4, 2048, xl.d_model)  # I
     block_saved = formulas.activation_bytes(xl, 4, 2048)["blocks"] / xl.n_layers  # A
@@ -324,8 +335,13 @@ def best_block(q, saved):
         f"{float(p['k_continuous']):.2f}). The price is one more forward, about a third of a step in FLOPs; "
         f"measured at k = {best} it is {s.loc[best, 'time / none']:.2f}x the step "
         f"[{s.loc[best, 'low']:.2f}-{s.loc[best, 'high']:.2f}], "
-        f"{'measurably slower' if slower else 'inside the noise of this machine'}, {against} the "
-        f"{flops_say:.2f}x the FLOPs predict. k against its neighbours:",
+        + (
+            f"{'measurably slower' if r.median > 1 else 'measurably faster'}, {against} the {flops_say:.2f}x the "
+            "FLOPs predict"
+            if r.beyond()
+            else f"no measurable difference: {checkpoint_noise(r)}"
+        )
+        + ". k against its neighbours:",
         table=rows,
         status="partial",
         missing="the handout's xl measured at 4 × 2048 needs a GPU; here a CPU preset and the closed form",

@@ -301,19 +301,30 @@ def _fsdp_tp_measured(part: str, saved) -> tuple[str, tuple]:
         )
     if part == "(b)":
         meas = t["comm_ms"].astype(float) / 2e3  # the step's communication, per all-reduce (g forward, f backward)
-        ratio = meas / one
+        alone = p.get("all_reduce_s")  # one all-reduce of S bytes timed alone (the same tensor at every width)
+        step = (
+            f"inside the TP steps the communication per all-reduce reads {fmt_s(float(meas.min()))}-"
+            f"{fmt_s(float(meas.max()))} over the widths, though the tensor is the same S bytes at every width: that "
+            "figure includes a rank waiting for its peer to finish its matmuls, not the all-reduce alone"
+        )
+        if alone is None:
+            head = f": {step}; the α-β model's all-reduce is {fmt_s(float(one.median()))}"
+            value = f"{fmt_s(float(one.median()))} (the α-β model; no all-reduce timed alone in this run)"
+        else:
+            head = (
+                f": one all-reduce of S bytes timed alone takes {fmt_s(float(alone))}, against the α-β model's "
+                f"{fmt_s(float(one.median()))} ({float(alone) / float(one.median()):.2f}x it); {step}"
+            )
+            value = f"{fmt_s(float(alone))} timed alone (model {fmt_s(float(one.median()))}, of which α {fmt_s(alpha)})"
         return (
-            where + f": one all-reduce takes {fmt_s(float(meas.min()))}-{fmt_s(float(meas.max()))} over the widths "
-            f"against the α-β model's {fmt_s(float(one.median()))} ({float(ratio.min()):.2f}-{float(ratio.max()):.2f}x "
-            f"it); α is {alpha / float(one.median()):.0%} of the model there, which the handout's bandwidth-only term "
-            f"({fmt_s(bw)}) leaves out.",
+            where + head + f". α is {alpha / float(one.median()):.0%} of the model, which the handout's "
+            f"bandwidth-only term ({fmt_s(bw)}) leaves out.",
             (
                 {
                     "pass / part": "(b) measured",
-                    "quantity": "TP all-reduce time, per all-reduce (half a step's communication)",
+                    "quantity": "TP all-reduce time of S bytes",
                     "expression": _m("α + 2·(N_TP−1)/N_TP·S/β, S = B·D·4 bytes"),
-                    MEASURED: f"{fmt_s(float(meas.median()))} (median over {len(t)} widths; model "
-                    f"{fmt_s(float(one.median()))}, of which α {fmt_s(alpha)})",
+                    MEASURED: value,
                 },
             ),
         )
