@@ -39,15 +39,17 @@ TIGHT = {  # run (prefix) -> how far the plan may sit above the tracked peak: wh
     "bench naive": EXACT,
     "leaderboard": EXACT,  # naive's passes + the fused kernels' kept graphs (planned on both sides)
     "models": 0.15,  # one model's retained graph (an upper bound, test_gpu_plans) + the others' 2Ψ exactly
-    "checkpoint sweep": 0.15,  # retained_graph_bytes: an upper bound within 15 % (test_gpu_plans)
+    # retained_graph_bytes counts every gradient beside every activation; the sweep frees activations as gradients
+    # appear: at xl-2026 the plan sits ~13 GB above the peak whatever the batch (12.6 at 4 x 1024, 12.9 at 2 x 1024),
+    # so the ratio grows as the batch shrinks: 1.25 at notebook 07's 2 x 1024
+    "checkpoint sweep": 0.26,
     "measure": 0.15,  # FSDP's step: activations and pending reduce-scatters counted at once (an upper bound)
 }
 
 
 FULL = ("2026", D.CARDS["H100 80GB"])  # the default edition on an H100 at full depth; the rest one block deep
 OVER_THE_CARD = {  # (run, card GB) that would run out of memory, not guarded: issue 47's findings, reported
-    ("checkpoint sweep xl-2026, 4 x 1024, no checkpointing", 80.0),  # notebook 07 §5: ~103 GB without checkpointing
-    ("checkpoint sweep xl-2026, 4 x 1024, no checkpointing", 40.0),
+    ("checkpoint sweep xl-2026, 2 x 1024, no checkpointing", 40.0),  # notebook 07 §5: ~65 GB without checkpointing
     ("profiled step xl-2025", 40.0),  # notebook 01, EDITION 2025: its profiled step (not guarded), ~44.5 GB
     ("compile 2.7B: fwd+bwd+opt, batch 4", 40.0),  # notebook 02 §5
     ("speed medium, 6 variants", 40.0),  # notebook 04: 2 ranks share the card
@@ -70,7 +72,7 @@ def test_every_notebooks_gpu_profile_runs_on_meta_within_its_plan(table):
     over = table[~table["fits"] & ~table["oom_by_design"]]
     assert set(zip(over["run"], over["budget_GB"], strict=True)) == OVER_THE_CARD, over
     D.check(table[[(r, b) not in OVER_THE_CARD for r, b in zip(table["run"], table["budget_GB"], strict=True)]])
-    with pytest.raises(ValueError, match=r"notebook 07 \(2026 models\): checkpoint sweep xl-2026.* of 80: would run"):
+    with pytest.raises(ValueError, match=r"notebook 07 \(2026 models\): checkpoint sweep xl-2026.* of 40: would run"):
         D.check(table)
     full = table[table["walk"] == "full"].dropna(subset=["plan_GB"])
     held = full["peak_GB"] + full["extra_GB"]
