@@ -104,8 +104,18 @@ def test_the_page_is_self_contained(synthetic, tmp_path):
         assert anchor in ids
         maps = [re.search(rf'<table class="map" id="map{y}">.*?</table>', page, re.S).group(0) for y in q.editions]
         assert all(f'href="#{anchor}"' in m for m in maps), (q.number, q.editions)  # every edition's map links it
-    counts = {k: int(n) for n, k in re.findall(r"<li><b>(\d+)</b> ([^:<]+):", page)}
-    assert sum(counts.values()) == len(A.QUESTIONS) and "profile: <b>cpu</b>" in page, counts
+    counts = header_counts(page)
+    for y, per in counts.items():  # each edition's column counts every answer its map links, once
+        assert sum(per.values()) == len(A.page.edition_questions(y)), (y, per)
+    assert "profile: <b>cpu</b>" in page
+
+
+def header_counts(page: str) -> dict[int, dict[str, int]]:
+    """The header's table: edition -> status (STATUSES' text before its colon) -> count."""
+    table = re.search(r'<table class="statuses">(.*?)</table>', page, re.S).group(1)
+    years = [int(y) for y in re.findall(r"<th>(\d{4}) \(", table)]
+    rows = re.findall(r"<tr><td>([^:<]+):[^<]*</td>((?:<td>\d+</td>)+)</tr>", table)
+    return {y: {k: int(re.findall(r"\d+", cells)[i]) for k, cells in rows} for i, y in enumerate(years)}
 
 
 def test_the_header_counts_four_statuses_honestly(synthetic):
@@ -119,7 +129,12 @@ def test_the_header_counts_four_statuses_honestly(synthetic):
     assert got["2.2.4(a)"].status == "partial" and got["2.2.4(a)"].missing
     assert got["nsys_profile"].status == "partial" and got["communication_accounting(c)"].status == "closed form"
     assert got["3.2.1"].status == "partial"  # the rehearsal is not the two-node measurement it asks
-    assert got["2.1.1(b)"].status == "measured" and counts["not run"] == 0
+    assert got["2.1.1(a)"].status == "measured" and counts["not run"] == 0
+    # statuses from what ran: the configuration that ran against the handout's, each shortfall named
+    assert got["2.1.1(b)"].status == "partial" and "2/6 of the handout's 5/10" in got["2.1.1(b)"].missing
+    assert "ran 2 of the 5" in got["2.1.1(b)"].missing and "6 of the handout's 10" in got["2.1.1(c)"].missing
+    assert "widths H ran: 256, 1024 of the handout's 1024, 2048, 4096, 8192" in got["2.3.1(a)"].missing
+    assert "1 of the handout's 20" in got["torch_compile(a)"].missing and got["2.1.4(a)"].status == "partial"
 
 
 def test_the_edition_maps_use_each_handouts_ids_and_point_at_sections(synthetic):
@@ -174,8 +189,9 @@ def test_an_empty_folder_gives_not_measured_everywhere(tmp_path):
             ), (number, text)
     A.write_page(tmp_path / "answers.html", "gpu", tmp_path)
     page = (tmp_path / "answers.html").read_text(encoding="utf-8")
-    counts = {k: int(n) for n, k in re.findall(r"<li><b>(\d+)</b> ([^:<]+):", page)}
-    assert counts["not run yet"] + counts["needs a GPU"] == len(A.QUESTIONS) - len(computed), counts
+    for y, counts in header_counts(page).items():
+        asked = {q.number for q in A.page.edition_questions(y)}
+        assert counts["not run yet"] + counts["needs a GPU"] == len(asked - computed), (y, counts)
 
 
 def test_results_of_the_other_profile_are_not_used(tmp_path):
@@ -267,3 +283,23 @@ def test_each_later_map_lists_exactly_its_handouts_parts_and_every_answer_links_
         back = set(re.findall(r'<a href="#map(\d{4})">', entry))
         linked = {str(y) for y, m in maps.items() if f'href="#{anchor}"' in m}
         assert back == linked and back, (q.number, back, linked)
+
+
+def test_one_edition_per_build_counted_per_edition_and_said_once(tmp_path):
+    from helpers.course.answers.page import render, status_counts
+
+    rows = D.notebook_01_rows()
+    rows["01_timing"] = (rows["01_timing"][0], {**rows["01_timing"][1], "edition": "2026"})
+    folder = D.write(tmp_path, rows)
+    saved = A.Saved(folder, "cpu")
+    got = {q.number: A.answer(q, saved) for q in A.QUESTIONS}
+    assert got["2.1.1(b)"].for_edition(2024) == ("partial", "the 2026 edition's model ran")
+    per = {y: status_counts(got, y) for y in (2024, 2026)}
+    plain = {y: status_counts({n: a.__class__(**{**a.__dict__, "model": ""}) for n, a in got.items()}, y) for y in per}
+    assert per[2024]["partial"] > plain[2024]["partial"] and per[2026]["partial"] == plain[2026]["partial"]
+    page = render("cpu", folder)
+    assert "run it again" not in page and 'set EDITION = "' not in page  # no repeated clause on every answer
+    top_2024 = page[page.index('id="e2024"') : page.index('id="map2024"')]
+    assert "Model that ran: the 2026 edition's" in top_2024 and "make writeup EDITION=2024" in top_2024
+    assert "this edition's own" in page[page.index('id="e2026"') : page.index('id="map2026"')]
+    assert "<th>2024 (" in page and "<th>2026 (" in page  # the header counts each edition's answers

@@ -248,3 +248,15 @@ def test_a_live_panel_keeps_its_one_line_in_the_exported_page(tmp_path):
     writeup.export_html(nb, tmp_path / "a.html", "Offline page")
     page = (tmp_path / "a.html").read_text()
     assert "Live control: edit BUCKET_MB" in page and "VBox" not in page and "HBox" not in page
+
+
+def test_the_edition_is_passed_down_to_every_notebook_and_named_on_the_index(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        writeup, "execute", lambda path, params, timeout_s: (seen.append(params), (_executed(), None))[1]
+    )
+    nb, out = _notebook(tmp_path / "00_ok.ipynb", "pass"), tmp_path / "w"
+    assert writeup.main([str(nb), "--profile", "cpu", "--edition", "2024", "--out", str(out)]) == 0
+    assert seen == [{"PROFILE": "cpu", "EDITION": "2024"}] and "edition: <b>2024" in (out / "index.html").read_text()
+    with pytest.raises(SystemExit):  # an edition the course does not have is refused before any notebook runs
+        writeup.main([str(nb), "--edition", "2023", "--out", str(out)])

@@ -3,6 +3,7 @@
     python -m helpers writeup                      # notebooks/*.ipynb -> writeups/*.html + index.html
     python -m helpers writeup --profile gpu        # inject PROFILE = "gpu" after each `parameters` cell
     python -m helpers writeup --budget 300         # inject BUDGET = "300": more time for the cpu profile's runs
+    python -m helpers writeup --edition 2024       # inject EDITION = "2024": that handout's model, sizes and shapes
     python -m helpers writeup notebooks/00_setup.ipynb --hide-code
     python -m helpers writeup --adapters ../assignment2-systems/tests/adapters.py   # a "yours" row (ADAPTERS)
 
@@ -103,6 +104,7 @@ __all__ = [
 __all__ += ["_without_progress_bars", "_ipc_folder", "_this_python_kernel_manager"]  # tests check these parts directly
 
 
+EDITIONS = ("2024", "2025", "2026")  # the course editions a build can run (the notebooks' EDITION parameter)
 ExtraPage = tuple[str, str, Callable[[Path, str], None]]  # (title, filename, build(out_path, profile))
 
 
@@ -163,6 +165,13 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = (), f
         help="cpu profile: seconds each notebook's timed runs may take, "
         "or none (injected as BUDGET; auto: helpers.budget.DEFAULT_SECONDS)",
     )
+    parser.add_argument(
+        "--edition",
+        default="auto",
+        choices=("auto", *EDITIONS),
+        help="the course edition whose model, sizes and shapes the notebooks run (injected as EDITION; auto: each "
+        "notebook's default)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "writeups")
     parser.add_argument("--hide-code", action="store_true", help="leave code cells out of the HTML")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
@@ -189,9 +198,11 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = (), f
         params["ADAPTERS"] = str(args.adapters.resolve())
     if args.budget != "auto":
         params["BUDGET"] = args.budget
+    if args.edition != "auto":
+        params["EDITION"] = args.edition
     entries, pages = [], []
     for i, path in enumerate(paths, 1):
-        print(f"[{i}/{len(paths)}] {path.name} (profile {profile}) ...", flush=True)
+        print(f"[{i}/{len(paths)}] {path.name} (profile {profile}, edition {args.edition}) ...", flush=True)
         e = run_notebook(path, args.out, params, hide_code=args.hide_code, timeout_s=args.timeout)
         entries.append(e)
         print(
@@ -202,7 +213,7 @@ def main(argv: list[str] | None = None, extra_pages: Sequence[ExtraPage] = (), f
     for title, filename, build in extra_pages:
         pages.append(build_page(title, filename, build, args.out, profile))
         print(f"page {filename}: {'ok' if pages[-1]['error'] is None else 'FAILED: ' + pages[-1]['error']}", flush=True)
-    index = write_index(entries, args.out, profile, pages, budget=args.budget, front=front)
+    index = write_index(entries, args.out, profile, pages, budget=args.budget, front=front, edition=args.edition)
     failed = [e["notebook"] for e in entries if e["error"]] + [p["html"] for p in pages if p["error"]]
     print(f"wrote {index}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

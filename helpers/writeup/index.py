@@ -107,8 +107,10 @@ def write_index(
     pages: Sequence[dict] = (),
     budget: str = "auto",
     front: Front | None = None,
+    edition: str = "auto",
 ) -> Path:
-    """writeups/index.html: title, device, profile and time budget, date, the extra pages first, then per notebook
+    """writeups/index.html: title, device, profile, edition and time budget, date, the extra pages first, then per
+    notebook
     its headline figure, front(notebook, profile)'s measured sentence, run time, status and what the budget left
     out."""
     from helpers.env import machine_facts
@@ -120,13 +122,15 @@ def write_index(
         else f" (time budget {html.escape(str(budget))}: each notebook names what it left out and the command "
         "that runs it)"
     )
+    edition_note = "each notebook's default" if edition == "auto" else f"{edition} (EDITION={edition})"
     extra = "\n".join(f"<li>{_link(p, out_dir)}{'' if p['error'] is None else ' · ' + _status(p)}</li>" for p in pages)
     sections = "\n".join(_front_section(e, out_dir, _sentence(front, e["notebook"], profile)) for e in entries)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>LLM systems companion: writeups</title>
 <style>{INDEX_CSS}</style>
 </head><body><h1>LLM systems companion: writeups</h1>
 <p>Device: <b>{html.escape(facts["device"])}</b> ({facts["cpu_count"]} CPU cores, {facts["gpu_count"]} GPU(s));
-profile: <b>{html.escape(profile)}</b>{budget_note}; torch {facts["torch"]}, triton {facts["triton"]};
+profile: <b>{html.escape(profile)}</b>{budget_note}; edition: <b>{html.escape(edition_note)}</b>;
+torch {facts["torch"]}, triton {facts["triton"]};
 made {datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}.</p>
 {f'<ul class="pages">{chr(10)}{extra}{chr(10)}</ul>' if pages else ""}
 {sections}

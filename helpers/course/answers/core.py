@@ -183,6 +183,29 @@ def cap(text: str) -> str:
     return text if keep else text[0].upper() + text[1:]
 
 
+SHORT: contextvars.ContextVar[list | None] = contextvars.ContextVar("SHORT", default=None)
+# while an answer is computed (answer() sets a list): what of the handout's configuration did not run (sizes,
+# contexts, steps, widths, grid), each said once; a "measured" answer with any becomes "partial", naming them
+
+
+def short_of(missing: str) -> None:
+    """Record that the run behind the answer being computed left part of the handout's configuration out."""
+    collecting = SHORT.get()
+    if collecting is not None and missing not in collecting:
+        collecting.append(missing)
+
+
+def ran_against(what: str, ran, asked) -> str:
+    """ "" when every value the handout asks (`asked`) ran; else records and returns "{what} ran: X of the
+    handout's Y"."""
+    ran, asked = list(dict.fromkeys(ran)), list(dict.fromkeys(asked))
+    if all(a in ran for a in asked):
+        return ""
+    said = f"{what} ran: {', '.join(map(str, ran))} of the handout's {', '.join(map(str, asked))}"
+    short_of(said)
+    return said
+
+
 def coverage(ran, profile: str, edition: str | None = None, limit: str = "the time budget") -> str:
     """ "" when every size of the profile (of the edition's Table 1; 2024's when None) ran; else a clause naming how
     many of them `limit` (what cut them) let run."""
@@ -193,6 +216,7 @@ def coverage(ran, profile: str, edition: str | None = None, limit: str = "the ti
     missing = [s for s in planned if s not in ran]
     if not missing:
         return ""
+    short_of(f"sizes: {limit} ran {len(ran)} of the {len(planned)} ({', '.join(missing)} not timed)")
     return (
         f" ({limit} ran {len(ran)} of the {len(planned)} sizes: {', '.join(ran)}; "
         f'{", ".join(missing)} {"was" if len(missing) == 1 else "were"} not timed, so "every" means every size '
@@ -319,15 +343,12 @@ class Answered:
     intervals: tuple = ()  # the comparisons' paired ratios, one row per compared value
     model: str = ""  # the edition whose model the results it read measured ("" when they do not depend on one)
 
-    def for_edition(self, year: int, notebook: str) -> tuple[str, str]:
-        """(status, what is missing) for one edition's map: an answer measured on another edition's model is partial
-        there, and says how to run that edition's own."""
+    def for_edition(self, year: int, notebook: str = "") -> tuple[str, str]:
+        """(status, what is missing) for one edition: an answer measured on another edition's model is partial there
+        (how to build that edition's own is said once, at the top of its section of the page)."""
         if not self.model or self.model == str(year) or self.status not in ("measured", "partial"):
             return self.status, self.missing
-        return "partial", (
-            f"measured on the {self.model} edition's model; for the {year} handout's own, set EDITION = \"{year}\" "
-            f"in notebook {notebook}'s parameters and run it again"
-        )
+        return "partial", f"the {self.model} edition's model ran"
 
 
 QUESTIONS: list[Question] = []  # every edition's, in page order within each edition
@@ -362,8 +383,8 @@ READ_ERRORS = (KeyError, IndexError, ValueError, TypeError)  # a saved result wi
 
 def answer(q: Question, saved: Saved) -> Answered:
     """The answer's text, whether it was measured in this run, and its GPU line; a missing result never raises."""
-    collected = []
-    token = INTERVALS.set(collected)
+    collected, short = [], []
+    token, token_short = INTERVALS.set(collected), SHORT.set(short)
     try:
         got = ANSWERS[q.number](q, saved)
     except NeedsGPU as why:
@@ -380,8 +401,13 @@ def answer(q: Question, saved: Saved) -> Answered:
         )
     finally:
         INTERVALS.reset(token)
+        SHORT.reset(token_short)
     got = got if isinstance(got, Answer) else Answer(got)
     status = got.status or ("measured" if q.reads else "closed form")
+    if short and status in ("measured", "partial"):  # what of the handout's configuration did not run
+        missing = "; ".join([*short, *([got.missing] if got.missing else [])])
+        got = Answer(got.text, got.gpu, got.table, "partial", missing)
+        status = "partial"
     if status not in STATUSES or status == "not run":
         raise ValueError(f"answer {q.number}: status {status!r} is not one of {list(STATUSES)[:-1]}")
     gpu = saved.gpu_device(q.reads)

@@ -14,11 +14,13 @@ from helpers.course.answers.core import (
     coverage,
     fmt_s,
     pct,
+    ran_against,
     ref,
     register,
     series_text,
     span,
 )
+from helpers.experiments import benchmarking as XB
 from helpers.model import ARCH_NAMES, edition_arch
 from helpers.timing import MIN_PAIRS, Ratio, ratio_of
 
@@ -215,6 +217,10 @@ def warm_timings(q, saved):
     per = warm["mean_s"].unstack("pass").reindex(index=order, columns=passes)
     spread = warm["std_s"] / warm["mean_s"]
     sizes = ", ".join(f"{s} " + " / ".join(fmt_s(r[p_]) for p_ in passes) for s, r in per.iterrows())
+    handout = XB.PROFILES["gpu"]  # the handouts' warm-up and timed steps (5 and 10)
+    steps = int(warm["steps"].iloc[0])
+    ran_against("warm-up/timed steps", [f"{warmup}/{steps}"], [f"{handout['warmup']}/{handout['steps']}"])
+    cut = coverage(order, saved.profile, saved.edition_of(["01_timing"]))
     step = (
         full_step_text(warm)
         if "step" in passes
@@ -222,8 +228,8 @@ def warm_timings(q, saved):
     )
     return (
         f"Mean {' / '.join(PASS_NAMES[p_] for p_ in passes)} after {warmup} warm-up steps, on "
-        f"{ran_on(saved, '01_timing')}: {sizes}. Step-to-step spread (std/mean): {pct(spread.median())} in the median "
-        f"run, at most {pct(spread.max())} ({spread.idxmax()[0]} {spread.idxmax()[1]}).{step}"
+        f"{ran_on(saved, '01_timing')}: {sizes}{cut}. Step-to-step spread (std/mean): {pct(spread.median())} in the "
+        f"median run, at most {pct(spread.max())} ({spread.idxmax()[0]} {spread.idxmax()[1]}).{step}"
     )
 
 
@@ -269,6 +275,7 @@ def cold_timings(q, saved):
     spread = ((cold["std_s"] / cold["mean_s"]) / (warm["std_s"] / warm["mean_s"])).median()
     worst = first.idxmax()
     cold_steps = int(cold["steps"].min())
+    ran_against("steps without warm-up", [cold_steps], [XB.PROFILES["gpu"]["cold_steps"]])
     after = [
         f"after {w} warm-up step{'s' * (w > 1)} the mean of the rest is {ratio:.2f}x"
         for w in (1, 2)

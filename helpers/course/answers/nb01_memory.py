@@ -19,6 +19,7 @@ from helpers.course.answers.core import (
     pct,
     ref,
     register,
+    short_of,
     span,
 )
 from helpers.course.answers.nb01 import ran_on
@@ -115,6 +116,7 @@ def _context_coverage(saved: Saved) -> str:
     if not left:
         return ""
     quarter = " (the handout's contexts ÷ 4 on the cpu profile)" if saved.profile == "cpu" else ""
+    short_of(f"contexts: T = {', '.join(str(t) for t in asked if t in ran)} of {', '.join(map(str, asked))} ran")
     return (
         f" The time budget ran T = {', '.join(str(t) for t in asked if t in ran)} of {', '.join(map(str, asked))}"
         f'{quarter}; T = {", ".join(map(str, left))} needs BUDGET = "none" in notebook 01.'

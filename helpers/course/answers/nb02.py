@@ -11,6 +11,7 @@ from helpers.course.answers.core import (
     Saved,
     answers,
     coverage,
+    ran_against,
     ref,
     register,
     series_text,
@@ -147,6 +148,7 @@ NORM_NAMES = {
     "True": "compiled model",
     "False": "eager model",
 }
+HANDOUT_WIDTHS = (1024, 2048, 4096, 8192)  # 2.1.5 / 2.2.1 / 2.3.1: 50,000 rows of these widths
 PASS_NAMES = {"fwd": "forward", "fwd+bwd": "forward+backward"}
 
 
@@ -154,6 +156,7 @@ def _norm_rows(saved: Saved, pass_: str) -> pd.DataFrame:
     """rmsnorm_ratios for one pass, in the first dtype saved (float32 on both profiles)."""
     r = saved.frame("rmsnorm_ratios")
     r = r[(r["pass"] == pass_) & (r["dtype"] == r["dtype"].iloc[0])]
+    ran_against("widths H", sorted(int(h) for h in r["H"]), HANDOUT_WIDTHS)
     return r.sort_values("H")
 
 

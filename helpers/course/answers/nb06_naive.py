@@ -23,6 +23,7 @@ from helpers.course.answers.core import (
     fmt_s,
     register,
     series_text,
+    short_of,
 )
 from helpers.course.answers.nb02 import COMPILE_LIMIT
 from helpers.experiments.rmsnorm_model import STEP
@@ -291,6 +292,12 @@ def compiled_attention(q, saved):
         parts.append(f"{row['pass']}: " + compare_text("compiled", "eager naive", ratio, f"{row['pass']} time"))
         faster.append(ratio.differs and ratio.median < 1)
     shape = saved.run("06_compile_ratios").provenance.get("shape")
+    grid = [(dh, t) for dh in HANDOUT_GRID["head_dims"] for t in HANDOUT_GRID["seq_lens"]]
+    short_of(  # notebook 06 compiles one shape; the handout asks its whole grid
+        f"configurations: 1 of the handout's {len(grid)} (batch {HANDOUT_GRID['batch']}, head dims "
+        f"{', '.join(map(str, HANDOUT_GRID['head_dims']))} × sequence lengths "
+        f"{', '.join(map(str, HANDOUT_GRID['seq_lens']))}) ran, at shape {shape}"
+    )
     gpu = (
         "Compiled was measurably faster here; on a GPU inductor fuses the scale, mask and softmax into Triton "
         "kernels around the two matmuls, which usually helps more, but the T × T matrices remain."

@@ -16,6 +16,7 @@ from helpers.course.answers.nb07_calcs import CALC_VARIABLES
 from helpers.env import machine_facts
 from helpers.model import ARCH_NAMES, edition_arch
 from helpers.results import DATA_DIR, device_slug
+from helpers.timing import MIN_PAIRS
 
 NOTEBOOKS = {
     "01": "01_benchmarking_and_profiling",
@@ -163,11 +164,8 @@ def _entry(q: Question, got: Answered, year: int) -> str:
     years = _maps_listing(q)
     status = f"status: {html.escape(got.status)}{missing}"
     if got.model:  # which edition's model ran, and what that makes this answer for each edition that asks it
-        arch = ARCH_NAMES[edition_arch(got.model)]
-        per = [(y, *got.for_edition(y, q.notebook)) for y in years]
-        status = f"ran on the {got.model} edition's model ({html.escape(arch)}); " + "; ".join(
-            f"for {y}: {html.escape(st)}{f' ({html.escape(why)})' if why else ''}" for y, st, why in per
-        )
+        per = [(y, got.for_edition(y)[0]) for y in years]
+        status = f"ran on the {got.model} edition's model; " + "; ".join(f"for {y}: {html.escape(st)}" for y, st in per)
     back = " · ".join(f'<a href="#map{y}">{y}</a>' for y in years)
     return (
         f'<div class="q {slug(got.status)}" id="{answer_id(q)}">'
@@ -231,7 +229,7 @@ def _map_row(label: str, qs: list[Question], year: int, got: dict[str, Answered]
         nb = f"{NOTEBOOKS[q.notebook]}.html" + (f"#{section_anchor(q)}" if section_anchor(q) else "")
         section = f'<a href="{nb}">notebook {q.notebook}, {html.escape(q.section)}</a>'
         sections += [section] if section not in sections else []
-        statuses.append(html.escape(got[q.number].for_edition(year, q.notebook)[0]))
+        statuses.append(html.escape(got[q.number].for_edition(year)[0]))
     return (
         f"<tr><td><code>{html.escape(label)}</code></td><td>{'<br>'.join(links)}</td>"
         f"<td>{'<br>'.join(sections)}</td><td>{'<br>'.join(statuses)}</td></tr>"
@@ -255,7 +253,8 @@ def _map(year: int, got: dict[str, Answered]) -> str:
 def _edition(year: int, got: dict[str, Answered]) -> list[str]:
     """One edition's part of the page: its map, then the problems first shown here, each with its questions."""
     title, note = EDITIONS[year]
-    body = [f'<h2 id="e{year}">{html.escape(title)}</h2>'] + ([f'<p class="note">{_code(note)}</p>'] if note else [])
+    body = [f'<h2 id="e{year}">{html.escape(title)}</h2>', f'<p class="ran">{model_line(year, got)}</p>']
+    body += [f'<p class="note">{_code(note)}</p>'] if note else []
     body.append(_map(year, got))
     group, section = None, None
     for q in (q for q in QUESTIONS if min(q.editions) == year):
@@ -270,9 +269,44 @@ def _edition(year: int, got: dict[str, Answered]) -> list[str]:
     return body
 
 
-def status_counts(got: dict[str, Answered]) -> dict[str, int]:
-    """How many answers have each status (STATUSES' order)."""
-    return {k: sum(a.status == k for a in got.values()) for k in STATUSES}
+def edition_questions(year: int) -> list[Question]:
+    """The questions an edition's map links (its handout's parts; 2024: every 2024 question)."""
+    return [q for q in QUESTIONS if year in _maps_listing(q)]
+
+
+def model_line(year: int, got: dict[str, Answered]) -> str:
+    """One line at the top of an edition's section: which edition's model the model-dependent answers ran on, and
+    how to build this edition's own when it is another."""
+    ran = sorted({got[q.number].model for q in edition_questions(year) if got[q.number].model})
+    if not ran:
+        return "No answer of this edition here depends on which edition's model ran."
+    names = " and ".join(f"the {m} edition's ({html.escape(ARCH_NAMES[edition_arch(m)])})" for m in ran)
+    if ran == [str(year)]:
+        return f"Model that ran: {names}, this edition's own."
+    return (
+        f"Model that ran: {names}, not this edition's: the answers that depend on it are partial here. "
+        f"<code>make writeup EDITION={year}</code> builds this edition's own."
+    )
+
+
+def status_counts(got: dict[str, Answered], year: int | None = None) -> dict[str, int]:
+    """How many answers have each status (STATUSES' order); with `year`, over that edition's questions, each as that
+    edition sees it (Answered.for_edition)."""
+    if year is None:
+        return {k: sum(a.status == k for a in got.values()) for k in STATUSES}
+    seen = [got[q.number].for_edition(year)[0] for q in edition_questions(year)]
+    return {k: seen.count(k) for k in STATUSES}
+
+
+def _counts_table(got: dict[str, Answered]) -> str:
+    """The header's counts: one column per edition (its questions, each with the status it has for that edition)."""
+    per = {y: status_counts(got, y) for y in EDITIONS}
+    head = "".join(f"<th>{y} ({sum(c.values())} answers)</th>" for y, c in per.items())
+    rows = "".join(
+        f"<tr><td>{html.escape(STATUSES[k])}</td>" + "".join(f"<td>{per[y][k]}</td>" for y in EDITIONS) + "</tr>"
+        for k in STATUSES
+    )
+    return f'<table class="statuses"><tr><th>status</th>{head}</tr>{rows}</table>'
 
 
 def render(profile: str, data_dir: Path | None = None) -> str:
@@ -281,20 +315,20 @@ def render(profile: str, data_dir: Path | None = None) -> str:
     folder = default_folder() if data_dir is None else Path(data_dir)
     saved = Saved(folder, profile)
     got = {q.number: answer(q, saved) for q in QUESTIONS}
-    counts = status_counts(got)
     body = [part for year in EDITIONS for part in _edition(year, got)]
     devices = sorted({str(r.provenance.get("device")) for r in saved.used.values()}) or [machine_facts()["device"]]
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     toc = " · ".join(f'<a href="#e{y}">{y}</a> (<a href="#map{y}">map</a>)' for y in EDITIONS)
-    statuses = "".join(f"<li><b>{n}</b> {html.escape(STATUSES[k])}</li>" for k, n in counts.items())
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Answers on this machine</title>'
         f"<style>{STYLE}</style></head><body><h1>The course's questions, answered on this machine</h1>"
         f"<p>Device: <b>{html.escape(', '.join(devices))}</b>; profile: <b>{html.escape(profile)}</b>; results "
-        f"read from <code>{html.escape(shown(folder))}/</code>; page built {now}. Of the {len(QUESTIONS)} answers:"
-        f'</p><ul class="statuses">{statuses}</ul><p>Comparisons name a faster side only when the 95% interval '
-        "of the paired ratio excludes 1. Published references are measurements made elsewhere, cited by source; "
-        "they are not ours. Each edition opens with a map from its handout's problem ids to the answers and the "
+        f"read from <code>{html.escape(shown(folder))}/</code>; page built {now}. {len(QUESTIONS)} answers; per "
+        f"edition, each as that edition's handout sees it:</p>{_counts_table(got)}<p>Comparisons name a difference "
+        f"only with at least {MIN_PAIRS} paired samples and a 95% interval of the paired ratio beyond the noise (1, or "
+        "the spread of identical configurations where the run has them). Published references are measurements "
+        "made elsewhere, cited by source; they are not ours. Each edition opens with a map from its handout's "
+        "problem ids to the answers and the "
         "notebook sections.</p>"
         f'<p><a href="index.html">All writeups</a> · editions: {toc}</p>{"".join(body)}'
         f"<h2>Saved results read</h2>{_sources(saved)}</body></html>\n"
