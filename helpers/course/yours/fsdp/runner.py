@@ -160,7 +160,7 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
                 Check("fsdp", impl, "the 2026 test's model", SKIPPED, f"not built: {course['missing'][0]}")
             )
         else:
-            result.checks.append(Check("fsdp", impl, "the 2026 test's model: built from", PASS, source))
+            result.checks.append(Check("fsdp", impl, f"the 2026 test's model, from {source}", PASS, source))
             result.checks += CF.course_fsdp_checks(impl, course)
         if beyond_failed("fsdp", impl, per_rank):
             result.checks += beyond_failed("fsdp", impl, per_rank)
