@@ -182,25 +182,36 @@ def _with_run_columns(df: pd.DataFrame, prov: dict, run: str) -> pd.DataFrame:
     return df
 
 
-def reference_rows(name: str) -> pd.DataFrame:
+REFERENCE_EDITION = "2024"  # what a reference run saved without an edition measured (before EDITION existed)
+
+
+def reference_rows(name: str, edition: str | None = None) -> pd.DataFrame:
     """Every reference device's saved rows of `name` (data/reference/*/<name>.jsonl), with run, device, date and
-    profile columns first; an empty frame when none is saved (the answers page and the notebooks read these)."""
-    frames = [_with_run_columns(r.frame(), r.provenance, "reference") for r in map(load_results, find_results(name))]
+    profile columns first; an empty frame when none is saved (the answers page and the notebooks read these).
+    edition: only the runs made on that edition's models (a run saved without one is REFERENCE_EDITION's)."""
+    runs = map(load_results, find_results(name))
+    if edition is not None:
+        runs = [r for r in runs if str(r.provenance.get("edition") or REFERENCE_EDITION) == str(edition)]
+    frames = [_with_run_columns(r.frame(), r.provenance, "reference") for r in runs]
     empty = pd.DataFrame(columns=["run", "device", "date", "profile"])
     return pd.concat(frames, ignore_index=True) if frames else empty
 
 
-def beside_reference(local, name: str, columns=None, profile: str | None = None) -> pd.DataFrame:
+def beside_reference(
+    local, name: str, columns=None, profile: str | None = None, edition: str | None = None
+) -> pd.DataFrame:
     """This machine's rows (a DataFrame, or Results; made at `profile`) above every reference device's rows of
-    `name`, with device and date; `columns` picks the rest. With no reference saved yet, one line says so and which
-    command makes it."""
+    `name`, with device and date; `columns` picks the rest. edition: only reference runs of that edition's models
+    (another edition's rows would sit beside this run as if comparable). With no such reference saved yet, one line
+    says so and which command makes it."""
     if isinstance(local, Results):
         local_df, prov = local.frame(), local.provenance
     else:
         local_df, prov = pd.DataFrame(local), provenance(profile)
-    ref = reference_rows(name)
+    ref = reference_rows(name, edition)
     if ref.empty:
-        print(f"no reference run of {name!r} saved yet under data/reference/: {REFERENCE_COMMAND} makes it")
+        other = "" if edition is None or reference_rows(name).empty else f" on the {edition} edition's models"
+        print(f"no reference run of {name!r}{other} saved yet under data/reference/: {REFERENCE_COMMAND} makes it")
     both = pd.concat([_with_run_columns(local_df, prov, "this machine"), ref], ignore_index=True)
     keep = ["run", "device", "date", "profile"] + [c for c in (columns or []) if c in both.columns]
     return both[keep] if columns else both

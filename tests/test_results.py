@@ -113,6 +113,22 @@ def test_reference_runs_of_two_devices_are_found(data_dir):
     assert h100.label == f"NVIDIA H100 80GB HBM3 · gpu · {h100.provenance['date'][:10]}"
 
 
+def test_reference_rows_of_another_edition_are_not_shown_beside_this_run(data_dir, capsys):
+    """Issue 47 item 5: a 2026 run showed the 2024 H200 rows beside its own; a run saved before EDITION is 2024's."""
+    save_results(ROWS, "timing", profile="gpu", kind="reference", device="NVIDIA H200")  # no edition: 2024's
+    save_results(ROWS[:1], "timing", profile="gpu", kind="reference", device="NVIDIA H100", edition="2026")
+    local = pd.DataFrame(ROWS)
+    assert (
+        list(results.beside_reference(local, "timing", ["size"], "cpu")["device"])[2:]
+        == ["NVIDIA H100"] + ["NVIDIA H200"] * 2
+    )  # no edition asked: every run
+    by_edition = {e: results.beside_reference(local, "timing", ["size"], "cpu", edition=e) for e in ("2024", "2026")}
+    assert set(by_edition["2024"]["device"][2:]) == {"NVIDIA H200"} and len(by_edition["2024"]) == 4
+    assert set(by_edition["2026"]["device"][2:]) == {"NVIDIA H100"} and len(by_edition["2026"]) == 3
+    assert results.beside_reference(local, "timing", ["size"], "cpu", edition="2025")["run"].eq("this machine").all()
+    assert "no reference run of 'timing' on the 2025 edition's models saved yet" in capsys.readouterr().out
+
+
 def test_missing_file_lists_what_is_available(data_dir):
     save_results(ROWS, "sweep", kind="reference", device="NVIDIA H100 80GB HBM3")
     save_results(ROWS, "matmul", kind="reference", device="NVIDIA H100 80GB HBM3")

@@ -128,10 +128,10 @@ def _est_kernels(s, r: Rates) -> float:
 
 
 def _est_registers(s, r: Rates) -> float:
-    from helpers.kernel_check import ARCHS, all_configs
+    from helpers.kernel_check import all_configs
 
-    n = len(all_configs(s["quick"]))
-    return n * len(ARCHS) * r.ptxas_s + (len(all_configs(True)) * r.jit_s if r.gpus else 0)
+    n = sum(len(c.archs) for c in all_configs(s["quick"]))  # compiles: a tuned row is for its own architecture
+    return n * r.ptxas_s + (len(all_configs(True)) * r.jit_s if r.gpus else 0)
 
 
 def _est_01(s, r: Rates) -> float:

@@ -83,11 +83,15 @@ class Setup:
     def where(self) -> str:
         return f"{self.machine} · {self.profile} profile · {self.backend} on {self.device}, {self.world} ranks"
 
+    @property
+    def edition(self) -> str:
+        """The edition whose Table 1 names the model that runs (model.size_edition)."""
+        return size_edition(self.config["model"])
+
     def save(self, frame: pd.DataFrame, name: str, **extra) -> Path:
         """Save with the profile and the edition whose model ran (the answers page says which)."""
-        edition = size_edition(self.config["model"])
         return results.save_results(
-            frame, name, profile=self.profile, directory=self.directory, edition=edition, **extra
+            frame, name, profile=self.profile, directory=self.directory, edition=self.edition, **extra
         )
 
 
