@@ -86,7 +86,7 @@ CELL_TIMEOUT ?= 360
 # TEST_WORKERS: pytest-xdist workers, each pinned to its own share of the cores (conftest.py), a file per worker at a
 # time (a notebook's cells stay in order in one kernel). 2 on a CPU machine: one worker's launches, spawns and timeouts
 # leave a core idle that the other uses. 1 with a GPU: the notebooks' real sizes need the whole card.
-TEST_WORKERS ?= $(shell $(PY) -c "import torch; print(1 if torch.cuda.is_available() else 2)")
+TEST_WORKERS ?= $(if $(filter 1,$(HAS_CUDA)),1,2)
 
 # HELPERS_PROFILE=cpu: PROFILE="auto" means the cpu profile's sizes under make test, on a GPU too (fast: every cell
 # fits the CPU's CELL_TIMEOUT; the device is still the GPU); the gpu profile's sizes are `make writeup PROFILE=gpu`'s
@@ -94,14 +94,15 @@ TEST_WORKERS ?= $(shell $(PY) -c "import torch; print(1 if torch.cuda.is_availab
 # compiled with the machine's own Triton (the rest of tests/ is the CPU's; TESTS=tests runs it too). Without CUDA,
 # the kernel tests run a second time in the interpreter of NEWEST_TRITON (installed apart, in build/, first on
 # PYTHONPATH). EXPECT_TRITON: test_kernels checks that each run imported the Triton it names.
-HAS_CUDA = $(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))")
+# HAS_CUDA: asked of torch once, when first read (after setup has made .venv): each import of torch costs seconds
+HAS_CUDA = $(eval HAS_CUDA := $$(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))"))$(HAS_CUDA)
 SMOKE_TESTS := $(KERNEL_TESTS) tests/test_gpu_setups.py
 TESTS ?= $(if $(filter 1,$(HAS_CUDA)),$(SMOKE_TESTS),tests)
 
 test: setup
 	HELPERS_PROFILE=cpu $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
 	    --nbval-cell-timeout=$(CELL_TIMEOUT) $(TESTS) notebooks
-	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory test-newest-triton)
+	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory test-newest-triton TEST_WORKERS=$(TEST_WORKERS))
 
 test-newest-triton: setup
 	$(PY) -m pip install --quiet --no-deps --upgrade --target $(NEWEST_DIR) "$(NEWEST_TRITON)"
