@@ -222,7 +222,11 @@ def test_write_page_refuses_an_unknown_profile(tmp_path):
 @pytest.mark.parametrize(
     "medians, says, never",
     [
-        ({"fp32": 1.0, "autocast bfloat16": 0.6}, "measurably faster at each of the 2 sizes timed here", "slower"),
+        (
+            {"fp32": 1.0, "autocast bfloat16": 0.6},
+            "measurably faster at each of the 2 sizes timed here",
+            "measurably slower",
+        ),
         ({"fp32": 1.0, "autocast bfloat16": 1.3}, "Does not carry over", "faster at"),
     ],
 )

@@ -32,7 +32,8 @@ def shown_variants(speed: pd.DataFrame, model: str) -> list[str]:
     s = speed[(speed["model"] == model) & speed["variant"].str.match(r"bucketed [\d.]+ MB")].copy()
     s["mb"] = [float(v.split()[1]) for v in s["variant"]]
     several = s[s["buckets"] > 1].sort_values("mb")["variant"].tolist()
-    return ["naive", "per_parameter"] + several[-1:] + ["bucketed 25 MB", "torch_ddp 25 MB"]
+    return list(dict.fromkeys(["naive", "per_parameter", *several[-1:], "bucketed 25 MB", "torch_ddp 25 MB"]))
+    # (25 MB once, when it is also the largest size that gives more than one bucket)
 
 
 def overlap_table(per_rank: list[dict[str, SpeedRun]], shown, *, traced: bool) -> pd.DataFrame:

@@ -79,6 +79,12 @@ COVERS = {  # answers that cover other parts than their own number says (one ans
     "flash_benchmarking": "a",
 }
 
+OWN_EDITION_ONLY = {  # problems whose name a later handout reuses for another question: answered only in their edition
+    "2.3.1",  # 2024's torch_compile compiles RMSNorm; 2025/2026's compiles attention and the whole model
+    "2025 leaderboard",  # each edition's leaderboard is its own (FlashAttention-2; the 2026 training run)
+    "2026 leaderboard",
+}
+
 
 def parts(year: int) -> list[tuple[str, str]]:
     """Every (problem, letter) the edition's handout asks, in its order; letter "" for a problem without parts."""
@@ -88,7 +94,7 @@ def parts(year: int) -> list[tuple[str, str]]:
 def covers(q: Question, year: int) -> list[tuple[str, str]]:
     """The parts of the edition's handout that answer `q` covers (none when that handout does not ask it)."""
     problem = q.name or PROBLEMS[q.group]
-    if problem not in PARTS[year]:
+    if problem not in PARTS[year] or (q.group in OWN_EDITION_ONLY and year not in q.editions):
         return []
     if q.number in COVERS:
         letters = COVERS[q.number]

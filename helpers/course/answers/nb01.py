@@ -448,9 +448,10 @@ def autocast_speed(q, saved):
     every = "at every size here" if not note else f"at each of the {len(ran)} sizes timed here"
     if all(faster):
         gpu = (
-            f"Carries over in direction: autocast was measurably faster {every}, because this CPU "
-            "multiplies 16-bit numbers natively; GPU tensor cores do so at several times their fp32 rate, so the "
-            "gain there is typically larger for the big sizes, while the small ones stay bound by kernel launches."
+            f"Only for the large sizes: autocast was measurably faster {every}, because this CPU multiplies 16-bit "
+            "numbers natively; GPU tensor cores do so at several times their fp32 rate, so the large sizes gain "
+            "there too, but the small ones stay bound by kernel launches and the casts can make them slower (the "
+            "published H100 run above: the 2.7B faster mixed, small slower)."
         )
     elif all(slower):
         gpu = (

@@ -128,6 +128,23 @@ def _over(saved: Saved) -> str:
     return "over the contexts" if saved.run("01_memory_peaks").provenance.get("memory_size") else "over the sizes"
 
 
+def _memory_contexts(saved: Saved) -> list[int]:
+    """The contexts 01_memory_peaks profiled (its rows' own, where one model ran over several; else the run's)."""
+    frame = saved.frame("01_memory_peaks")
+    if "context" in frame and frame["context"].notna().any():
+        return sorted({int(t) for t in frame["context"].dropna()})
+    return [int(saved.run("01_memory_peaks").provenance["context"])]
+
+
+def _memory_ran_on(saved: Saved) -> str:
+    """ran_on for 01_memory_peaks, naming the contexts its rows profiled (not the timing's context)."""
+    text, prov = ran_on(saved, "01_memory_peaks"), saved.run("01_memory_peaks").provenance
+    contexts = _memory_contexts(saved)
+    if contexts == [int(prov["context"])]:
+        return text
+    return text.replace(f"context {prov['context']}", f"context {' and '.join(map(str, contexts))}")
+
+
 @answers("2.4.1(a)")
 def memory_timeline(q, saved):
     p = _peaks(saved)
@@ -136,7 +153,7 @@ def memory_timeline(q, saved):
         "Forward-only (no graph) stays nearly flat: each block's intermediates are freed once used. A full step "
         "climbs through forward as every block saves tensors for backward, peaks as backward starts, falls as "
         f"backward frees them and stays flat through AdamW (plot in notebook 01 §5). Here the full step's peak is "
-        f"{span(ratio)} the forward-only peak {_over(saved)}, on {ran_on(saved, '01_memory_peaks')}."
+        f"{span(ratio)} the forward-only peak {_over(saved)}, on {_memory_ran_on(saved)}."
     )
 
 
@@ -144,7 +161,7 @@ def memory_timeline(q, saved):
 def memory_peaks(q, saved):
     p = _peaks(saved)
     return (
-        f"Peak live tensor memory on {ran_on(saved, '01_memory_peaks')}, forward only / full step (fp32, parameters "
+        f"Peak live tensor memory on {_memory_ran_on(saved)}, forward only / full step (fp32, parameters "
         "and AdamW state included): "
         + ", ".join(f"{s} {fmt_mib(r['forward'])} / {fmt_mib(r['full step'])}" for s, r in p.iterrows())
         + "."
@@ -174,15 +191,19 @@ def memory_autocast(q, saved):
 @answers("2.4.1(d)")
 def residual_stream(q, saved):
     prov = saved.run("01_memory_peaks").provenance
-    batch, context = int(prov["batch"]), int(prov["context"])
+    batch = int(prov["batch"])
     size = prov.get("memory_size") or list(saved.frame("01_memory_peaks")["size"])[-1]
-    here = formulas.residual_stream_bytes(batch, context, get_config(size).d_model)
+    d = get_config(size).d_model
+    here = " and ".join(
+        f"{fmt_mib(formulas.residual_stream_bytes(batch, t, d) / 2**20)} at {batch} × {t}"
+        for t in _memory_contexts(saved)
+    )
     asked, b, t = handout_residual(_edition(saved) or "2024")
     ref_ = formulas.residual_stream_bytes(b, t, get_config(asked).d_model)
     return (
-        f"One (B, T, d_model) fp32 tensor: B·T·d·4 bytes, {fmt_mib(here / 2**20)} for {size} at {batch} × "
-        f"{context} here and {fmt_mib(ref_ / 2**20)} for the handout's {asked} at {b} × {t}. Notebook 01 §5 checks "
-        "the formula against the block output a forward hook sees, byte for byte."
+        f"One (B, T, d_model) fp32 tensor: B·T·d·4 bytes; for {size}, the model profiled here, {here}; "
+        f"{fmt_mib(ref_ / 2**20)} for the handout's {asked} at {b} × {t}. Notebook 01 §5 checks the formula against "
+        "the block output a forward hook sees, byte for byte."
     )
 
 

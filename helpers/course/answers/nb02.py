@@ -34,7 +34,7 @@ QUESTIONS = [
         notebook="02",
         section="§1 The norm swapped inside the model",
         reads=("rmsnorm_model_ratios",),
-        gpu="Does not shrink there: the H100 reference below has RMSNorm in PyTorch ops 8% slower than LayerNorm for "
+        gpu="Does not shrink there: the H100 reference above has RMSNorm in PyTorch ops 8% slower than LayerNorm for "
         "xl forward+backward (180 against 166 ms), against the few per cent measured on a CPU: on a GPU the matmuls "
         "are fast, so the norms' extra memory passes weigh more.",
         references=ref("xl forward+backward 166 ms with LayerNorm vs 180 ms with RMSNorm (H100)"),

@@ -76,8 +76,18 @@ def slug(number: str) -> str:
 
 
 def answer_id(q: Question) -> str:
-    """The answer's anchor on the page: the first edition that shows it, and its number."""
-    return f"a{min(q.editions)}-{slug(q.number)}"
+    """The answer's anchor on the page: the first edition that shows it, and its number (its year said once:
+    "a2025-leaderboard", not "a2025-2025-leaderboard")."""
+    year = min(q.editions)
+    return f"a{year}-{slug(q.number).removeprefix(f'{year}-')}"
+
+
+def page_order(qs, year: int) -> list[Question]:
+    """An edition's questions in its handout's order: 2024's by problem number (2.4.1 after 2.3.1, though notebook
+    01 answers it), the later ones as registered."""
+    if year != 2024:
+        return list(qs)
+    return sorted(qs, key=lambda q: tuple(int(n) for n in q.group.split(".")))
 
 
 def heading_id(text: str) -> str:
@@ -241,7 +251,10 @@ def _map(year: int, got: dict[str, Answered]) -> str:
     that cover it -> the notebook sections. Answers shown in an earlier edition's section are linked there."""
     if year == 2024:
         letter = lambda q: q.number[-2] if q.number.endswith(")") else ""  # noqa: E731
-        rows = [_map_row(_handout_id(q.problem, letter(q)), [q], year, got) for q in QUESTIONS if 2024 in q.editions]
+        rows = [
+            _map_row(_handout_id(q.problem, letter(q)), [q], year, got)
+            for q in page_order((q for q in QUESTIONS if 2024 in q.editions), 2024)
+        ]
     else:
         rows = [_map_row(_handout_id(*part), qs, year, got) for part, qs in handouts.covering(year).items()]
     return (
@@ -257,14 +270,15 @@ def _edition(year: int, got: dict[str, Answered]) -> list[str]:
     body += [f'<p class="note">{_code(note)}</p>'] if note else []
     body.append(_map(year, got))
     group, section = None, None
-    for q in (q for q in QUESTIONS if min(q.editions) == year):
+    for q in page_order((q for q in QUESTIONS if min(q.editions) == year), year):
         if year == 2024 and q.number[0] != section:
             section = q.number[0]
             body.append(f"<h3>{section} · {html.escape(SECTIONS_2024[section])}</h3>")
         if q.group != group:
             group = q.group
             label = f"{html.escape(q.group)} " if year == 2024 else ""
-            body.append(f'<h4 id="p{year}-{slug(q.group)}">{label}<code>{html.escape(q.problem)}</code></h4>')
+            pid = f"p{year}-{slug(q.group).removeprefix(f'{year}-')}"
+            body.append(f'<h4 id="{pid}">{label}<code>{html.escape(q.problem)}</code></h4>')
         body.append(_entry(q, got[q.number], year))
     return body
 
