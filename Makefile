@@ -4,6 +4,8 @@
 #   make writeup                 execute notebooks/*.ipynb, export writeups/*.html + index.html
 #   make writeup PROFILE=gpu     the same at the reference sizes (needs CUDA)
 #   make writeup ADAPTERS=PATH   the same with a "yours" row from your tests/adapters.py
+#   make writeup EDITION=2024    the same for one course edition's handout (2024, 2025 or 2026; default auto: each
+#                                notebook's own default), injected into every notebook as EDITION
 #   make writeup BUDGET=300      cpu profile: give each notebook's timed runs 300 s (default auto: a few minutes
 #                                in all on a 2-core laptop; none: every size; each notebook names what it left out)
 #   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs; TEST_WORKERS=1: one at a
@@ -46,6 +48,7 @@ KERNEL_TESTS := tests/test_rmsnorm.py tests/test_attention.py tests/test_kernels
 VENV_ARGS ?=
 PROFILE   ?= auto
 BUDGET    ?= auto
+EDITION   ?= auto
 TOPICS    ?= rmsnorm collectives ddp sharding attention fsdp
 RUNS      ?= 200
 ADAPTERS  ?=
@@ -118,7 +121,8 @@ format: setup
 	$(PY) -m ruff check --fix .
 
 writeup: setup
-	$(PY) -m helpers writeup --profile $(PROFILE) --budget $(BUDGET) $(if $(strip $(ADAPTERS)),--adapters $(ADAPTERS))
+	$(PY) -m helpers writeup --profile $(PROFILE) --budget $(BUDGET) --edition $(EDITION) \
+		$(if $(strip $(ADAPTERS)),--adapters $(ADAPTERS))
 
 lab: setup
 	$(PY) -m jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
