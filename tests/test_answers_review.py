@@ -71,3 +71,18 @@ def test_anchors_say_their_year_once_and_2024_follows_the_handouts_order(synthet
     assert "2025-2025" not in page and "2026-2026" not in page and 'id="a2025-leaderboard"' in page
     order = re.findall(r'<div class="q [^"]*" id="a2024-([\d.]+)', page)
     assert order == sorted(order, key=lambda n: tuple(int(x) for x in n.split(".")))  # 2.4.1 after 2.3.1
+
+
+def test_nsys_profile_parts_link_the_answers_that_answer_them():
+    for year in (2025, 2026):
+        got = {
+            letter: [q.number for q in qs] for (p, letter), qs in handouts.covering(year).items() if p == "nsys_profile"
+        }
+        assert got == {"a": ["2.1.2(a)"], "b": ["nsys_profile"], "c": ["2.1.2(c)"], "d": ["nsys_profile"]} | {
+            "e": ["nsys_profile"]
+        }
+
+
+def test_the_largest_allocations_answer_names_the_model_the_handout_asks(synthetic):
+    got = A.answer(A.BY_NUMBER["2.4.1(e)"], A.Saved(synthetic, "cpu"))
+    assert got.status == "partial" and "the 2024 handout asks 2.7B" in got.missing

@@ -75,8 +75,12 @@ COVERS = {  # answers that cover other parts than their own number says (one ans
     "fsdp_calcs": "abc",
     "tp_calcs(a)": "abc",  # the backward's equations, with the FLOPs and the communication of both passes
     "tp_calcs(b)": "d",  # how large N_TP can become
-    "nsys_profile": "abcde",
+    "nsys_profile": "bde",  # the leading kernel per stage, the full step's matmul share, softmax against matmuls
     "flash_benchmarking": "a",
+}
+RENAMED = {  # 2024 answers that cover a part a later handout asks under another problem's name
+    "2.1.2(a)": ("nsys_profile", "a"),  # the profiled forward against the timed one
+    "2.1.2(c)": ("nsys_profile", "c"),  # the kernels besides matmuls
 }
 
 OWN_EDITION_ONLY = {  # problems whose name a later handout reuses for another question: answered only in their edition
@@ -93,6 +97,9 @@ def parts(year: int) -> list[tuple[str, str]]:
 
 def covers(q: Question, year: int) -> list[tuple[str, str]]:
     """The parts of the edition's handout that answer `q` covers (none when that handout does not ask it)."""
+    if q.number in RENAMED:
+        problem, letter = RENAMED[q.number]
+        return [(problem, letter)] if letter in PARTS[year].get(problem, "") else []
     problem = q.name or PROBLEMS[q.group]
     if problem not in PARTS[year] or (q.group in OWN_EDITION_ONLY and year not in q.editions):
         return []

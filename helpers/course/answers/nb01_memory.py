@@ -225,6 +225,12 @@ def largest_tensors(q, saved):
         )
 
     listed = "; ".join(f"{r['n']} × {fmt_mib(r['MiB'])} {where(r)}" for _, r in top.iterrows())
+    edition = str(run.provenance.get("edition") or "2024")
+    asked = (XB.EDITIONS[edition].memory_size if edition in XB.EDITIONS else None) or "2.7B"  # 2024: the 2.7B
+    size = str(run.provenance.get("size"))
+    if size.split("/")[0] != asked:
+        snapshot = " (its forward's memory snapshot)" if edition != "2024" else ""
+        short_of(f"model: the full step of {size} was profiled; the {edition} handout asks {asked}{snapshot}")
     return (
         f"At the full step's peak ({run.provenance.get('size')}, {fmt_mib(run.provenance.get('peak_MiB', 0))} in "
         f"all) the {int(top['n'].sum())} largest live storages are: {listed}."
