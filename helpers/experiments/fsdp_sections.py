@@ -207,10 +207,17 @@ def zero_section(setup: Setup, runs: list) -> Result:
     if "ddp" in states and "fsdp" in states:
         v["states_saved"], v["peak_fall"] = states["ddp"] - states["fsdp"], peak["ddp"] - peak["fsdp"]
         share = v["peak_fall"] / v["states_saved"]
-        than = "about as much as" if abs(share - 1) <= 0.02 else "more than" if share > 1 else "less than"
+        inside = abs(v["peak_fall"] - v["states_saved"]) <= X.PEAK_TOL * peak["ddp"]  # the peak check's tolerance
+        than = (
+            f"no measurable difference from the states saved ({share:.0%} of them, inside the {X.PEAK_TOL:.0%} of "
+            "DDP's peak the tracker's peaks are checked to)"
+            if inside
+            else f"{'more' if share > 1 else 'less'} than the states saved ({share:.0%} of them, beyond the "
+            f"{X.PEAK_TOL:.0%} peak check)"
+        )
         notes.append(
             f"FSDP keeps {v['states_saved']:.3f} MiB less model state per rank than DDP; its forward/backward peak "
-            f"is {v['peak_fall']:.3f} MiB lower: {than} the states saved ({share:.0%} of them)."
+            f"is {v['peak_fall']:.3f} MiB lower: {than}."
         )
     return Result(table=zero, notes=notes, saved=saved, values=v)
 
