@@ -10,6 +10,7 @@ from helpers.course.answers.core import (
     NotMeasured,
     Question,
     Saved,
+    and_join,
     answers,
     coverage,
     fmt_s,
@@ -235,7 +236,8 @@ def warm_timings(q, saved):
 
 def full_step_text(warm: pd.DataFrame) -> str:
     """The full step against forward+backward, paired by round (01_timing's step rows: ratio_vs_both), and why the
-    full step can come out the faster one: two loops, and gradients accumulated in one and set to None in the other."""
+    full step's mean can come out below forward+backward's: two loops, gradients accumulated in one and set to None
+    in the other."""
     rows = warm.xs("step", level="pass")
     rows = rows[rows["pairs_vs_both"].notna()] if "pairs_vs_both" in rows else rows.iloc[:0]
     if rows.empty:
@@ -253,13 +255,18 @@ def full_step_text(warm: pd.DataFrame) -> str:
         if r.beyond()
         else f"no measurable difference ({r.pairs} pairs{', fewer than ' + str(MIN_PAIRS) if not r.enough else ''})"
     )
+    both = warm.xs("both", level="pass")["mean_s"]
+    below = [s for s, t in warm.xs("step", level="pass")["mean_s"].items() if s in both and t < both[s]]
     why = (
-        " The full step comes out shorter although it does more: forward+backward accumulates into the gradients "
-        "the round before left (one more read and add of every gradient), while the full step sets them to None "
-        "first, so backward writes them fresh; and the full step ran in a loop of its own after the interleaved one, "
-        "so its pairing with forward+backward is by round, not interleaved."
-        if min(ratios) < 1
+        f" For {and_join(below)} the full step's mean is below forward+backward's although it does more: "
+        "forward+backward accumulates into the gradients the round before left (one more read and add of every "
+        "gradient), while the full step sets them to None first, so backward writes them fresh; and the full step ran "
+        "in a loop of its own after the interleaved one, so it is paired with forward+backward by round, not "
+        "interleaved."
+        if below
         else " The difference is AdamW's update, all elementwise over every parameter and its two moments."
+        if r.beyond() and r.median > 1
+        else ""
     )
     return (
         f" The full step (forward, backward, AdamW) over forward+backward, paired by round: {span(ratios, 2)} over the "

@@ -176,6 +176,7 @@ def _entry(q: Question, got: Answered, year: int) -> str:
     if got.model:  # which edition's model ran, and what that makes this answer for each edition that asks it
         per = [(y, got.for_edition(y)[0]) for y in years]
         status = f"ran on the {got.model} edition's model; " + "; ".join(f"for {y}: {html.escape(st)}" for y, st in per)
+        status += f"; missing from this run: {html.escape(got.missing)}" if got.missing else ""
     back = " · ".join(f'<a href="#map{y}">{y}</a>' for y in years)
     return (
         f'<div class="q {slug(got.status)}" id="{answer_id(q)}">'
