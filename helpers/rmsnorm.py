@@ -218,7 +218,7 @@ class LaunchConfig:
     programs_per_sm: int = 4
 
 
-MAX_BLOCK = {"forward": 16384, "backward": 8192}  # widest row held whole in registers without spills (sm_80, sm_90a)
+MAX_BLOCK = {"forward": 16384, "backward": 4096}  # widest row held whole in registers without spills (sm_80, sm_90a)
 CHUNK_BLOCK = {"forward": 8192, "backward": 4096}  # block of a wider row's loop (the forward loop keeps two of them)
 SUM_ROWS = dict(BLOCK_P=32, BLOCK_C=128, num_warps=4)  # stage two of the dg reduction
 
@@ -226,8 +226,9 @@ SUM_ROWS = dict(BLOCK_P=32, BLOCK_C=128, num_warps=4)  # stage two of the dg red
 def launch_config(H: int, kind: str, max_block: int | None = None) -> LaunchConfig:
     """The one place that picks block width, block count and warps for a row of H columns ("forward"/"backward").
     `max_block` forces narrower blocks (tests use it to run the wide-row loops on small shapes). A backward row
-    of up to 8192 columns is one block: a wider block would need the dot product's extra pass over x and dy (5
-    row reads and writes instead of 3, what held H = 8192 at 0.7 of copy bandwidth)."""
+    of up to 4096 columns is one block; a wider one loops over blocks with the dot product's extra pass over x and
+    dy (5 row reads and writes instead of 3, what held H = 8192 at 0.7 of copy bandwidth), because 8192 columns in
+    one block spill 264-360 B per thread at 16 warps on sm_80 and sm_90a (`python -m helpers kernels`)."""
     block = triton.next_power_of_2(max(H, 1))
     if block > (max_block or MAX_BLOCK[kind]):
         block = max_block or CHUNK_BLOCK[kind]
@@ -238,14 +239,15 @@ def launch_config(H: int, kind: str, max_block: int | None = None) -> LaunchConf
 def backward_grid(H: int) -> list[LaunchConfig]:
     """The backward layouts `python -m helpers tune rmsnorm` times for a width (one block per row): warps and rows
     per step such that each thread holds 8 or 16 elements of each row tile (fewer starve the loads; 32 leaves the
-    kernel at 255 registers, one program per SM)."""
+    kernel at 255 registers, one program per SM), 8 at 16 warps (512 threads cap a thread at 128 registers: 16
+    elements spilled 200-472 B on sm_80 and sm_90a, `python -m helpers kernels --grid`)."""
     base = launch_config(H, "backward")
     if base.chunks > 1:
         return [base]
     out = []
     for warps in (4, 8, 16):
         for rows in (1, 2, 4, 8):
-            if 8 <= rows * base.block_h // (32 * warps) <= 16:
+            if 8 <= rows * base.block_h // (32 * warps) <= (8 if warps == 16 else 16):
                 out.append(LaunchConfig(base.block_h, 1, warps, rows, base.programs_per_sm))
     return out
 
@@ -257,7 +259,7 @@ def backward_config(H: int, dtype: torch.dtype, arch: str | None) -> LaunchConfi
     block = triton.next_power_of_2(max(H, 1))
     for row in BACKWARD:
         if row[:3] == (arch, name, block):
-            return LaunchConfig(row[3], 1, *row[4:])
+            return LaunchConfig(row[3], triton.cdiv(H, row[3]), *row[4:])  # blocks to cover the row
     return launch_config(H, "backward")
 
 

@@ -214,9 +214,11 @@ def test_one_interleaved_loop_per_shape_checks_its_bounds():
     assert all(len(s) == 5 for s in comp.samples.values())  # every candidate once per round
     XR.check_forward_le_both(comps)
     assert "H=32" in XR.ratio_lines(comps, ["torch"]) and XR.fastest_lines(rows, comps).count("\n") == 1
-    fake = type(comp)({"a|fwd": [1.0] * 5, "a|fwd+bwd": [0.5] * 5}, "a|fwd", "cpu")
+    fake = type(comp)({"a|fwd": [1.0] * 6, "a|fwd+bwd": [0.5] * 6}, "a|fwd", "cpu")
     with pytest.raises(AssertionError, match="forward takes"):
         XR.check_forward_le_both({("float32", 1): fake})
+    few = type(comp)({"a|fwd": [1.0] * 5, "a|fwd+bwd": [0.5] * 5}, "a|fwd", "cpu")
+    XR.check_forward_le_both({("float32", 1): few})  # fewer than timing.MIN_PAIRS pairs cannot tell
     noisy = type(comp)(
         {"a|fwd": [1.1, 0.4, 1.2, 0.5, 1.3, 1.05], "a|fwd+bwd": [0.9, 1.0, 1.0, 1.0, 1.0, 1.0]}, "a|fwd", "cpu"
     )  # median ratio above 1, interval across it: inside the noise, not a violation
