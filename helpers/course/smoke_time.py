@@ -49,7 +49,7 @@ SMOKE_COUNTS = {
     "01": dict(startup=1),  # one process: timing, profiler, memory, autocast
     "02": dict(startup=1, compile=4, jit=33),  # compiled norm fwd, fwd+bwd at H 1024; small/cpu compiled fwd, fwd+bwd;
     # Triton fwd, bwd, sum_rows at 4 widths (§1), in 3 dtypes (§3 spec), in the model's sizes (§2), the cells' own
-    "03": dict(startup=1, launch=4),  # the gloo grid at 2 and 4 ranks; torchrun; the two-node rehearsal
+    "03": dict(startup=1, launch=6),  # gloo on cpu and on cuda at 2 and 4 ranks (one GPU); torchrun; two nodes
     "04": dict(startup=1, launch=6),  # correctness (toy, small/cpu); speed per size (3); alpha-beta's grid
     "05": dict(startup=1, launch=3),  # correctness; memory; the speed launch (every kind interleaved)
     "06": dict(startup=1, compile=4, jit=21),  # compiled naive fwd, fwd+bwd (§1 and §4); Triton fwd, dkdv, dq x fp32,
