@@ -108,9 +108,9 @@ ATTN_TRITON_GPU_BEYOND = {
 # one fused projection); silently wrong on either fails.
 ATTN_LAYOUTS = {
     "an expanded upstream gradient (stride 0, as o.sum().backward() passes)": [
-        AttnCase(64, 64, 32, False, batch=2, expanded=True)
+        AttnCase(32, 32, 16, False, batch=1, expanded=True)
     ],
-    "sliced inputs (q, k, v as [..., :d] of one wider projection)": [AttnCase(64, 64, 32, False, batch=2, sliced=True)],
+    "sliced inputs (q, k, v as [..., :d] of one wider projection)": [AttnCase(32, 32, 16, False, batch=1, sliced=True)],
 }
 ATTN_BEYOND = {  # probes past the handout: tails, 4-D
     "lengths that are not tile multiples": [
