@@ -260,7 +260,7 @@ class StorageWatch(TorchDispatchMode):
     """Live bytes of every storage seen (op outputs and `existing`), re-read after each op: a storage grown or
     emptied in place with untyped_storage().resize_ (no op reports that) counts at its size now. `alive()` lists the
     storages that still hold bytes, with the dtype they were first seen in, for a caller that inspects their contents
-    (helpers.course.yours.fsdp_rules looks for gathered weights). Holds weak references only."""
+    (helpers.course.yours.fsdp.rules looks for gathered weights). Holds weak references only."""
 
     def __init__(self, existing=()):
         super().__init__()
