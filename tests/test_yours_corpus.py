@@ -16,6 +16,7 @@ import pytest
 
 from helpers.course.yours import Options, run
 from helpers.course.yours import kernels as K
+from helpers.course.yours.kernels.attention import ATTN_LAYOUTS
 from helpers.course.yours.report import (
     CANNOT_RUN,
     ERROR,
@@ -94,6 +95,7 @@ KERNEL_MUTANTS = [  # (mutant, implementation, the contract properties it fails,
     ("attention_backward_masks", "pytorch", {"is_causal=True runs (the mask may be ignored)"}, "backward applies"),
     ("rmsnorm_triton_dy_row_stride", "triton", {next(iter(K.NORM_LAYOUTS))}, "dy expanded (stride 0)"),
     ("rmsnorm_triton_sliced_rows", "triton", {list(K.NORM_LAYOUTS)[1]}, "fp32 6x72, non-contiguous: y["),
+    ("attention_triton_contiguous_strides", "triton", {list(ATTN_LAYOUTS)[1]}, "q, k, v sliced from"),
 ]
 
 
