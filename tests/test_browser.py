@@ -308,7 +308,7 @@ def test_front_page_figures_and_measured_sentences(chrome, tmp_path):
         high = float(claim.find_element(By.CSS_SELECTOR, ".claim-high").text)
         assert low <= float(v.text) <= high, claim.text
     ddp = sections[4].find_element(By.CSS_SELECTOR, ".claim").text
-    assert ddp == "bucketed DDP (25 MB), small/cpu: 0.86× torch DDP's step time on this CPU [0.80–0.93]", ddp
+    assert ddp == "bucketed DDP (25 MiB), small/cpu: 0.86× torch DDP's step time on this CPU [0.80–0.93]", ddp
     assert "sizes medium" in sections[4].find_element(By.CSS_SELECTOR, ".left-out").text
     links = [a.get_attribute("href").rsplit("/", 1)[-1] for a in chrome.find_elements(By.CSS_SELECTOR, "ul.pages a")]
     assert links == ["answers.html", "yours.html"]
