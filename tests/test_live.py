@@ -49,3 +49,28 @@ def test_the_gpu_checkpoint_panel_names_the_models_own_depth():
     blocks)"."""
     panel = live.checkpoint_panel("gpu")
     assert "(48 blocks)" in panel.title and "None" not in panel.title
+
+
+def test_without_ipywidgets_a_panel_is_one_line_and_still_measures(monkeypatch):
+    """A Python without ipywidgets (a GPU image's, say): every notebook's live cell shows one line naming what is
+    missing and how to get it, never an ImportError, and show(run=True) still measures the cell's values."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets -> ImportError
+    for make in (
+        lambda: live.checkpoint_panel("cpu", config=SMALL),
+        lambda: live.bucket_panel("cpu", backend="gloo", device="cpu"),
+        lambda: live.collectives_panel("cpu"),
+    ):
+        bundle = make()._repr_mimebundle_()
+        assert "needs ipywidgets" in bundle["text/plain"] and "pip install ipywidgets" in bundle["text/html"]
+    measured = []
+
+    def measure(k):
+        measured.append(k)
+        return pd.DataFrame({"k": [k]}), None
+
+    panel = live.Panel("t", {"k": live._widgets().IntText(value=3)}, measure, "x")
+    monkeypatch.setattr("IPython.display.display", lambda *a, **k: None)
+    panel.show(run=True)
+    assert measured == [3] and panel.table["k"].tolist() == [3]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import time
 import traceback
+import types
 from collections.abc import Callable
 
 import pandas as pd
@@ -27,15 +28,39 @@ from helpers.model import get_config
 from helpers.timing import MIN_PAIRS
 
 MiB = 2**20
+NO_WIDGETS = (
+    "This live control needs ipywidgets, which this Python lacks (make setup installs it; or pip install "
+    "ipywidgets). The cells above measured the same thing; set the variable in this cell to measure another value."
+)
+
+
+class _Value:
+    """A control's value where ipywidgets is not installed: show(run=True) still measures it."""
+
+    def __init__(self, value=None, **_options):
+        self.value = value
+
+
+def _widgets():
+    """ipywidgets, or stand-ins that only hold a value (the panel is then one line, never an ImportError)."""
+    try:
+        import ipywidgets as W
+    except ImportError:
+        return types.SimpleNamespace(Dropdown=_Value, BoundedFloatText=_Value, BoundedIntText=_Value, IntText=_Value)
+    return W
 
 
 class Panel:
     """Controls + Run + progress bar + output area; Run calls measure(**values) -> (table, figure or None)."""
 
     def __init__(self, title: str, controls: dict, measure: Callable, offline: str):
-        import ipywidgets as W
-
         self.title, self.controls, self.measure, self.offline = title, controls, measure, offline
+        self.table: pd.DataFrame | None = None
+        self.box = None
+        try:
+            import ipywidgets as W
+        except ImportError:
+            return  # no widgets: one line in place of the panel (_repr_mimebundle_); show(run=True) still measures
         self.button = W.Button(description="Run", button_style="primary", tooltip="measure with these values")
         self.progress = W.IntProgress(value=0, min=0, max=3, description="", layout=W.Layout(width="16rem"))
         self.status = W.Label("")
@@ -50,7 +75,6 @@ class Panel:
         )
         self.box.add_class("live-panel")
         self.button.on_click(self.run)
-        self.table: pd.DataFrame | None = None
 
     def run(self, _button=None) -> pd.DataFrame | None:
         """Measure with the controls' values and show the table and plot (an error is shown in place, not raised)."""
@@ -99,6 +123,8 @@ class Panel:
 
     def _repr_mimebundle_(self, **kwargs):
         """The widget in JupyterLab; one text/html line (the variable to edit) where there is no kernel."""
+        if self.box is None:
+            return {"text/plain": NO_WIDGETS, "text/html": f"<p class='live-offline'>{html.escape(NO_WIDGETS)}</p>"}
         bundle = self.box._repr_mimebundle_(**kwargs)
         bundle = dict(bundle[0] if isinstance(bundle, tuple) else bundle)
         bundle["text/html"] = f"<p class='live-offline'>{self.offline}</p>"
@@ -157,7 +183,7 @@ def checkpoint_measure(segment: int, config: dict) -> tuple[pd.DataFrame, object
 def checkpoint_panel(profile: str, segment: int = 2, config: dict | None = None) -> Panel:
     """Notebook 07 §5's live control: a checkpoint segment size (blocks), measured against no checkpointing
     (config: fsdp.PROFILES[profile], or smaller shapes for a test)."""
-    import ipywidgets as W
+    W = _widgets()
 
     config = XF.PROFILES[profile] if config is None else config
     options = [k for k in config["segments"] if k > 0]
@@ -210,7 +236,7 @@ def bucket_measure(model: str, bucket_mb: float, config: dict, backend: str, dev
 
 def bucket_panel(profile: str, bucket_mb: float = 1.0, *, backend: str, device: str) -> Panel:
     """Notebook 04's live control: a bucket size (MB) for DDPBucketed, timed beside every wrapper and torch DDP."""
-    import ipywidgets as W
+    W = _widgets()
 
     config = XD.PROFILES[profile]
     model = W.Dropdown(options=config["sizes"], value=config["sizes"][0], description="model")
@@ -279,7 +305,7 @@ def collectives_measure(op: str, size: str, ranks: int, grid: dict):
 
 def collectives_panel(profile: str, op: str = "all_reduce", size: str = "1 MiB", ranks: int = 2) -> Panel:
     """Notebook 03's live control: one collective at one message size on N ranks."""
-    import ipywidgets as W
+    W = _widgets()
 
     grid = XC.PROFILE_GRID[profile]
     sizes = sorted({XC.format_size(s) for s in grid["sizes"]} | {size}, key=XC.parse_size)
