@@ -10,7 +10,7 @@
 #                                in all on a 2-core laptop; none: every size; each notebook names what it left out)
 #   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs; TEST_WORKERS=1: one at a
 #                                time); on a GPU the smoke run: every notebook at the cpu profile's sizes on the GPU
-#                                and the kernel tests compiled, about 6 minutes on an H100 (TESTS=tests: all of tests/)
+#                                and the kernel tests compiled, on up to 4 workers (TESTS=tests: all of tests/)
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
 #   make lint                    ruff check and ruff format --check (make test runs both, in tests/test_style.py)
@@ -88,8 +88,13 @@ CELL_TIMEOUT ?= 360
 
 # TEST_WORKERS: pytest-xdist workers, each pinned to its own share of the cores (conftest.py), a file per worker at a
 # time (a notebook's cells stay in order in one kernel). 2 on a CPU machine: one worker's launches, spawns and timeouts
-# leave a core idle that the other uses. 1 with a GPU: the notebooks' real sizes need the whole card.
-TEST_WORKERS ?= $(if $(filter 1,$(HAS_CUDA)),1,2)
+# leave a core idle that the other uses.
+TEST_WORKERS ?= $(if $(filter 1,$(HAS_CUDA)),$(GPU_WORKERS),2)
+# With CUDA, a quarter of the cores, 1 to 4 (helpers.course.smoke_time.SMOKE_WORKERS): one worker's smoke run took
+# about 10 minutes on an H200, over its 6-minute budget, and the cpu profile's sizes use a sliver of the card
+GPU_WORKERS = $(shell n=$$(nproc); w=$$((n / 4)); echo $$((w < 1 ? 1 : w > 4 ? 4 : w)))
+# TEST_TIMES: each test's (each notebook cell's) seconds as it finishes, one JSON line each (conftest.py)
+TEST_TIMES ?= build/test_times.jsonl
 
 # HELPERS_PROFILE=cpu: PROFILE="auto" means the cpu profile's sizes under make test, on a GPU too (fast: every cell
 # fits the CPU's CELL_TIMEOUT; the device is still the GPU); the gpu profile's sizes are `make writeup PROFILE=gpu`'s
@@ -103,7 +108,8 @@ SMOKE_TESTS := $(KERNEL_TESTS) tests/test_gpu_setups.py
 TESTS ?= $(if $(filter 1,$(HAS_CUDA)),$(SMOKE_TESTS),tests)
 
 test: setup
-	HELPERS_PROFILE=cpu $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
+	rm -f $(TEST_TIMES)
+	HELPERS_PROFILE=cpu HELPERS_TEST_TIMES=$(TEST_TIMES) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
 	    --nbval-cell-timeout=$(CELL_TIMEOUT) $(TESTS) notebooks
 	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory test-newest-triton TEST_WORKERS=$(TEST_WORKERS))
 

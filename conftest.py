@@ -22,3 +22,19 @@ def pytest_configure(config):
     os.sched_setaffinity(0, mine)
     if "torch" in sys.modules:  # imported already (by helpers' pytest plugin): its pool was sized for every core
         sys.modules["torch"].set_num_threads(len(mine))
+
+
+def pytest_runtest_logreport(report):
+    """HELPERS_TEST_TIMES=path: one JSON line per test (a notebook cell under nbval) as it finishes, so a run cut by
+    a timeout (a lent GPU's 10-minute commands) still says where its time went. `make test` sets it."""
+    path = os.environ.get("HELPERS_TEST_TIMES")
+    if not path or (report.when != "call" and report.passed):
+        return
+    import json
+    import time
+
+    row = dict(test=report.nodeid, phase=report.when, outcome=report.outcome, seconds=round(report.duration, 3))
+    row.update(worker=os.environ.get("PYTEST_XDIST_WORKER", ""), end=round(time.time(), 1))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:  # one short write per line in append mode: workers' lines do not interleave
+        f.write(json.dumps(row) + "\n")

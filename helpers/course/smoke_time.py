@@ -3,6 +3,7 @@ tensors, compiled Triton, NCCL between GPUs or gloo ranks sharing one) and the k
 SMOKE_BUDGET_S on one H100, so that a lent 15-minute device window holds it and a reference batch.
 
     smoke_table()        # one row per notebook and for the kernel tests: counts, seconds; the total against the budget
+    smoke_runs()         # the smoke run as a device timed it (data/reference/nvidia-h200/smoke_runs.jsonl)
 
 At the cpu profile's sizes a GPU spends its time on fixed costs, not FLOPs: each notebook's kernel start (Python,
 torch, the CUDA context), each multi-rank launch (spawned ranks import torch and make their own context), each
@@ -10,10 +11,14 @@ torch.compile and each Triton specialization compiled. SMOKE_COUNTS counts them 
 the cpu profile; the seconds per item are the reference run's cost model (helpers.course.reference_cost.gpu_rates),
 whose fixed costs and compute are each scaled by a factor fitted (least squares) to the wall times the reference run
 measured on a Hopper (data/reference/<device>/manifest.json: the model overestimated every batch, its fixed costs
-most). The compute is the cost model's own estimators at the notebooks' cpu sizes. The fit underestimates the batches
-made mostly of fixed costs (kernels, registers: about half their wall time), so `conservative_s` scales the whole
-model by the largest wall/estimate ratio instead, which no measured batch exceeded: the truth lies between the two
-until a lent GPU times `make test` (`python -m helpers bench walltime --suite`) and replaces these counts.
+most). The compute is the cost model's own estimators at the notebooks' cpu sizes.
+
+An H200 then ran the smoke run itself, one worker, in two parts (data/reference/nvidia-h200/smoke_runs.jsonl): each
+part took about 1.75 times the fitted estimate, so `measured_factor` scales every row by wall / estimate over what
+those runs covered (`smoke_runs`), and one worker's smoke run is about 10 minutes, over the budget. `make test` on a
+GPU therefore runs SMOKE_WORKERS pytest-xdist workers (a file each at a time; the cpu profile's sizes use a sliver of
+the card): `parallel_s` is the longest worker's share, files dealt longest first. It assumes the workers do not slow
+each other, which no device has measured yet: the next smoke run's per-test times (HELPERS_TEST_TIMES) will say.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from helpers.model import sizes_for
 GPU = "NVIDIA H100 80GB HBM3"
 SMOKE_BUDGET_S = 360  # 6 minutes: with a reference batch (at most 8) inside a 15-minute device window
 REFERENCE_MANIFEST = Path(__file__).resolve().parents[2] / "data" / "reference" / "nvidia-h200" / "manifest.json"
+SMOKE_RUNS = REFERENCE_MANIFEST.with_name("smoke_runs.jsonl")  # the smoke run timed on a device, in parts
+SMOKE_WORKERS = 4  # make test's pytest-xdist workers with CUDA (the Makefile: a quarter of the cores, 1 to 4)
+KERNEL_TEST_FILES = 4  # the kernel tests' row is this many files, which xdist deals out separately
 FIXED = ("startup_s", "launch_s", "compile_s", "jit_s", "ptxas_s")  # Rates' fixed costs, seconds per item
 
 # per notebook at the cpu profile on one GPU: kernel starts (startup), 2-4-rank launches (launch: torchrun and the
@@ -119,9 +127,16 @@ def calibration(manifest: Path = REFERENCE_MANIFEST) -> dict:
     return {"fixed": float(fixed), "compute": float(compute), "envelope": max(ratios), "batches": len(rows)}
 
 
-def smoke_table(device: str = GPU, gpus: int = 1, manifest: Path = REFERENCE_MANIFEST) -> pd.DataFrame:
+def smoke_table(
+    device: str = GPU,
+    gpus: int = 1,
+    manifest: Path = REFERENCE_MANIFEST,
+    runs: Path = SMOKE_RUNS,
+    workers: int = SMOKE_WORKERS,
+) -> pd.DataFrame:
     """One row per notebook and for the kernel tests: its counts, the fitted fixed and compute seconds, their sum
-    (estimate_s) and the envelope's (conservative_s). `.attrs`: total_s, conservative_s, budget_s, calibration."""
+    (estimate_s), the envelope's (conservative_s) and the device-measured scale's (measured_s). `.attrs`: total_s,
+    conservative_s, measured_factor, serial_s (one worker), parallel_s (`workers`), budget_s, calibration."""
     r, k = gpu_rates(device, gpus), calibration(manifest)
     bare = dataclasses.replace(r, **dict.fromkeys(FIXED, 0.0))
     scales = cpu_scales()
@@ -135,22 +150,54 @@ def smoke_table(device: str = GPU, gpus: int = 1, manifest: Path = REFERENCE_MAN
                          estimate_s=k["fixed"] * fixed + k["compute"] * compute + wait,
                          conservative_s=k["envelope"] * (fixed + compute) + wait))  # fmt: skip
     table = pd.DataFrame(rows).fillna(0)
+    factor = measured_factor(table, smoke_runs(runs))
+    table["measured_s"] = factor * table["estimate_s"]
     table.attrs.update(
         total_s=float(table["estimate_s"].sum()),
         conservative_s=float(table["conservative_s"].sum()),
+        measured_factor=factor,
+        serial_s=float(table["measured_s"].sum()),
+        parallel_s=parallel_s(table.set_index("what")["measured_s"].to_dict(), workers),
+        workers=workers,
         budget_s=SMOKE_BUDGET_S,
         calibration=k,
     )
     return table
 
 
+def smoke_runs(path: Path = SMOKE_RUNS) -> list[dict]:
+    """The smoke run as a device timed it: one row per part, its wall time and the rows it covered (weights: the
+    share of a row's time the part ran)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def measured_factor(table: pd.DataFrame, runs: list[dict]) -> float:
+    """Wall time over the fitted estimate, over everything the device's smoke runs covered (one worker each)."""
+    est = table.set_index("what")["estimate_s"]
+    covered = sum(w * est[what] for run in runs for what, w in run["items"].items())
+    return sum(run["wall_s"] for run in runs) / covered
+
+
+def parallel_s(seconds: dict[str, float], workers: int) -> float:
+    """The longest worker's total when files go out longest first to the least-loaded worker (xdist's loadfile,
+    idealised: no worker slows another)."""
+    files = sorted(
+        [s / KERNEL_TEST_FILES for _ in range(KERNEL_TEST_FILES)] if what == "kernel tests" else [s]
+        for what, s in seconds.items()
+    )
+    loads = [0.0] * workers
+    for s in sorted((x for f in files for x in f), reverse=True):
+        loads[loads.index(min(loads))] += s
+    return max(loads)
+
+
 def smoke_summary(table: pd.DataFrame) -> str:
     """One sentence: the estimate against the budget, and what it is made of."""
-    k = table.attrs["calibration"]
+    k, a = table.attrs["calibration"], table.attrs
     return (
-        f"GPU smoke run (make test on one {GPU}): about {table.attrs['total_s']:.0f} s of a {SMOKE_BUDGET_S} s budget "
-        f"({int(table['launch'].sum())} launches, {int(table['compile'].sum())} compiles, {int(table['jit'].sum())} "
-        f"Triton specializations; the cost model's fixed costs x{k['fixed']:.2f} and compute x{k['compute']:.2f}, "
-        f"fitted to {k['batches']} measured reference batches); {table.attrs['conservative_s']:.0f} s with the whole "
-        f"model x{k['envelope']:.2f}, the largest wall/estimate a reference batch showed"
+        f"GPU smoke run (make test on one {GPU}): about {a['parallel_s']:.0f} s of a {SMOKE_BUDGET_S} s budget on "
+        f"{a['workers']} workers, {a['serial_s']:.0f} s on one ({int(table['launch'].sum())} launches, "
+        f"{int(table['compile'].sum())} compiles, {int(table['jit'].sum())} Triton specializations; the cost "
+        f"model's fixed costs x{k['fixed']:.2f} and compute x{k['compute']:.2f}, fitted to {k['batches']} measured "
+        f"reference batches, then x{a['measured_factor']:.2f}, what an H200's smoke run took over that estimate)"
     )
