@@ -30,6 +30,8 @@ def pytest_runtest_logreport(report):
     path = os.environ.get("HELPERS_TEST_TIMES")
     if not path or (report.when != "call" and report.passed):
         return
+    if hasattr(report, "node") and not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # pytest-xdist's controller replaying a worker's report: the worker wrote it
     import json
     import time
 

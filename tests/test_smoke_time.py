@@ -57,12 +57,17 @@ def test_each_tests_time_is_logged_as_it_finishes(tmp_path):
     (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
     log = tmp_path / "times" / "t.jsonl"
     env = {**os.environ, "HELPERS_TEST_TIMES": str(log)}
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_two.py"], cwd=tmp_path,
-                   env=env, capture_output=True, timeout=120)  # fmt: skip
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [(r["test"], r["outcome"]) for r in rows] == [("test_two.py::test_ok", "passed"),
-                                                          ("test_two.py::test_bad", "failed")]  # fmt: skip
-    assert all(r["seconds"] >= 0 and r["end"] > 0 for r in rows)
+    for workers in ([], ["-n", "1"]):  # plain, and under pytest-xdist (whose controller replays each report)
+        log.unlink(missing_ok=True)
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "test_two.py"],
+                       cwd=tmp_path, env=env, capture_output=True, timeout=120)  # fmt: skip
+        rows = [json.loads(line) for line in log.read_text().splitlines()]
+        assert sorted((r["test"], r["outcome"]) for r in rows) == [
+            ("test_two.py::test_bad", "failed"),
+            ("test_two.py::test_ok", "passed"),
+        ], workers
+        assert all(r["seconds"] >= 0 and r["end"] > 0 for r in rows)
+        assert {r["worker"] for r in rows} == ({"gw0"} if workers else {""})
 
 
 def test_the_calibration_comes_from_the_reference_runs_wall_times():
