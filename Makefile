@@ -109,7 +109,7 @@ TESTS ?= $(if $(filter 1,$(HAS_CUDA)),$(SMOKE_TESTS),tests)
 
 test: setup
 	rm -f $(TEST_TIMES)
-	HELPERS_PROFILE=cpu HELPERS_TEST_TIMES=$(TEST_TIMES) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
+	HELPERS_TEST_TIMES=$(TEST_TIMES) HELPERS_PROFILE=cpu $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
 	    --nbval-cell-timeout=$(CELL_TIMEOUT) $(TESTS) notebooks
 	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory test-newest-triton TEST_WORKERS=$(TEST_WORKERS))
 
