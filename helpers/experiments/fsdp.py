@@ -44,6 +44,8 @@ from helpers.experiments.common import bench_parser, make_batches
 from helpers.experiments.fsdp_common import DTYPES, EPS, LOSS_SCALE, LR, SHARD_TYPES, FsdpImpl, ImplSync, build, step
 from helpers.experiments.fsdp_correctness import (
     EquivalenceRun,
+    Term,
+    batch_shape_bound,
     bound,
     equivalence_table,
     equivalence_worker,
@@ -51,6 +53,7 @@ from helpers.experiments.fsdp_correctness import (
     magnitudes,
     ranks_reference,
     reference_grads,
+    terms,
 )
 from helpers.experiments.fsdp_measure import (
     PEAK_TOL,
@@ -94,6 +97,8 @@ __all__ = [
     "step",
     # fsdp_correctness
     "EquivalenceRun",
+    "Term",
+    "batch_shape_bound",
     "bound",
     "equivalence_table",
     "equivalence_worker",
@@ -101,6 +106,7 @@ __all__ = [
     "magnitudes",
     "ranks_reference",
     "reference_grads",
+    "terms",
     # fsdp_measure
     "PEAK_TOL",
     "FsdpMemory",
