@@ -56,7 +56,8 @@ def test_each_tests_time_is_logged_as_it_finishes(tmp_path):
     (tmp_path / "test_two.py").write_text("def test_ok():\n    pass\n\ndef test_bad():\n    assert False\n")
     (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
     log = tmp_path / "times" / "t.jsonl"
-    env = {**os.environ, "HELPERS_TEST_TIMES": str(log)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # this test's own worker's
+    env["HELPERS_TEST_TIMES"] = str(log)
     for workers in ([], ["-n", "1"]):  # plain, and under pytest-xdist (whose controller replays each report)
         log.unlink(missing_ok=True)
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "test_two.py"],
