@@ -237,19 +237,24 @@ def launch_config(H: int, kind: str, max_block: int | None = None) -> LaunchConf
 
 
 def backward_grid(H: int) -> list[LaunchConfig]:
-    """The backward layouts `python -m helpers tune rmsnorm` times for a width (one block per row): warps and rows
-    per step such that each thread holds 8 or 16 elements of each row tile (fewer starve the loads; 32 leaves the
-    kernel at 255 registers, one program per SM), 8 at 16 warps (512 threads cap a thread at 128 registers: 16
-    elements spilled 200-472 B on sm_80 and sm_90a, `python -m helpers kernels --grid`)."""
+    """The backward layouts `python -m helpers tune rmsnorm` times for a width: one block per row, with warps and
+    rows per step such that each thread holds 8 or 16 elements of each row tile (fewer starve the loads; 32 leave
+    the kernel at 255 registers, one program per SM), 8 at 16 and 32 warps (512 threads cap a thread at 128
+    registers, 1024 at 64: 16 elements spilled 200-472 B at 16 warps on sm_80 and sm_90a, 8 fit in 63-64 registers at
+    32 warps with none, `python -m helpers kernels --grid`). 32 warps only from 4096 columns (narrower rows already
+    lost at 16 warps on the H200: data/reference/nvidia-h200/rmsnorm_tune.jsonl). Rows wider than one default block
+    (MAX_BLOCK) also keep launch_config's loop over blocks, whose dot-product pre-pass reads x and dy twice (5 row
+    passes instead of 3); the one-block layout is the one that reads them once (8192 columns at 32 warps)."""
     base = launch_config(H, "backward")
-    if base.chunks > 1:
-        return [base]
+    block = triton.next_power_of_2(max(H, 1))
     out = []
-    for warps in (4, 8, 16):
+    for warps in (4, 8, 16, 32):
+        if warps == 32 and block < 4096:
+            continue
         for rows in (1, 2, 4, 8):
-            if 8 <= rows * base.block_h // (32 * warps) <= (8 if warps == 16 else 16):
-                out.append(LaunchConfig(base.block_h, 1, warps, rows, base.programs_per_sm))
-    return out
+            if 8 <= rows * block // (32 * warps) <= (16 if warps <= 8 else 8):
+                out.append(LaunchConfig(block, 1, warps, rows, base.programs_per_sm))
+    return out + [base] if base.chunks > 1 else out
 
 
 def backward_config(H: int, dtype: torch.dtype, arch: str | None) -> LaunchConfig:

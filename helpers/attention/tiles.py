@@ -60,44 +60,85 @@ class LaunchConfig:
         return self.fwd.num_stages
 
 
-BOTH, HOPPER = ARCHS, ("sm_90a",)
+BOTH, HOPPER, AMPERE = ARCHS, ("sm_90a",), ("sm_80",)
 # What `python -m helpers tune attention` times: (dtype, d) -> kernel -> [(tiles, the architectures it may run on)].
 # Every candidate compiles for its architectures without spills (`python -m helpers kernels --grid`); the 4-warp
 # 128 x 32 tiles of Triton's tutorial spill our dK/dV kernel on both (its dQ on sm_80 only), so 8 warps stand in.
+# sm_80's candidates are the first sweep's (not yet timed on an A100). sm_90a's sit around the H200's winners
+# (data/reference/nvidia-h200/attention_tune.jsonl, bf16 causal, d = 64 at T = 16,384, d = 128 at 8,192): each
+# kernel's winner, its nearest rivals (within 4% at d = 64 for the forward and dQ, 18-20% for dK/dV), and new
+# tiles, warps and stages next to them; the other candidates timed there (4.6-230% behind) are sm_80's only, and
+# the tutorial's Hopper-only rows (11-13% behind) are gone. On Hopper a warp group's wgmma owns 64 rows: 4 warps
+# for 64-row programs (8 warps split the columns instead and ran 2-3.3x slower there), 8 (two groups) for 128 rows;
+# 32-row programs fall back to mma.sync (no wgmma in their PTX) and double the streamed side's L2 traffic
+# (formulas.attention_cost at the leaderboard shape: 8.7 GB for the forward and dQ at 64 rows, 17 GB at 32), so
+# none is listed.
 # fp32 has one candidate: on FMA units it is for checking, not for speed.
 GRID = {
     ("bfloat16", 64): {
-        "fwd": [
+        "fwd": [  # H200 winner 64 x 64 w4 s3 (1.36 ms)
             (Tiles(128, 64, 8, 3), BOTH),
-            (Tiles(128, 64, 4, 3), BOTH),
-            (Tiles(128, 128, 8, 3), BOTH),
-            (Tiles(128, 64, 8, 4), BOTH),
-            (Tiles(128, 32, 4, 4), BOTH),
+            (Tiles(128, 64, 4, 3), AMPERE),
+            (Tiles(128, 128, 8, 3), AMPERE),
+            (Tiles(128, 64, 8, 4), AMPERE),
+            (Tiles(128, 32, 4, 4), AMPERE),
             (Tiles(64, 64, 4, 3), BOTH),
+            (Tiles(64, 64, 4, 2), HOPPER),
+            (Tiles(64, 64, 4, 4), HOPPER),
+            (Tiles(64, 32, 4, 4), HOPPER),
         ],
-        "dkdv": [
-            (Tiles(128, 32, 8, 5), BOTH),
-            (Tiles(128, 32, 8, 3), BOTH),
-            (Tiles(128, 16, 4, 5), BOTH),
+        "dkdv": [  # H200 winner 64 x 32 w4 s4 (2.43 ms; the others 2.86-5.0)
+            (Tiles(128, 32, 8, 5), AMPERE),
+            (Tiles(128, 32, 8, 3), AMPERE),
+            (Tiles(128, 16, 4, 5), AMPERE),
             (Tiles(64, 32, 4, 4), BOTH),
-            (Tiles(64, 32, 8, 3), BOTH),
+            (Tiles(64, 32, 8, 3), AMPERE),
             (Tiles(64, 16, 4, 5), BOTH),
             (Tiles(128, 64, 8, 3), HOPPER),
+            (Tiles(64, 16, 4, 4), HOPPER),
+            (Tiles(64, 32, 4, 2), HOPPER),
+            (Tiles(64, 32, 4, 3), HOPPER),
+            (Tiles(64, 32, 4, 5), HOPPER),
+            (Tiles(64, 64, 4, 2), HOPPER),
+            (Tiles(64, 64, 4, 3), HOPPER),
+            (Tiles(128, 16, 8, 4), HOPPER),
         ],
-        "dq": [
+        "dq": [  # H200 winner 64 x 32 w4 s4 (1.54 ms)
             (Tiles(128, 32, 8, 5), BOTH),
-            (Tiles(128, 32, 8, 3), BOTH),
-            (Tiles(128, 32, 4, 5), HOPPER),
-            (Tiles(128, 16, 4, 5), BOTH),
+            (Tiles(128, 32, 8, 3), AMPERE),
+            (Tiles(128, 16, 4, 5), AMPERE),
             (Tiles(64, 32, 4, 4), BOTH),
-            (Tiles(64, 32, 8, 3), BOTH),
+            (Tiles(64, 32, 8, 3), AMPERE),
+            (Tiles(64, 16, 4, 4), HOPPER),
+            (Tiles(64, 32, 4, 3), HOPPER),
+            (Tiles(64, 32, 4, 5), HOPPER),
+            (Tiles(64, 64, 4, 2), HOPPER),
+            (Tiles(64, 64, 4, 3), HOPPER),
+            (Tiles(128, 32, 8, 4), HOPPER),
+            (Tiles(128, 64, 8, 3), HOPPER),
         ],
     },
     ("bfloat16", 128): {
         # 64 x 64 with 4 warps spills 12 B on sm_80 (255 registers): Hopper's only
-        "fwd": [(Tiles(128, 32, 8, 2), BOTH), (Tiles(128, 64, 8, 3), BOTH), (Tiles(64, 64, 4, 3), HOPPER)],
-        "dkdv": [(Tiles(64, 32, 8, 2), BOTH), (Tiles(64, 32, 4, 3), BOTH), (Tiles(128, 32, 8, 3), HOPPER)],
-        "dq": [(Tiles(64, 32, 8, 2), BOTH), (Tiles(64, 32, 4, 3), BOTH), (Tiles(128, 32, 8, 3), HOPPER)],
+        "fwd": [  # H200 winner 64 x 64 w4 s3 (0.62 ms)
+            (Tiles(128, 32, 8, 2), AMPERE),
+            (Tiles(128, 64, 8, 3), AMPERE),
+            (Tiles(64, 64, 4, 3), HOPPER),
+            (Tiles(64, 64, 4, 2), HOPPER),
+            (Tiles(64, 32, 4, 3), HOPPER),
+        ],
+        "dkdv": [  # H200 winner 64 x 32 w4 s3 (1.16 ms)
+            (Tiles(64, 32, 8, 2), AMPERE),
+            (Tiles(64, 32, 4, 3), BOTH),
+            (Tiles(64, 32, 4, 2), HOPPER),
+            (Tiles(64, 16, 4, 3), HOPPER),
+        ],
+        "dq": [  # H200 winner 64 x 32 w4 s3 (0.83 ms)
+            (Tiles(64, 32, 8, 2), AMPERE),
+            (Tiles(64, 32, 4, 3), BOTH),
+            (Tiles(64, 32, 4, 2), HOPPER),
+            (Tiles(64, 16, 4, 3), HOPPER),  # 64 x 64 w4 s2 spilled 64 B (non-causal)
+        ],
     },
     ("float32", 64): {"fwd": [(Tiles(64, 32, 8, 2), BOTH)], "dkdv": [(Tiles(64, 16, 8, 2), BOTH)]},
     ("float32", 128): {"fwd": [(Tiles(16, 16, 8, 3), BOTH)], "dkdv": [(Tiles(16, 16, 8, 3), BOTH)]},

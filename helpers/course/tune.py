@@ -41,25 +41,28 @@ ROOT = Path(__file__).resolve().parents[2]
 # ---- the plan and its estimate -----------------------------------------------------------------------------------
 
 
-def attention_plan() -> list[dict]:
-    """Every timing the attention sweep makes: (what, dtype, d, T, kernel, tiles); candidates first, then the
-    comparisons (ours tuned, ours seed, SDPA; forward and forward + backward) at the benchmark shapes."""
+def attention_plan(arch: str | None = None) -> list[dict]:
+    """Every timing the attention sweep makes on `arch` (default: this machine's, sm_90a without CUDA): (what,
+    dtype, d, T, kernel, tiles); the candidates listed for that architecture first, then the comparisons (ours
+    tuned, ours seed, SDPA; forward and forward + backward) at the benchmark shapes."""
+    arch = arch or A.tiles.device_arch("cuda")
     plan = []
     for (dtype, d), T in TUNE_SHAPES.items():
         for kernel in A.KERNELS:
-            for tiles, _archs in A.GRID[(dtype, d)][kernel]:
-                plan.append(dict(what="candidate", dtype=dtype, d=d, T=T, kernel=kernel, tiles=tiles))
+            for tiles, archs in A.GRID[(dtype, d)][kernel]:
+                if arch in archs:
+                    plan.append(dict(what="candidate", dtype=dtype, d=d, T=T, kernel=kernel, tiles=tiles))
     for dtype in ("bfloat16", "float32"):
         for T in BENCH_T:
             plan.append(dict(what="compare", dtype=dtype, d=64, T=T, kernel="fwd+bwd", tiles=None))
     return plan
 
 
-def estimate_attention_s() -> float:
-    """Device seconds the attention sweep should take: a compile per candidate kernel and per fp32 kernel, and
-    (WARMUP + STEPS) runs of each timing at RATE over the kernel's executed FLOPs."""
+def estimate_attention_s(arch: str | None = None) -> float:
+    """Device seconds the attention sweep should take on `arch` (attention_plan's): a compile per candidate kernel
+    and per fp32 kernel, and (WARMUP + STEPS) runs of each timing at RATE over the kernel's executed FLOPs."""
     total = 0.0
-    for p in attention_plan():
+    for p in attention_plan(arch):
         costs = kernel_costs(LEADERBOARD["heads"], p["T"], p["T"], p["d"], True)
         runs = WARMUP + STEPS
         if p["what"] == "candidate":
@@ -347,8 +350,11 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     kinds = ["attention", "rmsnorm"] if args.what == "all" else [args.what]
     est = {"attention": estimate_attention_s(), "rmsnorm": estimate_rmsnorm_s()}
+    arch = A.tiles.device_arch("cuda")
+    n = sum(p["what"] == "candidate" for p in attention_plan(arch))
+    what = {"attention": f" ({n} tile candidates for {arch})", "rmsnorm": ""}
     for kind in kinds:
-        print(f"tune {kind}: estimated {est[kind]:.0f} s of device time")
+        print(f"tune {kind}: estimated {est[kind]:.0f} s of device time{what[kind]}")
     if args.estimate:
         return 0
     if args.check:
