@@ -216,7 +216,9 @@ def memory_table(per_rank: list[MeasureRun]) -> pd.DataFrame:
 
 def fsdp_memory_check(per_rank: list[MeasureRun]) -> pd.DataFrame:
     """FSDP's measured live bytes vs formulas.fsdp_live_bytes (exact) and the step's forward/backward peak vs live +
-    activations + loss gradients + the LM head's gathered weight as backward starts (within PEAK_TOL)."""
+    activations + loss gradients + the LM head's gathered weight as backward starts (within PEAK_TOL); difference:
+    measured - formula, in bytes (helpers.memory.track's: storage sizes as requested, on any device, so neither the
+    CUDA allocator's 512-byte rounding nor cuBLAS's workspace, which no op returns, enters it)."""
     rows = []
     for r in per_rank:
         run = r.memory[-1]
@@ -227,8 +229,10 @@ def fsdp_memory_check(per_rank: list[MeasureRun]) -> pd.DataFrame:
                 ).values()
             )
             tol = PEAK_TOL if p.point == "before step" else 0.0  # after init / after step: exact
-            row = {"rank": run.rank, "point": p.label, "measured": p.live, "formula": live, "tolerance": tol}
-            rows.append({**row, "within": abs(p.live - live) <= tol * live})
+            row = {"rank": run.rank, "point": p.label, "measured": p.live, "formula": live}
+            rows.append(
+                {**row, "difference": p.live - live, "tolerance": tol, "within": abs(p.live - live) <= tol * live}
+            )
             if p.point == "before step":
                 acts = sum(F.activation_bytes(run.model, run.batch_per_rank, run.context_length).values())
                 peak = (
@@ -243,6 +247,7 @@ def fsdp_memory_check(per_rank: list[MeasureRun]) -> pd.DataFrame:
                         "point": f"fwd/bwd peak {p.step}",
                         "measured": p.phase_peak,
                         "formula": peak,
+                        "difference": p.phase_peak - peak,
                         "tolerance": PEAK_TOL,
                         "within": abs(p.phase_peak - peak) <= PEAK_TOL * peak,
                     }
