@@ -266,7 +266,7 @@ def equivalence_table(per_rank: list[dict], *, model, n_layers, steps, batch_siz
                     "max_abs_diff": max(float(d.max()) for d in diff.values()),
                     "whole batch max_abs_diff": max(float((run.grads[s][n] - whole[n]).abs().max()) for n in whole),
                     "max_diff/bound": max(ratio.values()),
-                    "max_at": max(ratio, key=ratio.get),
+                    "max_at": max(ratio, key=ratio.get) if max(ratio.values()) > 0 else "",
                     "bitwise": all(torch.equal(run.grads[s][n], ref[n]) for n in ref),
                     "terms_equal": same_terms,
                     "replicated_equal": all(
