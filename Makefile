@@ -58,7 +58,7 @@ REFERENCE_ARGS ?=
 WHEELS_DIR ?= build/wheels
 WHEELS_PYTHON ?= 3.12
 
-.PHONY: setup test test-newest-triton lint format writeup lab strip bench stress yours reference wheels clean
+.PHONY: setup test test-newest-triton lint format writeup lab strip bench stress yours reference wheels smoke-wheels smoke-offline clean
 
 # A PYTHON that is itself a venv (GPU images: torch in /opt/.../.venv): --system-site-packages would show .venv only
 # the *base* interpreter's packages (CPython #95469), so a .pth file in .venv lists the outer venv's site-packages.
@@ -152,6 +152,29 @@ wheels:
 	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) --implementation cp \
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	    --platform any -d $(WHEELS_DIR) -r requirements-notebook.txt
+
+# What the GPU smoke run needs beyond the GPU image: pytest's notebook runner and a Jupyter kernel, and ipywidgets
+# for the live cells (about 16 MB, not the 60 of `make wheels`: a lent machine carries at most 64 MiB; docs/gpu.md)
+SMOKE_WHEELS := nbval nbformat fastjsonschema jsonschema jsonschema-specifications referencing rpds-py \
+    jupyter-client jupyter-core platformdirs traitlets pyzmq tornado ipykernel comm debugpy ipython \
+    ipython-pygments-lexers jedi parso matplotlib-inline pexpect ptyprocess prompt-toolkit wcwidth stack-data \
+    executing asttokens pure-eval nest-asyncio2 ipywidgets widgetsnbextension jupyterlab-widgets einx frozendict
+SMOKE_WHEELS_DIR ?= .whl
+
+smoke-wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    --platform any -d $(SMOKE_WHEELS_DIR) \
+	    $$(for n in $(SMOKE_WHEELS); do grep -i "^$$n==" requirements-notebook.txt || echo "MISSING-$$n"; done)
+
+# The smoke run on a lent GPU machine with no network (docs/gpu.md): the image's own Python, the smoke wheels carried
+# in SMOKE_WHEELS_DIR and installed apart (SMOKE_SITE), no .venv; the same pytest line as `make test` on a GPU
+SMOKE_SITE ?= /tmp/smoke-site
+smoke-offline:
+	$(PYTHON) -m pip install -q --no-index --no-deps --no-compile --target $(SMOKE_SITE) $(SMOKE_WHEELS_DIR)/*.whl
+	PYTHONPATH=$(SMOKE_SITE):$(CURDIR) HELPERS_TEST_TIMES=$(TEST_TIMES) HELPERS_PROFILE=cpu $(PYTHON) -m pytest \
+	    -n $(GPU_WORKERS) --dist loadfile --nbval-lax --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) \
+	    -p no:cacheprovider -rfE --durations=30 $(SMOKE_TESTS) notebooks
 
 clean:
 	rm -rf writeups data/local

@@ -37,8 +37,9 @@ def project_requirements(extras=("dev",)) -> list[Requirement]:
     return [r for r in reqs if r.marker is None or any(r.marker.evaluate(TARGET | {"extra": e}) for e in ("", *extras))]
 
 
-def closure(reqs: list[Requirement]) -> tuple[set[str], set[str]]:
-    """(every requirement name reachable from `reqs` on the target, the names not installed here to walk further)."""
+def closure(reqs: list[Requirement], stop: frozenset[str] = frozenset()) -> tuple[set[str], set[str]]:
+    """(every requirement name reachable from `reqs` on the target, the names not installed here to walk further);
+    `stop`: names whose own requirements are not walked (the image's: installed there with theirs)."""
     seen, unwalked, todo = set(), set(), list(reqs)
     while todo:
         req = todo.pop()
@@ -46,6 +47,8 @@ def closure(reqs: list[Requirement]) -> tuple[set[str], set[str]]:
         if name in seen:
             continue
         seen.add(name)
+        if name in stop:
+            continue
         try:
             sub = md.requires(req.name) or []
         except md.PackageNotFoundError:
@@ -72,3 +75,18 @@ def test_the_check_sees_a_dev_tool_the_wheels_lack():
     needed, _ = closure(project_requirements())
     assert {"ruff", "nbval", "selenium"} <= needed
     assert "ruff" in pinned and "ruff" not in image
+
+
+def test_the_smoke_wheels_carry_what_the_notebook_runner_needs_beyond_the_image():
+    """`make smoke-wheels` (docs/gpu.md: the smoke run on a lent GPU machine): every name is pinned here, and the
+    project's own dependencies, nbval, its kernel and ipywidgets need nothing the smoke set and the image lack (a
+    missing one stops the run there)."""
+    pinned, image = carried_and_image()
+    makefile = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    smoke = {canonical(n) for n in re.search(r"^SMOKE_WHEELS := (.*)$", makefile, re.M).group(1).split()}
+    assert smoke <= pinned, sorted(smoke - pinned)
+    runner = [Requirement(n) for n in ("nbval", "ipykernel", "ipywidgets")]
+    needed, _ = closure(project_requirements(extras=()) + runner, stop=frozenset(image))
+    missing = sorted(needed - smoke - image)
+    assert not missing, f"the smoke run's wheels lack {missing}: add them to SMOKE_WHEELS"
+    assert not smoke & image, sorted(smoke & image)  # the image's own versions are kept
