@@ -170,7 +170,12 @@ def _nccl_worker(cfg, batch_size: int, micro_batches: int, fixed_ms: tuple, chun
         with NcclStub(delay_s=NCCL_DELAY_S) as stub:
             line = PP.run_schedule(stage, lines[rank], x, y, micro_batches, cfg.d_model)  # lines gathered
         finite = all(bool(p.grad.isfinite().all()) for p in stage.parameters())
-        out[kind] = {"line": line, "landed": [ready for *_, ready in stub.landed], "finite": finite}
+        out[kind] = {
+            "line": line,
+            "landed": [ready for *_, ready in stub.landed],
+            "finite": finite,
+            "races": stub.races,
+        }
     return out
 
 
@@ -183,7 +188,7 @@ def test_stamps_wait_for_the_data_under_nccl_semantics():
     for kind in PP.SCHEDULES:
         lines = [r[kind]["line"] for r in ranks]
         for rank, r in enumerate(ranks):
-            assert r[kind]["finite"], (kind, rank)
+            assert r[kind]["finite"] and not r[kind]["races"], (kind, rank, r[kind]["races"])  # no read before a wait
             receiving = [
                 (k, i, c, s)
                 for k, i, c, s, _ in r[kind]["line"]

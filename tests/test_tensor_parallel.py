@@ -151,8 +151,9 @@ def _alpha_worker():
 
     out = []
     for sync_s in (0.0, SYNC_S):
-        with NcclStub(delay_s=0.002, sync_s=sync_s, check_pairing=False):
+        with NcclStub(delay_s=0.002, sync_s=sync_s, check_pairing=False) as stub:
             out.append(model_parallel_calc.tp_speed_worker(64, 16, [32], 3)["all_reduce"])
+        assert not stub.races, stub.races  # no tensor read before its collective's wait
     return out
 
 
