@@ -44,6 +44,12 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def card_bytes() -> float | None:
+    """The memory of the GPU this process runs on as torch reports it (mem_get_info's total), or None without CUDA:
+    the card the notebooks' setups fit their gpu sizes to (gpu_plans_bytes.fits_card)."""
+    return float(torch.cuda.mem_get_info()[1]) if torch.cuda.is_available() else None
+
+
 def _cpu_name() -> str:
     """The CPU model name from /proc/cpuinfo, else what platform knows."""
     try:

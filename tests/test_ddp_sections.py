@@ -73,6 +73,19 @@ def test_correctness_note_claims_equivalence_only_when_every_row_is_within_bound
     assert "NOT all within bound" in bad.notes[0] and "1.5 (gradients)" in bad.notes[0]
 
 
+def test_the_speed_section_says_which_sizes_the_card_left_out(speed, tmp_path, monkeypatch):
+    """Issue 47 item 4: where the ranks share a card too small for a size's launch, config_for leaves it out and the
+    cell's notes say so (the launch stood in by the synthetic runs)."""
+    from helpers.budget import Budget
+
+    card = "medium-2026's speed launch needs about 53 GB (2 ranks share the card); this card has 40: not timed here"
+    s = _setting(tmp_path, monkeypatch)
+    s.config, s.budget = {**s.config, "sizes": [MODEL], "sweep_model": MODEL, "left_out": [card]}, Budget(None)
+    monkeypatch.setattr(S, "speed_table", lambda *a, **k: (speed.raw, speed.speed))
+    r = S.speed_section(s)
+    assert r.notes[-1] == card and r.sweep_model == MODEL
+
+
 def test_ratios_name_a_winner_from_the_same_samples_as_the_table(speed, tmp_path, monkeypatch):
     r = R.ratios_section(_setting(tmp_path, monkeypatch), speed)
     [line] = r.notes

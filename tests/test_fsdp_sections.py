@@ -86,7 +86,10 @@ def test_the_measure_sections_read_one_launch(measured):
 
 
 def test_checkpoint_section_keeps_the_provenance_the_answers_read(setup):
+    card = "xl-2026's step without checkpointing needs about 72 GB; this card has 40: small/cpu swept in its place"
+    setup.config = {**setup.config, "left_out": [card]}  # as config_for says it
     r = S.checkpoint_section(setup)
+    assert r.notes[-1] == card  # what the card left out, in the cell's notes
     assert r.values["measured_best"] == r.values["k_best"] == 1 and r.values["split_saves"]  # k = 1 < L = 4 saves
     p = provenance(r.saved)
     assert {"model", "n_blocks", "batch", "context", "k_continuous", "k_best", "steps"} <= set(p) and p["n_blocks"] == 4

@@ -3,7 +3,9 @@ with every tensor on the meta device (shapes and bytes, no data, no arithmetic),
 peak of each run's largest launch is measured (helpers.memory.track) and set against the card (40, 80, 141 GB: CARDS)
 and against gpu_plans' closed-form estimate of the same run, and each cell's and reference batch's time is estimated
 against the limit it runs under. Notebooks 01, 04 and 05 are walked at every edition their EDITION can choose, 07 at
-2026's (gpu_configs: the models each notebook's own setup builds). tests/test_dry_run.py runs it in `make test`.
+2026's (gpu_configs: the models each notebook's own setup builds), and each at the sizes its setup picks for the card
+(01's profiled size, 02's compiled and 06's side-by-side models, 04's speed sizes, 05's models, 07's checkpointed
+model: what the card present holds, by gpu_plans_bytes' estimates). tests/test_dry_run.py runs it in `make test`.
 
     table = dry_run(cards=tuple(CARDS.values()))   # one row per run, edition and card: tracked peak, per GPU, plan
     dry_run(full=("2026", 80e9))   # only 2026 on an H100 at full depth, the rest one block deep (the tests: faster)
@@ -49,7 +51,7 @@ import math
 import pandas as pd
 
 from helpers.course.dry_run_meta import MetaMode, fake_group, on_meta  # noqa: F401  (the tests' names)
-from helpers.course.dry_run_runs import BY_EDITION, FIXED, NOTEBOOKS, one_layer_models
+from helpers.course.dry_run_runs import BY_CARD, BY_EDITION, FIXED, NOTEBOOKS, one_layer_models
 from helpers.course.dry_run_time import check_time, time_table  # noqa: F401  (this module's runbook)
 from helpers.experiments.gpu_configs import EDITIONS, NOTEBOOK_EDITIONS
 from helpers.experiments.gpu_plans_bytes import GB, H100_BYTES, peak_per_gpu
@@ -66,12 +68,20 @@ def dry_run(notebooks=None, editions=EDITIONS, cards=(H100_BYTES,), full=None) -
     card): only that one's launches are walked at full depth, the others one block deep (one_layer_models: every
     shape, the bytes left to the plan) unless a full walk shares their key; so is a run whose OOM is recorded as a
     row and whose plan no card of `cards` holds."""
-    rows, walked = [], {}
+    rows, walked, by_card = [], {}, {}
     with on_meta():
         for nb in notebooks or NOTEBOOKS:
             if nb in FIXED:
                 fixed = FIXED[nb]()
                 rows += [{**r, "edition": "", "walk": "full", "budget_GB": card / GB} for r in fixed for card in cards]
+                continue
+            if nb in BY_CARD:  # the sizes the card holds: each key walked once, at full depth
+                for card in cards:
+                    for run in BY_CARD[nb](card):
+                        if run.key not in by_card:
+                            by_card[run.key] = run.walk()
+                        row = run.row(by_card[run.key])
+                        rows.append({**row, "edition": "", "walk": "full", "budget_GB": card / GB})
                 continue
             for edition in [e for e in editions if e in NOTEBOOK_EDITIONS[nb]]:
                 for card in sorted(cards, key=lambda c, e=edition: (e, c) != full):  # the full walk first

@@ -122,10 +122,11 @@ def run_00(batch_size: int = 4) -> list[dict]:
 def runs_01(edition: str, gpu_bytes: float) -> list[Run]:
     """Notebook 01 at `edition` (gpu_configs.config_01): §1's warm timing at the largest size the card holds (one
     model, the "backward" pass's graph kept while "forward" and "both" build theirs); §2's profiled step (not
-    guarded); §5's steady AdamW steps at its largest size (2024) or its model at each of the handout's contexts, built
-    that long (benchmarking.profiled_config), fp32 at each and under autocast at the longest (§4's precision loop
-    holds one graph at a time, as §5's autocast step does with AdamW's state beside it)."""
-    c = GC.config_01("gpu", edition)
+    guarded: the size the card holds, EditionPlan.profiled_on); §5's steady AdamW steps at its largest size (2024) or
+    its model at each of the handout's contexts, built that long (benchmarking.profiled_config), fp32 at each and
+    under autocast at the longest (§4's precision loop holds one graph at a time, as §5's autocast step does with
+    AdamW's state beside it)."""
+    c = GC.config_01("gpu", edition, gpu_bytes)
     B, T = c["batch"], c["context"]
     fitting = [s for s in c["sizes"] if G.peak_per_gpu(G.warm_timing_bytes(s, B, T), 1) <= gpu_bytes]
     size = max(fitting or c["sizes"][:1], key=lambda s: G.warm_timing_bytes(s, B, T))  # larger: OOM rows, same code
@@ -167,33 +168,59 @@ def _warm_round(size, batch_size: int, context_length: int) -> None:
     _each_once([XB.pass_fn(lm, x, y, kind) for kind in ("forward", "backward", "both")])
 
 
-def run_02(c=None) -> list[dict]:
-    """Notebook 02: the PyTorch RMSNorm fwd+bwd on (rows, H) per width; the largest model's fwd+bwd at its batch."""
-    c = c or XR.PROFILES["gpu"]
-    rows = []
-    for H in c["hidden"]:
-        x = torch.empty(c["rows"], H, requires_grad=True)  # (rows, H)
-        g = torch.empty(H, requires_grad=True)
-        trace = M.track(lambda x=x, g=g: RMSNormPyTorchFunction.apply(x, g).sum().backward(), existing=(x, g))
-        peak = trace.peak_bytes - trace.baseline_bytes
-        rows.append(_row("02", f"norm {c['rows']} x {H} fwd+bwd", peak, G.norm_peak_bytes(c["rows"], H)))
+def runs_02(gpu_bytes: float, c=None) -> list[Run]:
+    """Notebook 02 on a card of gpu_bytes: the PyTorch RMSNorm fwd+bwd on (rows, H) per width; §2's largest model's
+    fwd+bwd at its batch; §5's compile loop at the largest size the card holds (rmsnorm.fit_card)."""
+    c = XR.fit_card(c or XR.PROFILES["gpu"], gpu_bytes)
+    runs = [
+        Run("02", f"norm {c['rows']} x {H} fwd+bwd", ("02 norm", c["rows"], H), functools.partial(_norm, c["rows"], H),
+            G.norm_peak_bytes(c["rows"], H))
+        for H in c["hidden"]
+    ]  # fmt: skip
+    B = c["batch"]
+    size = max(sizes_for("gpu"), key=lambda s: G.retained_graph_bytes(s, B, get_config(s).context_length))
+    T = get_config(size).context_length
+    runs.append(Run("02", f"model {size} fwd+bwd, batch {B}", ("02 model", shape(size), B),
+                    functools.partial(_model_pass, size, B), G.retained_graph_bytes(size, B, T)))  # fmt: skip
     size = c["compile_model_sizes"][-1]
+    T = get_config(size).context_length
+    runs.append(Run("02", f"compile {size}: fwd+bwd+opt, batch {B}", ("02 compile", shape(size), B),
+                    functools.partial(_compile_loop, size, B), G.compile_loop_bytes(size, B, T)))  # fmt: skip
+    return runs
+
+
+def _norm(rows: int, H: int) -> int:
+    """Peak of RMSNormPyTorchFunction's fwd+bwd on (rows, H) above its inputs."""
+    x = torch.empty(rows, H, requires_grad=True)  # (rows, H)
+    g = torch.empty(H, requires_grad=True)
+    trace = M.track(lambda: RMSNormPyTorchFunction.apply(x, g).sum().backward(), existing=(x, g))
+    return trace.peak_bytes - trace.baseline_bytes
+
+
+def _model_batch(size, batch_size: int):
+    """A model of `size` and one batch at its context, on meta."""
     lm = build_model(size)
-    x, y = (t.to("meta") for t in make_batches(size, 1, c["batch"], lm.cfg.context_length, 0)[0])
-    peak = _peak(lambda: lm_loss(lm(x), y).backward(), existing=list(lm.parameters()))
-    plan = G.retained_graph_bytes(size, c["batch"], lm.cfg.context_length)
-    rows.append(_row("02", f"model {size} fwd+bwd, batch {c['batch']}", peak, plan))
-    lm.zero_grad(set_to_none=True)
-    opt = make_optimizer(lm.parameters(), "adamw")  # §5's loop: the passes in both orders, AdamW's state alive
+    x, y = (t.to("meta") for t in make_batches(size, 1, batch_size, lm.cfg.context_length, 0)[0])
+    return lm, x, y
+
+
+def _model_pass(size, batch_size: int) -> int:
+    """§2's model_section: one fwd+bwd of `size`, its parameters counted."""
+    lm, x, y = _model_batch(size, batch_size)
+    return _peak(lambda: lm_loss(lm(x), y).backward(), existing=list(lm.parameters()))
+
+
+def _compile_loop(size, batch_size: int) -> int:
+    """§5's loop (compare_compiled, eager here): the passes in both orders, AdamW's state alive."""
+    lm, x, y = _model_batch(size, batch_size)
+    opt = make_optimizer(lm.parameters(), "adamw")
 
     def both():
         lm.zero_grad(set_to_none=True)
         lm_loss(lm(x), y).backward()
 
     passes = [lambda: lm(x), both, lambda: (both(), opt.step())]
-    peak = _peak(lambda: _each_once(passes + passes[::-1]), existing=list(lm.parameters()))
-    plan = G.compile_loop_bytes(size, c["batch"], lm.cfg.context_length)
-    return rows + [_row("02", f"compile {size}: fwd+bwd+opt, batch {c['batch']}", peak, plan)]
+    return _peak(lambda: _each_once(passes + passes[::-1]), existing=list(lm.parameters()))
 
 
 def run_03(c=None, gpus: int = 1) -> list[dict]:
@@ -227,7 +254,7 @@ def runs_04(edition: str, gpu_bytes: float) -> list[Run]:
     """Notebook 04 §2 at `edition`: the speed launch with the largest plan (the sweep model's, with every bucket
     size): every wrapper built on a copy of the model and stepped twice (each then holds its gradients or buckets
     while the others step), as rank 0 of two on the fake process group."""
-    c = GC.config_04("gpu", edition)
+    c = GC.config_04("gpu", edition, 1, gpu_bytes)  # the sizes the card holds, both ranks on it
     b = c["batch"] // WORLD
     size = max(c["sizes"], key=lambda s: G.ddp_rank_bytes(s, G.ddp_variants(s, "gpu", edition), b, c["context"]))
     variants = XD.SPEED_VARIANTS + (
@@ -283,37 +310,34 @@ def _each_once(calls) -> None:
         call()
 
 
-def run_06(c=None) -> list[dict]:
-    """Notebook 06: naive attention's passes at every shape of §1's grid and §4's benchmark (where an OOM is a row,
-    by design) and at the leaderboard's; §6's models side by side under autocast, each stepping naive attention."""
-    c = c or XA.PROFILES["gpu"]
-    rows = [
-        _row("06", f"naive grid {s} fp32", _naive_passes(s, torch.float32, False), G.naive_pass_bytes(s), 1, True)
-        for s in XA.naive_shapes(c)[0]
-    ]
+def runs_06(gpu_bytes: float, c=None) -> list[Run]:
+    """Notebook 06 on a card of gpu_bytes: naive attention's passes at every shape of §1's grid and §4's benchmark
+    (where an OOM is a row, by design) and at the leaderboard's; §6's models side by side under autocast, each
+    stepping naive attention, at the largest size the card holds (attention.fit_card)."""
+    c = XA.fit_card(c or XA.PROFILES["gpu"], gpu_bytes)
+
+    def naive(run, s, dt, causal, plan, extra=0, by_design=True) -> Run:
+        return Run("06", run, ("06 naive", s, str(dt), causal), functools.partial(_naive_passes, s, dt, causal),
+                   plan, oom_by_design=by_design, extra_bytes=extra)  # fmt: skip
+
+    fp32 = torch.float32
+    runs = [naive(f"naive grid {s} fp32", s, fp32, False, G.naive_pass_bytes(s)) for s in XA.naive_shapes(c)[0]]
     for dt in c["bench_dtypes"]:
         for s in c["bench_shapes"] if "naive" in c["bench_impls"] else ():
-            plan = G.naive_pass_bytes(s, dt, True)
-            rows.append(_row("06", f"bench naive {s} {str(dt)[6:]}", _naive_passes(s, dt, True), plan, 1, True))
+            runs.append(naive(f"bench naive {s} {str(dt)[6:]}", s, dt, True, G.naive_pass_bytes(s, dt, True)))
     lb = XA.LEADERBOARD
     s, dt = tuple(lb[k] for k in ("batch", "heads", "T", "d")), lb["dtype"]
     fused = 2 * G.fused_graph_bytes(s, dt)  # flash_triton's and sdpa's kept graphs (not runnable on meta)
-    rows.append(
-        _row(
-            "06",
-            f"leaderboard {s} {str(dt)[6:]}",
-            _naive_passes(s, dt, True),
-            G.naive_pass_bytes(s, dt, True) + fused,
-            extra_bytes=fused,
-        )
-    )
+    plan = G.naive_pass_bytes(s, dt, True) + fused
+    runs.append(naive(f"leaderboard {s} {str(dt)[6:]}", s, dt, True, plan, extra=fused, by_design=False))
     n, B, dt = len(c["model_impls"]), c["model_batch"], c["model_dtype"]
     plans = {
         m: G.models_side_by_side_bytes(m, n, B, get_config(m).context_length, dt is not None) for m in c["model_sizes"]
     }
     size = max(plans, key=plans.get)
-    peak = _peak(functools.partial(_models_side_by_side, size, n, B, dt))
-    return rows + [_row("06", f"models {size}: {n} side by side", peak, plans[size])]
+    walk = functools.partial(_peak, functools.partial(_models_side_by_side, size, n, B, dt))
+    key = ("06 models", shape(size), n, B, str(dt))
+    return runs + [Run("06", f"models {size}: {n} side by side", key, walk, plans[size])]
 
 
 def _models_side_by_side(size, models: int, batch_size: int, dtype) -> None:
@@ -333,7 +357,7 @@ def runs_07(edition: str, gpu_bytes: float) -> list[Run]:
     checkpointing (its largest step); §2-§4's measure launch as rank 0 of two: FSDP, DDP and ZeRO-1 built side by
     side, each stepped at least twice (its first phase, each kind alone, holds less); torch's fully_shard refuses
     meta parameters, so its planned share is added."""
-    c = GC.config_07("gpu", GC.built_edition("07", edition))
+    c = GC.config_07("gpu", GC.built_edition("07", edition), gpu_bytes)
     m, B, T = c["ckpt_model"], c["ckpt_batch"], c["ckpt_context"]
     sweep = functools.partial(
         XF.checkpoint_sweep, m, n_layers=c["ckpt_layers"], batch_size=B, context_length=T, segments=[0], steps=1,
@@ -405,10 +429,12 @@ def _cp_reference(shape) -> None:
 
 FIXED = {  # notebooks without an edition or a card-dependent model: walked once, rows of tracked peaks
     "00": run_00,
-    "02": run_02,
     "03": run_03,
-    "06": run_06,
     "08": run_08,
+}
+BY_CARD = {  # notebooks without an edition whose sizes follow the card (fit_card): Runs per card, walked once per key
+    "02": runs_02,
+    "06": runs_06,
 }
 BY_EDITION = {  # notebooks that build their EDITION's models (05: per card too): Runs, walked once per key
     "01": runs_01,
@@ -416,4 +442,4 @@ BY_EDITION = {  # notebooks that build their EDITION's models (05: per card too)
     "05": runs_05,
     "07": runs_07,
 }
-NOTEBOOKS = sorted(FIXED | BY_EDITION)
+NOTEBOOKS = sorted(FIXED | BY_CARD | BY_EDITION)

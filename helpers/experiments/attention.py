@@ -66,6 +66,7 @@ from helpers.experiments.attention_sections import (
     backward_check,
     checks_summary,
     compile_ratios,
+    fit_card,
     function_checks,
     kernel_checks,
     naive_memory,
@@ -116,6 +117,7 @@ __all__ = [
     "leaderboard_mark_table",
     # attention_sections and attention_bench_sections: one call per notebook section
     "Setup",
+    "fit_card",
     "naive_times",
     "naive_memory",
     "naive_shapes",

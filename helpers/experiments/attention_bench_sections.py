@@ -161,8 +161,9 @@ def model_outputs(ctx: Setup, impls=("naive", "sdpa", "flash_pytorch", "flash_tr
 
 
 def model_steps(ctx: Setup) -> Result:
-    """§6: one forward+backward step per model size with each attention, interleaved (baseline naive); verdicts
-    inside the noise say so. values: `ratios` {(size, impl): Ratio against naive}."""
+    """§6: one forward+backward step per model size the card holds (attention_sections.fit_card) with each attention,
+    interleaved (baseline naive); verdicts inside the noise say so. values: `ratios` {(size, impl): Ratio against
+    naive}."""
     s = ctx.scale
     tables, notes, ratios = {}, [], {}
     for size in s["model_sizes"]:
@@ -174,6 +175,7 @@ def model_steps(ctx: Setup) -> Result:
             notes.append(f"{size}: {cmp.verdict(impl)}")
             ratios[(size, impl)] = cmp.ratio(impl)
     notes.append(f"batch {s['model_batch']}, autocast {s['model_dtype']} · {ctx.where}")
+    notes += s.get("left_out", [])  # the sizes this GPU could not hold (attention_sections.fit_card)
     return Result(pd.concat(tables, names=["size"]).round(4), notes=notes, values={"ratios": ratios})
 
 

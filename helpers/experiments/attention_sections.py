@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from helpers import attention as A
-from helpers.env import device_type, machine_facts, resolve_profile, triton_mode
+from helpers.env import card_bytes, device_type, machine_facts, resolve_profile, triton_mode
 from helpers.experiments.attention_bench import check_physical_bounds, sweep
 from helpers.experiments.attention_checks import (
     KERNELS,
@@ -32,6 +32,8 @@ from helpers.experiments.attention_checks import (
 from helpers.experiments.attention_impls import PASSES, inputs
 from helpers.experiments.attention_leaderboard import compare_impls
 from helpers.experiments.attention_memory import saved_bytes_formula, saved_memory
+from helpers.experiments.gpu_plans_bytes import card_note, fits_card, models_side_by_side_bytes
+from helpers.model import get_config
 from helpers.results import save_results
 from helpers.section import Result
 
@@ -50,7 +52,8 @@ class Setup:
         """`profile` ("auto" | "cpu" | "gpu") picks the sizes (`profiles`: attention.PROFILES); the device is the
         machine's (env.device_type: CUDA when present, so compiled Triton gets CUDA tensors on the cpu profile too)."""
         profile = resolve_profile(profile)
-        return cls(profile, device_type(), machine_facts()["device"], profiles[profile])
+        scale = fit_card(profiles[profile], card_bytes())  # what this GPU holds (None without CUDA: all)
+        return cls(profile, device_type(), machine_facts()["device"], scale)
 
     @property
     def triton_timed(self) -> bool:
@@ -61,6 +64,23 @@ class Setup:
     def where(self) -> str:
         """The line every caption ends with: device, profile and Triton's mode."""
         return f"{self.device_name} · profile {self.profile} · Triton {triton_mode()}"
+
+
+def fit_card(scale: dict, gpu_bytes: float | None) -> dict:
+    """`scale` (a PROFILES entry) on a card of gpu_bytes: §6's model sizes whose models side by side the card cannot
+    hold (gpu_plans_bytes.models_side_by_side_bytes: one per implementation, one stepping) left out, the smallest
+    always, each named in scale["left_out"]; `scale` itself where the card holds them all or none is known."""
+    n, B, autocast = len(scale["model_impls"]), scale["model_batch"], scale["model_dtype"] is not None
+    need = {m: models_side_by_side_bytes(m, n, B, get_config(m).context_length, autocast) for m in scale["model_sizes"]}
+    kept = [m for m, nbytes in need.items() if fits_card(nbytes, gpu_bytes)] or list(need)[:1]
+    if len(kept) == len(need):
+        return scale
+    notes = [
+        card_note(f"{m}'s {n} models side by side (batch {B})", need[m], gpu_bytes, "not stepped here")
+        for m in need
+        if m not in kept
+    ]
+    return {**scale, "model_sizes": kept, "left_out": notes}
 
 
 def _dtype(dtype) -> str:

@@ -96,12 +96,14 @@ class Setup:
     kinds: tuple = XB.PASSES  # section 1's passes ("step" where the edition times the optimizer step too)
     memory_size: str | None = None  # section 5's model when the edition profiles one size over contexts
     memory_contexts: tuple = ()
+    left_out: list = field(default_factory=list)  # what the card present could not hold, as notes (profiled_on)
 
     @classmethod
     def resolve(cls, profile: str = "auto", budget: str | float = "auto", edition: str = "2026") -> Setup:
         """The notebook's parameters made concrete: the profile ("auto": gpu when CUDA is present), this device, the
         budget (on cpu it calibrates this machine, about a second), the edition's model, sizes, batch and context
-        (benchmarking.EDITIONS), and the seed 0 everywhere."""
+        (benchmarking.EDITIONS), the profiled size this GPU holds (EditionPlan.profiled_on: the edition's, or a smaller
+        one where its step does not fit the card) and the seed 0 everywhere."""
         edition = str(edition)
         if edition not in XB.EDITIONS:
             raise ValueError(f"EDITION = {edition!r}: the course's editions here are {', '.join(XB.EDITIONS)}")
@@ -110,6 +112,7 @@ class Setup:
         env.seed_everything(0)
         c, plan = XB.PROFILES[profile], XB.EDITIONS[edition]
         e = plan.for_profile(profile)
+        profile_size, left_out = plan.profiled_on(profile, env.card_bytes())
         return cls(
             profile=profile,
             device=device,
@@ -121,13 +124,14 @@ class Setup:
             warmup=c["warmup"],
             steps=c["steps"],
             cold_steps=c["cold_steps"],
-            profile_size=e["profile_size"],
+            profile_size=profile_size,
             prof_steps=PROF_STEPS[profile],
             autocast=[torch.bfloat16, torch.float16] if device.type == "cuda" else [torch.bfloat16],
             edition=edition,
             kinds=plan.kinds,
             memory_size=e["memory_size"],
             memory_contexts=e["memory_contexts"],
+            left_out=left_out,
         )
 
     @property
@@ -245,7 +249,7 @@ def profile_section(S: Setup, m: Profiled) -> ProfileResult:
     )
     return ProfileResult(
         table=shares.style.format("{:.1%}"),
-        notes=XB.profile_summary(tables, shares).splitlines(),
+        notes=S.left_out + XB.profile_summary(tables, shares).splitlines(),
         saved=saved,
         values={"share_sum_error": error, "matmul_share": shares["matmul"].to_dict()},
         profs=profs,

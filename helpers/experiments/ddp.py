@@ -64,6 +64,7 @@ from helpers.experiments.ddp_sections import (
     ratios_section,
     setting,
     speed_section,
+    speed_variants,
 )
 from helpers.experiments.ddp_speed import (
     SPEED_VARIANTS,
@@ -132,6 +133,7 @@ __all__ = [  # what notebook 04, the tests and helpers.course import from here
     "reference_gradients",
     "reference_training",
     "config_for",
+    "speed_variants",
     "setting",
     "shown_variants",
     "speed_lines",

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 import pandas as pd
+import torch
 
 from helpers import env, formulas, results
 from helpers.budget import Budget
@@ -42,6 +43,7 @@ from helpers.experiments.ddp_speed import (
     speed_table,
     sweep_variants,
 )
+from helpers.experiments.gpu_plans_bytes import card_note, ddp_rank_bytes, fits_card, ranks_per_gpu
 from helpers.model import count_parameters, for_edition
 from helpers.section import Result
 
@@ -126,23 +128,46 @@ class Setting(RankSetting):
     trace_dir: object = None
 
 
-def config_for(profile: str, edition: str = "2026") -> dict:
-    """PROFILES[profile] with its sizes as `edition`'s Table 1 names them (model.for_edition)."""
-    return name_models(PROFILES[profile], Setting.MODEL_KEYS, edition)
+def speed_variants(config: dict, size) -> int:
+    """How many variants §2's speed launch of `size` holds side by side: SPEED_VARIANTS, and for the sweep model the
+    bucket sizes of its sweep beyond them (the profile's extra sizes and the seed's)."""
+    if size != config["sweep_model"]:
+        return len(SPEED_VARIANTS)
+    swept = sweep_variants(sorted(config["extra_buckets_mb"] + SEED_BUCKETS_MB))
+    return len(SPEED_VARIANTS) + len([v for v in swept if v not in SPEED_VARIANTS])
+
+
+def config_for(profile: str, edition: str = "2026", shared: int = 1, gpu_bytes: float | None = None) -> dict:
+    """PROFILES[profile] with its sizes as `edition`'s Table 1 names them (model.for_edition). Where `shared` ranks
+    share one GPU of gpu_bytes, a size whose speed launch the card cannot hold (gpu_plans_bytes.ddp_rank_bytes per
+    rank: the model, a copy per variant, the step in flight) is left out of the speed table, named in
+    config["left_out"]; the sweep model always runs (§3 and §4 read it)."""
+    config = name_models(PROFILES[profile], Setting.MODEL_KEYS, edition)
+    b, T = config["batch"] // 2, config["context"]
+    need = {m: ddp_rank_bytes(m, speed_variants(config, m), b, T) for m in config["sizes"]}
+    kept = [m for m in need if m == config["sweep_model"] or fits_card(need[m], gpu_bytes, shared)]
+    if len(kept) == len(need):
+        return config
+    notes = []
+    for m in (m for m in need if m not in kept):
+        run = f"{m}'s speed launch ({speed_variants(config, m)} variants per rank)"
+        notes.append(card_note(run, need[m], gpu_bytes, "not timed here", shared))
+    return {**config, "sizes": kept, "left_out": notes}
 
 
 def setting(profile: str, budget: str | float = "auto", edition: str = "2026") -> Setting:
     """Notebook 04's setting from its parameters cell (PROFILE, BUDGET, EDITION): 2 ranks, gloo on CPU (on one GPU
     the ranks share it through gloo); on cpu the budget calibrates this machine (about a second); the sizes as
-    `edition`'s Table 1 names them."""
+    `edition`'s Table 1 names them, those the GPU holds where the ranks share one (config_for)."""
     from helpers.launch import choose_backend
 
     profile, machine = env.resolve_profile(profile), env.machine_facts()["device"]
     backend, device = choose_backend(2)
+    gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
     where = f"{machine} · {profile} profile · {edition} model · {backend} on {device}, 2 ranks"
     traces = results.DATA_DIR / "local" / results.device_slug(machine) / "04_traces"
     budget = Budget.resolve(budget, "04", profile)
-    config = config_for(profile, edition)
+    config = config_for(profile, edition, ranks_per_gpu(2, gpus), env.card_bytes() if gpus else None)
     return Setting(profile, backend, device, config, budget, where, traces)
 
 
@@ -232,6 +257,7 @@ def speed_section(s: Setting) -> SpeedResult:
     notes = [p.note for p in s.budget.plans[planned:] if p.note] + [
         f"{len(speed)} rows in {time.perf_counter() - start:.0f} s, {steps} timed steps per variant",
         f"median ms per step / in finish (global batch {c['batch']} × {c['context']} tokens) · {s.where}",
+        *c.get("left_out", []),  # the sizes this GPU could not hold (config_for)
     ]
     table = speed_pivot(speed).round(2)
     return SpeedResult(table, None, notes, saved, {"steps": steps}, raw, speed, buckets_mb, c["sweep_model"])

@@ -183,6 +183,7 @@ PROFILES = {  # what notebook 07 runs per profile
         ckpt_layers=None,
         # batch 2: without checkpointing the 2026 xl (the staff block) at 4 x 1024 holds ~100 GB, over an 80 GB H100
         # (gpu_plans, the dry run); 2 x 1024 plans at ~65 GB. The handout asks 4 x 2048 (a B200): the answer is partial
+        # (on a card that cannot hold it, the largest model it can: large-2026 on 40 GB, fsdp_sections.config_for)
         ckpt_batch=2,
         ckpt_context=1024,
         segments=[0, 1, 2, 3, 4, 6, 8, 12, 16],

@@ -24,9 +24,10 @@ from helpers import formulas as F
 from helpers.experiments import fsdp as X
 from helpers.experiments.common import name_models
 from helpers.experiments.fsdp_plans import leaderboard_section, memory_calculator, strategies_calculator
+from helpers.experiments.gpu_plans_bytes import card_note, fits_card, retained_graph_bytes
 from helpers.formulas import MiB
 from helpers.launch import choose_backend, launch
-from helpers.model import size_edition
+from helpers.model import count_parameters, get_config, size_edition, sizes_for
 from helpers.section import Result
 from helpers.timing import Ratio, verdict
 
@@ -56,6 +57,26 @@ FFN_EXAMPLE = dict(tokens=4096, d=4096, f=16384, n=8, C=989e12, W=450e9)  # H100
 MODEL_KEYS = ("check_model", "model", "ckpt_model")  # PROFILES' entries that name a model size
 
 
+def config_for(profile: str, edition: str = "2026", gpu_bytes: float | None = None) -> dict:
+    """X.PROFILES[profile] with its models as `edition`'s Table 1 names them. §5's sweep first steps its model without
+    checkpointing (gpu_plans_bytes.retained_graph_bytes at ckpt_batch × ckpt_context): where a card of gpu_bytes
+    cannot hold that, the edition's largest smaller model it holds is swept instead, named in config["left_out"]
+    (None: no card known, the profile's model)."""
+    config = name_models(X.PROFILES[profile], MODEL_KEYS, edition)
+    m, B, T, layers = (config[k] for k in ("ckpt_model", "ckpt_batch", "ckpt_context", "ckpt_layers"))
+
+    def need(size) -> int:
+        return retained_graph_bytes(get_config(size, **({"n_layers": layers} if layers else {})), B, T)
+
+    if fits_card(need(m), gpu_bytes):
+        return config
+    smaller = [s for s in sizes_for(profile, edition) if count_parameters(s) < count_parameters(m)]
+    fitting = [s for s in smaller if fits_card(need(s), gpu_bytes)] or smaller[:1] or [m]
+    run = f"{m}'s step without checkpointing ({B} × {T})"
+    note = card_note(run, need(m), gpu_bytes, f"{fitting[-1]} swept in its place")
+    return {**config, "ckpt_model": fitting[-1], "left_out": [note]}
+
+
 @dataclass
 class Setup:
     """What every section of notebook 07 runs with: the profile and its sizes (helpers.experiments.fsdp.PROFILES),
@@ -73,10 +94,10 @@ class Setup:
     def resolve(cls, profile: str = "auto", edition: str = "2026") -> Setup:
         """The notebook's set-up: "auto" is gpu when CUDA is present, else cpu; gloo on the CPU, or both ranks on
         one GPU through gloo; the models as `edition`'s Table 1 names them (FSDP is asked by 2026 only: its
-        cs336-basics model)."""
+        cs336-basics model), §5's sweep on a model this GPU holds (config_for)."""
         profile = env.resolve_profile(profile)
         backend, device = choose_backend(2)
-        config = name_models(X.PROFILES[profile], MODEL_KEYS, edition)
+        config = config_for(profile, edition, env.card_bytes())
         return cls(profile, config, backend, device, 2, env.machine_facts()["device"])
 
     @property
@@ -341,6 +362,7 @@ def checkpoint_section(setup: Setup) -> Result:
         f"At k = {best}: "
         + verdict("checkpointing", "no checkpointing", Ratio(r["time / none"], r["low"], r["high"], c["ckpt_steps"]))
         + "; one more forward is about 4/3 of a step's FLOPs.",
+        *c.get("left_out", []),  # the model this GPU could not hold without checkpointing (config_for)
     ]
     return Result(table=sweep.round(3), notes=notes, saved=saved, values=v)
 

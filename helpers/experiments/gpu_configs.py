@@ -4,13 +4,13 @@ Setup.resolve). helpers.experiments.gpu_plans plans their memory, helpers.course
 and times their cells; tests/test_gpu_plans.py holds each to the notebook's own setup, per edition.
 
     config_01("gpu", "2025")["memory"]      # [("2.7B-2025", 128), ("2.7B-2025", 256), ("2.7B-2025", 512)]
+    config_01("gpu", "2025", gpu_bytes=40e9)["profile_size"]   # "large-2025": xl-2025's step needs ~44 GB
     config_05("gpu", "2026", gpus=1, gpu_bytes=40e9)["memory_models"]    # what two ranks on a 40 GB card hold
 """
 
 from __future__ import annotations
 
-from helpers.experiments import benchmarking, ddp, fsdp, fsdp_sections, sharding
-from helpers.experiments.common import name_models
+from helpers.experiments import benchmarking, ddp, fsdp_sections, sharding
 from helpers.experiments.gpu_plans_bytes import H100_BYTES, ranks_per_gpu
 from helpers.model import sizes_for
 
@@ -42,18 +42,23 @@ def built_edition(notebook: str, edition: str) -> str | None:
 # ---- what each notebook builds, per edition (the tests hold these to the notebooks' own setup functions) ----
 
 
-def config_01(profile: str = "gpu", edition: str = DEFAULT_EDITION) -> dict:
+def config_01(profile: str = "gpu", edition: str = DEFAULT_EDITION, gpu_bytes: float | None = None) -> dict:
     """Notebook 01's Setup.resolve(profile, budget, edition) without the machine: the edition's sizes, batch, context,
-    timed passes and profiled size, and §5's memory runs as (size, context) pairs."""
+    timed passes and the profiled size a card of gpu_bytes holds (None: the edition's), and §5's memory runs as
+    (size, context) pairs."""
     plan = benchmarking.EDITIONS[check_edition(edition)]
     e, sizes = plan.for_profile(profile), sizes_for(profile, edition)
     memory = [(e["memory_size"], t) for t in e["memory_contexts"]] or [(s, e["context"]) for s in sizes]
-    return dict(sizes=sizes, kinds=plan.kinds, memory=memory, **{k: e[k] for k in ("batch", "context", "profile_size")})
+    profiled = plan.profiled_on(profile, gpu_bytes)[0]
+    return dict(
+        sizes=sizes, kinds=plan.kinds, memory=memory, batch=e["batch"], context=e["context"], profile_size=profiled
+    )
 
 
-def config_04(profile: str = "gpu", edition: str = DEFAULT_EDITION) -> dict:
-    """Notebook 04's config (ddp.config_for, as its setting builds it)."""
-    return ddp.config_for(profile, check_edition(edition))
+def config_04(profile: str = "gpu", edition: str = DEFAULT_EDITION, gpus: int = 1, gpu_bytes: float | None = None):
+    """Notebook 04's config on `gpus` GPUs of gpu_bytes (ddp.config_for, as its setting builds it: the sizes whose
+    speed launch the ranks' share of a card holds; None: every size)."""
+    return ddp.config_for(profile, check_edition(edition), ranks_per_gpu(2, gpus), gpu_bytes)
 
 
 def config_05(profile: str = "gpu", edition: str = DEFAULT_EDITION, gpus: int = 1, gpu_bytes: float = H100_BYTES):
@@ -63,6 +68,7 @@ def config_05(profile: str = "gpu", edition: str = DEFAULT_EDITION, gpus: int = 
     return sharding.config_for(profile, check_edition(edition), shared, gpu_bytes if profile == "gpu" else None)
 
 
-def config_07(profile: str = "gpu", edition: str = DEFAULT_EDITION) -> dict:
-    """Notebook 07's config (fsdp_sections.Setup.resolve's: the profile's models named as `edition` names them)."""
-    return name_models(fsdp.PROFILES[profile], fsdp_sections.MODEL_KEYS, check_edition(edition))
+def config_07(profile: str = "gpu", edition: str = DEFAULT_EDITION, gpu_bytes: float | None = None) -> dict:
+    """Notebook 07's config (fsdp_sections.Setup.resolve's: the profile's models named as `edition` names them, §5's
+    sweep on a model a card of gpu_bytes holds; None: the profile's)."""
+    return fsdp_sections.config_for(profile, check_edition(edition), gpu_bytes)

@@ -2,7 +2,10 @@
 helpers.experiments.gpu_plans_bytes and the models, batches and contexts each notebook builds for an edition on a card
 (pure arithmetic: no CUDA, nothing allocated). tests/test_gpu_plans.py checks the estimators against the memory
 tracker and the models named here against each notebook's own setup, per edition; the notebooks' gpu configuration
-cells call fit_summary with their EDITION and the card's memory.
+cells call fit_summary with their EDITION and the card's memory. The setups themselves pick what the card present
+holds from the same estimates (01's profiled size, 02's compiled and 06's side-by-side models, 04's speed sizes, 05's
+models, 07's checkpointed model: issue 47 item 4), so every plan here is of what its card runs; 80 and 141 GB cards
+run the profiles' own sizes.
 
     gpu_plan(141e9, edition="2025")               # one row per run of notebooks 01-08 on an H200, 2025's models
     fit_summary("01", torch.cuda.mem_get_info()[1], edition=EDITION)   # a line per run that will not fit this card
@@ -115,8 +118,9 @@ def plan_01(
     precision and memory per size (or the edition's model per context, built that long) with the profiled model moved
     to the CPU (benchmarking.offloaded), so each size has the card to itself. Every per-size run is guarded (an OOM is
     recorded as a row): one that outgrows gpu_bytes (on an H100, 2026's 10B; its xl at context 2048 in fp32) is an
-    OOM by design; the profiled model is not guarded, so the edition's plan profiles a size that fits."""
-    c = config_01(profile, edition)
+    OOM by design; the profiled model is not guarded, so the edition's plan profiles a size that fits, and a card that
+    cannot hold it a smaller one (benchmarking.EditionPlan.profiled_on)."""
+    c = config_01(profile, edition, gpu_bytes)
     B, T, sizes = c["batch"], c["context"], c["sizes"]
 
     def row(run: str, nbytes: float, guarded: bool = True) -> dict:
@@ -143,7 +147,8 @@ def plan_01(
 def plan_02(
     profile: str = "gpu", gpus: int = 1, edition: str = DEFAULT_EDITION, gpu_bytes: float = H100_BYTES
 ) -> list[dict]:
-    """Notebook 02: every norm on (rows, H) for each H; each model size with each norm, eager and compiled."""
+    """Notebook 02: every norm on (rows, H) for each H; each model size with each norm, eager and compiled (§5: the
+    sizes a card of gpu_bytes holds, rmsnorm.fit_card)."""
     c = rmsnorm.PROFILES[profile]
     rows = [_row("02", f"norms {c['rows']} x {H} fwd+bwd", norm_peak_bytes(c["rows"], H)) for H in c["hidden"]]
     T = lambda s: get_config(s).context_length  # noqa: E731  (bench_model uses the model's context)
@@ -153,7 +158,7 @@ def plan_02(
     ]
     rows += [  # §5 adds a training step: AdamW's state on the shared weights, beside a forward's graph and gradients
         _row("02", f"compile {s}: fwd+bwd+opt, batch {c['batch']}", compile_loop_bytes(s, c["batch"], T(s)))
-        for s in c["compile_model_sizes"]
+        for s in rmsnorm.fit_card(c, gpu_bytes)["compile_model_sizes"]
     ]
     return rows
 
@@ -193,18 +198,15 @@ def sweep_buckets_mb(profile: str = "gpu") -> list:
 
 def ddp_variants(size, profile: str = "gpu", edition: str = DEFAULT_EDITION) -> int:
     """How many variants nb04's speed launch for `size` holds at once (the sweep model adds the bucket sweep)."""
-    if size != config_04(profile, edition)["sweep_model"]:
-        return DDP_SPEED_RUNS
-    extra = [v for v in ddp.sweep_variants(sweep_buckets_mb(profile)) if v not in ddp.SPEED_VARIANTS]
-    return DDP_SPEED_RUNS + len(extra)
+    return ddp.speed_variants(config_04(profile, edition), size)
 
 
 def plan_04(
     profile: str = "gpu", gpus: int = 1, edition: str = DEFAULT_EDITION, gpu_bytes: float = H100_BYTES, world: int = 2
 ) -> list[dict]:
-    """Notebook 04: one speed launch per size of `edition` (2 ranks, each with its half of the batch; on one GPU both
-    share it)."""
-    c = config_04(profile, edition)
+    """Notebook 04: one speed launch per size of `edition` that the card holds (config_04; 2 ranks, each with its half
+    of the batch; on one GPU both share it)."""
+    c = config_04(profile, edition, gpus, gpu_bytes)
 
     def launch(s) -> float:
         return ddp_rank_bytes(s, ddp_variants(s, profile, edition), c["batch"] // world, c["context"])
@@ -260,8 +262,9 @@ def plan_06(
     profile: str = "gpu", gpus: int = 1, edition: str = DEFAULT_EDITION, gpu_bytes: float = H100_BYTES
 ) -> list[dict]:
     """Notebook 06: §1's naive grid (fp32, not causal) and §4's benchmark (causal, each dtype), where an OOM is
-    recorded as a row (by design); the compile comparison, §6's models and the leaderboard, where it is not."""
-    c = attention.PROFILES[profile]
+    recorded as a row (by design); the compile comparison, §6's models (the sizes a card of gpu_bytes holds:
+    attention.fit_card) and the leaderboard, where it is not."""
+    c = attention.fit_card(attention.PROFILES[profile], gpu_bytes)
     rows = [
         _row("06", f"naive grid {shape} fp32", naive_pass_bytes(shape), 1, True)
         for shape in attention.naive_shapes(c)[0]
@@ -293,9 +296,9 @@ def plan_07(
     profile: str = "gpu", gpus: int = 1, edition: str = DEFAULT_EDITION, gpu_bytes: float = H100_BYTES, world: int = 2
 ) -> list[dict]:
     """Notebook 07 with the models it builds (config_07; 2026's: no EDITION knob): §2-§4's measure launch (2 ranks),
-    the checkpoint sweep (one process, no checkpointing is its largest), the ring's messages (NCCL with a GPU per
-    rank; otherwise gloo on the CPU, none on the GPU)."""
-    c = config_07(profile, built_edition("07", edition))
+    the checkpoint sweep (one process, no checkpointing is its largest, on a model a card of gpu_bytes holds), the
+    ring's messages (NCCL with a GPU per rank; otherwise gloo on the CPU, none on the GPU)."""
+    c = config_07(profile, built_edition("07", edition), gpu_bytes)
     launch = fsdp_launch_bytes(c["model"], c["batch"] // world, c["context"], world)
     sweep = retained_graph_bytes(c["ckpt_model"], c["ckpt_batch"], c["ckpt_context"])
     rows = [

@@ -4,6 +4,8 @@ and a CUDA context per rank. tests/test_gpu_plans.py checks each against the mem
 dry run (helpers.course.dry_run) against the tracked peak of the same run at the gpu sizes on the meta device.
 
     peak_per_gpu(step_peak_bytes("xl-2026", 4, 512), ranks_per_gpu=1) / GB    # notebook 01's profiled step, in GB
+    fits_card(step_peak_bytes("xl-2025", 4, 128), 40e9)     # False: a notebook's setup picks what this card holds
+    card_note("xl-2025's profiled step", step_peak_bytes("xl-2025", 4, 128), 40e9, "large-2025 profiled instead")
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 
 from helpers import formulas as F
 from helpers.attention import score_matrix_bytes
-from helpers.experiments import attention
+from helpers.experiments.attention_memory import saved_bytes_formula
 from helpers.model import get_config
 
 GB = 1e9  # the table's unit (decimal, as the card's "80 GB")
@@ -29,6 +31,20 @@ MEASURE_KINDS = ("fsdp", "ddp", "zero1", "torch_fsdp")  # fsdp.measure_worker's 
 def peak_per_gpu(tensor_bytes: float, ranks_per_gpu: int) -> float:
     """Bytes one GPU must hold: every rank's tensors plus the allocator margin, and a CUDA context per rank."""
     return ranks_per_gpu * (tensor_bytes * (1 + ALLOCATOR_MARGIN) + CUDA_CONTEXT_BYTES)
+
+
+def fits_card(tensor_bytes: float, gpu_bytes: float | None, ranks_per_gpu: int = 1) -> bool:
+    """Whether a run holding tensor_bytes per rank fits a card of gpu_bytes (peak_per_gpu's margins; None: no card
+    known, anything fits): what the notebooks' setups ask before they pick a size for the card present."""
+    return gpu_bytes is None or peak_per_gpu(tensor_bytes, ranks_per_gpu) <= gpu_bytes
+
+
+def card_note(run: str, tensor_bytes: float, gpu_bytes: float, instead: str, ranks_per_gpu: int = 1) -> str:
+    """The note of a run the card present cannot hold, as a cell says it: "2.7B's compiled step needs about 57 GB;
+    this card has 40: left out"."""
+    shared = f" ({ranks_per_gpu} ranks share the card)" if ranks_per_gpu > 1 else ""
+    need = peak_per_gpu(tensor_bytes, ranks_per_gpu) / GB
+    return f"{run} needs about {need:.0f} GB{shared}; this card has {gpu_bytes / GB:.0f}: {instead}"
 
 
 def retained_graph_bytes(size, batch_size: int, context_length: int, autocast: bool = False) -> int:
@@ -149,7 +165,7 @@ def smallest_naive_oom(batch: int, head_dims, seq_lens, device_bytes: float) -> 
 def fused_graph_bytes(shape, dtype=torch.float32) -> int:
     """What a fused attention (sdpa's flash kernel, FlashAttention) keeps for backward on (B, H, T, d): O and the fp32
     logsumexp (attention.saved_bytes_formula, which notebook 06 asserts byte-exact)."""
-    return attention.saved_bytes_formula("flash_triton", shape, dtype, is_causal=True)
+    return saved_bytes_formula("flash_triton", shape, dtype, is_causal=True)
 
 
 def models_side_by_side_bytes(size, models: int, batch_size: int, context_length: int, autocast: bool) -> int:

@@ -17,7 +17,8 @@ import pandas as pd
 import torch
 
 from helpers.budget import Budget
-from helpers.env import device_type, machine_facts, resolve_profile, triton_mode
+from helpers.env import card_bytes, device_type, machine_facts, resolve_profile, triton_mode
+from helpers.experiments.gpu_plans_bytes import card_note, compile_loop_bytes, fits_card
 from helpers.experiments.rmsnorm_checks import (
     DERIVED_TOL,
     GRADCHECK,
@@ -73,7 +74,25 @@ class Setup:
         """The parameters cell's PROFILE and BUDGET made concrete (on cpu the budget calibrates this machine, about a
         second); `profiles`: rmsnorm.PROFILES."""
         profile = resolve_profile(profile)
-        return cls(profile, device_type(), profiles[profile], sizes_for(profile), Budget.resolve(budget, "02", profile))
+        scale = fit_card(profiles[profile], card_bytes())  # what this GPU holds (None without CUDA: all)
+        return cls(profile, device_type(), scale, sizes_for(profile), Budget.resolve(budget, "02", profile))
+
+
+def fit_card(scale: dict, gpu_bytes: float | None) -> dict:
+    """`scale` (a PROFILES entry) on a card of gpu_bytes: §5's compiled models whose loop the card cannot hold
+    (gpu_plans_bytes.compile_loop_bytes: AdamW's state beside every pass) left out, the smallest always, each named in
+    scale["left_out"]; `scale` itself where the card holds them all or none is known (gpu_bytes None)."""
+    B = scale["batch"]
+    need = {m: compile_loop_bytes(m, B, get_config(m).context_length) for m in scale["compile_model_sizes"]}
+    kept = [m for m, n in need.items() if fits_card(n, gpu_bytes)] or list(need)[:1]
+    if len(kept) == len(need):
+        return scale
+    notes = [
+        card_note(f"{size_name(m)}'s compiled step (fwd+bwd+AdamW, batch {B})", need[m], gpu_bytes, "not compiled here")
+        for m in need
+        if m not in kept
+    ]
+    return {**scale, "compile_model_sizes": kept, "left_out": notes}
 
 
 @dataclass(repr=False)  # Result's own repr: notes and table, not every field

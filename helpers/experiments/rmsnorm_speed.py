@@ -168,8 +168,9 @@ def fastest_section(shapes: Timed, bandwidth: Bandwidth, scale: dict, profile: s
 
 def compile_section(models: Timed, scale: dict, sizes, device, profile: str) -> Timed:
     """The rmsnorm model eager and under torch.compile (same weights) in one interleaved loop per size of the
-    profile's compile_model_sizes; forward <= forward+backward checked. Saved with section 2's model timings
-    (rmsnorm_models) and every pair's ratio of both loops (rmsnorm_model_ratios, which the answers page reads)."""
+    profile's compile_model_sizes that the card holds (rmsnorm_sections.fit_card); forward <= forward+backward
+    checked. Saved with section 2's model timings (rmsnorm_models) and every pair's ratio of both loops
+    (rmsnorm_model_ratios, which the answers page reads)."""
     sizes_c = scale["compile_model_sizes"]
     B, W, S = scale["batch"], scale["warmup"], scale["steps"]
     rows, comps = [], {}
@@ -192,6 +193,7 @@ def compile_section(models: Timed, scale: dict, sizes, device, profile: str) -> 
         f"this loop's own measurement, not section 2's) · {where(profile)}",
         *(_tidy(line) for line in compiled_lines(comps).splitlines()),
         "every pair's ratio of this loop and section 2's is saved for the answers page (rmsnorm_model_ratios)",
+        *scale.get("left_out", []),  # what this GPU could not hold (rmsnorm_sections.fit_card)
     ]
     if len(sizes_c) < len(sizes):
         cores = f" on {usable_cores()} cores" if profile == "cpu" else ""
