@@ -28,8 +28,8 @@ def pytest_runtest_logreport(report):
     """HELPERS_TEST_TIMES=path: one JSON line per test (a notebook cell under nbval) as it finishes, so a run cut by
     a timeout (a lent GPU's 10-minute commands) still says where its time went. `make test` sets it."""
     path = os.environ.get("HELPERS_TEST_TIMES")
-    if not path or (report.when != "call" and report.passed):
-        return
+    if not path or (report.when != "call" and report.passed and report.duration < 0.5):
+        return  # a set-up or teardown only when it failed or took time (a module's fixture: the dry run's 30 s)
     if hasattr(report, "node") and not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # pytest-xdist's controller replaying a worker's report: the worker wrote it
     import json
