@@ -47,6 +47,20 @@ ONLY_BUCKETED = "del get_ddp, ddp_on_after_backward, get_ddp_individual_paramete
 ONLY_BUCKETED += ", ddp_individual_parameters_on_after_backward\n"  # the other flavours: another edition's (skipped)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def warm_forkserver():
+    """This module's launches (about 40) fork from a forkserver that has imported the checks' modules and
+    torch._dynamo once (DC.warm_launches, as the command does): on a 2-core CPU that halves a launch. A forkserver
+    an earlier test module left running is replaced first (no launch is in flight between tests), and ours is
+    stopped afterwards, so the next module's launches start from the default one."""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()  # private, as multiprocessing's own tests use it: no public way to restart
+    DC.warm_launches()
+    yield
+    forkserver._forkserver._stop()
+
+
 def by(result, impl=None, status=None, beyond=None):
     return [
         c

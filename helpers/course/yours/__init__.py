@@ -133,6 +133,10 @@ def run(adapters_path, topics=None, opts: Options | None = None, progress: bool 
     from helpers.course.yours.report import SKIPPED, Check, TopicResult
 
     opts, topics = opts or Options(), list(topics or RUNNERS)
+    if any(topic not in IN_ONE_RANK for topic in topics):  # before the first launch starts launch's forkserver
+        from helpers.course.yours.dist_common import warm_launches
+
+        warm_launches()
     bar = tqdm(total=len(topics), desc="yours: importing your code, kernel topics", unit="topic", disable=not progress)
     found, done = _first_launch(adapters_path, topics, opts)
     bar.set_description("yours")

@@ -31,6 +31,27 @@ def sent_bytes(log, world: int) -> float:
 
 # ---- in the parent: launches that never crash the driver ----
 
+PRELOAD = ("helpers.launch", "torch._dynamo", "helpers.course.yours.distributed")  # what every rank would import
+
+
+def warm_launches() -> None:
+    """Start helpers.launch's forkserver (its start method without CUDA) with the distributed checks' modules
+    imported once, when none is running yet: each launched rank then forks with them instead of importing them
+    itself (on a 2-core CPU about 0.7 s a rank for the checks' modules, pandas and matplotlib among them, and 1 s
+    for torch._dynamo, which torch.optim's first optimizer imports; a topic's launches start 2 or 3 ranks each).
+    A forkserver already running keeps its modules (no change). Returns at once: the server imports in the
+    background, and the first launch waits for it."""
+    if L.start_method() != "forkserver":
+        return
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from helpers.launch.core import _short_socket_folder
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))  # read only when one starts
+    _short_socket_folder()  # as launch does before its forkserver starts: a socket path short enough to bind
+    forkserver.ensure_running()
+
 
 def where_in(text: str, path: str) -> str:
     """file:line of the deepest frame of the student's files in a traceback's text (S.student_frame)."""
@@ -61,6 +82,8 @@ def launch_each(worker, path: str, impls: list[str], opts: Options, world: int =
     implementation that caused it; if that fails too and the worker has both parts, the course's checks alone, then
     the probes beyond them alone: a crash or hang beyond the handout keeps the contract's results (each rank's dict
     then has "beyond_failed", what stopped the probes)."""
+
+    warm_launches()
 
     def fresh(names, parts):
         return L.launch(
