@@ -7,6 +7,7 @@ tests/corpus/mutants must fail within the handout, with the right diagnosis or n
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -61,6 +62,13 @@ def test_course_style_implementations_are_never_flagged(adapters):
         assert [c for r in results for c in r.checks if c.beyond and c.status in FAILED]
 
 
+@functools.cache
+def mutant_run(mutant: str) -> list:
+    """`yours` on a mutant's topic, once per module: several cases (two implementations of one mutant, and the eps
+    test below) read the same run."""
+    return run(CORPUS / "mutants" / f"{mutant}.py", [mutant.split("_")[0]], CHECKS_ONLY, progress=False)
+
+
 @pytest.mark.parametrize(
     "mutant, impl, says",
     [
@@ -74,8 +82,7 @@ def test_course_style_implementations_are_never_flagged(adapters):
     ],
 )
 def test_each_mutant_fails_within_the_handout_with_a_right_or_no_diagnosis(mutant, impl, says):
-    topic = mutant.split("_")[0]
-    results = run(CORPUS / "mutants" / f"{mutant}.py", [topic], CHECKS_ONLY, progress=False)
+    results = mutant_run(mutant)
     failed = [c for c in within(results) if c.impl == impl and c.status in FAILED]
     assert failed, [(c.impl, c.prop, c.status, c.detail) for c in within(results)]
     for c in failed:
@@ -220,7 +227,7 @@ def _course_cases(apply, topic: str, impl: str, device: str) -> None:
 
 def test_the_eps_mutants_are_told_apart_where_the_rows_can_tell():
     """Rows with mean(x^2) below eps separate eps = 1e-8 from no eps at all."""
-    results = run(CORPUS / "mutants" / "rmsnorm_eps_1e8.py", ["rmsnorm"], CHECKS_ONLY, progress=False)
+    results = mutant_run("rmsnorm_eps_1e8")  # the run the case above judged
     [small] = [c for c in within(results) if c.prop.startswith("eps = 1e-5")]
     assert small.status in FAILED and "eps = 1e-08" in small.detail
 
