@@ -124,7 +124,17 @@ def basics_on_path(path: str) -> None:
 # ---- in a rank ----
 
 
-_FIRST: dict = {}  # (model class, world) -> one_process at rank 0's start on the first batch, shared by the runs
+_REFERENCE: dict = {}  # (model class, world, step, the weights' digest) -> one_process there, shared by the runs
+
+
+def reference(ref: nn.Module, step: int, x, y, world: int) -> tuple[dict, dict]:
+    """one_process at `ref`'s weights on step `step`'s batch, computed once per rank for each set of weights: it
+    depends on nothing else (the model class, the world, the batch, the weights), and the runs of a flavour at
+    several bucket sizes, or of several flavours, often reach bitwise the same weights (rank 0's start always)."""
+    key = (type(ref), world, step, tuple(sorted(S.digest(dict(ref.named_parameters())).items())))
+    if key not in _REFERENCE:
+        _REFERENCE[key] = one_process(ref, x, y, world)
+    return _REFERENCE[key]
 
 
 def one_process(model: nn.Module, x, y, world: int) -> tuple[dict, dict]:
@@ -225,12 +235,7 @@ def lm_run(fns: dict, impl: str, cls: type, order: Readiness, bucket_mb: float |
         with torch.no_grad():
             for n, p in ref.named_parameters():
                 p.copy_(mine[n])
-        if s == 0 and not start_diff:  # rank 0's start, as in every run of this rank: computed once
-            if (cls, world) not in _FIRST:
-                _FIRST[cls, world] = one_process(ref, x, y, world)
-            g_ref, scale = _FIRST[cls, world]
-        else:
-            g_ref, scale = one_process(ref, x, y, world)
+        g_ref, scale = reference(ref, s, x, y, world)
         rows = rank_rows(x.shape[0], rank, world)
         shim.on_train_batch_start()
         opt.zero_grad()
