@@ -32,7 +32,7 @@ from helpers.experiments.attention_checks import (
 from helpers.experiments.attention_impls import PASSES, inputs
 from helpers.experiments.attention_leaderboard import compare_impls
 from helpers.experiments.attention_memory import saved_bytes_formula, saved_memory
-from helpers.experiments.gpu_plans_bytes import card_note, fits_card, models_side_by_side_bytes
+from helpers.experiments.gpu_plans_bytes import keep_fitting, models_side_by_side_bytes
 from helpers.model import get_config
 from helpers.results import save_results
 from helpers.section import Result
@@ -72,15 +72,10 @@ def fit_card(scale: dict, gpu_bytes: float | None) -> dict:
     always, each named in scale["left_out"]; `scale` itself where the card holds them all or none is known."""
     n, B, autocast = len(scale["model_impls"]), scale["model_batch"], scale["model_dtype"] is not None
     need = {m: models_side_by_side_bytes(m, n, B, get_config(m).context_length, autocast) for m in scale["model_sizes"]}
-    kept = [m for m, nbytes in need.items() if fits_card(nbytes, gpu_bytes)] or list(need)[:1]
-    if len(kept) == len(need):
-        return scale
-    notes = [
-        card_note(f"{m}'s {n} models side by side (batch {B})", need[m], gpu_bytes, "not stepped here")
-        for m in need
-        if m not in kept
-    ]
-    return {**scale, "model_sizes": kept, "left_out": notes}
+    kept, notes = keep_fitting(
+        need, gpu_bytes, lambda m: f"{m}'s {n} models side by side (batch {B})", instead="not stepped here"
+    )
+    return scale if len(kept) == len(need) else {**scale, "model_sizes": kept, "left_out": notes}
 
 
 def _dtype(dtype) -> str:

@@ -47,6 +47,13 @@ def card_note(run: str, tensor_bytes: float, gpu_bytes: float, instead: str, ran
     return f"{run} needs about {need:.0f} GB{shared}; this card has {gpu_bytes / GB:.0f}: {instead}"
 
 
+def keep_fitting(need: dict, gpu_bytes: float | None, run, instead: str) -> tuple[list, list[str]]:
+    """(the keys of `need` (key -> bytes) whose run fits the card, the first kept whatever its size; a card_note for
+    each key left out, `run(key)` naming its run): a notebook's list of sizes cut to the card present."""
+    kept = [k for k, nbytes in need.items() if fits_card(nbytes, gpu_bytes)] or list(need)[:1]
+    return kept, [card_note(run(k), need[k], gpu_bytes, instead) for k in need if k not in kept]
+
+
 def retained_graph_bytes(size, batch_size: int, context_length: int, autocast: bool = False) -> int:
     """Forward + backward with no optimizer and the graph kept (nb01's "backward" pass): parameters, gradients,
     saved activations, the loss gradients and the token ids all at once; autocast adds bf16 copies of the weights."""

@@ -18,7 +18,7 @@ import torch
 
 from helpers.budget import Budget
 from helpers.env import card_bytes, device_type, machine_facts, resolve_profile, triton_mode
-from helpers.experiments.gpu_plans_bytes import card_note, compile_loop_bytes, fits_card
+from helpers.experiments.gpu_plans_bytes import compile_loop_bytes, keep_fitting
 from helpers.experiments.rmsnorm_checks import (
     DERIVED_TOL,
     GRADCHECK,
@@ -84,15 +84,13 @@ def fit_card(scale: dict, gpu_bytes: float | None) -> dict:
     scale["left_out"]; `scale` itself where the card holds them all or none is known (gpu_bytes None)."""
     B = scale["batch"]
     need = {m: compile_loop_bytes(m, B, get_config(m).context_length) for m in scale["compile_model_sizes"]}
-    kept = [m for m, n in need.items() if fits_card(n, gpu_bytes)] or list(need)[:1]
-    if len(kept) == len(need):
-        return scale
-    notes = [
-        card_note(f"{size_name(m)}'s compiled step (fwd+bwd+AdamW, batch {B})", need[m], gpu_bytes, "not compiled here")
-        for m in need
-        if m not in kept
-    ]
-    return {**scale, "compile_model_sizes": kept, "left_out": notes}
+    kept, notes = keep_fitting(
+        need,
+        gpu_bytes,
+        lambda m: f"{size_name(m)}'s compiled step (fwd+bwd+AdamW, batch {B})",
+        instead="not compiled here",
+    )
+    return scale if len(kept) == len(need) else {**scale, "compile_model_sizes": kept, "left_out": notes}
 
 
 @dataclass(repr=False)  # Result's own repr: notes and table, not every field
