@@ -436,3 +436,24 @@ def test_an_empty_template_says_so_and_does_not_pass():
     assert not ok and text.startswith("nothing implemented yet")
     text, ok = summary([{"status": PASS}, {"status": "fail", "beyond": True}, {"status": NEEDS_GPU}])
     assert ok and text.startswith("2 checks of what you implemented: 1 pass, 0 fail, 1 need a GPU")
+
+
+def test_the_basics_pyproject_points_to_are_the_ones_imported(tmp_path, monkeypatch, forget_imports):
+    """The 2025/2026 templates install cs336-basics from [tool.uv.sources] (`path = "./cs336-basics"`, "change this
+    path to your assignment1-basics repo"): a student who pointed it at their own folder imports theirs under uv, so
+    here too, ahead of the shipped folder, and never a red line telling them to edit sys.path."""
+    from helpers.course.yours.adapters import load
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    root = tmp_path / "assignment"
+    for folder, who in (("cs336-basics", "shipped"), ("cs336_basics_mine", "mine")):
+        (root / folder / "cs336_basics").mkdir(parents=True)
+        (root / folder / "cs336_basics" / "__init__.py").write_text(f"WHO = {who!r}\n")
+        (root / folder / "pyproject.toml").write_text('[project]\nname = "cs336-basics"\nversion = "1.0"\n')
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "cs336-systems"\nversion = "26.1.1"\n\n[tool.uv.sources]\n'
+        'cs336-basics = { path = "./cs336_basics_mine", editable = true } # Change this path to your own\n'
+    )
+    (root / "tests").mkdir()
+    (root / "tests" / "adapters.py").write_text("import cs336_basics\nWHO = cs336_basics.WHO\n")
+    assert load(root / "tests" / "adapters.py").WHO == "mine"

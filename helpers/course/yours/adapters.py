@@ -99,16 +99,29 @@ def _project(pyproject: Path) -> tuple[str, str] | None:
     return (name.group(1), version.group(1) if version else "0") if name else None
 
 
+def _path_sources(root: Path) -> list[Path]:
+    """The local folders root/pyproject.toml's [tool.uv.sources] installs (`name = { path = "..." }`), as `uv sync`
+    would: the 2025 and 2026 templates ship `cs336-basics = { path = "./cs336-basics" }` and invite the student to
+    point it at their own assignment 1."""
+    pyproject = root / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8", errors="replace") if pyproject.is_file() else ""
+    table = re.search(r"^\[tool\.uv\.sources\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    paths = re.findall(r"""^[\w.-]+\s*=\s*\{[^}#]*?\bpath\s*=\s*["']([^"']+)""", table.group(1), re.M) if table else []
+    return [(root / p).resolve() for p in paths if (root / p).is_dir()]
+
+
 def prepare(root: Path, dirs: list[Path] | None = None) -> list[str]:
-    """Make an assignment importable here without installing anything into it: the root and the `cs336-basics`
-    folder every edition ships (in the root, or in a folder pytest may run from: `dirs`, the 2024 layout) on
-    sys.path, the metadata of their projects (pyproject.toml's name and version) visible to importlib.metadata where
-    they are not installed (the 2025 template's package reads its own version at import), and NVTX ranges that run on
-    a CPU-only torch build, and CUDA events and streams too (student_env). The folders added, in order."""
+    """Make an assignment importable here without installing anything into it: the root, the local projects its
+    pyproject.toml installs ([tool.uv.sources] paths: the student's own cs336-basics where they pointed it) and the
+    `cs336-basics` folder every edition ships (in the root, or in a folder pytest may run from: `dirs`, the 2024
+    layout) on sys.path in that order, the metadata of their projects (pyproject.toml's name and version) visible to
+    importlib.metadata where they are not installed (the 2025 template's package reads its own version at import),
+    and NVTX ranges that run on a CPU-only torch build, and CUDA events and streams too (student_env). The folders
+    added, in order."""
     E.quiet_nvtx()
     E.quiet_cuda_events()
     basics = [d / "cs336-basics" for d in dict.fromkeys([root, *(dirs or [])]) if (d / "cs336-basics").is_dir()]
-    folders = [str(root), *(str(b) for b in basics)]
+    folders = list(dict.fromkeys(str(f) for f in [root, *_path_sources(root), *basics]))
     for folder in folders:
         pyproject = Path(folder) / "pyproject.toml"
         project = _project(pyproject) if pyproject.is_file() else None
