@@ -683,3 +683,27 @@ def test_cuda_events_and_streams_run_on_a_cpu_only_torch_as_nvtx_does(monkeypatc
         end.record()
     torch.cuda.synchronize()
     assert start.elapsed_time(end) >= 0.0
+
+
+def test_a_layout_case_whose_contiguous_twin_raises_is_not_the_layouts_fault():
+    """A kernel whose fixed tiles overrun short inputs raises on the plain case as on its expanded or sliced twin
+    (an out-of-bounds load): the length rules report it, never a layout rule (a false red line there)."""
+    import dataclasses
+
+    import pytest
+
+    from helpers.course.yours.kernels.suites import NotALayoutBug, layout_check
+
+    @dataclasses.dataclass
+    class Case:
+        n: int
+        expanded: bool = False
+
+    def check(apply, case, device):
+        if case.n < 64:
+            raise IndexError("tl.load reaches elements outside every tensor")
+        return "" if not case.expanded else "wrong with a stride-0 gradient"
+
+    with pytest.raises(NotALayoutBug, match="contiguous twin"):
+        layout_check(check, None, Case(32, expanded=True))
+    assert layout_check(check, None, Case(64, expanded=True)) == "wrong with a stride-0 gradient"  # still judged
