@@ -124,7 +124,7 @@ def test_a_planted_shape_error_is_caught(monkeypatch):
 def test_a_run_not_fitted_to_the_card_is_caught(monkeypatch):
     """Issue 47 item 4: notebook 07's setup sweeps a model the card holds without checkpointing. With that fitting
     planted away, the 2026 xl's ~72 GB step on a 40 GB card is named, as before it was fitted."""
-    monkeypatch.setattr(FS, "fits_card", lambda *args: True)  # every model "fits": the profile's xl stays
+    monkeypatch.setattr(FS, "in_place_of", lambda size, *args: size)  # every model "fits": the profile's xl stays
     table = D.dry_run(["07"], cards=(D.CARDS["A100 40GB"],), full=("2026", D.CARDS["A100 40GB"]))
     with pytest.raises(ValueError, match=r"notebook 07 \(2026 models\): checkpoint sweep xl-2026.* of 40: would run"):
         D.check(table)

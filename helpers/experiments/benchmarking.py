@@ -68,8 +68,8 @@ from helpers.experiments.benchmarking_precision import (
     speedup_lines,
     speedup_table,
 )
-from helpers.experiments.gpu_plans_bytes import card_note, fits_card, step_peak_bytes
-from helpers.model import build_model, count_parameters, random_batch, sizes_for
+from helpers.experiments.gpu_plans_bytes import card_note, in_place_of, step_peak_bytes
+from helpers.model import build_model, random_batch, sizes_for
 from helpers.profiling import class_shares
 from helpers.timing import Timing, benchmark, compare, paired_ratio, ratio_columns
 
@@ -182,14 +182,12 @@ class EditionPlan:
         it holds (its smallest if none: the fit summary then warns). None: no card known, the profile's size."""
         e = self.for_profile(profile)
         size, B, T = e["profile_size"], e["batch"], e["context"]
-        need = step_peak_bytes(size, B, T)
-        if fits_card(need, gpu_bytes):
+        instead = in_place_of(size, sizes_for(profile, self.edition), lambda s: step_peak_bytes(s, B, T), gpu_bytes)
+        if instead == size:
             return size, []
-        smaller = [s for s in sizes_for(profile, self.edition) if count_parameters(s) < count_parameters(size)]
-        fitting = [s for s in smaller if fits_card(step_peak_bytes(s, B, T), gpu_bytes)] or smaller[:1] or [size]
-        note = card_note(f"{size}'s profiled step (AdamW, batch {B} × {T})", need, gpu_bytes,
-                         f"{fitting[-1]} profiled in its place (sections 2, 3 and 5)")  # fmt: skip
-        return fitting[-1], [note]
+        note = card_note(f"{size}'s profiled step (AdamW, batch {B} × {T})", step_peak_bytes(size, B, T), gpu_bytes,
+                         f"{instead} profiled in its place (sections 2, 3 and 5)")  # fmt: skip
+        return instead, [note]
 
 
 EDITIONS = {  # each handout's benchmarking_script and memory_profiling settings

@@ -43,7 +43,7 @@ from helpers.experiments.ddp_speed import (
     speed_table,
     sweep_variants,
 )
-from helpers.experiments.gpu_plans_bytes import card_note, ddp_rank_bytes, fits_card, ranks_per_gpu
+from helpers.experiments.gpu_plans_bytes import ddp_rank_bytes, keep_fitting, ranks_per_gpu
 from helpers.model import count_parameters, for_edition
 from helpers.section import Result
 
@@ -145,14 +145,15 @@ def config_for(profile: str, edition: str = "2026", shared: int = 1, gpu_bytes: 
     config = name_models(PROFILES[profile], Setting.MODEL_KEYS, edition)
     b, T = config["batch"] // 2, config["context"]
     need = {m: ddp_rank_bytes(m, speed_variants(config, m), b, T) for m in config["sizes"]}
-    kept = [m for m in need if m == config["sweep_model"] or fits_card(need[m], gpu_bytes, shared)]
-    if len(kept) == len(need):
-        return config
-    notes = []
-    for m in (m for m in need if m not in kept):
-        run = f"{m}'s speed launch ({speed_variants(config, m)} variants per rank)"
-        notes.append(card_note(run, need[m], gpu_bytes, "not timed here", shared))
-    return {**config, "sizes": kept, "left_out": notes}
+    kept, notes = keep_fitting(
+        need,
+        gpu_bytes,
+        lambda m: f"{m}'s speed launch ({speed_variants(config, m)} variants per rank)",
+        instead="not timed here",
+        ranks_per_gpu=shared,
+        always=config["sweep_model"],
+    )
+    return config if len(kept) == len(need) else {**config, "sizes": kept, "left_out": notes}
 
 
 def setting(profile: str, budget: str | float = "auto", edition: str = "2026") -> Setting:

@@ -24,10 +24,10 @@ from helpers import formulas as F
 from helpers.experiments import fsdp as X
 from helpers.experiments.common import name_models
 from helpers.experiments.fsdp_plans import leaderboard_section, memory_calculator, strategies_calculator
-from helpers.experiments.gpu_plans_bytes import card_note, fits_card, retained_graph_bytes
+from helpers.experiments.gpu_plans_bytes import card_note, in_place_of, retained_graph_bytes
 from helpers.formulas import MiB
 from helpers.launch import choose_backend, launch
-from helpers.model import count_parameters, get_config, size_edition, sizes_for
+from helpers.model import get_config, size_edition, sizes_for
 from helpers.section import Result
 from helpers.timing import Ratio, verdict
 
@@ -68,13 +68,13 @@ def config_for(profile: str, edition: str = "2026", gpu_bytes: float | None = No
     def need(size) -> int:
         return retained_graph_bytes(get_config(size, **({"n_layers": layers} if layers else {})), B, T)
 
-    if fits_card(need(m), gpu_bytes):
+    instead = in_place_of(m, sizes_for(profile, edition), need, gpu_bytes)
+    if instead == m:
         return config
-    smaller = [s for s in sizes_for(profile, edition) if count_parameters(s) < count_parameters(m)]
-    fitting = [s for s in smaller if fits_card(need(s), gpu_bytes)] or smaller[:1] or [m]
-    run = f"{m}'s step without checkpointing ({B} × {T})"
-    note = card_note(run, need(m), gpu_bytes, f"{fitting[-1]} swept in its place")
-    return {**config, "ckpt_model": fitting[-1], "left_out": [note]}
+    note = card_note(
+        f"{m}'s step without checkpointing ({B} × {T})", need(m), gpu_bytes, f"{instead} swept in its place"
+    )
+    return {**config, "ckpt_model": instead, "left_out": [note]}
 
 
 @dataclass

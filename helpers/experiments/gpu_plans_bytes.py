@@ -15,7 +15,7 @@ import torch
 from helpers import formulas as F
 from helpers.attention import score_matrix_bytes
 from helpers.experiments.attention_memory import saved_bytes_formula
-from helpers.model import get_config
+from helpers.model import count_parameters, get_config
 
 GB = 1e9  # the table's unit (decimal, as the card's "80 GB")
 H100_BYTES = 80e9  # one H100 80GB (torch reports about 85.5e9 bytes in total; 80e9 leaves room to spare)
@@ -47,11 +47,24 @@ def card_note(run: str, tensor_bytes: float, gpu_bytes: float, instead: str, ran
     return f"{run} needs about {need:.0f} GB{shared}; this card has {gpu_bytes / GB:.0f}: {instead}"
 
 
-def keep_fitting(need: dict, gpu_bytes: float | None, run, instead: str) -> tuple[list, list[str]]:
-    """(the keys of `need` (key -> bytes) whose run fits the card, the first kept whatever its size; a card_note for
-    each key left out, `run(key)` naming its run): a notebook's list of sizes cut to the card present."""
-    kept = [k for k, nbytes in need.items() if fits_card(nbytes, gpu_bytes)] or list(need)[:1]
-    return kept, [card_note(run(k), need[k], gpu_bytes, instead) for k in need if k not in kept]
+def keep_fitting(
+    need: dict, gpu_bytes: float | None, run, instead: str, ranks_per_gpu: int = 1, always=None
+) -> tuple[list, list[str]]:
+    """(the keys of `need` (key -> bytes per rank) whose run fits the card, `always` kept whatever its size (None:
+    the first key where none fits); a card_note for each key left out, `run(key)` naming its run): a notebook's list
+    of sizes cut to the card present."""
+    kept = [k for k, nbytes in need.items() if k == always or fits_card(nbytes, gpu_bytes, ranks_per_gpu)]
+    kept = kept or list(need)[:1]
+    return kept, [card_note(run(k), need[k], gpu_bytes, instead, ranks_per_gpu) for k in need if k not in kept]
+
+
+def in_place_of(size: str, sizes, need, gpu_bytes: float | None) -> str:
+    """`size` where the card holds need(size), else the largest of `sizes` smaller than it (by parameters) that the
+    card holds (the smallest if none: the fit summary then warns): what a notebook runs in its place."""
+    if fits_card(need(size), gpu_bytes):
+        return size
+    smaller = [s for s in sizes if count_parameters(s) < count_parameters(size)]
+    return ([s for s in smaller if fits_card(need(s), gpu_bytes)] or smaller[:1] or [size])[-1]
 
 
 def retained_graph_bytes(size, batch_size: int, context_length: int, autocast: bool = False) -> int:
