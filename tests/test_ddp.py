@@ -53,6 +53,20 @@ def test_ranks_start_different_and_training_moves_weights():
     assert torch.equal(trained["unused"], rank0["unused"])
 
 
+def test_a_reference_is_reused_only_for_bitwise_equal_weights_and_batch():
+    """gradient_checks shares one process's reference between variants by a digest of the weights and the batch: one
+    ulp, another dtype or another shape is another reference."""
+    from helpers.experiments.ddp_equivalence import _digest
+
+    w = torch.randn(4, 3)
+    assert _digest([w, torch.arange(3)]) == _digest([w.clone(), torch.arange(3)])
+    bumped = w.clone()
+    bumped[1, 2] = torch.nextafter(bumped[1, 2], torch.tensor(float("inf")))
+    assert _digest([bumped]) != _digest([w])
+    assert _digest([w.view(torch.int32)]) != _digest([w]) and _digest([w.reshape(3, 4)]) != _digest([w])
+    assert _digest([w.t()]) == _digest([w.t().contiguous()])  # the values in order, whatever the strides
+
+
 @pytest.mark.parametrize("name", ["toy", "small/cpu"])
 def test_gradient_scale_covers_the_gradient(name):
     """Σ|term| >= |Σ term| per element (so the hooks saw every term), and one process's float32 gradient is within
@@ -140,8 +154,10 @@ def test_parameter_unused_on_one_rank_only():
 
 
 def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
-    """speed_worker's traced steps: gloo's own all-reduce events vs the backward range, and a Chrome trace per rank."""
-    variants = [("local", None, None), ("naive", "naive", None), ("per parameter", "per_parameter", None)]
+    """speed_worker's traced steps: gloo's own all-reduce events vs the backward range, and a Chrome trace per rank;
+    with trace_shown, only §3's variants (flat is not one) are profiled."""
+    variants = [("local", None, None), ("naive", "naive", None), ("per_parameter", "per_parameter", None)]
+    variants.append(("flat", "flat", None))
     worker = functools.partial(
         R.speed_worker,
         model="small/cpu",
@@ -153,16 +169,18 @@ def test_profiler_traces_show_overlap_only_for_overlapped_variants(tmp_path):
         timeline_steps=1,
         traced=2,
         trace_dir=str(tmp_path),
+        trace_shown=True,
     )
     per_rank = launch(worker, 2, backend="gloo", device="cpu")
     for rank, out in enumerate(per_rank):
-        assert out["local"].traced is None
-        for label in ("naive", "per parameter"):
+        assert out["local"].traced is None and out["flat"].traced is None
+        assert not (tmp_path / f"flat.rank{rank}.json").exists()
+        for label in ("naive", "per_parameter"):
             steps = out[label].traced
             assert len(steps) == 2 and all(s.comm for s in steps), (rank, label)
             assert (tmp_path / f"{label.replace(' ', '_')}.rank{rank}.json").stat().st_size > 0
         naive = [R.overlap_fraction(s.backward, s.comm) for s in out["naive"].traced]
-        ours = [R.overlap_fraction(s.backward, s.comm) for s in out["per parameter"].traced]
+        ours = [R.overlap_fraction(s.backward, s.comm) for s in out["per_parameter"].traced]
         assert naive == [0.0, 0.0] and min(ours) > 0.0, (rank, naive, ours)
         calls = len([p for p in R.make_model("small/cpu", 0).parameters() if p.requires_grad])
         assert all(len(s.comm) == calls for s in out["naive"].traced)  # one gloo event per all-reduce

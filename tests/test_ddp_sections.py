@@ -155,3 +155,11 @@ def test_the_notebooks_source_cells_show_the_wrappers_from_helpers():
     assert all(w.startswith("helpers/") for w in where), where
     for name in ("NaiveDDP", "FlatDDP", "DDPIndividualParameters", "DDPBucketed", "TorchDDP", "InFlight"):
         assert any(w.endswith(f" · {name}") for w in where), name
+
+
+def test_shown_labels_pick_the_largest_bucket_size_that_still_splits():
+    counts = {"local": None, "naive": None, "per_parameter": None, "bucketed 0.5 MB": 9, "bucketed 5 MB": 3}
+    counts |= {"bucketed 25 MB": 2, "bucketed 50 MB": 1, "bucketed 500 MB": 1, "torch_ddp 25 MB": None}
+    assert R.shown_labels(counts) == ["naive", "per_parameter", "bucketed 25 MB", "torch_ddp 25 MB"]
+    counts["bucketed 25 MB"] = 1  # the model fits one 25 MB bucket: 5 MB is the largest that splits it
+    assert R.shown_labels(counts) == ["naive", "per_parameter", "bucketed 5 MB", "bucketed 25 MB", "torch_ddp 25 MB"]

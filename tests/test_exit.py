@@ -247,9 +247,10 @@ def test_no_wrapper_returns_while_the_backend_holds_what_it_gave_it():
 
 
 def test_spawned_scripts_exit_cleanly():
-    """Two runs of the stress script with all five wrappers alive at exit (make stress runs hundreds)."""
+    """One run of the stress script with all five wrappers alive at exit (make stress runs hundreds; the mechanism
+    that aborted ranks at exit is checked without repetition above)."""
     run = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "exit_stress.py"), "--runs", "2", "--variants", "all"],
+        [sys.executable, str(ROOT / "tests" / "exit_stress.py"), "--runs", "1", "--variants", "all"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -154,6 +155,16 @@ def reference_gradients(model: nn.Module, x, y) -> tuple[dict, dict]:
     return grads, {n: torch.maximum(tokens[n], seq[n]).float() for n in grads}
 
 
+def _digest(tensors) -> bytes:
+    """A hash of the tensors' bytes (dtype and shape included): equal digests mean bitwise-equal tensors."""
+    h = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy() if t.numel() else b"")
+    return h.digest()
+
+
 def gradient_bound(scale: torch.Tensor, n_terms: int) -> torch.Tensor:
     """How far two float32 evaluations of one gradient tensor may differ, from Σ|term| (`scale`) and the n_terms terms
     each element sums. A float32 sum of n terms is within γ_n·Σ|term| ≈ n·u·Σ|term| of the exact sum (Higham, Accuracy
@@ -181,18 +192,26 @@ def worst_element(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, nam
     )
 
 
-def gradient_checks(name: str, ddp, optimizer, batches, seed: int = 0, optimizer_name: str = "sgd") -> dict:
+def gradient_checks(
+    name: str, ddp, optimizer, batches, seed: int = 0, optimizer_name: str = "sgd", references: dict | None = None
+) -> dict:
     """Train `ddp` (rank_share of every global batch); before each step, the single-process reference at its current
-    weights. Returns EquivalenceRun's start_equal, steps, weight_ratio and state."""
+    weights. Returns EquivalenceRun's start_equal, steps, weight_ratio and state. `references`: a dict shared between
+    calls on one model, which reuses a reference whose weights and batch are bitwise the same (every variant's
+    first step; later ones where the variants' updates agree bitwise)."""
     net, dev = ddp.module, L.device()
     start = make_model(name, seed).state_dict()
     start_equal = all(torch.equal(v, start[k]) for k, v in net.state_dict().items())
     steps, weight_ratio = [], None
+    references = {} if references is None else references
     for i, batch in enumerate(batches):
         ref = make_model(name, seed)
         ref.load_state_dict(net.state_dict())  # the same weights, no hooks
         x, y = (t.to(dev) for t in batch)
-        g_ref, scale = reference_gradients(ref, x, y)
+        key = _digest([x, y, *ref.state_dict().values()])
+        if key not in references:
+            references[key] = reference_gradients(ref, x, y)
+        g_ref, scale = references[key]
         train_step(net, optimizer, *rank_share(batch), grad_sync=ddp)
         synced = {n: torch.zeros_like(p) if p.grad is None else p.grad for n, p in net.named_parameters() if n in g_ref}
         bounds = {n: gradient_bound(scale[n], x.numel()) for n in synced}
@@ -231,7 +250,7 @@ def equivalence_worker(
 ) -> list[EquivalenceRun]:
     """Per (label, kind, bucket_size_mb): wrap a rank-seeded model (the broadcast must fix it), train on this rank's
     half of every batch, check each step's synced gradient against one process (gradient_checks)."""
-    rank, out = dist.get_rank(), []
+    rank, out, references = dist.get_rank(), [], {}  # one process's reference per distinct (weights, batch)
     for label, kind, mb in variants:
         net = make_model(model, seed + rank)
         ddp = wrap(
@@ -243,7 +262,7 @@ def equivalence_worker(
             EquivalenceRun(
                 label=label,
                 buckets=len(getattr(ddp, "buckets", [])) or None,
-                **gradient_checks(model, ddp, opt, batches, seed, optimizer),
+                **gradient_checks(model, ddp, opt, batches, seed, optimizer, references),
             )
         )
         ddp.close()

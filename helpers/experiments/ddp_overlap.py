@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from helpers.experiments.ddp_speed import SpeedRun
+from helpers.experiments.ddp_speed import SpeedRun, shown_labels
 
 
 def overlap_fraction(backward: tuple[float, float], spans: list) -> float:
@@ -28,12 +28,9 @@ def overlap_fraction(backward: tuple[float, float], spans: list) -> float:
 
 
 def shown_variants(speed: pd.DataFrame, model: str) -> list[str]:
-    """The variants §3 shows: naive, per-parameter, the largest swept bucket size that still gives >1 bucket, 25 MB."""
-    s = speed[(speed["model"] == model) & speed["variant"].str.match(r"bucketed [\d.]+ MB")].copy()
-    s["mb"] = [float(v.split()[1]) for v in s["variant"]]
-    several = s[s["buckets"] > 1].sort_values("mb")["variant"].tolist()
-    return list(dict.fromkeys(["naive", "per_parameter", *several[-1:], "bucketed 25 MB", "torch_ddp 25 MB"]))
-    # (25 MB once, when it is also the largest size that gives more than one bucket)
+    """The variants §3 shows for `model` (shown_labels on the speed table's bucket counts)."""
+    rows = speed[speed["model"] == model]
+    return shown_labels(dict(zip(rows["variant"], rows["buckets"], strict=True)))
 
 
 def overlap_table(per_rank: list[dict[str, SpeedRun]], shown, *, traced: bool) -> pd.DataFrame:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,19 @@ SPEED_VARIANTS = [
     ("bucketed 25 MB", "bucketed", 25),
     ("torch_ddp 25 MB", "torch_ddp", 25),
 ]
+
+
+def shown_labels(buckets: dict) -> list[str]:
+    """The variants §3 shows and traces, from each label's bucket count: naive, per-parameter, the largest swept
+    bucket size that still gives more than one bucket, 25 MB, torch DDP (25 MB once when it is that largest size)."""
+    several = sorted(
+        (float(label.split()[1]), label)
+        for label, n in buckets.items()
+        if re.fullmatch(r"bucketed [\d.]+ MB", label) and (n or 0) > 1
+    )
+    return list(
+        dict.fromkeys(["naive", "per_parameter", *[v for _, v in several[-1:]], "bucketed 25 MB", "torch_ddp 25 MB"])
+    )
 
 
 def sweep_variants(buckets_mb) -> list[tuple]:
@@ -131,9 +145,11 @@ def speed_worker(
     timeline_steps: int = 3,
     traced: int = 2,
     trace_dir=None,
+    trace_shown: bool = False,
 ) -> dict[str, SpeedRun]:
     """Time one step of every (label, kind, bucket_size_mb), interleaved step by step so drift hits all alike (kind
-    None: compute alone). After the timed steps, `traced` profiled ones per wrapper (traces to trace_dir if given)."""
+    None: compute alone). After the timed steps, `traced` profiled ones per wrapper (traces to trace_dir if given);
+    trace_shown: only for the wrappers §3 shows (shown_labels), the others' traced stays None."""
     rank, dev = dist.get_rank(), L.device()
     base = make_model(model, seed)
     batches = [rank_share(b) for b in make_batches(model, 4, batch_size, context_length, seed)]
@@ -163,6 +179,8 @@ def speed_worker(
     samples = interleaved({label: functools.partial(step, label) for label in ddps}, steps, warmup)
     if trace_dir is not None:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    counts = {label: len(getattr(ddp, "buckets", [])) or None for label, ddp in ddps.items()}
+    to_trace = set(shown_labels(counts) if trace_shown else ddps)
     out = {}
     for label, ddp in ddps.items():
         s = np.asarray(samples[label])  # (steps, 3): step, comm, backward
@@ -171,9 +189,11 @@ def speed_worker(
             comm=list(s[:, 1]),
             backward=list(s[:, 2]),
             timeline=timelines[label],
-            buckets=len(getattr(ddp, "buckets", [])) or None,
+            buckets=counts[label],
         )
-        if traced and not isinstance(ddp, _Local):  # after the timed steps: profiler overhead stays out
+        if (
+            traced and label in to_trace and not isinstance(ddp, _Local)
+        ):  # after the timed steps: profiler overhead stays out
             path = None if trace_dir is None else Path(trace_dir) / f"{label.replace(' ', '_')}.rank{rank}.json"
             out[label].traced = traced_steps(ddp, opts[label], [batches[i % len(batches)] for i in range(traced)], path)
     return out
@@ -217,7 +237,8 @@ def speed_table(
     device: str,
     trace_dir=None,
 ) -> tuple[dict, pd.DataFrame]:
-    """One speed_worker launch per model size (the sweep model also runs the bucket sweep and 2 profiled steps):
+    """One speed_worker launch per model size (the sweep model also runs the bucket sweep and 2 profiled steps of
+    each variant §3 shows):
     the per-rank SpeedRuns by model, and one row per (model, variant); torch DDP's comm is not observable (NaN)."""
     from tqdm.auto import tqdm
 
@@ -236,6 +257,7 @@ def speed_table(
             context_length=context_length,
             traced=2 if name == sweep_model else 0,
             trace_dir=None if trace_dir is None else str(Path(trace_dir) / name.replace("/", "_")),
+            trace_shown=True,  # §3 reads the shown variants' traces only; profiling the rest took 17 s of 60 on a core
         )
         raw[name] = L.launch(worker, 2, backend=backend, device=device)
         rows += [{"model": name, "grad_MB": count_parameters(name) * 4 / MB, **r} for r in summarize_speed(raw[name])]
