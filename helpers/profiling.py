@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import torch
@@ -129,6 +130,28 @@ def is_host_event(e) -> bool:
     profiler also adds a device copy of every labelled range that launched kernels (gpu_user_annotation, PyTorch
     #130730), spanning those kernels, under the same name."""
     return e.device_type == torch.autograd.DeviceType.CPU
+
+
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")  # a Chrome trace's GPU-side events
+
+
+def trace_ranges(path, keep) -> list[SimpleNamespace]:
+    """The complete events of a Chrome trace (prof.export_chrome_trace's, written by the profiler's C++) whose name
+    `keep` accepts, shaped like prof.events()'s for what is_host_event and step_spans read: name, device_type and
+    time_range (µs). Reading the file beats prof.events(), which builds a Python object per op (0.5-1.6 s for two
+    steps of notebook 04's large/cpu on one core, against 0.03 s to write the trace)."""
+    import json
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    return [
+        SimpleNamespace(
+            name=e["name"],
+            device_type=cuda if e.get("cat") in DEVICE_CATEGORIES else cpu,
+            time_range=SimpleNamespace(start=e["ts"], end=e["ts"] + e.get("dur", 0)),
+        )
+        for e in json.loads(Path(path).read_text())["traceEvents"]
+        if e.get("ph") == "X" and keep(e.get("name", ""))
+    ]
 
 
 def _is_annotation(e, host_names: set) -> bool:

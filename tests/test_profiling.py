@@ -422,3 +422,29 @@ def test_attention_parts_time_the_three_ops_and_count_their_flops():
     assert list(parts.table.index) == ["QKᵀ", "softmax", "PV"] and parts.ratio.pairs == 6
     assert (parts.table["median_s"] > 0).all() and parts.rows()[-1]["op"] == "softmax / (QKᵀ + PV)"
     assert parts.summary().startswith(f"At batch 2 x {h} heads x 16 x d_head {d}, softmax does")
+
+
+def test_trace_ranges_read_the_chrome_trace_as_the_profilers_events(tmp_path):
+    """ddp_speed.traced_steps reads its ranges from the Chrome trace (prof.events() cost seconds per traced step):
+    the same host ranges, the same durations and gaps as prof.events(), on the trace's absolute clock; a GPU-side
+    copy of a range is not the host's."""
+    import json
+
+    from torch.profiler import record_function
+
+    with profiling.quiet_profiler(torch.device("cpu")) as prof:
+        for _ in range(3):
+            with record_function("## span ##"):
+                torch.randn(64, 64) @ torch.randn(64, 64)
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    want = [e.time_range for e in prof.events() if e.name == "## span ##" and profiling.is_host_event(e)]
+    got = [e.time_range for e in profiling.trace_ranges(tmp_path / "t.json", lambda n: n == "## span ##")]
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want, strict=True):
+        assert g.end - g.start == pytest.approx(w.end - w.start, abs=0.01)  # µs; the trace keeps ns
+        assert g.start - got[0].start == pytest.approx(w.start - want[0].start, abs=0.01)
+    events = [{"ph": "X", "cat": "gpu_user_annotation", "name": "r", "ts": 5.0, "dur": 1.0}]
+    events += [{"ph": "X", "cat": "user_annotation", "name": "r", "ts": 1.0, "dur": 2.0}]
+    (tmp_path / "d.json").write_text(json.dumps({"traceEvents": events}))
+    ranges = profiling.trace_ranges(tmp_path / "d.json", lambda n: True)
+    assert [profiling.is_host_event(e) for e in ranges] == [False, True] and ranges[1].time_range.end == 3.0

@@ -54,7 +54,7 @@ PROFILES = {  # notebook 04 per profile: speed-table models, the sweep's model, 
     "cpu": dict(
         sizes=["small/cpu", "medium/cpu", "large/cpu"],
         sweep_model="large/cpu",
-        batch=8,
+        batch=4,  # global: 2 sequences per rank (8 took 53 s of make test's 83 s for the notebook on one AVX2 core)
         context=32,
         warmup=2,  # one untimed round past the first call is enough on a CPU (no JIT, no autotuning)
         steps=10,

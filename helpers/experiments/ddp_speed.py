@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from helpers.experiments.common import (
     train_step,
 )
 from helpers.model import count_parameters
-from helpers.profiling import is_host_event, quiet_profiler
+from helpers.profiling import is_host_event, quiet_profiler, trace_ranges
 from helpers.timing import WaitClock, interleaved, paired_ratio, pairwise_ratios, sync, time_call, verdict
 
 
@@ -92,9 +93,10 @@ def traced_steps(ddp, optimizer, batches, trace_path=None) -> list[StepIntervals
         for x, y in batches:
             train_step(ddp.module, optimizer, x, y, grad_sync=ddp)
         sync(L.device())
-    if trace_path is not None:
-        prof.export_chrome_trace(str(trace_path))
-    return step_spans(prof.events())
+    with tempfile.TemporaryDirectory() as scratch:
+        path = trace_path or Path(scratch) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return step_spans(trace_ranges(path, lambda name: name == BACKWARD_RANGE or name.startswith("gloo:all_reduce")))
 
 
 def step_spans(events) -> list[StepIntervals]:

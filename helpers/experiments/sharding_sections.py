@@ -38,7 +38,8 @@ PROFILES = {  # notebook 05 per profile: the models for memory and speed, the gl
         speed_model="large/cpu",  # §3: the 2026 xl preset's all-reduce and AdamW per step would double the notebook
         check_model="small/cpu",
         batch=8,
-        context=128,
+        context=64,  # §2: states (16 B per parameter) against 4 x 64 tokens' activations per rank (128 took 20 s of
+        # make test's 51 s for the notebook on one AVX2 core, 3 kinds x 2 tracked steps of xl/cpu per rank)
         warmup=2,  # one untimed round past the first call is enough on a CPU (no JIT, no autotuning)
         steps=10,
         speed_launches=[["unsharded", "naive_sharded", "sharded", "zero1", "torch_zero"]],

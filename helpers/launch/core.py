@@ -212,6 +212,10 @@ def _short_socket_folder() -> None:
         tempfile.tempdir = before
 
 
+PRELOAD = ("helpers.launch", "torch._dynamo")  # torch and helpers; torch._dynamo, which a rank's first optimizer or
+# torch DDP imports (about 2 s a rank on a 2-core CPU, every launch: notebook 04's speed launch spent 4 of its 6 s there)
+
+
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 600, device: str = "auto") -> list:
     """Run fn(*args) on `world_size` ranks with the process group initialised; return each rank's result in rank order.
 
@@ -242,7 +246,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
     ctx = mp.get_context(start_method())
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(["helpers.launch"])  # torch and helpers imported once, in the server
+        ctx.set_forkserver_preload(list(PRELOAD))  # imported once, in the server: each rank forks with them
         _short_socket_folder()
     with tempfile.TemporaryDirectory(prefix="launch-") as workdir:
         procs = [
