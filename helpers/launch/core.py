@@ -213,7 +213,7 @@ def _short_socket_folder() -> None:
 
 
 PRELOAD = ("helpers.launch", "torch._dynamo")  # torch and helpers; torch._dynamo, which a rank's first optimizer or
-# torch DDP imports (about 2 s a rank on a 2-core CPU, every launch: notebook 04's speed launch spent 4 of its 6 s there)
+# torch DDP imports (about 2 s a rank on a 2-core CPU, each launch: notebook 04's speed launch spent 4 of its 6 s there)
 
 
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 600, device: str = "auto") -> list:
