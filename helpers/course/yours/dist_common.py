@@ -15,6 +15,7 @@ from helpers import launch as L
 from helpers.course.yours.options import Options
 from helpers.course.yours.report import ERROR, SKIPPED, Check, TopicResult
 from helpers.experiments.common import slowest_rank
+from helpers.launch.core import PRELOAD as PRELOAD_LAUNCH
 from helpers.timing import paired_ratio, ratio_columns, verdict
 
 WORLD = S.WORLD
@@ -31,7 +32,7 @@ def sent_bytes(log, world: int) -> float:
 
 # ---- in the parent: launches that never crash the driver ----
 
-PRELOAD = ("helpers.launch", "torch._dynamo", "helpers.course.yours.distributed")  # what every rank would import
+PRELOAD = (*PRELOAD_LAUNCH, "helpers.course.yours.distributed")  # launch's, and the checks' modules every rank imports
 
 
 def warm_launches() -> None:
