@@ -78,6 +78,16 @@ class Calibration:
             self, fp32_flops=self.fp32_flops / self.threads, bf16_flops=self.bf16_flops / self.threads, threads=1
         )
 
+    def per_rank(self, world: int, cores: int | None = None) -> Calibration:
+        """The rates each of `world` launched ranks gets (launch gives each cores // world threads, at least one):
+        one thread's, or a share of it where there are more ranks than cores (`cores`: this process's, from its
+        affinity). Under make test each worker has one core and 2 ranks took twice per_thread()'s estimate."""
+        from helpers.env import usable_cores
+
+        one = self.per_thread()
+        share = min(1.0, (cores or usable_cores()) / world)
+        return dataclasses.replace(one, fp32_flops=one.fp32_flops * share, bf16_flops=one.bf16_flops * share)
+
     def step_s(self, flops: float, bf16: bool = False, fp32_s: float | None = None) -> float:
         """Seconds of a training step (or any model pass) whose matmuls do `flops`: fp32_s when it was measured, else
         the matmul time x STEP_OVERHEAD; under bf16 autocast the matmuls take the bf16 rate, the rest as in fp32."""

@@ -151,6 +151,17 @@ def test_notebook_02_plans_the_whole_model_sizes():
     assert tight.seconds == pytest.approx(8 * 3 * t * 4 / 3) and "whole model's norms at medium/cpu" in tight.note
 
 
+def test_ranks_beyond_the_cores_share_a_threads_rate():
+    """Two launched ranks on one core (make test's pinned worker) each run at half a thread's rate; on two cores (or
+    more) each has one thread's."""
+    cal = B.Calibration(fp32_flops=200e9, bf16_flops=2.5e9, allreduce_s=1e-3, threads=2)
+    assert cal.per_rank(2, cores=2).fp32_flops == cal.per_thread().fp32_flops == 100e9
+    assert cal.per_rank(2, cores=8).bf16_flops == 1.25e9
+    half = cal.per_rank(2, cores=1)
+    assert (half.fp32_flops, half.bf16_flops, half.threads) == (50e9, 0.625e9, 1)
+    assert cal.per_rank(4, cores=1).step_s(1e9) == pytest.approx(4 * cal.per_thread().step_s(1e9))
+
+
 def test_notebook_05_plans_its_timed_steps_never_below_min_pairs():
     from helpers.experiments import sharding as XS
     from helpers.timing import MIN_PAIRS

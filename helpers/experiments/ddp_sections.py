@@ -86,7 +86,7 @@ def plan_speed(
     gradients. Returns (steps, extra bucket sizes kept); the plans (budget.plans[-2:]) name what was left out."""
     from helpers.timing import MIN_PAIRS
 
-    cal = budget.calibration.per_thread() if budget.calibration else None
+    cal = budget.calibration.per_rank(world) if budget.calibration else None
     base_steps = min(steps, MIN_PAIRS)
 
     def variant_step(model):

@@ -37,9 +37,9 @@ PROFILES = {  # notebook 05 per profile: the models for memory and speed, the gl
         memory_models=["small/cpu", "xl/cpu"],
         speed_model="large/cpu",  # §3: the 2026 xl preset's all-reduce and AdamW per step would double the notebook
         check_model="small/cpu",
-        batch=8,
-        context=64,  # §2: states (16 B per parameter) against 4 x 64 tokens' activations per rank (128 took 20 s of
-        # make test's 51 s for the notebook on one AVX2 core, 3 kinds x 2 tracked steps of xl/cpu per rank)
+        batch=4,  # global, 2 sequences per rank: §3's forward+backward was 92% of an iteration at 8, hiding the update
+        # the optimizers shard; §2 holds 16 B of states per parameter against 2 x 64 tokens' activations per rank
+        context=64,  # §2's (§3's: SPEED_CONTEXT); at batch 8 x 128, §2 and §3 took 40 s of make test's 51 s
         warmup=2,  # one untimed round past the first call is enough on a CPU (no JIT, no autotuning)
         steps=10,
         speed_launches=[["unsharded", "naive_sharded", "sharded", "zero1", "torch_zero"]],
@@ -69,7 +69,7 @@ def plan_speed_steps(
     all-reduce, AdamW over the parameters). Returns the steps to run; the plan (budget.plans[-1]) names the rest."""
     from helpers.timing import MIN_PAIRS
 
-    cal = budget.calibration.per_thread() if budget.calibration else None
+    cal = budget.calibration.per_rank(world) if budget.calibration else None
     psi = count_parameters(model) * 4
 
     def round_s():
