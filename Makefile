@@ -107,11 +107,17 @@ HAS_CUDA = $(eval HAS_CUDA := $$(shell $(PY) -c "import torch; print(int(torch.c
 SMOKE_TESTS := $(KERNEL_TESTS) tests/test_gpu_setups.py
 TESTS ?= $(if $(filter 1,$(HAS_CUDA)),$(SMOKE_TESTS),tests)
 
+# Without CUDA the kernel tests' run under NEWEST_TRITON is one test of this run (tests/test_newest_triton.py, started
+# first, beside the rest: 30 s less than after it); --no-loadscope-reorder keeps conftest.py's longest-first order
+NEWEST_ENV = HELPERS_NEWEST_TRITON=$(subst triton==,,$(NEWEST_TRITON)) HELPERS_NEWEST_DIR=$(NEWEST_DIR) \
+	HELPERS_KERNEL_TESTS="$(KERNEL_TESTS)"
+
 test: setup
 	rm -f $(TEST_TIMES)
-	HELPERS_TEST_TIMES=$(TEST_TIMES) HELPERS_PROFILE=cpu $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --nbval-lax --nbval-current-env \
+	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory $(NEWEST_STAMP))
+	$(if $(filter 0,$(HAS_CUDA)),$(NEWEST_ENV)) HELPERS_TEST_TIMES=$(TEST_TIMES) HELPERS_PROFILE=cpu $(PY) -m pytest \
+	    -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --nbval-lax --nbval-current-env \
 	    --nbval-cell-timeout=$(CELL_TIMEOUT) $(TESTS) notebooks
-	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory test-newest-triton TEST_WORKERS=$(TEST_WORKERS))
 
 # installed apart once per NEWEST_TRITON (its stamp names the version): pip --target reinstalls on every call (8 s)
 NEWEST_STAMP = $(NEWEST_DIR)/.installed-$(subst triton==,,$(NEWEST_TRITON))

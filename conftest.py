@@ -24,6 +24,33 @@ def pytest_configure(config):
         sys.modules["torch"].set_num_threads(len(mine))
 
 
+LONGEST_FIRST = (  # make test's longest files and notebooks, longest first (build/test_times.jsonl on a 2-core EPYC
+    # with the AVX2 switches, 2026-11-29): each worker starts on one, and short ones fill in at the end instead of one
+    # worker running a long one alone (the Makefile's --no-loadscope-reorder keeps this order)
+    "tests/test_newest_triton.py",
+    "tests/test_yours_distributed.py",
+    "tests/test_dry_run.py",
+    "tests/test_yours_corpus.py",
+    "notebooks/04_ddp.ipynb",
+    "notebooks/03_collectives.ipynb",
+    "notebooks/01_benchmarking_and_profiling.ipynb",
+    "tests/test_lab.py",
+    "notebooks/07_fsdp.ipynb",
+    "tests/test_browser.py",
+    "tests/test_compile_cache.py",
+    "notebooks/05_optimizer_state_sharding.ipynb",
+    "tests/test_launch.py",
+    "notebooks/02_rmsnorm_triton.ipynb",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """LONGEST_FIRST's files and notebooks first, in its order; the rest after, as collected (a stable sort: a
+    notebook's cells keep their order)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 def pytest_runtest_logreport(report):
     """HELPERS_TEST_TIMES=path: one JSON line per test (a notebook cell under nbval) as it finishes, so a run cut by
     a timeout (a lent GPU's 10-minute commands) still says where its time went. `make test` sets it."""
