@@ -41,6 +41,7 @@ def _compile_tiny_rmsnorm(cache: Path, switches: dict) -> subprocess.CompletedPr
     )
     clean = {k: v for k, v in os.environ.items() if k not in AVX2}
     env = {**clean, **switches, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # one kernel: no pool of compile workers to start (2-3 s a run)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 

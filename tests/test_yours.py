@@ -1,6 +1,7 @@
 """`python -m helpers yours` on the kernel topics: the fixture student (our implementations) passes every check,
 each mutant is caught with a message naming the broken property, and bad input is reported, never crashes the run."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -168,7 +169,11 @@ def test_not_implemented_is_listed_as_such(tmp_path):
 
 @pytest.fixture(scope="module")
 def command(tmp_path_factory):
-    """One `python -m helpers yours` run on the fixture's kernel topics: (the finished process, the page's folder)."""
+    """One `python -m helpers yours` run on the fixture's kernel topics: (the finished process, the page's folder).
+    Not in make test's run under the newest Triton (EXPECT_TRITON): the command's terminal, files and page are the
+    default run's to check; the kernels' checks under that Triton are this file's other tests (12 s of its 19)."""
+    if os.environ.get("EXPECT_TRITON"):
+        pytest.skip("the command's output and page: checked in make test's run under the course's Triton")
     out = tmp_path_factory.mktemp("yours")
     cmd = [
         sys.executable,
