@@ -115,7 +115,7 @@ NEWEST_ENV = HELPERS_NEWEST_TRITON=$(subst triton==,,$(NEWEST_TRITON)) HELPERS_N
 test: setup
 	rm -f $(TEST_TIMES)
 	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory $(NEWEST_STAMP))
-	$(if $(filter 0,$(HAS_CUDA)),$(NEWEST_ENV)) HELPERS_TEST_TIMES=$(TEST_TIMES) HELPERS_PROFILE=cpu $(PY) -m pytest \
+	$(if $(filter 0,$(HAS_CUDA)),$(NEWEST_ENV)) HELPERS_TEST_TIMES=$(TEST_TIMES) HELPERS_BUDGET_SCALE=0.5 HELPERS_PROFILE=cpu $(PY) -m pytest \
 	    -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --nbval-lax --nbval-current-env \
 	    --nbval-cell-timeout=$(CELL_TIMEOUT) $(TESTS) notebooks
 

@@ -195,6 +195,22 @@ def calibrate(refresh: bool = False) -> Calibration:
     return _CACHE["cpu"]
 
 
+def auto_scale() -> float:
+    """$HELPERS_BUDGET_SCALE (default 1): what BUDGET="auto" multiplies DEFAULT_SECONDS by. make test sets 0.5: its
+    notebooks check that every cell runs and its claims hold, two at a time on one core each, where the writeup's
+    plans would take twice the time of a writeup's; the plans then name what they left out, as on a slow machine."""
+    import os
+
+    value = os.environ.get("HELPERS_BUDGET_SCALE", "1")
+    try:
+        scale = float(value)
+    except ValueError:
+        scale = math.nan
+    if not 0 < scale <= 1:
+        raise ValueError(f"HELPERS_BUDGET_SCALE={value!r}: use a number above 0 and at most 1 (make test uses 0.5)")
+    return scale
+
+
 def parse_budget(value) -> float | None:
     """BUDGET as seconds: a number (or its text), or None for "none"/"off" (no budget); "auto" is resolved by
     Budget.resolve. A one-line ValueError otherwise."""
@@ -251,12 +267,12 @@ class Budget:
 
     @classmethod
     def resolve(cls, value, notebook: str, profile: str, calibration: Calibration | None = None) -> Budget:
-        """The notebook's budget: BUDGET="auto" is DEFAULT_SECONDS[notebook] on the cpu profile and none on gpu. The
-        cpu profile is calibrated even without a budget (the notebooks quote the calibration)."""
+        """The notebook's budget: BUDGET="auto" is DEFAULT_SECONDS[notebook] (times auto_scale()) on the cpu profile
+        and none on gpu. The cpu profile is calibrated even without a budget (the notebooks quote the calibration)."""
         if notebook not in DEFAULT_SECONDS:
             raise ValueError(f"no budget for notebook {notebook!r}; known: {', '.join(DEFAULT_SECONDS)}")
         auto = isinstance(value, str) and value.strip().lower() == "auto"
-        default = DEFAULT_SECONDS[notebook] if profile == "cpu" else None  # what BUDGET="auto" means here
+        default = DEFAULT_SECONDS[notebook] * auto_scale() if profile == "cpu" else None  # BUDGET="auto" here
         seconds = default if auto else parse_budget(value)
         if calibration is None and (seconds is not None or profile == "cpu"):  # cpu: the notebooks cite it too
             calibration = calibrate()

@@ -49,9 +49,18 @@ def test_parse_budget_refuses_bad_values_in_one_line(value):
     assert "\n" not in str(err.value)
 
 
-def test_resolve_auto_is_the_notebook_default_on_cpu_and_none_on_gpu():
+def test_resolve_auto_is_the_notebook_default_on_cpu_and_none_on_gpu(monkeypatch):
+    monkeypatch.delenv("HELPERS_BUDGET_SCALE", raising=False)
     cpu = B.Budget.resolve("auto", "01", "cpu", SLOW_BF16)
     assert cpu.seconds == B.DEFAULT_SECONDS["01"] and cpu.label == "auto"
+    monkeypatch.setenv("HELPERS_BUDGET_SCALE", "0.5")  # make test's: half of each notebook's auto budget
+    assert B.Budget.resolve("auto", "01", "cpu", SLOW_BF16).seconds == B.DEFAULT_SECONDS["01"] / 2
+    assert B.Budget.resolve("30", "01", "cpu", SLOW_BF16).seconds == 30  # a number asked for is not scaled
+    for bad in ("0", "2", "half"):
+        monkeypatch.setenv("HELPERS_BUDGET_SCALE", bad)
+        with pytest.raises(ValueError, match="HELPERS_BUDGET_SCALE"):
+            B.Budget.resolve("auto", "01", "cpu", SLOW_BF16)
+    monkeypatch.delenv("HELPERS_BUDGET_SCALE")
     gpu = B.Budget.resolve("auto", "01", "gpu")
     assert gpu.seconds is None and gpu.calibration is None
     plan = gpu.fit(["a", "b"], cost=lambda item: 1 / 0, what="sizes")  # no budget: nothing estimated, all kept
