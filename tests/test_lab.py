@@ -205,7 +205,7 @@ def run_to_calc(driver, url: str, token: str, notebook: str, timeout_s: int):
     from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(f"{url}/lab/tree/{notebook}?reset&token={token}")
-    WebDriverWait(driver, 120, poll_frequency=1).until(
+    WebDriverWait(driver, 120, poll_frequency=0.25).until(
         lambda d: d.execute_script(KERNEL_IDLE), f"{notebook}: no idle kernel in JupyterLab after 120 s"
     )
     driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
@@ -220,7 +220,7 @@ def run_to_calc(driver, url: str, token: str, notebook: str, timeout_s: int):
             pytest.fail(f"{notebook}: ran to the end in JupyterLab without showing a .calc", pytrace=False)
         return found
 
-    WebDriverWait(driver, timeout_s, poll_frequency=1, ignored_exceptions=(StaleElementReferenceException,)).until(
+    WebDriverWait(driver, timeout_s, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,)).until(
         calc_or_error, f"{notebook}: no .calc in any output after {timeout_s} s of Run All"
     )
     return lambda: WebDriverWait(driver, 10, poll_frequency=0.2).until(  # back within moments of a re-render
@@ -314,11 +314,11 @@ def test_notebook_07_live_control_in_lab(lab):
 
     driver, url, token = lab
     driver.get(f"{url}/lab/tree/{LIVE_07}?reset&token={token}")
-    WebDriverWait(driver, 120, poll_frequency=1).until(
+    WebDriverWait(driver, 120, poll_frequency=0.25).until(
         lambda d: d.execute_script(KERNEL_IDLE), f"{LIVE_07}: no idle kernel in JupyterLab after 120 s"
     )
     driver.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    WebDriverWait(driver, 120, poll_frequency=1, ignored_exceptions=(StaleElementReferenceException,)).until(
+    WebDriverWait(driver, 120, poll_frequency=0.25, ignored_exceptions=(StaleElementReferenceException,)).until(
         lambda d: (
             bool(d.find_elements(By.CSS_SELECTOR, LIVE_PANEL))
             or d.execute_script(RUN_STATE)["error"]

@@ -51,24 +51,42 @@ def test_make_test_on_a_gpu_runs_the_smoke_workers_and_logs_each_tests_time():
     assert "HELPERS_TEST_TIMES=$(TEST_TIMES)" in makefile
 
 
-def test_each_tests_time_is_logged_as_it_finishes(tmp_path):
-    """conftest.py's HELPERS_TEST_TIMES: a line per test, written when it ends (a run cut by a timeout keeps them)."""
+def test_each_tests_time_is_logged_as_it_finishes(tmp_path, monkeypatch):
+    """conftest.py's HELPERS_TEST_TIMES: a line per test, written when it ends (a run cut by a timeout keeps them),
+    under pytest-xdist (a child pytest: its worker writes, its controller's replay of the report does not) and in a
+    plain run (the hook called here as pytest calls it)."""
     (tmp_path / "test_two.py").write_text("def test_ok():\n    pass\n\ndef test_bad():\n    assert False\n")
     (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
     log = tmp_path / "times" / "t.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}  # this test's own worker's
     env["HELPERS_TEST_TIMES"] = str(log)
-    for workers in ([], ["-n", "1"]):  # plain, and under pytest-xdist (whose controller replays each report)
-        log.unlink(missing_ok=True)
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "test_two.py"],
-                       cwd=tmp_path, env=env, capture_output=True, timeout=120)  # fmt: skip
-        rows = [json.loads(line) for line in log.read_text().splitlines()]
-        assert sorted((r["test"], r["outcome"]) for r in rows) == [
-            ("test_two.py::test_bad", "failed"),
-            ("test_two.py::test_ok", "passed"),
-        ], workers
-        assert all(r["seconds"] >= 0 and r["end"] > 0 for r in rows)
-        assert {r["worker"] for r in rows} == ({"gw0"} if workers else {""})
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "test_two.py"],
+                   cwd=tmp_path, env=env, capture_output=True, timeout=120)  # fmt: skip
+    want = [("test_two.py::test_bad", "failed"), ("test_two.py::test_ok", "passed")]
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted((r["test"], r["outcome"]) for r in rows) == want
+    assert all(r["seconds"] >= 0 and r["end"] > 0 for r in rows) and {r["worker"] for r in rows} == {"gw0"}
+
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    log.unlink()
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setenv("HELPERS_TEST_TIMES", str(log))
+
+    def report(nodeid, outcome, when="call", duration=0.01, **more):
+        return SimpleNamespace(nodeid=nodeid, when=when, outcome=outcome, passed=outcome == "passed",
+                               duration=duration, **more)  # fmt: skip
+
+    conftest.pytest_runtest_logreport(report("test_two.py::test_ok", "passed"))
+    conftest.pytest_runtest_logreport(report("test_two.py::test_bad", "failed"))
+    conftest.pytest_runtest_logreport(report("test_two.py::test_ok", "passed", when="setup"))  # quick: not logged
+    conftest.pytest_runtest_logreport(report("test_two.py::test_ok", "passed", node="gw0"))  # a controller's replay
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted((r["test"], r["outcome"]) for r in rows) == want and {r["worker"] for r in rows} == {""}
 
 
 def test_the_calibration_comes_from_the_reference_runs_wall_times():
