@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from helpers.env import usable_cores
 
 DEFAULT_SECONDS = {"01": 28.0, "02": 10.0, "04": 14.0, "05": 12.0}  # the notebooks that plan their cpu runs;
 # with their fixed work, make writeup took 318 s of the laptop's 300 on a 2-core EPYC with the AVX2 switches at
@@ -82,8 +85,6 @@ class Calibration:
         """The rates each of `world` launched ranks gets (launch gives each cores // world threads, at least one):
         one thread's, or a share of it where there are more ranks than cores (`cores`: this process's, from its
         affinity). Under make test each worker has one core and 2 ranks took twice per_thread()'s estimate."""
-        from helpers.env import usable_cores
-
         one = self.per_thread()
         share = min(1.0, (cores or usable_cores()) / world)
         return dataclasses.replace(one, fp32_flops=one.fp32_flops * share, bf16_flops=one.bf16_flops * share)
@@ -199,8 +200,6 @@ def auto_scale() -> float:
     """$HELPERS_BUDGET_SCALE (default 1): what BUDGET="auto" multiplies DEFAULT_SECONDS by. make test sets 0.5: its
     notebooks check that every cell runs and its claims hold, two at a time on one core each, where the writeup's
     plans would take twice the time of a writeup's; the plans then name what they left out, as on a slow machine."""
-    import os
-
     value = os.environ.get("HELPERS_BUDGET_SCALE", "1")
     try:
         scale = float(value)
