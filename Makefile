@@ -73,11 +73,25 @@ $(PY):
 TRITON_FOR_TORCH = $(PY) -c 'import importlib.metadata as m, sys, helpers.env as e; \
     print(e.triton_to_install(m.requires("torch"), sys.argv[1]) or "")'
 
+# Bytecode: pip byte-compiles every module it installs, on one core (about 20 s of a 2-core laptop's setup, torch
+# and the Jupyter stack). Installed with --no-compile instead, the modules a run imports are compiled once, by two
+# warm-up imports side by side (WARM_IMPORTS), and any other module at its first import. So that each is written once,
+# not compiled again in every process, a PYTHONDONTWRITEBYTECODE from the environment (some images set it) is not
+# passed to what make runs: .venv and this repository's __pycache__ folders are ours. A warm-up that fails costs
+# nothing but time: the import fails again, with its message, where a run needs it.
+unexport PYTHONDONTWRITEBYTECODE
+PIP_INSTALL = $(PY) -m pip install --quiet --no-compile
+WARM_IMPORTS = "helpers.launch torch._inductor.compile_fx torch.distributed.fsdp triton pandas" \
+	"nbval.plugin xdist nbclient ipykernel.kernelapp matplotlib.pyplot selenium.webdriver"
+WARM = $(PY) -c 'import importlib as i, importlib.util as u, sys; \
+    [i.import_module(m) for m in sys.argv[1].split() if u.find_spec(m.split(".")[0])]'
+
 $(VENV)/.installed: pyproject.toml Makefile | $(PY)
-	$(if $(strip $(TORCH)),$(PY) -m pip install --quiet "$(TORCH)")
+	$(if $(strip $(TORCH)),$(PIP_INSTALL) "$(TORCH)")
 	$(if $(strip $(TRITON)),pin="$$($(TRITON_FOR_TORCH) "$(TRITON)")" && if [ -n "$$pin" ]; then \
-	    $(PY) -m pip install --quiet "$$pin"; fi)
-	$(PY) -m pip install --quiet -e ".[dev]"
+	    $(PIP_INSTALL) "$$pin"; fi)
+	$(PIP_INSTALL) -e ".[dev]"
+	for group in $(WARM_IMPORTS); do $(WARM) "$$group" >/dev/null 2>&1 & done; wait
 	mkdir -p $(@D) && touch $@
 
 setup: $(VENV)/.installed
@@ -123,7 +137,7 @@ test: setup
 NEWEST_STAMP = $(NEWEST_DIR)/.installed-$(subst triton==,,$(NEWEST_TRITON))
 $(NEWEST_STAMP): | setup
 	rm -rf $(NEWEST_DIR)
-	$(PY) -m pip install --quiet --no-deps --target $(NEWEST_DIR) "$(NEWEST_TRITON)"
+	$(PIP_INSTALL) --no-deps --target $(NEWEST_DIR) "$(NEWEST_TRITON)"
 	touch $@
 
 test-newest-triton: setup $(NEWEST_STAMP)
