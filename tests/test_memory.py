@@ -24,6 +24,28 @@ def test_tracker_exact_peak_and_current():
     assert trace.current_bytes == 10 * KiB
     assert max(b for _, b in trace.timeline) == trace.peak_bytes
     assert [round(r["MiB"] * 2**20) for r in trace.largest(3)] == [8 * KiB, 1 * KiB, 1 * KiB]
+    assert [round(r["MiB"] * 2**20) for r in trace.largest(3, at_peak=True)] == [8 * KiB, 2 * KiB, 1 * KiB]
+
+
+def test_the_storages_live_at_the_peak_are_those_a_snapshot_at_each_new_peak_finds():
+    """peak_ids (rebuilt from the order of allocations and frees) against the sizes live at each new peak: the i-th
+    allocation is i + 1 floats, so its bytes name it."""
+    gen, live, snapshot = torch.Generator().manual_seed(0), [], {}
+
+    def pattern():
+        peak = 0
+        for i in range(300):
+            if live and torch.rand((), generator=gen) < 0.45:
+                live.pop(int(torch.randint(len(live), (), generator=gen)))
+            else:
+                live.append(torch.empty(i + 1, dtype=torch.float32))
+            now = sum(t.untyped_storage().nbytes() for t in live)
+            if now > peak:
+                peak, snapshot["sizes"] = now, sorted(t.untyped_storage().nbytes() for t in live)
+
+    trace = memory.track(pattern)
+    assert sorted(trace.history[i].nbytes for i in trace.peak_ids) == snapshot["sizes"]
+    assert trace.peak_bytes == sum(snapshot["sizes"])
 
 
 def test_tracker_views_and_inplace_are_not_new_storage():
