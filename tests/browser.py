@@ -153,8 +153,9 @@ def change_input(driver, element) -> bool:
     return True
 
 
-def exercise_calc(driver, calc) -> dict[str, bool]:
-    """Change each `[data-input]` of one `.calc` in turn: {keyword: whether `.calc-output`'s HTML changed}."""
+def exercise_calc(driver, calc, wait_s: float = 5) -> dict[str, bool]:
+    """Change each `[data-input]` of one `.calc` in turn: {keyword: whether `.calc-output`'s HTML changed within
+    wait_s}."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -166,7 +167,7 @@ def exercise_calc(driver, calc) -> dict[str, bool]:
         if not change_input(driver, element):
             continue
         try:
-            WebDriverWait(driver, 5).until(lambda _, before=before: output.get_attribute("innerHTML") != before)
+            WebDriverWait(driver, wait_s).until(lambda _, before=before: output.get_attribute("innerHTML") != before)
             changed[element.get_attribute("data-input")] = True
         except TimeoutException:
             changed[element.get_attribute("data-input")] = False
