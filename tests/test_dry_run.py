@@ -99,6 +99,9 @@ def test_the_dry_run_shares_what_editions_and_cards_share(table):
     full = table[(table["edition"] == "2026") & (table["budget_GB"] == 80) & table["notebook"].isin(["04", "05", "07"])]
     assert (full["walk"] == "full").all(), full
     assert (table.loc[table["edition"].isin(["2024", "2025"]), "walk"] == "one block").all()
+    by_card = table[table["notebook"].isin(["02", "06"]) & ~table["oom_by_design"]]  # sizes that follow the card
+    assert set(by_card.loc[by_card["budget_GB"] == 80, "walk"]) == {"full"}
+    assert "one block" in set(by_card.loc[by_card["budget_GB"] == 40, "walk"])  # unless an 80 GB walk shares the key
     assert table.attrs["walked"] < len(table[table["edition"] != ""])  # 01's rows at 141 GB reuse the 80 GB walks
     contexts = table[table["run"].str.startswith("memory peaks xl-2026 at T 2048")]  # notebook 01's 2026 contexts
     assert len(contexts) == 6 and contexts["oom_by_design"].all()  # walked (shapes), an OOM row on every card

@@ -65,9 +65,9 @@ def dry_run(notebooks=None, editions=EDITIONS, cards=(H100_BYTES,), full=None) -
     of `cards` (bytes): one row per run, edition and card with its tracked peak, the bytes per GPU with gpu_plans'
     margins, the plan's estimate of the same run and whether it fits the card. A launch whose key (shapes, batch,
     context) two editions or cards share is walked once; notebooks without an edition once for all. full=(edition,
-    card): only that one's launches are walked at full depth, the others one block deep (one_layer_models: every
-    shape, the bytes left to the plan) unless a full walk shares their key; so is a run whose OOM is recorded as a
-    row and whose plan no card of `cards` holds."""
+    card): only that one's launches (and, of the notebooks whose sizes follow the card, that card's) are walked at
+    full depth, the others one block deep (one_layer_models: every shape, the bytes left to the plan) unless a full
+    walk shares their key; so is a run whose OOM is recorded as a row and whose plan no card of `cards` holds."""
     rows, walked, by_card = [], {}, {}
     with on_meta():
         for nb in notebooks or NOTEBOOKS:
@@ -75,13 +75,11 @@ def dry_run(notebooks=None, editions=EDITIONS, cards=(H100_BYTES,), full=None) -
                 fixed = FIXED[nb]()
                 rows += [{**r, "edition": "", "walk": "full", "budget_GB": card / GB} for r in fixed for card in cards]
                 continue
-            if nb in BY_CARD:  # the sizes the card holds: each key walked once, at full depth
-                for card in cards:
+            if nb in BY_CARD:  # the sizes the card holds: each key walked once, full's card at full depth
+                for card in sorted(cards, key=lambda c: full is not None and c != full[1]):  # the full walk first
                     for run in BY_CARD[nb](card):
-                        if run.key not in by_card:
-                            by_card[run.key] = run.walk()
-                        row = run.row(by_card[run.key])
-                        rows.append({**row, "edition": "", "walk": "full", "budget_GB": card / GB})
+                        row = _walk(run, by_card, full is None or card == full[1], max(cards))
+                        rows.append({**row, "edition": "", "budget_GB": card / GB})
                 continue
             for edition in [e for e in editions if e in NOTEBOOK_EDITIONS[nb]]:
                 for card in sorted(cards, key=lambda c, e=edition: (e, c) != full):  # the full walk first
