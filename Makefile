@@ -85,12 +85,16 @@ WARM_IMPORTS = "helpers.launch torch._inductor.compile_fx torch.distributed.fsdp
 	"nbval.plugin xdist nbclient ipykernel.kernelapp matplotlib.pyplot selenium.webdriver"
 WARM = $(PY) -c 'import importlib as i, importlib.util as u, sys; \
     [i.import_module(m) for m in sys.argv[1].split() if u.find_spec(m.split(".")[0])]'
+# Our editable install builds with the venv's own setuptools where it has one that pyproject.toml accepts (Python
+# 3.11's venv does; 3.12's has none): an isolated build installs setuptools again first (5 s)
+NO_ISOLATION = $(PY) -c 'import setuptools as s; print("--no-build-isolation" * (int(s.__version__.split(".")[0]) >= 64))' \
+	2>/dev/null
 
 $(VENV)/.installed: pyproject.toml Makefile | $(PY)
 	$(if $(strip $(TORCH)),$(PIP_INSTALL) "$(TORCH)")
 	$(if $(strip $(TRITON)),pin="$$($(TRITON_FOR_TORCH) "$(TRITON)")" && if [ -n "$$pin" ]; then \
 	    $(PIP_INSTALL) "$$pin"; fi)
-	$(PIP_INSTALL) -e ".[dev]"
+	$(PIP_INSTALL) $$($(NO_ISOLATION)) -e ".[dev]"
 	for group in $(WARM_IMPORTS); do $(WARM) "$$group" >/dev/null 2>&1 & done; wait
 	mkdir -p $(@D) && touch $@
 
