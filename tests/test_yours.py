@@ -712,3 +712,49 @@ def test_a_layout_case_whose_contiguous_twin_raises_is_not_the_layouts_fault():
     with pytest.raises(NotALayoutBug, match="contiguous twin"):
         layout_check(check, None, Case(32, expanded=True))
     assert layout_check(check, None, Case(64, expanded=True)) == "wrong with a stride-0 gradient"  # still judged
+
+
+class MaskLeftOut(torch.autograd.Function):
+    """Exact attention that leaves is_causal out, as the handout lets the PyTorch version do."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        ctx.save_for_backward(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v)
+
+    @staticmethod
+    def backward(ctx, do):
+        with torch.enable_grad():
+            q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+            return (*torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), do), None)
+
+
+def test_a_pytorch_version_without_the_mask_is_judged_on_4d_tails_and_bf16_for_what_they_are():
+    """The probes past the handout run causal cases; a PyTorch version that leaves the mask out (allowed) differs
+    there because of the mask alone, which its own probe reports: the others must not blame 4-D, tails or bf16."""
+    from helpers.course.yours.kernels.suites import attention_suites
+
+    verdicts = {
+        prop: [suite.check(MaskLeftOut.apply, case, "cpu") for case in cases]
+        for suite in attention_suites("pytorch", Options(timed=False))
+        if suite.beyond
+        for prop, cases in suite.properties.items()
+        if prop != "nothing N_q x N_k saved for backward"
+    }
+    mask = verdicts.pop("causal mask applied (optional for the PyTorch version)")
+    assert all(mask) and set(verdicts) == {"4-D (batch, heads, N, d)", "lengths that are not tile multiples", "bf16"}
+    assert all(v == "" for found in verdicts.values() for v in found), verdicts
+
+
+def test_a_layout_case_whose_twin_raises_says_so():
+    """A backward not written yet is not a layout bug, and the skip says what the plain twin did."""
+    from helpers.course.yours.kernels.suites import NotALayoutBug, layout_check
+
+    class NoBackward(MaskLeftOut):
+        @staticmethod
+        def backward(ctx, do):
+            raise NotImplementedError
+
+    case = next(iter(AC.ATTN_LAYOUTS.values()))[0]
+    with pytest.raises(NotALayoutBug, match=r"twin \(.*\) has no backward yet \(the rules above\)"):
+        layout_check(AC.check_attn_function, NoBackward.apply, case)

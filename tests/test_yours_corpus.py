@@ -417,7 +417,8 @@ def test_a_crash_beyond_the_handout_keeps_the_contract_and_leaves_no_temporary_f
         "--out",
         str(out),
     ]
-    env = {**os.environ, "TMPDIR": str(tmp)}
+    # inductor's compile cache, which importing torch._dynamo creates (in TMPDIR unless told), is meant to stay: apart
+    env = {**os.environ, "TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     done = subprocess.run([*cmd, "--results", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     from helpers.results import load_results

@@ -18,6 +18,7 @@ from helpers.course.yours.kernels.attention import (
     ATTN_LAYOUTS,
     ATTN_PYTORCH_BEYOND,
     ATTN_PYTORCH_CONTRACT,
+    ATTN_PYTORCH_MASK,
     ATTN_TRITON_CONTRACT,
     ATTN_TRITON_GPU_BEYOND,
     ATTN_TRITON_GPU_CONTRACT,
@@ -28,6 +29,7 @@ from helpers.course.yours.kernels.attention import (
     check_lse_saved,
     check_nothing_square_saved,
 )
+from helpers.course.yours.kernels.numerics import BackwardMissing
 from helpers.course.yours.kernels.rmsnorm import (
     NORM_BEYOND,
     NORM_CONTRACT,
@@ -58,11 +60,12 @@ def layout_check(check, apply, case, device="cpu") -> str:
     failure here is then the layout's, not a mistake every input shows (NotALayoutBug otherwise)."""
     plain = dataclasses.replace(case, **{f: False for f in ("expanded", "sliced", "transposed") if hasattr(case, f)})
     try:
-        failed = check(apply, plain, device)
+        failed = "fails already" if check(apply, plain, device) else ""
     except Exception as exc:  # noqa: BLE001 - the twin raising (an out-of-bounds load, say) is failing too
-        failed = f"{type(exc).__name__}"
+        failed = "has no backward yet" if isinstance(exc, BackwardMissing) else f"raises {type(exc).__name__} already"
     if failed:
-        raise NotALayoutBug(f"{case}: not judged here - its contiguous twin ({plain}) fails already (the rules above)")
+        twin = f"its contiguous twin ({plain}) {failed} (the rules above)"
+        raise NotALayoutBug(f"{case}: not judged here - {twin}")
     return check(apply, case, device)
 
 
@@ -95,7 +98,9 @@ def attention_suites(impl: str, opts: Options) -> list[Suite]:
             Suite(ATTN_CAUSAL_RUNS, functools.partial(check_attn_function, mask_optional=True)),
             Suite(lse_case, check_lse_saved),
             Suite(ATTN_LAYOUTS, functools.partial(layout_check, check_attn_function), refusable=True),
-            Suite(ATTN_PYTORCH_BEYOND, check_attn_function, beyond=True),
+            Suite(ATTN_PYTORCH_MASK, check_attn_function, beyond=True),
+            # a PyTorch version that leaves the mask out (allowed) is judged on 4-D, tails and bf16 for what they are
+            Suite(ATTN_PYTORCH_BEYOND, functools.partial(check_attn_function, mask_optional=True), beyond=True),
             square,
         ]
     gpu = triton_device() == "cuda"
