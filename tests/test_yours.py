@@ -758,3 +758,22 @@ def test_a_layout_case_whose_twin_raises_says_so():
     case = next(iter(AC.ATTN_LAYOUTS.values()))[0]
     with pytest.raises(NotALayoutBug, match=r"twin \(.*\) has no backward yet \(the rules above\)"):
         layout_check(AC.check_attn_function, NoBackward.apply, case)
+
+
+def test_a_students_failed_compile_leaves_no_torch_error_log_above_the_report(caplog, monkeypatch):
+    """The fake-tensor error log of a torch.compile'd function that fails to trace is held back in checked processes
+    (the check reports the exception), also after torch._logging resets its loggers, and only that logger's."""
+    import logging
+
+    from helpers.course.yours.kernels.launch import quiet_compile_errors
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    monkeypatch.setattr(log, "filters", [])  # this process's logger as it was, after the test
+    quiet_compile_errors()
+    quiet_compile_errors()  # once is enough: no second filter
+    torch._logging.set_logs()  # what dynamo's start does to torch's loggers' levels
+    assert len(log.filters) == 1
+    with caplog.at_level(logging.ERROR):
+        log.error("failed while attempting to run meta for aten.bmm")
+        logging.getLogger("torch._dynamo").error("still shown")
+    assert [r.getMessage() for r in caplog.records] == ["still shown"]

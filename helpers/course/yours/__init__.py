@@ -74,6 +74,9 @@ def first_launch_worker(adapters_path: str, opts: Options, topics: list[str]) ->
     code is imported once instead of once per launch (about 4 s each on a 2-core CPU). (inventory, {topic: result});
     when this launch crashes or hangs, run() goes back to a launch per step, which pins the failure down; a topic
     that meets a CUDA error (and those after it) is left out, to run in launches of its own."""
+    from helpers.course.yours.kernels.launch import quiet_compile_errors
+
+    quiet_compile_errors()
     found = inventory_worker(adapters_path)
     if "error" in found:
         return found, {}
