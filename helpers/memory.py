@@ -101,7 +101,7 @@ class _Tracker(TorchDispatchMode):
     @property
     def peak_ids(self) -> set[int]:
         """The alloc_ids live at the peak: every one counted up to it, less those that had died by then (ids are
-        handed out in order; a set built at each new peak cost a dry run 4 s of 55)."""
+        handed out in order; a set built at each new peak was quadratic: 1 s of the dry run's 31)."""
         last, died = self._peak_mark
         return set(range(last + 1)).difference(self._freed[:died])
 

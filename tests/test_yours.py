@@ -765,7 +765,7 @@ def test_a_students_failed_compile_leaves_no_torch_error_log_above_the_report(ca
     (the check reports the exception), also after torch._logging resets its loggers, and only that logger's."""
     import logging
 
-    from helpers.course.yours.kernels.launch import quiet_compile_errors
+    from helpers.course.yours.adapters import quiet_compile_errors
 
     log = logging.getLogger("torch._subclasses.fake_tensor")
     monkeypatch.setattr(log, "filters", [])  # this process's logger as it was, after the test
@@ -777,3 +777,15 @@ def test_a_students_failed_compile_leaves_no_torch_error_log_above_the_report(ca
         log.error("failed while attempting to run meta for aten.bmm")
         logging.getLogger("torch._dynamo").error("still shown")
     assert [r.getMessage() for r in caplog.records] == ["still shown"]
+
+
+def test_a_missing_adapters_file_points_to_the_one_2024s_layout_keeps_a_folder_down(tmp_path):
+    from helpers.course.yours.adapters import no_adapters_file
+
+    readme_path = tmp_path / "assignment2-systems" / "tests" / "adapters.py"  # the README's path, 2025-26 layout
+    assert "found" not in str(no_adapters_file(readme_path))
+    real = tmp_path / "assignment2-systems" / "cs336-systems" / "tests" / "adapters.py"
+    real.parent.mkdir(parents=True)
+    real.write_text("")
+    said = str(no_adapters_file(readme_path))
+    assert said.startswith(f"no adapters file at {readme_path}") and said.endswith(f"found: {real}")

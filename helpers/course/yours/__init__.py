@@ -53,13 +53,13 @@ def inventory_worker(adapters_path: str) -> dict:
 
 def inventory(adapters_path) -> dict:
     """What the file implements, found by importing it in a launched process (its import may crash or hang)."""
-    from helpers.course.yours.adapters import AdaptersError
+    from helpers.course.yours.adapters import AdaptersError, no_adapters_file
     from helpers.course.yours.report import failure_summary
     from helpers.launch import RankError, launch
 
     path = Path(adapters_path)
     if not path.is_file():
-        raise AdaptersError(f"no adapters file at {path}: pass the path to your assignment's tests/adapters.py")
+        raise no_adapters_file(path)
     try:
         [found] = launch(inventory_worker, 1, str(path.resolve()), backend="gloo", device="cpu", timeout_s=120)
     except (RankError, TimeoutError) as exc:
@@ -74,9 +74,6 @@ def first_launch_worker(adapters_path: str, opts: Options, topics: list[str]) ->
     code is imported once instead of once per launch (about 4 s each on a 2-core CPU). (inventory, {topic: result});
     when this launch crashes or hangs, run() goes back to a launch per step, which pins the failure down; a topic
     that meets a CUDA error (and those after it) is left out, to run in launches of its own."""
-    from helpers.course.yours.kernels.launch import quiet_compile_errors
-
-    quiet_compile_errors()
     found = inventory_worker(adapters_path)
     if "error" in found:
         return found, {}
@@ -94,12 +91,12 @@ def first_launch_worker(adapters_path: str, opts: Options, topics: list[str]) ->
 
 def _first_launch(adapters_path, topics: list[str], opts: Options) -> tuple[dict, dict]:
     """first_launch_worker's answer, or (inventory(), {}) from a launch of its own when that one failed."""
-    from helpers.course.yours.adapters import AdaptersError
+    from helpers.course.yours.adapters import AdaptersError, no_adapters_file
     from helpers.launch import RankError, launch
 
     path = Path(adapters_path)
     if not path.is_file():
-        raise AdaptersError(f"no adapters file at {path}: pass the path to your assignment's tests/adapters.py")
+        raise no_adapters_file(path)
     try:
         [(found, done)] = launch(first_launch_worker, 1, str(path.resolve()), opts, topics, timeout_s=opts.timeout_s)
     except (RankError, TimeoutError):
@@ -278,6 +275,7 @@ def default_python(adapters_path) -> Path | None:
 def main(argv: list[str]) -> int:
     """The command: parse, run (here or in the student's Python), print, save, write the page; 0 only when every
     check of what is implemented, that can run here, passed."""
+    from helpers.course.yours.adapters import no_adapters_file
     from helpers.course.yours.report import checks_table, print_report, side_by_side, summary
     from helpers.env import resolve_profile
     from helpers.results import save_results
@@ -318,7 +316,7 @@ def main(argv: list[str]) -> int:
     if args.repeat < 1 or args.steps < 1 or args.timeout_s <= 0:
         raise ValueError("--repeat and --steps must be at least 1 and --timeout-s positive")
     if not args.adapters.is_file():
-        raise ValueError(f"no adapters file at {args.adapters}: pass the path to your assignment's tests/adapters.py")
+        raise no_adapters_file(args.adapters)
     profile = resolve_profile(args.profile)
     opts = replace(
         Options(),

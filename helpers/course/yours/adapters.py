@@ -7,6 +7,7 @@ ADAPTERS lists every name by topic. An adapter that raises NotImplementedError i
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 import sys
@@ -157,15 +158,39 @@ def fix_for(exc: ModuleNotFoundError, root: Path, path: Path | None = None) -> s
     return f"{sys.executable} -m pip install {PIP_NAMES.get(top, top)}"
 
 
+def no_adapters_file(path) -> AdaptersError:
+    """The error for a path with no file: what to pass, and the adapters files one or two folders below the folder
+    the path names (2024's assignment keeps them in cs336-systems/tests/), when there are any."""
+    base = Path(path).parent.parent
+    found = sorted(base.glob("*/tests/adapters.py")) + sorted(base.glob("*/*/tests/adapters.py"))
+    hint = f"; found: {', '.join(map(str, found[:3]))}" if found and base != Path(path).parent else ""
+    return AdaptersError(f"no adapters file at {path}: pass the path to your assignment's tests/adapters.py{hint}")
+
+
+class _CriticalOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL
+
+
+def quiet_compile_errors() -> None:
+    """In a process that runs a student's code: no error log from torch's fake tensors when their torch.compile'd
+    code fails to trace (a screenful on the terminal, above the report); the check catches the exception and reports
+    it. A filter, not a level: torch._logging resets its loggers' levels when dynamo starts."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    if not any(isinstance(f, _CriticalOnly) for f in log.filters):
+        log.addFilter(_CriticalOnly())
+
+
 def load(path) -> ModuleType:
     """Import the adapters file as pytest would: its own folder and the root (prepare()) first on sys.path, and the
     working directory a folder pytest may run from (the assignment root, else an ancestor up to the repository's root:
     student_env.run_dirs), so that a relative sys.path entry of the file resolves as under pytest; such entries are
     then made absolute. AdaptersError, saying what to do, if it cannot be imported from any of them."""
     global _LOADED_FROM
+    quiet_compile_errors()
     path = Path(path)
     if not path.is_file():
-        raise AdaptersError(f"no adapters file at {path}: pass the path to your assignment's tests/adapters.py")
+        raise no_adapters_file(path)
     root = assignment_root(path)
     dirs = E.run_dirs(path, root)
     prepare(root, dirs)

@@ -6,7 +6,6 @@ within one, the checks not yet judged in a fresh process, the one that broke it 
 from __future__ import annotations
 
 import importlib
-import logging
 import re
 import tempfile
 from dataclasses import replace
@@ -18,31 +17,12 @@ from helpers.course.yours.options import RUNNERS, Options
 from helpers.course.yours.report import ERROR, Check, TopicResult, failure_summary, passed
 
 
-class _CriticalOnly(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.CRITICAL
-
-
-def quiet_compile_errors() -> None:
-    """In a checked process: no error log from torch's fake tensors when a student's torch.compile'd code fails to
-    trace (a screenful on the terminal, above the report); the check catches the exception and reports it. A filter,
-    not a level: torch._logging resets its loggers' levels when dynamo starts."""
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    if not any(isinstance(f, _CriticalOnly) for f in log.filters):
-        log.addFilter(_CriticalOnly())
-
-
-def _quietly(fn, *args):
-    quiet_compile_errors()
-    return fn(*args)
-
-
 def _in_rank(fn, path: str, opts: Options, *args):
     """fn(path, opts, *args) in one launched rank: its TopicResult, or the launch failure (crash, hang)."""
     from helpers.launch import RankError, launch
 
     try:
-        return launch(_quietly, 1, fn, path, opts, *args, timeout_s=opts.timeout_s)[0]
+        return launch(fn, 1, path, opts, *args, timeout_s=opts.timeout_s)[0]
     except (RankError, TimeoutError) as exc:
         return exc
 
