@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from browser import needs_chromium, start_chrome
 
+from helpers.attention.pytorch import FlashAttentionPyTorch
 from helpers.course.yours import Options, inventory, run
 from helpers.course.yours import kernels as K
 from helpers.course.yours.adapters import AdaptersError, assignment_root
@@ -714,19 +715,12 @@ def test_a_layout_case_whose_contiguous_twin_raises_is_not_the_layouts_fault():
     assert layout_check(check, None, Case(64, expanded=True)) == "wrong with a stride-0 gradient"  # still judged
 
 
-class MaskLeftOut(torch.autograd.Function):
-    """Exact attention that leaves is_causal out, as the handout lets the PyTorch version do."""
+class MaskLeftOut(FlashAttentionPyTorch):
+    """Our FlashAttention with is_causal left out, as the handout lets the PyTorch version do."""
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False):
-        ctx.save_for_backward(q, k, v)
-        return F.scaled_dot_product_attention(q, k, v)
-
-    @staticmethod
-    def backward(ctx, do):
-        with torch.enable_grad():
-            q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-            return (*torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), do), None)
+        return FlashAttentionPyTorch.forward(ctx, q, k, v, False)
 
 
 def test_a_pytorch_version_without_the_mask_is_judged_on_4d_tails_and_bf16_for_what_they_are():
