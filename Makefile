@@ -34,7 +34,7 @@
 # TRITON is the course's pin (2026: triton 3.6, torch 2.11's and the GPU image's), installed only where the torch just
 # installed requires no Triton of its own: a CPU build, so a student's block-pointer kernel runs in the interpreter
 # here. PyPI's CUDA wheels require the one Triton inductor was built for (2.11: 3.6; 2.13: its own), which is kept
-# (helpers.env.triton_to_install decides). With TORCH= it is empty too (the machine's own triton matches its torch).
+# (helpers/pins.py decides). With TORCH= it is empty too (the machine's own triton matches its torch).
 # Without CUDA, `make test` runs the kernel tests again under NEWEST_TRITON, so the kernels work in both.
 
 PYTHON    ?= python3
@@ -58,7 +58,7 @@ REFERENCE_ARGS ?=
 WHEELS_DIR ?= build/wheels
 WHEELS_PYTHON ?= 3.12
 
-.PHONY: setup test test-newest-triton lint format writeup lab strip bench stress yours reference wheels smoke-wheels smoke-offline clean
+.PHONY: setup test test-setup test-newest-triton lint format writeup lab strip bench stress yours reference wheels smoke-wheels smoke-offline clean
 
 # A PYTHON that is itself a venv (GPU images: torch in /opt/.../.venv): --system-site-packages would show .venv only
 # the *base* interpreter's packages (CPython #95469), so a .pth file in .venv lists the outer venv's site-packages.
@@ -69,9 +69,9 @@ $(PY):
 	$(if $(and $(findstring --system-site-packages,$(VENV_ARGS)),$(strip $(OUTER_SITE))),\
 	    printf '%s\n' $(OUTER_SITE) > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/outer-venv.pth")
 
-# TRITON, or nothing where the installed torch requires a Triton (it prints the requirement to install, or nothing)
-TRITON_FOR_TORCH = $(PY) -c 'import importlib.metadata as m, sys, helpers.env as e; \
-    print(e.triton_to_install(m.requires("torch"), sys.argv[1]) or "")'
+# TRITON, or nothing where the installed torch requires a Triton: helpers/pins.py reads torch's metadata (run as a
+# script, it imports neither torch nor helpers) and prints the requirement, which joins the project's install
+TRITON_FOR_TORCH = $(if $(strip $(TRITON)),$(PY) helpers/pins.py "$(TRITON)")
 
 # Bytecode: pip byte-compiles every module it installs, on one core (about 20 s of a 2-core laptop's setup, torch
 # and the Jupyter stack). Installed with --no-compile instead, the modules a run imports are compiled once, by two
@@ -92,9 +92,7 @@ NO_ISOLATION = $(PY) -c 'import setuptools as s; print("--no-build-isolation" * 
 
 $(VENV)/.installed: pyproject.toml Makefile | $(PY)
 	$(if $(strip $(TORCH)),$(PIP_INSTALL) "$(TORCH)")
-	$(if $(strip $(TRITON)),pin="$$($(TRITON_FOR_TORCH) "$(TRITON)")" && if [ -n "$$pin" ]; then \
-	    $(PIP_INSTALL) "$$pin"; fi)
-	$(PIP_INSTALL) $$($(NO_ISOLATION)) -e ".[dev]"
+	pin="$$($(TRITON_FOR_TORCH))" && $(PIP_INSTALL) $$($(NO_ISOLATION)) $${pin:+"$$pin"} -e ".[dev]"
 	for group in $(WARM_IMPORTS); do $(WARM) "$$group" >/dev/null 2>&1 & done; wait
 	mkdir -p $(@D) && touch $@
 
@@ -130,7 +128,12 @@ TESTS ?= $(if $(filter 1,$(HAS_CUDA)),$(SMOKE_TESTS),tests)
 NEWEST_ENV = HELPERS_NEWEST_TRITON=$(subst triton==,,$(NEWEST_TRITON)) HELPERS_NEWEST_DIR=$(NEWEST_DIR) \
 	HELPERS_KERNEL_TESTS="$(KERNEL_TESTS)"
 
-test: setup
+# Where no GPU is in sight, NEWEST_TRITON's install (unpacking, about 5 s) runs beside setup's instead of after it;
+# the test recipe installs it where torch turns out to have no CUDA after all
+test-setup:
+	$(MAKE) --no-print-directory $(if $(wildcard /dev/nvidiactl),,-j2 $(NEWEST_STAMP)) setup
+
+test: test-setup
 	rm -f $(TEST_TIMES)
 	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory $(NEWEST_STAMP))
 	$(if $(filter 0,$(HAS_CUDA)),$(NEWEST_ENV)) HELPERS_TEST_TIMES=$(TEST_TIMES) HELPERS_BUDGET_SCALE=0.5 HELPERS_PROFILE=cpu $(PY) -m pytest \
@@ -139,7 +142,7 @@ test: setup
 
 # installed apart once per NEWEST_TRITON (its stamp names the version): pip --target reinstalls on every call (8 s)
 NEWEST_STAMP = $(NEWEST_DIR)/.installed-$(subst triton==,,$(NEWEST_TRITON))
-$(NEWEST_STAMP): | setup
+$(NEWEST_STAMP): | $(PY)
 	rm -rf $(NEWEST_DIR)
 	$(PIP_INSTALL) --no-deps --target $(NEWEST_DIR) "$(NEWEST_TRITON)"
 	touch $@

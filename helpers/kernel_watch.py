@@ -14,12 +14,26 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
 POLL_S = 1.0  # how often a wait for the kernel's next message checks that the kernel still runs
 TAIL_BYTES = 16384  # how much of the kernel's stderr is kept (the last lines are shown)
 TAIL_LINES = 20
+
+
+def skip_iri_grammar() -> None:
+    """Leave out jsonschema's check of the "iri" string format, which no notebook's schema uses: jsonschema (which
+    nbformat imports) compiles an RFC 3987 grammar for it when rfc3987_syntax is installed (JupyterLab brings it),
+    1.2 s of a core in every process that reads a notebook (each pytest worker, the writeup). Marked absent before
+    jsonschema's first import, as where that optional package is not installed. At this module's import: it is the
+    plugin pytest loads before nbval, and the writeup imports it first."""
+    if "jsonschema" not in sys.modules:
+        sys.modules.setdefault("rfc3987_syntax", None)
+
+
+skip_iri_grammar()
 
 
 class KernelDied(RuntimeError):

@@ -1,5 +1,6 @@
 """Profiles, machine facts, and the Triton interpreter switch."""
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import env
+from helpers import env, pins
 
 
 def test_auto_profile_follows_cuda(monkeypatch):
@@ -45,18 +46,31 @@ TORCH_CPU = ["filelock", "sympy>=1.13.3", 'optree>=0.13.0; extra == "optree"']
 
 @pytest.mark.parametrize(
     "requires, installs",
-    [(TORCH_211_CU130, None), (TORCH_213_CUDA, None), (TORCH_NIGHTLY, None), (TORCH_CPU, env.COURSE_TRITON)],
+    [(TORCH_211_CU130, None), (TORCH_213_CUDA, None), (TORCH_NIGHTLY, None), (TORCH_CPU, pins.COURSE_TRITON)],
     ids=["cuda 2.11 keeps its 3.6", "cuda 2.13 keeps its own", "nightly keeps pytorch-triton", "cpu build: the pin"],
 )
 def test_make_setup_keeps_the_triton_torch_requires(requires, installs):
     """Issue 47 item 4: PyPI's CUDA torch requires the one Triton inductor was built for; pinning the course's 3.6
     beside torch 2.13 would make inductor generate code for a Triton it was not built for. The pin is for a torch that
     requires none (a CPU build: the interpreter runs a student's block-pointer kernel)."""
-    assert env.triton_to_install(requires) == installs
-    assert env.triton_to_install(requires + ['triton; extra == "compile"'], "triton==9") == (installs and "triton==9")
+    assert pins.triton_to_install(requires) == installs
+    assert pins.triton_to_install(requires + ['triton; extra == "compile"'], "triton==9") == (installs and "triton==9")
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
-    assert 'e.triton_to_install(m.requires("torch"), sys.argv[1])' in makefile  # what make setup asks, then installs
+    assert '$(PY) helpers/pins.py "$(TRITON)"' in makefile  # what make setup asks (torch-free), then installs
     assert not any(line.strip().startswith("$(if $(strip $(TRITON)),$(PY) -m pip") for line in makefile.splitlines())
+
+
+def test_make_setup_asks_the_pin_of_torchs_metadata_without_importing_torch():
+    """make setup runs helpers/pins.py as a script right after torch's install: it reads torch's requirements from
+    its metadata and prints the pin, or nothing, without importing torch or the helpers package (2.6 s of setup)."""
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "helpers/pins.py", "triton==9"], cwd=root, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (pins.triton_to_install(importlib.metadata.requires("torch"), "triton==9") or "")
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in run.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "helpers"}, imported & {"torch", "helpers"}
 
 
 def test_the_device_follows_the_machine_not_the_profile(monkeypatch):

@@ -12,7 +12,8 @@ import torch
 from helpers.__main__ import BENCHMARKS
 
 PKG = Path(__file__).resolve().parent.parent / "helpers"
-INFRASTRUCTURE = {"env", "launch", "timing", "results", "writeup", "kernel_watch", "calculator", "budget", "section"}
+INFRASTRUCTURE = {"env", "pins", "launch", "timing", "results", "writeup", "kernel_watch", "calculator", "budget"}
+INFRASTRUCTURE |= {"section"}
 ENTRY_POINTS = {"__main__", "__init__"}
 
 

@@ -31,6 +31,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import helpers.kernel_watch  # noqa: F401  first: its import leaves out a grammar nbformat's jsonschema would build
 from helpers.writeup.export import (
     CSS_COMMENT,
     LOADED_URL,
