@@ -16,6 +16,7 @@ Notebooks 01 (memory of one step) and 05 (optimizer-state sharding) use it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import weakref
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ class _Tracker(TorchDispatchMode):
         ):
             return
         storage = t.untyped_storage()
-        key = storage_key(t)
+        key = (str(t.device), storage._cdata)  # storage_key(t), from the storage in hand
         nbytes = storage.nbytes()
         if key in self.live or nbytes == 0:
             return
@@ -121,10 +122,16 @@ class _Tracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            self.add(t, func.__name__.split(".")[0])
+        for t in (out,) if isinstance(out, torch.Tensor) else tree_leaves(out):
+            self.add(t, _op_name(func))
         self.timeline.append((len(self.timeline), self.current))
         return out
+
+
+@functools.cache
+def _op_name(func) -> str:
+    """'mm' for aten.mm.default: what an allocation's row names as the op that made it."""
+    return func.__name__.split(".")[0]
 
 
 @dataclass
