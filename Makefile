@@ -75,16 +75,19 @@ TRITON_FOR_TORCH = $(if $(strip $(TRITON)),$(PY) helpers/pins.py "$(TRITON)")
 
 # Bytecode: pip byte-compiles every module it installs, on one core (about 20 s of a 2-core laptop's setup, torch
 # and the Jupyter stack). Installed with --no-compile instead, the modules a run imports are compiled once, by two
-# warm-up imports side by side (WARM_IMPORTS), and any other module at its first import. So that each is written once,
-# not compiled again in every process, a PYTHONDONTWRITEBYTECODE from the environment (some images set it) is not
-# passed to what make runs: .venv and this repository's __pycache__ folders are ours. A warm-up that fails costs
-# nothing but time: the import fails again, with its message, where a run needs it.
+# warm-ups side by side (WARM_TORCH; WARM_TOOLS, then WARM_TESTS: collecting tests/ saves pytest's assertion rewriting
+# of the test files once, where make test's workers would each do it at their start, 3-4 s apiece), and any other
+# module at its first import. So that each is written once, not compiled again in every process, a
+# PYTHONDONTWRITEBYTECODE from the environment (some images set it) is not passed to what make runs: .venv and this
+# repository's __pycache__ folders are ours. A warm-up that fails costs nothing but time: the import fails again,
+# with its message, where a run needs it.
 unexport PYTHONDONTWRITEBYTECODE
 PIP_INSTALL = $(PY) -m pip install --quiet --no-compile
-WARM_IMPORTS = "helpers.launch torch._inductor.compile_fx torch.distributed.fsdp triton pandas" \
-	"nbval.plugin xdist nbclient ipykernel.kernelapp matplotlib.pyplot selenium.webdriver"
+WARM_TORCH = helpers.launch torch._inductor.compile_fx torch.distributed.fsdp triton pandas
+WARM_TOOLS = nbval.plugin xdist nbclient ipykernel.kernelapp matplotlib.pyplot selenium.webdriver
 WARM = $(PY) -c 'import importlib as i, importlib.util as u, sys; \
     [i.import_module(m) for m in sys.argv[1].split() if u.find_spec(m.split(".")[0])]'
+WARM_TESTS = $(PY) -m pytest --collect-only -q -p no:cacheprovider tests
 # Our editable install builds with the venv's own setuptools where it has one that pyproject.toml accepts (Python
 # 3.11's venv does; 3.12's has none): an isolated build installs setuptools again first (5 s)
 NO_ISOLATION = $(PY) -c 'import setuptools as s; print("--no-build-isolation" * (int(s.__version__.split(".")[0]) >= 64))' \
@@ -93,7 +96,7 @@ NO_ISOLATION = $(PY) -c 'import setuptools as s; print("--no-build-isolation" * 
 $(VENV)/.installed: pyproject.toml Makefile | $(PY)
 	$(if $(strip $(TORCH)),$(PIP_INSTALL) "$(TORCH)")
 	pin="$$($(TRITON_FOR_TORCH))" && $(PIP_INSTALL) $$($(NO_ISOLATION)) $${pin:+"$$pin"} -e ".[dev]"
-	for group in $(WARM_IMPORTS); do $(WARM) "$$group" >/dev/null 2>&1 & done; wait
+	$(WARM) "$(WARM_TORCH)" >/dev/null 2>&1 & { $(WARM) "$(WARM_TOOLS)" && $(WARM_TESTS); } >/dev/null 2>&1 & wait
 	mkdir -p $(@D) && touch $@
 
 setup: $(VENV)/.installed
