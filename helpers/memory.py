@@ -51,10 +51,11 @@ class Allocation:
     alloc_id: int
 
 
-def storage_key(t: torch.Tensor) -> tuple[str, int]:
+def storage_key(t: torch.Tensor, storage=None) -> tuple[str, int]:
     """Which storage `t` lives in: its device and the storage object's identity (not its data pointer, which a
-    storage resized to 0 bytes and grown again changes, and which a new storage may reuse while an old one lives on)."""
-    return str(t.device), t.untyped_storage()._cdata
+    storage resized to 0 bytes and grown again changes, and which a new storage may reuse while an old one lives on).
+    `storage`: t.untyped_storage() where the caller holds it already."""
+    return str(t.device), (t.untyped_storage() if storage is None else storage)._cdata
 
 
 class _Tracker(TorchDispatchMode):
@@ -88,7 +89,7 @@ class _Tracker(TorchDispatchMode):
         ):
             return
         storage = t.untyped_storage()
-        key = (str(t.device), storage._cdata)  # storage_key(t), from the storage in hand
+        key = storage_key(t, storage)
         nbytes = storage.nbytes()
         if key in self.live or nbytes == 0:
             return

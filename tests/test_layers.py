@@ -12,8 +12,18 @@ import torch
 from helpers.__main__ import BENCHMARKS
 
 PKG = Path(__file__).resolve().parent.parent / "helpers"
-INFRASTRUCTURE = {"env", "pins", "launch", "timing", "results", "writeup", "kernel_watch", "calculator", "budget"}
-INFRASTRUCTURE |= {"section"}
+INFRASTRUCTURE = {
+    "env",
+    "pins",
+    "launch",
+    "timing",
+    "results",
+    "writeup",
+    "kernel_watch",
+    "calculator",
+    "budget",
+    "section",
+}
 ENTRY_POINTS = {"__main__", "__init__"}
 
 
