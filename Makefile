@@ -74,16 +74,21 @@ $(PY):
 TRITON_FOR_TORCH = $(if $(strip $(TRITON)),$(PY) helpers/pins.py "$(TRITON)")
 
 # Bytecode: pip byte-compiles every module it installs, on one core (about 20 s of a 2-core laptop's setup, torch
-# and the Jupyter stack). Installed with --no-compile instead, the modules a run imports are compiled once, by two
-# warm-ups side by side (WARM_TORCH; WARM_TOOLS, then WARM_TESTS: collecting tests/ saves pytest's assertion rewriting
-# of the test files once, where make test's workers would each do it at their start, 3-4 s apiece), and any other
-# module at its first import. So that each is written once, not compiled again in every process, a
-# PYTHONDONTWRITEBYTECODE from the environment (some images set it) is not passed to what make runs: .venv and this
-# repository's __pycache__ folders are ours. A warm-up that fails costs nothing but time: the import fails again,
-# with its message, where a run needs it.
+# and the Jupyter stack). Installed with --no-compile instead, the modules a run imports are compiled once by
+# warm-ups on the core pip leaves idle: WARM_TORCH beside the project's install (torch is in by then; a module of a
+# package still being unpacked just fails to import there, and is compiled at its first real import), then WARM_LIBS
+# beside WARM_TOOLS and WARM_TESTS (collecting tests/ saves pytest's assertion rewriting of the test files once, where
+# make test's workers would each do it at their start, 3-4 s apiece); any other module at its first import. So that
+# each is written once, not compiled again in every process, a PYTHONDONTWRITEBYTECODE from the environment (some
+# images set it) is not passed to what make runs: .venv and this repository's __pycache__ folders are ours. A warm-up
+# that fails costs nothing but time: the import fails again, with its message, where a run needs it.
+# pip: Python 3.11's own (23.2) spends 15 s of the project's install on matching every link of the indexes' pages
+# to this platform's tags; a current pip takes 7 s (a 2-core EPYC, 127 packages). Upgraded first, from wherever pip
+# installs from; offline, where none is found, the venv's own pip stays.
 unexport PYTHONDONTWRITEBYTECODE
 PIP_INSTALL = $(PY) -m pip install --quiet --no-compile
-WARM_TORCH = helpers.launch torch._inductor.compile_fx torch.distributed.fsdp triton pandas
+WARM_TORCH = torch._dynamo torch._inductor.compile_fx torch.distributed.fsdp
+WARM_LIBS = helpers.launch triton pandas
 WARM_TOOLS = nbval.plugin xdist nbclient ipykernel.kernelapp matplotlib.pyplot selenium.webdriver
 WARM = $(PY) -c 'import importlib as i, importlib.util as u, sys; \
     [i.import_module(m) for m in sys.argv[1].split() if u.find_spec(m.split(".")[0])]'
@@ -94,9 +99,11 @@ NO_ISOLATION = $(PY) -c 'import setuptools as s; print("--no-build-isolation" * 
 	2>/dev/null
 
 $(VENV)/.installed: pyproject.toml Makefile | $(PY)
+	$(PIP_INSTALL) --upgrade pip
 	$(if $(strip $(TORCH)),$(PIP_INSTALL) "$(TORCH)")
-	pin="$$($(TRITON_FOR_TORCH))" && $(PIP_INSTALL) $$($(NO_ISOLATION)) $${pin:+"$$pin"} -e ".[dev]"
-	$(WARM) "$(WARM_TORCH)" >/dev/null 2>&1 & { $(WARM) "$(WARM_TOOLS)" && $(WARM_TESTS); } >/dev/null 2>&1 & wait
+	$(WARM) "$(WARM_TORCH)" >/dev/null 2>&1 & pin="$$($(TRITON_FOR_TORCH))" && \
+	    $(PIP_INSTALL) $$($(NO_ISOLATION)) $${pin:+"$$pin"} -e ".[dev]"; status=$$?; wait; exit $$status
+	$(WARM) "$(WARM_LIBS)" >/dev/null 2>&1 & { $(WARM) "$(WARM_TOOLS)" && $(WARM_TESTS); } >/dev/null 2>&1 & wait
 	mkdir -p $(@D) && touch $@
 
 setup: $(VENV)/.installed
@@ -121,6 +128,9 @@ TEST_TIMES ?= build/test_times.jsonl
 # compiled with the machine's own Triton (the rest of tests/ is the CPU's; TESTS=tests runs it too). Without CUDA,
 # the kernel tests run a second time in the interpreter of NEWEST_TRITON (installed apart, in build/, first on
 # PYTHONPATH). EXPECT_TRITON: test_kernels checks that each run imported the Triton it names.
+# TORCHINDUCTOR_VEC_ISA_OK=1: inductor takes the CPU's vector ISA from its flags instead of proving each by compiling
+# a probe, once per cache folder (about 6 s of a cold cache's first compile on a 2-core EPYC): what it generates is
+# the same, and `make writeup` still probes.
 # HAS_CUDA: asked of torch once, when first read (after setup has made .venv): each import of torch costs seconds
 HAS_CUDA = $(eval HAS_CUDA := $$(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))"))$(HAS_CUDA)
 SMOKE_TESTS := $(KERNEL_TESTS) tests/test_gpu_setups.py
@@ -139,7 +149,8 @@ test-setup:
 test: test-setup
 	rm -f $(TEST_TIMES)
 	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory $(NEWEST_STAMP))
-	$(if $(filter 0,$(HAS_CUDA)),$(NEWEST_ENV)) HELPERS_TEST_TIMES=$(TEST_TIMES) HELPERS_BUDGET_SCALE=0.5 HELPERS_PROFILE=cpu $(PY) -m pytest \
+	$(if $(filter 0,$(HAS_CUDA)),$(NEWEST_ENV)) HELPERS_TEST_TIMES=$(TEST_TIMES) HELPERS_BUDGET_SCALE=0.5 HELPERS_PROFILE=cpu \
+	    TORCHINDUCTOR_VEC_ISA_OK=1 $(PY) -m pytest \
 	    -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --nbval-lax --nbval-current-env \
 	    --nbval-cell-timeout=$(CELL_TIMEOUT) $(TESTS) notebooks
 
