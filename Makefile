@@ -131,8 +131,9 @@ TEST_TIMES ?= build/test_times.jsonl
 # TORCHINDUCTOR_VEC_ISA_OK=1: inductor takes the CPU's vector ISA from its flags instead of proving each by compiling
 # a probe, once per cache folder (about 6 s of a cold cache's first compile on a 2-core EPYC): what it generates is
 # the same, and `make writeup` still probes.
-# HAS_CUDA: asked of torch once, when first read (after setup has made .venv): each import of torch costs seconds
-HAS_CUDA = $(eval HAS_CUDA := $$(shell $(PY) -c "import torch; print(int(torch.cuda.is_available()))"))$(HAS_CUDA)
+# HAS_CUDA: asked once, when first read (after setup has made .venv); helpers/pins.py answers for a CPU build of
+# torch without importing it (seconds), and imports it to ask torch.cuda where the build has CUDA
+HAS_CUDA = $(eval HAS_CUDA := $$(shell $(PY) helpers/pins.py --cuda))$(HAS_CUDA)
 SMOKE_TESTS := $(KERNEL_TESTS) tests/test_gpu_setups.py
 TESTS ?= $(if $(filter 1,$(HAS_CUDA)),$(SMOKE_TESTS),tests)
 
@@ -149,8 +150,8 @@ test-setup:
 test: test-setup
 	rm -f $(TEST_TIMES)
 	$(if $(filter 0,$(HAS_CUDA)),$(MAKE) --no-print-directory $(NEWEST_STAMP))
-	$(if $(filter 0,$(HAS_CUDA)),$(NEWEST_ENV)) HELPERS_TEST_TIMES=$(TEST_TIMES) HELPERS_BUDGET_SCALE=0.5 HELPERS_PROFILE=cpu \
-	    TORCHINDUCTOR_VEC_ISA_OK=1 $(PY) -m pytest \
+	$(if $(filter 0,$(HAS_CUDA)),$(NEWEST_ENV)) TORCHINDUCTOR_VEC_ISA_OK=1 HELPERS_TEST_TIMES=$(TEST_TIMES) \
+	    HELPERS_BUDGET_SCALE=0.5 HELPERS_PROFILE=cpu $(PY) -m pytest \
 	    -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --nbval-lax --nbval-current-env \
 	    --nbval-cell-timeout=$(CELL_TIMEOUT) $(TESTS) notebooks
 

@@ -1,5 +1,7 @@
-"""Which Triton `make setup` installs beside torch; torch-free, run as a script by the Makefile before the rest of the
-environment is installed (`python helpers/pins.py PIN` prints the requirement to install, or nothing)."""
+"""What the Makefile reads of the installed torch without importing it (an import takes seconds), run as a script:
+which Triton `make setup` installs beside torch, before the rest of the environment is installed (`python
+helpers/pins.py PIN` prints the requirement to install, or nothing), and whether `make test` is the GPU smoke run
+(`python helpers/pins.py --cuda` prints 1 or 0)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,32 @@ def triton_to_install(torch_requires: list[str] | None, pin: str = COURSE_TRITON
     return None if any("triton" in _requirement_name(r) for r in required) else pin
 
 
-if __name__ == "__main__":  # the installed torch's requirements, read from its metadata (importing torch takes seconds)
-    import importlib.metadata
+def gpu_build(version: dict) -> bool:
+    """Whether a torch build, by its torch/version.py (`version`: that file's names), was built for a GPU that
+    torch.cuda drives (CUDA, or ROCm through HIP): only then is it worth importing torch to ask for a device."""
+    return bool(version.get("cuda") or version.get("hip"))
 
-    print(triton_to_install(importlib.metadata.requires("torch"), sys.argv[1]) or "")
+
+def has_cuda() -> int:
+    """1 where torch.cuda.is_available(), else 0; a CPU build of torch answers from its version.py, unimported."""
+    import importlib.util
+    import os
+    import runpy
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return 0
+    if not gpu_build(runpy.run_path(os.path.join(os.path.dirname(spec.origin), "version.py"))):
+        return 0
+    import torch
+
+    return int(torch.cuda.is_available())
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--cuda"]:
+        print(has_cuda())
+    else:  # the installed torch's requirements, read from its metadata
+        import importlib.metadata
+
+        print(triton_to_install(importlib.metadata.requires("torch"), sys.argv[1]) or "")

@@ -73,6 +73,30 @@ def test_make_setup_asks_the_pin_of_torchs_metadata_without_importing_torch():
     assert not imported & {"torch", "helpers"}, imported & {"torch", "helpers"}
 
 
+@pytest.mark.parametrize(
+    "version, gpu",
+    [(dict(cuda=None, hip=None), False), (dict(cuda="13.0", hip=None), True), (dict(cuda=None, hip="7.0"), True)],
+    ids=["cpu", "cuda", "rocm"],
+)
+def test_make_test_asks_torch_for_a_device_only_where_its_build_has_one(version, gpu):
+    """make test's HAS_CUDA (the smoke run or not) from helpers/pins.py --cuda: a CPU build answers 0 from its
+    version.py without importing torch (1.5 s on make test's critical path); a CUDA or ROCm build imports torch and
+    asks torch.cuda, as the Makefile did for every build."""
+    assert pins.gpu_build(version) is gpu
+    assert "$(PY) helpers/pins.py --cuda" in (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+
+
+def test_the_cuda_answer_is_torchs_and_a_cpu_build_gives_it_unimported():
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "helpers/pins.py", "--cuda"], cwd=root, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(int(torch.cuda.is_available()))
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in run.stderr.splitlines() if "|" in line}
+    assert ("torch" in imported) is pins.gpu_build(vars(torch.version)), imported & {"torch"}
+
+
 def test_the_device_follows_the_machine_not_the_profile(monkeypatch):
     monkeypatch.setenv(env.AUTO_PROFILE_VAR, "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
