@@ -279,12 +279,20 @@ def backends_section(df: pd.DataFrame) -> Result:
 
 def torchrun_section(profile: str, sizes: int = 4, timeout_s: float = 300) -> Result:
     """`python -m helpers bench collectives` under torchrun, two ranks on this machine, all-reduce of the profile's
-    first `sizes` sizes: it must exit 0 (it saves its rows as RESULTS_NAME); notes: the command and its summary."""
+    first `sizes` sizes: it must exit 0, rank 0 alone saving its rows as RESULTS_NAME, one per size asked, two ranks
+    on one node, every result exact; notes: the command and its summary. (make test runs it in notebook 03: the
+    torchrun entry point's test.)"""
+    asked = list(PROFILE_GRID[profile]["sizes"][:sizes])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     cmd += ["-m", "helpers", "bench", "collectives", "--profile", profile, "--ops", "all_reduce"]
-    cmd += ["--sizes", *[f"{s}B" for s in PROFILE_GRID[profile]["sizes"][:sizes]]]
+    cmd += ["--sizes", *[f"{s}B" for s in asked]]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stdout + done.stderr
+    saved = [line.removeprefix("saved ") for line in done.stdout.splitlines() if line.startswith("saved ")]
+    assert len(saved) == 1, done.stdout  # rank 0 reports and saves; rank 1 stays quiet
+    rows = load_results(saved[0]).frame()
+    assert rows["size_bytes"].tolist() == asked, rows
+    assert (rows["world_size"] == 2).all() and (rows["nodes"] == 1).all() and (rows["wrong"] == 0).all(), rows
     shown = shlex.join(["python", *cmd[1:]])
     return Result(notes=[f"ran: {shown}", done.stdout.strip().splitlines()[-1]], values={"returncode": 0})
 
@@ -310,10 +318,13 @@ def plot_saved(run):
 
 def rehearsal_section(profile: str) -> Result:
     """The two-node path rehearsed on this machine (two torchrun agents, gloo, loopback): every result exact, two
-    nodes, two ranks, the topology saying so; saved (03_two_node_rehearsal); notes: the agents' commands."""
-    rehearsal = two_node_rehearsal(PROFILE_GRID[profile]["sizes"][:2], profile=profile)  # raises with the stderr
+    nodes, two ranks, one row per size asked, each timed, the provenance's topology saying so; saved
+    (03_two_node_rehearsal); notes: the agents' commands. (make test runs it in notebook 03: the rehearsal's test.)"""
+    sizes = list(PROFILE_GRID[profile]["sizes"][:2])
+    rehearsal = two_node_rehearsal(sizes, profile=profile)  # raises with the stderr
     assert (rehearsal["wrong"] == 0).all() and (rehearsal["nodes"] == 2).all() and (rehearsal["world_size"] == 2).all()
-    assert rehearsal["topology"].str.contains("simulated on 1 host").all(), rehearsal["topology"].unique()
+    assert rehearsal["size_bytes"].tolist() == sizes and (rehearsal["time_s"] > 0).all(), rehearsal
+    assert (rehearsal["topology"] == "2 node(s) simulated on 1 host(s)").all(), rehearsal["topology"].unique()
     saved = save_results(rehearsal, "03_two_node_rehearsal", profile=profile)
     table = rehearsal[[*REHEARSAL_COLUMNS, "iters", "wrong"]]
     return Result(table, notes=list(rehearsal.attrs["commands"]), saved=saved, values={"rows": len(rehearsal)})
