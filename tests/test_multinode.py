@@ -5,7 +5,7 @@ its rows, sizes and topology checked there); this file rehearses the DDP benchma
 
 import json
 
-from helpers.launch import run_simulated_nodes
+from helpers.launch import run_simulated_nodes, topology_label
 
 
 def test_ddp_bench_on_two_simulated_nodes(tmp_path):
@@ -32,5 +32,10 @@ def test_ddp_bench_on_two_simulated_nodes(tmp_path):
     assert "identical weights after training: True" in runs[0].stdout and runs[1].stdout == ""  # rank 0 reports
     lines = [json.loads(line) for line in (tmp_path / "ddp_bench.jsonl").read_text().splitlines()]
     provenance, rows = lines[0]["provenance"], lines[1:]
-    assert provenance["topology"] == "2 node(s) simulated on 1 host(s)" and provenance["same_weights"]
+    assert provenance["topology"] == topology_label(2, 1) and provenance["same_weights"]
     assert [r["wrapper"] for r in rows] == ["bucketed", "torch_ddp"] and all(r["world_size"] == 2 for r in rows)
+
+
+def test_the_topology_label_says_when_nodes_were_simulated():
+    assert topology_label(2, 1) == "2 node(s) simulated on 1 host(s)"  # what notebook 03's rehearsal must read
+    assert topology_label(2, 2) == topology_label(2, 3) == "2 node(s)"

@@ -36,6 +36,7 @@ from helpers.experiments.collectives import (
 )
 from helpers.experiments.collectives_tables import fit_table
 from helpers.formulas import busbw_factor
+from helpers.launch import topology_label
 from helpers.results import ROOT, find_results, load_results, save_results
 from helpers.section import Result
 
@@ -324,7 +325,7 @@ def rehearsal_section(profile: str) -> Result:
     rehearsal = two_node_rehearsal(sizes, profile=profile)  # raises with the stderr
     assert (rehearsal["wrong"] == 0).all() and (rehearsal["nodes"] == 2).all() and (rehearsal["world_size"] == 2).all()
     assert rehearsal["size_bytes"].tolist() == sizes and (rehearsal["time_s"] > 0).all(), rehearsal
-    assert (rehearsal["topology"] == "2 node(s) simulated on 1 host(s)").all(), rehearsal["topology"].unique()
+    assert (rehearsal["topology"] == topology_label(nodes=2, hosts=1)).all(), rehearsal["topology"].unique()
     saved = save_results(rehearsal, "03_two_node_rehearsal", profile=profile)
     table = rehearsal[[*REHEARSAL_COLUMNS, "iters", "wrong"]]
     return Result(table, notes=list(rehearsal.attrs["commands"]), saved=saved, values={"rows": len(rehearsal)})

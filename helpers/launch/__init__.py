@@ -37,7 +37,7 @@ from helpers.launch.core import (
 )
 from helpers.launch.demo import all_reduce_rank_ids, fail_on_rank, skip_collective_on_rank
 from helpers.launch.failures import RankError
-from helpers.launch.nodes import free_port, run_simulated_nodes, torchrun_topology
+from helpers.launch.nodes import free_port, run_simulated_nodes, topology_label, torchrun_topology
 
 __all__ = [
     # core
@@ -54,6 +54,7 @@ __all__ = [
     # nodes
     "free_port",
     "run_simulated_nodes",
+    "topology_label",
     "torchrun_topology",
     # demo
     "all_reduce_rank_ids",

@@ -27,8 +27,13 @@ def torchrun_topology() -> dict:
         "nodes": nodes,
         "hosts": hosts,
         "simulated": nodes > hosts,
-        "topology": f"{nodes} node(s)" + (f" simulated on {hosts} host(s)" if nodes > hosts else ""),
+        "topology": topology_label(nodes, hosts),
     }
+
+
+def topology_label(nodes: int, hosts: int) -> str:
+    """How a saved run's provenance names its topology: "2 node(s)", or "2 node(s) simulated on 1 host(s)"."""
+    return f"{nodes} node(s)" + (f" simulated on {hosts} host(s)" if nodes > hosts else "")
 
 
 def free_port() -> int:
