@@ -45,6 +45,17 @@ def test_writeup_executes_exports_and_indexes(tmp_path):
     assert "00_ok.html" in index and "01_bad.html" in index and "FAILED" in index and "profile: <b>cpu</b>" in index
 
 
+def test_a_finished_notebooks_kernel_is_stopped_not_waited_for(tmp_path):
+    """After the last cell the kernel is killed, as nbval does under make test: a graceful shutdown waited for the
+    interpreter's teardown (about 2.5 s a notebook once torch had launched ranks; 9 notebooks a make writeup). Every
+    cell has written what it makes by then; launched ranks are stopped before launch() returns."""
+    marker = tmp_path / "exit-handlers-ran"
+    body = f"import atexit, pathlib\natexit.register(pathlib.Path({str(marker)!r}).touch)"
+    nb, error = writeup.execute(_notebook(tmp_path / "a.ipynb", body), {}, timeout_s=60)
+    assert error is None, error
+    assert not marker.exists(), "the kernel was left to run its exit handlers: make writeup waited for its teardown"
+
+
 def test_committed_notebooks_carry_no_outputs():
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]

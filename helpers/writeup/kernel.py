@@ -90,6 +90,10 @@ def execute(path: Path, params: dict, timeout_s: int = 3600):
         timeout=timeout_s,
         resources={"metadata": {"path": str(path.parent)}},
         extra_arguments=["--IPKernelApp.capture_fd_output=False"],
+        # killed after its last cell, as nbval does: every cell has written what it makes, launch() has stopped its
+        # ranks, and the forkserver ends with its parent; a graceful shutdown waited ~2.5 s a notebook for the
+        # interpreter's teardown once torch had launched ranks
+        shutdown_kernel="immediate",
     )
     stderr = KernelStderr(echo=2)
     running = ["start-up"]
