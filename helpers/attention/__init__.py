@@ -9,20 +9,14 @@ Backward recomputes P = exp(S - L) tile by tile, so no Tq x Tk matrix lives betw
 Without CUDA the kernels run in Triton's interpreter (`import helpers` sets TRITON_INTERPRET=1): correct, but slow.
 
 The parts: .reference (naive attention, its costs, the input checks), .tiles (the launch configuration, from the
-table in .tuned), .pytorch (the tiled spec and FlashAttentionPyTorch), .kernels (the Triton kernels and
-FlashAttentionTriton); every name is re-exported here.
+table in .tuned), .pytorch (the tiled spec and FlashAttentionPyTorch), .kernels (the Triton forward kernel and
+FlashAttentionTriton), .kernels_backward (the backward's three kernels), .kernels_common (what they share); every
+name is re-exported here.
 """
 
-from helpers.attention.kernels import (
-    DELTA_BLOCK,
-    FlashAttentionTriton,
-    _as_4d,
-    bwd_delta,
-    bwd_kernel,
-    flash_backward_triton,
-    flash_forward_triton,
-    triton,
-)
+from helpers.attention.kernels import FlashAttentionTriton, _as_4d, flash_forward_triton
+from helpers.attention.kernels_backward import DELTA_BLOCK, bwd_delta, bwd_kernel, flash_backward_triton
+from helpers.attention.kernels_common import triton
 from helpers.attention.pytorch import (
     TILE_OPS,
     FlashAttentionPyTorch,
@@ -46,16 +40,15 @@ from helpers.attention.reference import (
 from helpers.attention.tiles import GRID, KERNELS, LaunchConfig, Tiles, _launch_config, tiles_for
 
 if triton is not None:
-    from helpers.attention.kernels import (
+    from helpers.attention.kernels import _fwd_tile, attn_fwd_kernel
+    from helpers.attention.kernels_backward import (
         _dkdv_tile,
-        _dot,
         _dq_tile,
-        _fwd_tile,
         attn_bwd_delta_kernel,
         attn_bwd_dkdv_kernel,
         attn_bwd_dq_kernel,
-        attn_fwd_kernel,
     )
+    from helpers.attention.kernels_common import _dot
 
 __all__ = [
     "HEAD_DIMS",
