@@ -47,7 +47,7 @@ def test_the_2025_and_2026_closed_forms_on_the_page(synthetic):
 def test_the_peak_fall_is_judged_against_the_formulas_fall_and_the_peak_checks_tolerance(measured, says):
     """The case of the issue: a fall of 8.66 MiB against states saved of 8.16 MiB, less the 0.56 MiB FSDP gathers at
     its peak (7.60 MiB predicted), on a 16 MiB peak: inside the 10% tolerance, no claim either way."""
-    from helpers.course.answers.nb07 import peak_fall_text
+    from helpers.course.answers.nb07_fsdp import peak_fall_text
 
     text = peak_fall_text("fsdp", measured, 7.60, ddp_peak=16.0)
     assert says in text and "predicts 7.6 MiB" in text, text
@@ -253,7 +253,7 @@ def test_the_bucket_model_answer_gives_the_handouts_optimum_and_how_far_the_mode
 
 
 def test_a_model_far_above_the_times_is_off_by_its_factor_not_by_a_percentage():
-    from helpers.course.answers.nb07 import miss_text
+    from helpers.course.answers.nb07_fsdp import miss_text
 
     text = miss_text([100.0, 200.0, 430.0], [860.0, 200.0, 215.0])  # 8.6x over, exact, 2x under
     assert "a factor of 2.00 in the median and up to 8.6 (1 of 3 timings below the model, 1 above)" in text

@@ -95,3 +95,11 @@ def test_entry_points_answer_bad_input_in_one_line(argv):
     run = subprocess.run([sys.executable, "-m", "helpers", *argv], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run
     assert "Traceback" not in run.stdout + run.stderr
+
+
+MAX_LINES = 480  # "no module over about 450 lines" (issue 47): split a module by topic before it passes this
+
+
+def test_no_module_is_longer_than_a_reader_can_hold():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these by topic (at most {MAX_LINES} lines each): {long}"

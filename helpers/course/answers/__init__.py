@@ -11,8 +11,10 @@ problem id and letter -> the answer's anchor -> the notebook section's anchor). 
 here, closed form, partial (with what is missing), needs a GPU, not run yet.
 """
 
+# isort: off
 from helpers.course.answers import (  # noqa: F401  (each registers its questions; this order is the page's)
     nb01,
+    nb01_precision,
     nb01_memory,
     nb01_since_2025,
     nb02,
@@ -22,8 +24,11 @@ from helpers.course.answers import (  # noqa: F401  (each registers its question
     nb06,
     nb06_naive,
     nb07,
+    nb07_fsdp,
     nb07_calcs,
 )
+
+# isort: on
 from helpers.course.answers.core import (
     ANSWERS,
     BY_NUMBER,
