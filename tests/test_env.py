@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,3 +184,27 @@ def test_share_of_cores_splits_without_overlap_and_covers_every_core():
                 assert all(s == cores for s in shares)  # more workers than cores: each may use them all
     with pytest.raises(ValueError, match="worker 2 of 2"):
         env.share_of_cores([0, 1], 2, 2)
+
+
+def _setup_commands(tmp_path, *args) -> str:
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        ["make", "-n", "-s", "-C", str(root), f"VENV={tmp_path / '.venv'}", *args, "setup"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+def test_setup_installs_with_uv_where_it_can_and_falls_back_to_pip(tmp_path):
+    """make setup fetches uv into .venv (a failure there is ignored: offline) and installs the project with it, pip
+    when uv is missing or fails; with --system-site-packages only pip (uv would not count a torch seen through
+    outer-venv.pth, and would install one)."""
+    default = _setup_commands(tmp_path)
+    assert "-m pip install --quiet --no-compile uv >/dev/null 2>&1 || true" in default
+    uv_line = re.search(r"\{ test -x \S+/bin/uv && .*?uv pip install .*?-e \"\.\[dev\]\" \|\| (.*?); \}", default)
+    assert uv_line and "-m pip install" in uv_line.group(1) and '-e ".[dev]"' in uv_line.group(1), default
+    outer = _setup_commands(tmp_path, "VENV_ARGS=--system-site-packages")
+    assert "pip install --quiet --no-compile uv" not in outer and "-m pip install --quiet --no-compile $(" in outer
