@@ -245,5 +245,5 @@ def _returns_rank(_ignored) -> int:
 
 
 def test_timeout_counts_from_every_ranks_start_not_from_the_spawn():
-    """Issue 31: notebook 00's hang demo (timeout_s=5) timed out while GPU ranks were still starting."""
+    """Issue 31: notebook 00's hang demo (then timeout_s=5) timed out while GPU ranks were still starting."""
     assert launch(_returns_rank, 2, _SlowToStart(3.0), backend="gloo", device="cpu", timeout_s=2) == [0, 1]

@@ -53,7 +53,7 @@ FIXED = ("startup_s", "launch_s", "compile_s", "jit_s", "ptxas_s")  # Rates' fix
 # two-node rehearsal count as one each), torch.compile'd functions (compile), Triton specializations (jit: kernel x
 # dtype x constexpr tiles), ptxas runs, and seconds spent waiting by design (a hang's timeout)
 SMOKE_COUNTS = {
-    "00": dict(startup=1, launch=3, wait_s=5),  # all_gather demo, a failing rank, a hung rank (timeout_s=5)
+    "00": dict(startup=1, launch=3, wait_s=2),  # all_gather demo, a failing rank, a hung rank (timeout_s=2)
     "01": dict(startup=1),  # one process: timing, profiler, memory, autocast
     "02": dict(startup=1, compile=4, jit=33),  # compiled norm fwd, fwd+bwd at H 1024; small/cpu compiled fwd, fwd+bwd;
     # Triton fwd, bwd, sum_rows at 4 widths (§1), in 3 dtypes (§3 spec), in the model's sizes (§2), the cells' own
