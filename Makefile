@@ -90,9 +90,11 @@ PIP_INSTALL = $(PY) -m pip install --quiet --no-compile
 # The project's requirements: uv (installed into .venv from PyPI first, 1-2 s) resolves and unpacks them in parallel
 # (3.5 s on a 2-core EPYC, the same 127 versions pip picks; pip took 13); pip stays where uv is not installed
 # (offline) or fails, and is the only installer where .venv sees another environment's packages
-# (--system-site-packages: uv would not count a torch seen through outer-venv.pth, and would install one)
+# (--system-site-packages: uv would not count a torch seen through outer-venv.pth, and would install one). uv reads
+# no pip configuration: an index given to pip in the environment (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL) is passed on
 USE_UV = $(if $(findstring --system-site-packages,$(VENV_ARGS)),,1)
-UV_INSTALL = test -x $(VENV)/bin/uv && UV_HTTP_TIMEOUT=20 $(VENV)/bin/uv pip install --quiet --python $(PY)
+UV_INSTALL = test -x $(VENV)/bin/uv && env UV_HTTP_TIMEOUT=20 $${PIP_INDEX_URL:+UV_INDEX_URL=$$PIP_INDEX_URL} \
+	$${PIP_EXTRA_INDEX_URL:+UV_EXTRA_INDEX_URL="$$PIP_EXTRA_INDEX_URL"} $(VENV)/bin/uv pip install --quiet --python $(PY)
 WARM_TORCH = torch._dynamo torch._inductor.compile_fx torch.distributed.fsdp
 WARM_LIBS = helpers.launch triton pandas
 WARM_TOOLS = nbval.plugin xdist nbclient ipykernel.kernelapp matplotlib.pyplot selenium.webdriver
