@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -197,6 +198,33 @@ def note_storage_freed(t: torch.Tensor) -> None:
         tracker._free(storage_key(t))
 
 
+RELEASE_QUIET_S = 0.005  # backend_releases: this long with no storage freed ends the wait
+RELEASE_LIMIT_S = 0.1  # and it never waits longer
+
+
+def _backend_threads() -> bool:
+    """Whether a process group is up whose backend releases works from threads of its own (gloo, NCCL; not the dry
+    run's fake group, which holds nothing)."""
+    d = torch.distributed
+    return d.is_available() and d.is_initialized() and "fake" not in str(d.get_backend())
+
+
+def backend_releases(tracker: _Tracker) -> None:
+    """Let a process group's threads finish dropping what the tracked run gave them, before `current` is read.
+
+    A collective's work is released by the backend's own thread a moment after it completes, and a tensor the work
+    allocated on this thread (gloo's reduce-scatter copies its whole input) dies there, once that thread gets the
+    GIL: read at once, `current` could still count it (notebook 05's zero1 row, after step 2 on rank 1: measured
+    one flat gradient buffer above the formula, once in several make test runs). Sleeping hands over the GIL; the
+    wait ends after RELEASE_QUIET_S with no storage freed, or at RELEASE_LIMIT_S."""
+    quiet_s, deadline = RELEASE_QUIET_S, time.monotonic() + RELEASE_LIMIT_S
+    freed, quiet_since = len(tracker._freed), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < quiet_s:
+        time.sleep(quiet_s / 5)
+        if len(tracker._freed) != freed:
+            freed, quiet_since = len(tracker._freed), time.monotonic()
+
+
 def track(fn, existing=(), model: torch.nn.Module | None = None, device=None) -> MemoryTrace:
     """Run fn() under the tracker; count `existing` tensors (e.g. parameters) as live from the start."""
     from torch.utils.module_tracker import ModuleTracker
@@ -215,6 +243,8 @@ def track(fn, existing=(), model: torch.nn.Module | None = None, device=None) ->
     try:
         with modules if modules is not None else contextlib.nullcontext(), tracker:
             result = fn()
+        if _backend_threads():
+            backend_releases(tracker)
     finally:
         tracker.detach()
     allocator_peak = None

@@ -48,6 +48,28 @@ def test_the_storages_live_at_the_peak_are_those_a_snapshot_at_each_new_peak_fin
     assert trace.peak_bytes == sum(snapshot["sizes"])
 
 
+def test_a_tensor_a_backend_thread_drops_just_after_the_run_is_not_counted_live(monkeypatch):
+    """Under a process group, track() lets the backend's threads finish releasing what the run gave them before it
+    reads what is live (gloo drops a finished work, and what it allocated here, from its own thread, which needs the
+    GIL): here a thread stands for it, dropping 4 MiB made in the run as soon as it gets the GIL after the run."""
+    import threading
+
+    monkeypatch.setattr(memory, "_backend_threads", lambda: True)
+    held, done = [], threading.Event()
+
+    def backend():
+        done.wait()
+        held.clear()  # the tensor dies here, on this thread
+
+    def run():
+        held.append(torch.ones(1 << 20))  # (2**20,) fp32, made under the tracker
+        threading.Thread(target=backend).start()
+        done.set()
+
+    trace = memory.track(run)
+    assert trace.peak_bytes == 4 * 2**20 and trace.current_bytes == 0  # read once the thread let go
+
+
 def test_tracker_views_and_inplace_are_not_new_storage():
     base = torch.zeros(1000)
     trace = memory.track(lambda: (base.view(10, 100), base.add_(1), base[::2]), existing=[base])
