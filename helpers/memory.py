@@ -294,12 +294,46 @@ def timeline_from_snapshot(snapshot: dict, device: int = 0) -> list[tuple[int, i
 # --- what is live before a step -----------------------------------------------------------------
 
 
-def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *batch) -> list:
+def model_state(model: torch.nn.Module, optimizer=None, *batch) -> list:
     """Parameters, buffers, optimizer state and batch tensors: what is live before a step (pass as `existing`)."""
-    state = [
-        t for s in (optimizer.state.values() if optimizer else []) for t in s.values() if isinstance(t, torch.Tensor)
-    ]
+    state = optimizer_state(optimizer) if optimizer is not None else []
     return list(model.parameters()) + list(model.buffers()) + state + list(batch)
+
+
+def optimizer_state(obj) -> list[torch.Tensor]:
+    """The tensors in the state of every torch optimizer `obj` is or holds (optimizers_in): a wrapper that is one, or
+    a plain class that keeps one per shard, or torch's ZeroRedundancyOptimizer (its .optim)."""
+    return [
+        t
+        for opt in optimizers_in(obj)
+        for per_param in vars(opt).get("state", {}).values()  # the attribute itself (a wrapper's property may raise)
+        for t in (per_param.values() if isinstance(per_param, dict) else ())
+        if isinstance(t, torch.Tensor)
+    ]
+
+
+def optimizers_in(obj, depth: int = 3) -> list[torch.optim.Optimizer]:
+    """The torch optimizers `obj` is or holds: in its attributes, lists, tuples and dict values, `depth` levels down
+    (self.optimizer, self._local_optimizers[i], ...)."""
+    found, seen, todo = [], set(), [(obj, 0)]
+    while todo:
+        o, level = todo.pop()
+        if id(o) in seen or isinstance(o, (torch.Tensor, torch.nn.Module, type)):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.optim.Optimizer):
+            found.append(o)
+        if level < depth:
+            todo += [(child, level + 1) for child in _children(o)]
+    return found
+
+
+def _children(o) -> list:
+    if isinstance(o, dict):
+        return list(o.values())
+    if isinstance(o, (list, tuple)):
+        return list(o)
+    return list(vars(o).values()) if hasattr(o, "__dict__") else []
 
 
 class StorageWatch(TorchDispatchMode):

@@ -193,3 +193,29 @@ def test_one_blocks_saved_bytes_and_gradients_are_the_closed_forms_and_a_wrong_f
     monkeypatch.setattr(BM.formulas, "block_saved_parts", lambda *a: {**right(*a), "one byte more": 1})
     with pytest.raises(AssertionError, match="formula"):
         BM.block_memory_section("small-2026/cpu", batch_size=2, contexts=(8,), profile="cpu")
+
+
+def test_optimizer_state_is_found_in_whatever_holds_the_optimizers():
+    """A torch optimizer, a plain class keeping one per shard, and a wrapper that is an optimizer holding another
+    (torch's ZeroRedundancyOptimizer: its .optim): the state of each found once, and nothing in a holder of none."""
+    net = torch.nn.Linear(4, 3)  # weight (3, 4), bias (3,)
+    net(torch.randn(2, 4)).sum().backward()
+    inner = [torch.optim.AdamW([p]) for p in net.parameters()]
+    for opt in inner:
+        opt.step()
+    moments = {id(t) for opt in inner for s in opt.state.values() for t in s.values() if t.dim()}
+
+    class Plain:  # no torch.optim.Optimizer: an inner one per shard
+        def __init__(self):
+            self.shards = {"mine": inner}
+
+    class Wrapper(torch.optim.SGD):
+        def __init__(self):
+            super().__init__(net.parameters(), lr=0.1)
+            self.optim = inner[0]
+
+    for holder, want in ((inner[0], 3), (Plain(), 6), (Wrapper(), 3)):
+        got = memory.optimizer_state(holder)  # exp_avg, exp_avg_sq and step per parameter
+        assert len(got) == want and len({id(t) for t in got}) == want
+    assert {id(t) for t in memory.optimizer_state(Plain()) if t.dim()} == moments
+    assert memory.optimizer_state(object()) == [] and memory.model_state(net, Plain())[:2] == list(net.parameters())

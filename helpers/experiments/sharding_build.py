@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from helpers import ddp as D
+from helpers import memory as M
 from helpers.experiments.common import (
     make_model,
     train_step,
@@ -83,9 +84,9 @@ def forward_backward(model, grad_sync, opt, x, y) -> None:
 
 
 def optimizer_state_bytes(opt) -> int:
-    """Bytes of optimizer state this rank holds (torch's ZeroRedundancyOptimizer keeps it in .optim)."""
-    state = getattr(opt, "optim", opt).state
-    return sum(t.numel() * t.element_size() for s in state.values() for t in s.values() if torch.is_tensor(t))
+    """Bytes of optimizer state this rank holds, in every torch optimizer `opt` is or holds (torch's
+    ZeroRedundancyOptimizer keeps it in .optim, a student's wrapper in one per shard); a tensor counted once."""
+    return sum({id(t): t.numel() * t.element_size() for t in M.optimizer_state(opt)}.values())
 
 
 def run_all(calls: list[Callable]) -> list:

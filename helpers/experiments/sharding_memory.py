@@ -131,7 +131,7 @@ def memory_run(
     grads = [p.grad for p in net.parameters()] + [
         p.grad for g in getattr(opt, "local", opt).param_groups for p in g["params"]
     ]
-    state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    state = M.optimizer_state(opt)
     parts = {
         k: _storage_bytes(v, exclude)
         for k, v, exclude in (

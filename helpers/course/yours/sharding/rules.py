@@ -151,43 +151,12 @@ def state_growth(opt, params: dict) -> int:
     return trace.current_bytes - trace.baseline_bytes
 
 
-def optimizers_in(obj, depth: int = 3) -> list[torch.optim.Optimizer]:
-    """The torch optimizers `obj` is or holds: in its attributes, lists, tuples and dict values, `depth` levels down
-    (self.optimizer, self._local_optimizers[i], ...)."""
-    found, seen, todo = [], set(), [(obj, 0)]
-    while todo:
-        o, level = todo.pop()
-        if id(o) in seen or isinstance(o, (torch.Tensor, nn.Module, type)):
-            continue
-        seen.add(id(o))
-        if isinstance(o, torch.optim.Optimizer):
-            found.append(o)
-        if level < depth:
-            todo += [(child, level + 1) for child in _children(o)]
-    return found
-
-
-def _children(o) -> list:
-    if isinstance(o, dict):
-        return list(o.values())
-    if isinstance(o, (list, tuple)):
-        return list(o)
-    return list(vars(o).values()) if hasattr(o, "__dict__") else []
-
-
 def state_bytes(obj) -> int | None:
     """Bytes of the tensors in the state of every torch optimizer `obj` is or holds (a storage counted once), or None
     when it holds none."""
-    optimizers = optimizers_in(obj)
-    if not optimizers:
+    if not M.optimizers_in(obj):
         return None
-    storages = {}
-    for opt in optimizers:
-        for per_param in vars(opt).get("state", {}).values():  # the attribute itself (a wrapper's property may raise)
-            for t in per_param.values() if isinstance(per_param, dict) else ():
-                if isinstance(t, torch.Tensor):
-                    storages[M.storage_key(t)] = t.untyped_storage().nbytes()
-    return sum(storages.values())
+    return sum({M.storage_key(t): t.untyped_storage().nbytes() for t in M.optimizer_state(obj)}.values())
 
 
 def alive_tensors() -> list[torch.Tensor]:
