@@ -40,8 +40,8 @@ MUTANTS = STUDENT / "mutants"
 CORPUS = STUDENT / "corpus"
 CHECKS_ONLY = Options(timed=False, warmup=0, timeout_s=120)  # no timing: the checks alone
 SHARDING_WITHIN = (
-    len(C.CM.MODELS) + 1 + len(R.PROBES) + 3 + 1
-)  # course test per model, partition; groups, add, zero_grad
+    len(C.CM.MODELS) + 1 + 2 + len(R.PROBES) + 3 + 1
+)  # course test per model, partition; on R.WIDE ranks weights and state; groups, add, zero_grad
 LM_INDIVIDUAL = f"course LM, {LM.LM_WORLD} ranks: {CM.LM_STEPS} SGD steps, gradients vs one process"
 ONLY_BUCKETED = "del get_ddp, ddp_on_after_backward, get_ddp_individual_parameters"
 ONLY_BUCKETED += ", ddp_individual_parameters_on_after_backward\n"  # the other flavours: another edition's (skipped)
@@ -319,9 +319,10 @@ def test_sharded_optimizer_that_does_not_partition_is_caught():
     failed = by(result, status=FAIL, beyond=False)  # still AdamW's numbers: the two state checks, nothing else
     assert [c.prop for c in failed] == [
         "ToyModel: optimizer state partitioned over ranks",
+        R.WIDE_STATE_PROP,
         R.ADD_PROP.format("added parameters' state partitioned over ranks"),
     ]
-    assert "not partitioned" in failed[0].detail and "did not assign them among the ranks" in failed[1].detail
+    assert all("not partitioned" in c.detail for c in failed[:2]) and "did not assign them" in failed[2].detail
     [deeper] = by(result, status=FAIL, beyond=True)
     assert deeper.prop.endswith("state per rank <= 1/2 + largest tensor (small/cpu)")
     assert "sharded state not partitioned" in deeper.detail and "100%" in deeper.detail
@@ -547,6 +548,8 @@ SHARDING_MUTANTS = {  # mutant -> (the within-contract checks it fails, its stat
         "did not assign them among the ranks",
     ),
     "sharding_zero_grad_own": ({R.ZERO_GRAD_PROP}, FAIL, "clears only the gradients of the parameters it owns"),
+    "sharding_two_ranks": ({R.WIDE_PROP, R.WIDE_STATE_PROP}, FAIL, "world size"),
+    "sharding_two_owners": ({R.WIDE_STATE_PROP}, FAIL, "does not follow the world size"),
 }
 SHARDING_CORPUS = {  # correct, each in its own style: every check within the handout passes
     "_sharded": MUTANTS / "_sharded.py",  # round-robin by count, the mutants' base
@@ -556,9 +559,9 @@ SHARDING_CORPUS = {  # correct, each in its own style: every check within the ha
 }
 
 
-def contract_part(paths: list[str]) -> dict:
+def contract_part(paths: list[str], worker=D.sharding_worker) -> dict:
     """In a rank: the sharding worker's part within the handout for each adapters file (one launch for all)."""
-    return {p: D.sharding_worker(p, ["sharded"], CHECKS_ONLY, ("course",))["sharded"] for p in paths}
+    return {p: worker(p, ["sharded"], CHECKS_ONLY, ("course",))["sharded"] for p in paths}
 
 
 @pytest.fixture(scope="module")
@@ -566,13 +569,16 @@ def sharding_students() -> dict:
     """name -> TopicResult: every sharding mutant and correct variant, run in one launch, judged as `yours` judges."""
     paths = {name: str(MUTANTS / f"{name}.py") for name in SHARDING_MUTANTS}
     paths |= {name: str(path) for name, path in SHARDING_CORPUS.items()}
-    per_rank = launch(
-        functools.partial(contract_part, list(paths.values())), 2, backend="gloo", device="cpu", timeout_s=300
+    per_rank, wide = (
+        launch(
+            functools.partial(contract_part, list(paths.values()), w), n, backend="gloo", device="cpu", timeout_s=300
+        )
+        for w, n in ((D.sharding_worker, 2), (DS.wide_worker, R.WIDE))
     )
     results = {}
     for name, path in paths.items():
         results[name] = TopicResult("sharding")
-        DS.judge_sharding(results[name], "sharded", [r[path] for r in per_rank], path)
+        DS.judge_sharding(results[name], "sharded", [r[path] for r in per_rank], path, [r[path] for r in wide])
     return results
 
 

@@ -14,9 +14,13 @@ from helpers.course.yours.sharding.rules import (
     ADD_AT,
     ADD_PROP,
     ADDED,
+    LAYERS,
     PROBES,
     ROUNDINGS,
     STEPS,
+    WIDE,
+    WIDE_PROP,
+    WIDE_STATE_PROP,
     ZERO_GRAD_PROP,
     Probe,
     groups_prop,
@@ -209,3 +213,42 @@ def zero_grad_check(impl: str, per_rank: list[dict]) -> Check:
             "in data-parallel training the stale gradients are all-reduced into the next step's average"
         )
     return Check("sharding", impl, prop, FAIL, detail)
+
+
+def wide_check(impl: str, per_rank: list[dict]) -> Check:
+    """The partition follows the world size (2025 section 3, 2026 section 6: each of the world_size ranks steps its
+    share and sends it to all the others): on WIDE ranks, every rank's weights within `bound` of one process's."""
+    best = worst([r["mine"] for r in per_rank], per_rank[0]["ref"], per_rank[0]["bound"])
+    if best.ratio <= 1:
+        detail = f"{STEPS} steps, every rank within the {BOUND_WORDS}; worst |diff| / bound {best.ratio:.3g}"
+        return Check("sharding", impl, WIDE_PROP, PASS, detail)
+    behind = sorted({rank for rank, r in enumerate(per_rank) if worst([r["mine"]], r["ref"], r["bound"]).ratio > 1})
+    ranks = f"rank {behind[0]} of {WIDE} differs" if len(behind) == 1 else f"ranks {behind} of {WIDE} differ"
+    detail = (
+        f"{best.where()} ({BOUND_WORDS}); {ranks} - the handout shards "
+        "over the world size (dist.get_world_size()): a partition into two halves, or an owner's update sent to one "
+        f"other rank, leaves a rank of {WIDE} behind"
+    )
+    return Check("sharding", impl, WIDE_PROP, FAIL, detail)
+
+
+def wide_state_check(impl: str, per_rank: list[dict]) -> Check:
+    """Each rank keeps the state of about 1/world_size of the parameters (the handouts' sharded optimizer): on WIDE
+    ranks and LAYERS equal tensors, a partition by whole tensors gives each rank ceil(LAYERS / WIDE) of them; a rank
+    keeping more holds another world size's share (two halves on three ranks: three tensors, and one rank idle)."""
+    full = per_rank[0]["full"]
+    share = -(-LAYERS // WIDE)
+    limit = share * full / LAYERS
+    held = [r["held"] for r in per_rank]
+    rank = max(range(len(held)), key=held.__getitem__)
+    detail = (
+        f"rank {rank} keeps {held[rank]} B of optimizer state after the first step, one process {full} B for "
+        f"{LAYERS} equal tensors; bound {share} tensors' state ({limit:.0f} B): a partition over {WIDE} ranks"
+    )
+    if held[rank] > limit:
+        detail += f" - per rank {', '.join(f'{b} B' for b in held)}: " + (
+            "every rank keeps the whole state: not partitioned"
+            if held[rank] >= full
+            else f"the partition does not follow the world size (dist.get_world_size()), as the handout's 1/{WIDE} asks"
+        )
+    return Check("sharding", impl, WIDE_STATE_PROP, PASS if held[rank] <= limit else FAIL, detail)

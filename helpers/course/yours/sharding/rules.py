@@ -84,6 +84,9 @@ PROBES = (
     Probe("AdamW", torch.optim.AdamW, CM.SHARDING_ADAMW, ({"lr": 0.02}, {"weight_decay": 0.5}, {})),
     Probe("SGD with momentum", torch.optim.SGD, dict(lr=0.05, momentum=0.9), ({"lr": 0.01}, {"weight_decay": 0.1}, {})),
 )
+WIDE = 3  # ranks of wide_run: the handout partitions over dist.get_world_size(); two halves (the test's 2) is not that
+WIDE_PROP = f"AdamW on {WIDE} ranks: every rank's weights vs one process's"
+WIDE_STATE_PROP = f"AdamW on {WIDE} ranks: each rank keeps the state of about 1/{WIDE} of the parameters"
 ADDED = {"lr": 0.05}  # the group add_param_group brings in (the last two layers, frozen until then)
 
 
@@ -245,3 +248,31 @@ def groups_prop(probe: Probe) -> str:
 
 ADD_PROP = f"add_param_group after {ADD_AT} steps: the {{}} (AdamW)"
 ZERO_GRAD_PROP = "zero_grad() clears every parameter's gradient (AdamW)"
+
+
+def wide_run(make) -> dict:
+    """On each of WIDE ranks: yours over a list of tensors beside one process's AdamW, STEPS steps of the probes'
+    model each (as groups_run without groups), and the state the first step leaves on this rank, yours and one
+    process's (LAYERS equal tensors: a partition over the world size gives each rank LAYERS / WIDE of them)."""
+    torch.manual_seed(0)
+    base = Chain()
+    runs, held = {}, {}
+    for who, build in (
+        ("mine", lambda ps: make(ps, torch.optim.AdamW, **CM.SHARDING_ADAMW)),
+        ("ref", lambda ps: torch.optim.AdamW(ps, **CM.SHARDING_ADAMW)),
+    ):
+        net = copy.deepcopy(base)
+        runs[who] = train(net, build(net.parameters()))
+        net = copy.deepcopy(base)
+        opt = build(net.parameters())
+        x, y = _data(0)
+        F.mse_loss(net(x), y).backward()
+        held[who] = state_growth(opt, dict(net.named_parameters()))
+    mine, ref = runs["mine"], runs["ref"]
+    return {
+        "mine": mine.weights,
+        "ref": ref.weights,
+        "bound": bound(ref.path),
+        "held": held["mine"],
+        "full": held["ref"],
+    }

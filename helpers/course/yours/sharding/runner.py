@@ -1,7 +1,8 @@
 """`yours` for the sharded optimizer: the course's test, a partitioned state and the handout's rules its test never
 tries (helpers.course.yours.sharding.rules: groups, add_param_group, zero_grad); beyond it bitwise equality with
 unsharded AdamW, state per rank vs the formula and the timing beside torch's ZeRO (helpers.course.yours.distributed).
-All in one launch; judge_sharding turns one implementation's per-rank results into checks and rows."""
+All in one launch, and the course's test again on R.WIDE ranks in a second; judge_sharding turns one
+implementation's per-rank results into checks and rows."""
 
 from __future__ import annotations
 
@@ -25,13 +26,14 @@ from helpers.course.yours.dist_common import (
     WORLD,
     beyond_failed,
     environment_checks,
+    failure_detail,
     launch_each,
     sent_bytes,
     status_checks,
     timing_rows,
 )
 from helpers.course.yours.options import Options
-from helpers.course.yours.report import FAIL, PASS, Check, TopicResult
+from helpers.course.yours.report import ERROR, FAIL, PASS, Check, TopicResult
 from helpers.experiments import sharding as XS
 from helpers.formulas import MiB
 
@@ -47,7 +49,7 @@ def sharding_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> 
     for impl in impls:
 
         def run(impl=impl):
-            make = S.student_optimizer(S.adapter_fns(path, "sharding", impl))
+            make = _student(path, impl)
             course = partition = rules = None
             if "course" in parts:
                 course = [S.phase(path, functools.partial(C.course_sharding_run, make, m)) for m in CM.MODELS]
@@ -154,16 +156,47 @@ def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
     ToyModelWithTiedWeights), each rank keeping only part of the state, and the handout's rules the test never tries
     (groups with their own hyperparameters, add_param_group during training, zero_grad() of every parameter); beyond
     it, bitwise equality on our toy, each rank's state at most 1/N of the total plus its largest tensor on small/cpu,
-    and yours vs ours vs torch's ZeroRedundancyOptimizer. One launch (launch_each)."""
-    result = TopicResult("sharding")
-    for impl, per_rank in launch_each(sharding_worker, str(adapters_path), list(A.ADAPTERS["sharding"]), opts).items():
-        judge_sharding(result, impl, per_rank, str(adapters_path))
+    and yours vs ours vs torch's ZeroRedundancyOptimizer. One launch (launch_each), and one on R.WIDE ranks for the
+    course's test and the partition again."""
+    result, path = TopicResult("sharding"), str(adapters_path)
+    got = launch_each(sharding_worker, path, list(A.ADAPTERS["sharding"]), opts)
+    runnable = [impl for impl, per_rank in got.items() if not status_checks("sharding", impl, per_rank, "")]
+    wide = launch_each(wide_worker, path, runnable, opts, world=R.WIDE, parts=("course",)) if runnable else {}
+    for impl, per_rank in got.items():
+        judge_sharding(result, impl, per_rank, path, wide.get(impl))
     return result
 
 
-def judge_sharding(result: TopicResult, impl: str, per_rank, path: str) -> None:
+def wide_worker(path: str, impls: list[str], opts: Options, parts=("course",)) -> dict:
+    """In each of R.WIDE ranks, per implementation: weights and state vs one process's (R.wide_run)."""
+    return {impl: S.outcome(functools.partial(_wide, path, impl)) for impl in impls}
+
+
+def _wide(path: str, impl: str) -> dict:
+    make = _student(path, impl)
+    return {"wide": S.phase(path, lambda: R.wide_run(make))}
+
+
+def wide_checks(impl: str, got, path: str) -> list[Check]:
+    """wide_worker's checks from its per-rank outcomes, or the exception that stopped its launch."""
+    if isinstance(got, BaseException):
+        return [Check("sharding", impl, f"runs on {R.WIDE} ranks", ERROR, failure_detail(got, path))]
+    if got[0]["status"] != "ok":  # not implemented, a wrong kind: the 2-rank launch reported it
+        return []
+    runs = [r["wide"] for r in got]
+    error = S.phase_error("sharding", impl, R.WIDE_PROP, runs, False)
+    checks = [error] if error else [RC.wide_check(impl, runs), RC.wide_state_check(impl, runs)]
+    return environment_checks("sharding", impl, got) + checks
+
+
+def _student(path: str, impl: str):
+    return S.student_optimizer(S.adapter_fns(path, "sharding", impl))
+
+
+def judge_sharding(result: TopicResult, impl: str, per_rank, path: str, wide=None) -> None:
     """The checks and side-by-side rows of one implementation, from its ranks' sharding_worker results (or the
-    exception that stopped its launch); the probes beyond the handout only where the worker ran them."""
+    exception that stopped its launch) and, where given, wide_worker's on R.WIDE ranks; the probes beyond the handout
+    only where the worker ran them."""
     result.checks += environment_checks("sharding", impl, per_rank)
     early = status_checks("sharding", impl, per_rank, path)
     if early:
@@ -176,6 +209,8 @@ def judge_sharding(result: TopicResult, impl: str, per_rank, path: str) -> None:
     parts = [r["partition"] for r in per_rank]
     error = S.phase_error("sharding", impl, "ToyModel: optimizer state partitioned over ranks", parts, False)
     result.checks += [error] if error else [C.partition_check(impl, parts)]
+    if wide is not None:
+        result.checks += wide_checks(impl, wide, path)
     result.checks += rules_checks(impl, per_rank)
     if beyond_failed("sharding", impl, per_rank):
         result.checks += beyond_failed("sharding", impl, per_rank)
