@@ -152,7 +152,15 @@ def fsdp_equivalence_checks(impl: str, per_rank: list[dict], repeat: int) -> lis
     return checks
 
 
-def fsdp_memory_checks(impl: str, per_rank: list[dict]) -> tuple[list[Check], list[dict]]:
+GLOO_COPIES = ", and gloo's copy of each (the freeing checks found every gathered weight freed)"
+
+
+def fsdp_memory_checks(impl: str, per_rank: list[dict], freed: bool = False) -> tuple[list[Check], list[dict]]:
+    """Beyond the handout, on our TransformerLM: memory after init and the forward/backward peak vs the formulas.
+    `freed`: the watched steps within the handout found every gathered weight freed (FR.FREEING passed), so an
+    excess up to one more input of every reduce-scatter is gloo's: an async reduce-scatter on gloo keeps a copy of
+    its input until it completes (measured: the corpus' hook FSDP peaks 6.1 MiB lower with the same reduce-scatters
+    made blocking)."""
     cfg, checks, rows = FSDP_CHECK, [], []
     model, b, t = cfg["model"], cfg["batch_size"] // WORLD, cfg["context_length"]
     init_formula = sum(F.fsdp_live_bytes(model, WORLD, b, t, "after init").values())
@@ -180,7 +188,7 @@ def fsdp_memory_checks(impl: str, per_rank: list[dict]) -> tuple[list[Check], li
         acts
         + F.fsdp_gathered_peak_bytes(model, WORLD, modules=2)
         + 4 * (own["sharded"] + own["replicated"])
-        + gathered_all
+        + gathered_all * (2 if freed else 1)
     )
     worst = max(range(len(per_rank)), key=lambda i: _fb_peak(per_rank[i]["memory"]["yours"]))
     peak = _fb_peak(per_rank[worst]["memory"]["yours"])
@@ -188,10 +196,12 @@ def fsdp_memory_checks(impl: str, per_rank: list[dict]) -> tuple[list[Check], li
     detail = (
         f"rank {worst}: forward/backward peak {peak / MiB:.3f} MiB above the step's start; formula "
         f"(activations + loss gradients + 2 modules' gathered weights + gradient shards + reduce-scatter inputs "
-        f"in flight) {formula / MiB:.3f} MiB, tolerance "
-        f"{FSDP_MEMORY_TOL:.0%}"
+        f"in flight{GLOO_COPIES if freed else ''}"
+        f") {formula / MiB:.3f} MiB, tolerance {FSDP_MEMORY_TOL:.0%}"
     )
-    if not ok:
+    if not ok and freed:
+        detail += f" - {(peak - formula) / MiB:.3f} MiB more, held across backward (the gathered weights are freed)"
+    elif not ok:
         detail += (
             f" - {(peak - formula) / MiB:.3f} MiB more, {(peak - formula) / gathered_all:.0%} of all gathered "
             f"weights ({gathered_all / MiB:.3f} MiB): gathered weights never freed (the peak grows by a "

@@ -21,6 +21,8 @@ from helpers.experiments import fsdp as XF
 from helpers.experiments.common import rank_rows
 
 WORLD = S.WORLD
+WIDE = 4  # ranks of the test's fp32 run and the shard again: the handout shards over the world size, and 4 divides
+#           each dimension of the test's model (vocab 100, d_model 64, d_ff 128) and its 20 rows, so no padding is asked
 SHARD_MEMORY_TOL = 0.10  # a shard after get_fsdp (2026 handout: FSDP shards the Linear and Embedding weights):
 #                          the tracker's drift on storages resized in place (XF.PEAK_TOL)
 COURSE_FSDP_DTYPES = ("fp32", "fp16")  # the 2026 test: compute_dtype None and torch.float16
@@ -42,7 +44,8 @@ def course_fsdp_run(impl: XF.FsdpImpl, dtype: str) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=CM.FSDP_LR)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=CM.FSDP_LR)
     ids, labels = CM.fsdp_data()
-    rows, names, steps = rank_rows(ids.shape[0], rank, WORLD), [n for n, _ in ref.named_parameters()], []
+    world, names, steps = dist.get_world_size(), [n for n, _ in ref.named_parameters()], []
+    rows = rank_rows(ids.shape[0], rank, world)
     for s in range(CM.FSDP_STEPS):
         ref_opt.zero_grad(set_to_none=True)
         CM.reference_loss(ref, ids, labels, cdt, shard_types).backward()
@@ -103,6 +106,7 @@ def course_fsdp_memory(impl: XF.FsdpImpl) -> dict:
     """Bytes live on this rank once get_fsdp has returned (the model built inside the tracked call), beside the
     model's full bytes, this rank's share of the sharded ones and the largest sharded tensor."""
     layers, shard_types = CM.course_layers()
+    world = dist.get_world_size()
     torch.manual_seed(42)
     trace = M.track_resizing(lambda: (impl.wrap(CM.FSDPToyModel(layers), None), dist.barrier()), device=L.device())
     trace.result = None
@@ -115,7 +119,8 @@ def course_fsdp_memory(impl: XF.FsdpImpl) -> dict:
     return {
         "live": trace.current_bytes,
         "full": 4 * sum(n for n, _ in sizes.values()),
-        "share": 4 * (sum(-(-n // WORLD) for n in sharded) + sum(n for n, s in sizes.values() if not s)),
+        "share": 4 * (sum(-(-n // world) for n in sharded) + sum(n for n, s in sizes.values() if not s)),
+        "world": world,
         "largest": 4 * max(sharded),
     }
 
@@ -125,24 +130,7 @@ def course_fsdp_checks(impl: str, course: dict) -> list[Check]:
     checks = []
     for dtype in COURSE_FSDP_DTYPES:
         runs, prop = course[f"run {dtype}"], f"{CM.FSDP_STEPS} SGD steps vs one process ({dtype}, allclose)"
-        error = S.phase_error("fsdp", impl, prop, runs, beyond=False)
-        if error:
-            checks.append(error)
-        else:
-            tol = COURSE_FSDP_TOL[dtype]
-            (ratio, s, rank), where = max(
-                ((st["ratio"], s, rank), st["where"]) for rank, r in enumerate(runs) for s, st in enumerate(r["steps"])
-            )
-            checks.append(
-                Check(
-                    "fsdp",
-                    impl,
-                    prop,
-                    PASS if ratio <= 1 else FAIL,
-                    f"worst: step {s}, rank {rank}, {where}; |diff| / (atol {tol['atol']:g} + rtol "
-                    f"{tol['rtol']:g} |w|) {ratio:.3g}",
-                )
-            )
+        checks.append(run_check(impl, runs, dtype, prop))
         grads, prop = course[f"grads {dtype}"], f"gradients after fsdp_on_after_backward ({dtype})"
         error = S.phase_error("fsdp", impl, prop, grads, beyond=False)
         if error:
@@ -165,20 +153,65 @@ def course_fsdp_checks(impl: str, course: dict) -> list[Check]:
             else f"shapes and dtypes of the data; {len(first)} replicated gradients equal on every rank"
         )
         checks.append(Check("fsdp", impl, prop, FAIL if bad or split else PASS, detail))
-    mem = course["memory"]
-    error = S.phase_error("fsdp", impl, "a shard per rank after get_fsdp", mem, beyond=False)
+    checks.append(shard_check(impl, course["memory"], "a shard per rank after get_fsdp"))
+    return checks + probe_checks(impl, {d: course[f"probe {d}"] for d in PROBE_DTYPES})
+
+
+def run_check(impl: str, runs: list[dict], dtype: str, prop: str) -> Check:
+    """course_fsdp_run's steps on every rank against the test's tolerance (the worst element of any step)."""
+    error = S.phase_error("fsdp", impl, prop, runs, beyond=False)
     if error:
-        return checks + [error] + probe_checks(impl, {d: course[f"probe {d}"] for d in PROBE_DTYPES})
+        return error
+    tol = COURSE_FSDP_TOL[dtype]
+    (ratio, s, rank), where = max(
+        ((st["ratio"], s, rank), st["where"]) for rank, r in enumerate(runs) for s, st in enumerate(r["steps"])
+    )
+    detail = f"worst: step {s}, rank {rank}, {where}; |diff| / (atol {tol['atol']:g} + rtol {tol['rtol']:g} |w|)"
+    return Check("fsdp", impl, prop, PASS if ratio <= 1 else FAIL, f"{detail} {ratio:.3g}")
+
+
+def shard_check(impl: str, mem: list[dict], prop: str) -> Check:
+    """course_fsdp_memory on every rank: the bytes live after get_fsdp within a shard of 1/world + a full weight."""
+    error = S.phase_error("fsdp", impl, prop, mem, beyond=False)
+    if error:
+        return error
     rank = max(range(len(mem)), key=lambda i: mem[i]["live"])
     m = mem[rank]
     bound = (1 + SHARD_MEMORY_TOL) * m["share"] + m["largest"]  # + one full weight: a gathered or staging buffer a
     #                                                                sharded FSDP may keep (prefetch), not the model
     detail = (
-        f"rank {rank} holds {m['live']} B after get_fsdp; its shard (1/{WORLD} of the Linear and Embedding "
+        f"rank {rank} holds {m['live']} B after get_fsdp; its shard (1/{m['world']} of the Linear and Embedding "
         f"weights, norm gains whole) {m['share']} B, bound that + {SHARD_MEMORY_TOL:.0%} + the largest weight "
         f"{m['largest']} B = {bound:.0f} B; the full model {m['full']} B"
     )
     if m["live"] > bound and m["live"] >= m["full"]:
         detail += " - the full weights are still live: not sharded at init (keep only this rank's shard)"
-    checks.append(Check("fsdp", impl, "a shard per rank after get_fsdp", PASS if m["live"] <= bound else FAIL, detail))
-    return checks + probe_checks(impl, {d: course[f"probe {d}"] for d in PROBE_DTYPES})
+    return Check("fsdp", impl, prop, PASS if m["live"] <= bound else FAIL, detail)
+
+
+def wide_run(path: str, impl: XF.FsdpImpl) -> dict:
+    """In each of WIDE ranks, each phase apart: the test's fp32 run and the bytes after get_fsdp."""
+    return {
+        "run": S.phase(path, lambda: course_fsdp_run(impl, "fp32")),
+        "memory": S.phase(path, lambda: course_fsdp_memory(impl)),
+    }
+
+
+def wide_checks(impl: str, per_rank: list[dict], on_two: list[Check]) -> list[Check]:
+    """wide_run's checks; where the same check passed on 2 ranks (on_two), a failure says the sharding must follow
+    the world size."""
+    where = f"{WIDE} ranks: "
+    run = f"{where}{CM.FSDP_STEPS} SGD steps vs one process (fp32, allclose)"
+    checks = [
+        run_check(impl, [r["run"] for r in per_rank], "fp32", run),
+        shard_check(impl, [r["memory"] for r in per_rank], f"{where}a shard per rank after get_fsdp"),
+    ]
+    passed = {c.prop for c in on_two if c.status == PASS}
+    for c in checks:
+        if c.status != PASS and c.prop.removeprefix(where) in passed:
+            c.detail += (
+                " - the same check passes on the test's 2 ranks: the handout shards over the world size "
+                f"(dist.get_world_size()), and a split into halves, or rank 1 taken as 'the other', leaves out a rank "
+                f"of {WIDE}"
+            )
+    return checks

@@ -12,6 +12,7 @@ import torch.distributed as dist
 import helpers.course.yours.adapters as A
 import helpers.course.yours.course_models as CM
 import helpers.course.yours.fsdp.contract as CF
+import helpers.course.yours.fsdp.rules as FR
 import helpers.course.yours.student_calls as S
 from helpers.comm import count_collectives
 from helpers.course.yours.dist_common import (
@@ -20,6 +21,7 @@ from helpers.course.yours.dist_common import (
     NotAsked,
     beyond_failed,
     environment_checks,
+    failure_detail,
     launch_each,
     rows_into,
     status_checks,
@@ -34,7 +36,7 @@ from helpers.course.yours.fsdp.checks import (
 )
 from helpers.course.yours.fsdp.probe import probe_step
 from helpers.course.yours.options import Options
-from helpers.course.yours.report import PASS, SKIPPED, Check, TopicResult
+from helpers.course.yours.report import ERROR, PASS, SKIPPED, Check, TopicResult
 from helpers.experiments import fsdp as XF
 from helpers.experiments.common import make_batches, rank_share
 
@@ -139,14 +141,40 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
     return out
 
 
+def wide_worker(path: str, impls: list[str], opts: Options, parts=("course",)) -> dict:
+    """In each of CF.WIDE ranks, per implementation: the test's fp32 run and the shard after get_fsdp."""
+
+    def run(impl_name):
+        return CF.wide_run(path, S.student_fsdp(S.adapter_fns(path, "fsdp", impl_name)))
+
+    return {impl: S.outcome(functools.partial(run, impl)) for impl in impls}
+
+
+def wide_checks(impl: str, got, path: str, on_two: list[Check]) -> list[Check]:
+    """wide_worker's checks from its per-rank outcomes, or the exception that stopped its launch."""
+    if isinstance(got, BaseException):
+        return [Check("fsdp", impl, f"runs on {CF.WIDE} ranks", ERROR, failure_detail(got, path))]
+    if got[0]["status"] != "ok":  # not implemented, a wrong kind: the 2-rank launch reported it
+        return []
+    return environment_checks("fsdp", impl, got) + CF.wide_checks(impl, got, on_two)
+
+
 def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
     """FSDP: within the handout, the 2026 test on the cs336_basics model (fp32 and fp16 steps vs one process,
     gradients' shapes and dtypes, replicated gradients equal), a shard per rank after get_fsdp and the handout's rules
-    on the same model (gathered weights freed after use, bounded prefetch, the compute dtype); beyond it, our
+    on the same model (gathered weights freed after use, bounded prefetch, the compute dtype), the fp32 test and the
+    shard again on CF.WIDE ranks (a launch of its own: the handout shards over the world size); beyond it, our
     TransformerLM seeded per rank (rank 0's weights, fp32 and bf16 steps within the derived bound, opts.repeat
     times), memory and bytes vs the formulas, and yours vs ours vs torch's fully_shard."""
-    result = TopicResult("fsdp")
-    for impl, per_rank in launch_each(fsdp_worker, str(adapters_path), list(A.ADAPTERS["fsdp"]), opts).items():
+    result, path = TopicResult("fsdp"), str(adapters_path)
+    got = launch_each(fsdp_worker, path, list(A.ADAPTERS["fsdp"]), opts)
+    runnable = [
+        impl
+        for impl, per_rank in got.items()
+        if not status_checks("fsdp", impl, per_rank, "") and "missing" not in (per_rank[0]["course"] or {"missing": 0})
+    ]
+    wide = launch_each(wide_worker, path, runnable, opts, world=CF.WIDE, parts=("course",)) if runnable else {}
+    for impl, per_rank in got.items():
         result.checks += environment_checks("fsdp", impl, per_rank)
         early = status_checks("fsdp", impl, per_rank, str(adapters_path))
         if early:
@@ -162,13 +190,20 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
         else:
             result.checks.append(Check("fsdp", impl, f"the 2026 test's model, from {source}", PASS, source))
             result.checks += CF.course_fsdp_checks(impl, course)
+            if impl in wide:
+                result.checks += wide_checks(impl, wide[impl], path, result.checks)
         if beyond_failed("fsdp", impl, per_rank):
             result.checks += beyond_failed("fsdp", impl, per_rank)
             continue
         beyond = []
+
+        def freed(impl):  # the handout's freeing rules, watched within it, all passed
+            rules = [c for c in result.checks if c.impl == impl and c.prop in FR.FREEING]
+            return len(rules) == len(FR.FREEING) and all(c.status == PASS for c in rules)
+
         phases = (
             ("equivalence", functools.partial(fsdp_equivalence_checks, impl, repeat=max(1, opts.repeat)), "runs"),
-            ("memory", lambda ph, impl=impl: rows_into(result, fsdp_memory_checks(impl, ph)), "memory"),
+            ("memory", lambda ph, impl=impl: rows_into(result, fsdp_memory_checks(impl, ph, freed(impl))), "memory"),
             ("logs", lambda ph, impl=impl: rows_into(result, fsdp_bytes_checks(impl, ph)), "bytes per step"),
         )
         for key, checks_of, what in phases:
