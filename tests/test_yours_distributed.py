@@ -29,7 +29,7 @@ from helpers.course.yours.fsdp import contract as CF
 from helpers.course.yours.fsdp import probe as P
 from helpers.course.yours.fsdp import rules as FR
 from helpers.course.yours.fsdp import runner as DF
-from helpers.course.yours.report import ERROR, FAIL, NOT_IMPLEMENTED, PASS, SKIPPED, TopicResult
+from helpers.course.yours.report import ERROR, FAIL, NEEDS_ENV, NOT_IMPLEMENTED, PASS, SKIPPED, TopicResult
 from helpers.course.yours.sharding import rule_checks as RC
 from helpers.course.yours.sharding import rules as R
 from helpers.course.yours.sharding import runner as DS
@@ -473,6 +473,26 @@ def test_another_editions_names_are_skipped(tmp_path, monkeypatch):
     )
     got = S.outcome(lambda: S.adapter_fns(str(path), "ddp", "bucketed"))  # in this process: no launch needed
     assert got["status"] == SKIPPED and "another edition" in got["detail"]
+
+
+def test_a_module_this_python_lacks_is_the_environments_with_the_fix(tmp_path):
+    """The student's code imports their assignment-1 package from a git submodule this checkout never filled (an
+    empty cs336-basics/): every phase needs their environment, none fails, and the fix names the submodule."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "cs336-systems"\n')
+    (tmp_path / ".gitmodules").write_text('[submodule "cs336-basics"]\n\tpath = cs336-basics\n')
+    (tmp_path / "cs336-basics").mkdir()
+    (tmp_path / "tests").mkdir()
+    adapters = tmp_path / "tests" / "adapters.py"
+    adapters.write_text(
+        "def get_sharded_optimizer(params, optimizer_cls, **kwargs):\n"
+        "    from cs336_basics.optimizer import AdamW  # noqa: F401\n"
+        "    return optimizer_cls(params, **kwargs)\n"
+    )
+    result = D.run_sharding(str(adapters), CHECKS_ONLY)
+    within = by(result, beyond=False)
+    assert within and not result.failed and {c.status for c in within} == {NEEDS_ENV}, [c.status for c in within]
+    assert all("git submodule update --init" in c.detail for c in within), within[0].detail
+    assert not any(str(R.WIDE) + " ranks" in c.prop for c in result.checks)  # nothing ran: no wider launch
 
 
 def test_a_hung_collective_is_an_error_after_the_timeout():

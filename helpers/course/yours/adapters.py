@@ -148,7 +148,13 @@ def fix_for(exc: ModuleNotFoundError, root: Path, path: Path | None = None) -> s
             "add that folder to sys.path in the adapters file (relative to where you run pytest)"
         )
     venv = root / ".venv" / "bin" / "python"
-    if venv.exists():
+    submodule = unchecked_submodule(root)
+    if top.startswith("cs336") and submodule is not None:
+        return (
+            f"{submodule} is a git submodule that is not checked out here (an empty folder): cd {root} && git "
+            "submodule update --init && uv sync"
+        )
+    if venv.exists() and Path(sys.prefix).resolve() != (root / ".venv").resolve():
         return f"run with --python {venv} (your assignment's environment)"
     if top.startswith("cs336"):
         return (
@@ -156,6 +162,20 @@ def fix_for(exc: ModuleNotFoundError, root: Path, path: Path | None = None) -> s
             f"{root / 'cs336-basics'})"
         )
     return f"{sys.executable} -m pip install {PIP_NAMES.get(top, top)}"
+
+
+def unchecked_submodule(root: Path) -> Path | None:
+    """The cs336-basics folder of the repository when .gitmodules names it and it is empty (not checked out)."""
+    folder, modules = root / "cs336-basics", root / ".gitmodules"
+    if not modules.is_file() or not folder.is_dir() or any(folder.iterdir()):
+        return None
+    return folder if "cs336-basics" in modules.read_text(errors="replace") else None
+
+
+def own_environment(path: Path) -> bool:
+    """Whether this Python is the assignment's own environment (its .venv), where a missing module is the student's."""
+    venv = assignment_root(Path(path)) / ".venv"
+    return Path(sys.prefix).resolve() == venv.resolve()
 
 
 def no_adapters_file(path) -> AdaptersError:

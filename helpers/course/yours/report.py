@@ -7,12 +7,13 @@ import textwrap
 from dataclasses import asdict, dataclass, field
 
 PASS, FAIL, ERROR, NOT_IMPLEMENTED, SKIPPED = "pass", "fail", "error", "not implemented", "skipped"
-NEEDS_GPU, NEEDS_TRITON = (
+NEEDS_GPU, NEEDS_TRITON, NEEDS_ENV = (
     "needs a GPU",
     "needs another Triton",
+    "needs your environment",  # a module your code imports is not importable where the check ran
 )  # the check cannot run in this environment: not a failure
 FAILED = (FAIL, ERROR)
-CANNOT_RUN = (NEEDS_GPU, NEEDS_TRITON)
+CANNOT_RUN = (NEEDS_GPU, NEEDS_TRITON, NEEDS_ENV)
 DIFFERS, RAISES = "differs", "raises"  # how FAIL and ERROR read beyond the handout (the saved status stays FAIL/ERROR)
 
 
@@ -24,7 +25,7 @@ class Check:
     topic: str
     impl: str  # which of the file's implementations ("triton", "bucketed", ...)
     prop: str  # the property checked, named so a failure reads on its own ("forward vs float64, bf16, H=1000")
-    status: str  # PASS | FAIL | ERROR | NOT_IMPLEMENTED | SKIPPED | NEEDS_GPU | NEEDS_TRITON
+    status: str  # PASS | FAIL | ERROR | NOT_IMPLEMENTED | SKIPPED | NEEDS_GPU | NEEDS_TRITON | NEEDS_ENV
     detail: str = ""
     beyond: bool = False  # a probe beyond the handout's promises (other shapes, dtypes, models): reported, never
     #                       part of the exit status
@@ -136,7 +137,13 @@ def beyond_name(check: dict) -> str:
     return str(check["prop"]).removeprefix("beyond the handout: ")
 
 
-PLURAL = {DIFFERS: "differ", RAISES: "raise", NEEDS_GPU: "need a GPU", NEEDS_TRITON: "need another Triton"}
+PLURAL = {
+    DIFFERS: "differ",
+    RAISES: "raise",
+    NEEDS_GPU: "need a GPU",
+    NEEDS_TRITON: "need another Triton",
+    NEEDS_ENV: "need your environment",
+}
 
 
 def beyond_counts(checks: list[dict]) -> str:
@@ -152,10 +159,8 @@ def summary(checks: list[dict]) -> tuple[str, bool]:
     """("N implemented: P pass, F fail, G need a GPU or another Triton; M not implemented", ok) over the checks within
     the handout's contract (rows of checks_table); ok only when something was checked and nothing failed."""
     within = [c for c in checks if not c.get("beyond")]
-    count = {
-        s: sum(c["status"] == s for c in within) for s in (PASS, FAIL, ERROR, NEEDS_GPU, NEEDS_TRITON, NOT_IMPLEMENTED)
-    }
-    failed, cannot = count[FAIL] + count[ERROR], count[NEEDS_GPU] + count[NEEDS_TRITON]
+    count = {s: sum(c["status"] == s for c in within) for s in (PASS, FAIL, ERROR, *CANNOT_RUN, NOT_IMPLEMENTED)}
+    failed, cannot = count[FAIL] + count[ERROR], sum(count[s] for s in CANNOT_RUN)
     implemented = count[PASS] + failed + cannot
     if not implemented:
         return (
@@ -165,7 +170,8 @@ def summary(checks: list[dict]) -> tuple[str, bool]:
         )
     text = (
         f"{implemented} checks of what you implemented: {count[PASS]} pass, {failed} fail, {cannot} need a GPU "
-        f"or another Triton; {count[NOT_IMPLEMENTED]} not implemented"
+        f"or another Triton{' or your environment' if count[NEEDS_ENV] else ''}; {count[NOT_IMPLEMENTED]} not "
+        "implemented"
     )
     return text, failed == 0
 

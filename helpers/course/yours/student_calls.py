@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 import helpers.course.yours.adapters as A
-from helpers.course.yours.report import ERROR, NOT_IMPLEMENTED, SKIPPED, Check
+from helpers.course.yours.report import ERROR, NEEDS_ENV, NOT_IMPLEMENTED, SKIPPED, Check
 from helpers.experiments import fsdp as XF
 
 WORLD = 2  # ranks the distributed checks run on (the course's tests use 2); DDP on the course's LM: ddp_lm.LM_WORLD
@@ -94,7 +94,8 @@ def student_frame(frames: list[tuple[str, str]], path: str) -> str:
 
 def phase(path: str, fn) -> dict:
     """fn()'s dict with status "ok", or its exception as {"status": ERROR, "detail": "Type: message (at file:line)"}:
-    one phase's failure kept apart from the others. Unusable (the implementation cannot be checked at all)
+    one phase's failure kept apart from the others; a module the student's code imports that this Python (not the
+    assignment's own .venv) lacks is NEEDS_ENV, with the fix. Unusable (the implementation cannot be checked at all)
     propagates."""
     try:
         return {"status": "ok", **fn()}
@@ -102,7 +103,11 @@ def phase(path: str, fn) -> dict:
         raise
     except Exception as exc:  # noqa: BLE001 - a student's exception is a result, not a crash of the checker
         frames = [(f.filename, str(f.lineno)) for f in traceback.extract_tb(exc.__traceback__)]
-        return {"status": ERROR, "detail": f"{type(exc).__name__}: {exc} (at {student_frame(frames, path)})"}
+        detail = f"{type(exc).__name__}: {exc} (at {student_frame(frames, path)})"
+        if isinstance(exc, ModuleNotFoundError) and not A.own_environment(path):  # this Python's, not the student's
+            fix = A.fix_for(exc, A.assignment_root(Path(path)), Path(path))
+            return {"status": NEEDS_ENV, "detail": f"{detail}: not importable where the check ran. To fix: {fix}"}
+        return {"status": ERROR, "detail": detail}
 
 
 def digest(state: dict) -> dict:

@@ -141,6 +141,13 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
     return out
 
 
+def _course_ran(per_rank) -> bool:
+    """Whether the test's fp32 run went through on every rank of the 2-rank launch."""
+    if status_checks("fsdp", "", per_rank, ""):
+        return False
+    return all(r["course"] and r["course"].get("run fp32", {}).get("status") == "ok" for r in per_rank)
+
+
 def wide_worker(path: str, impls: list[str], opts: Options, parts=("course",)) -> dict:
     """In each of CF.WIDE ranks, per implementation: the test's fp32 run and the shard after get_fsdp."""
 
@@ -168,11 +175,7 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
     times), memory and bytes vs the formulas, and yours vs ours vs torch's fully_shard."""
     result, path = TopicResult("fsdp"), str(adapters_path)
     got = launch_each(fsdp_worker, path, list(A.ADAPTERS["fsdp"]), opts)
-    runnable = [
-        impl
-        for impl, per_rank in got.items()
-        if not status_checks("fsdp", impl, per_rank, "") and "missing" not in (per_rank[0]["course"] or {"missing": 0})
-    ]
+    runnable = [impl for impl, per_rank in got.items() if _course_ran(per_rank)]  # else CF.WIDE adds nothing
     wide = launch_each(wide_worker, path, runnable, opts, world=CF.WIDE, parts=("course",)) if runnable else {}
     for impl, per_rank in got.items():
         result.checks += environment_checks("fsdp", impl, per_rank)

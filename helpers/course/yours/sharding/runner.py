@@ -160,7 +160,12 @@ def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
     course's test and the partition again."""
     result, path = TopicResult("sharding"), str(adapters_path)
     got = launch_each(sharding_worker, path, list(A.ADAPTERS["sharding"]), opts)
-    runnable = [impl for impl, per_rank in got.items() if not status_checks("sharding", impl, per_rank, "")]
+    runnable = [  # the course's test ran on 2 ranks, else R.WIDE ranks add nothing
+        impl
+        for impl, per_rank in got.items()
+        if not status_checks("sharding", impl, per_rank, "")
+        and all((r.get("course") or [{}])[0].get("status") == "ok" for r in per_rank)
+    ]
     wide = launch_each(wide_worker, path, runnable, opts, world=R.WIDE, parts=("course",)) if runnable else {}
     for impl, per_rank in got.items():
         judge_sharding(result, impl, per_rank, path, wide.get(impl))
