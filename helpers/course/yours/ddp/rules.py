@@ -87,7 +87,9 @@ def call_count_checks(impl: str, done: list[list[dict]]) -> list[Check]:
             checks.append(Check("ddp", impl, prop, PASS, detail + f" (a greedy fill makes at most {most} buckets)"))
             continue
         why = (
-            "one all-reduce per tensor: the bucket is only a gate in front of one call per member, not one call"
+            "one all-reduce per tensor: each call carries one tensor, so either each bucket holds one tensor (is "
+            "bucket_size_mb compared with sizes in another unit, bytes against MB?) or a full bucket is only a gate "
+            "in front of one call per member, not one call"
             if n >= tensors
             else "more calls than buckets: a bucket sent in several calls (each member on its own, once the bucket is "
             "ready?)"
