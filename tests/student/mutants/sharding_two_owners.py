@@ -14,7 +14,10 @@ class TwoOwners(RoundRobinSharded):
         group = self.param_groups[-1]
         for p in group["params"]:
             self.owner[p] = len(self.owner) % 2
-        self.add_local_group(group, [p for p in group["params"] if self.owner[p] == self.rank])
+        self.add_local_group(group, [p for p in group["params"] if self.mine(self.owner[p])])
+
+    def mine(self, owner):
+        return owner == self.rank
 
 
 def get_sharded_optimizer(params, optimizer_cls, **kwargs):

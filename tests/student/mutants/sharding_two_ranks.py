@@ -6,16 +6,12 @@ from _fixture import *  # noqa: F401,F403
 import torch
 import torch.distributed as dist
 
-from _sharded import RoundRobinSharded
+from sharding_two_owners import TwoOwners
 
 
-class TwoHalves(RoundRobinSharded):
-    def add_param_group(self, param_group):
-        torch.optim.Optimizer.add_param_group(self, param_group)
-        group = self.param_groups[-1]
-        for p in group["params"]:
-            self.owner[p] = len(self.owner) % 2
-        self.add_local_group(group, [p for p in group["params"] if self.owner[p] == min(self.rank, 1)])
+class TwoHalves(TwoOwners):
+    def mine(self, owner):
+        return owner == min(self.rank, 1)  # every rank but 0 takes rank 1's half
 
     @torch.no_grad()
     def step(self, closure=None, **kwargs):
