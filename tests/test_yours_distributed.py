@@ -701,24 +701,28 @@ def test_the_added_state_is_read_from_the_optimizers_the_wrapper_holds(one_rank)
     assert R.state_growth(closure, params) == 3 * one
 
 
-def test_a_bucket_that_gates_one_call_per_member_fails_the_call_count_alone(tmp_path):
-    """Buckets of at most bucket_size_mb that, once complete, all-reduce each member on its own: right gradients and
-    no call over the limit on the course's LM, but one call per tensor at every size (the course's LM alone: its toy
-    test passes as the gradients do)."""
-    path = composed(
-        tmp_path,
-        get_ddp_bucketed="ddp_bucket_gate",
-        ddp_bucketed_on_after_backward="ddp_bucket_gate",
-        ddp_bucketed_on_train_batch_start="ddp_bucket_gate",
-    )
+@pytest.mark.parametrize(
+    "mutant, diagnosis",
+    [
+        ("ddp_bucket_gate", "all-reduces launched at one moment: a ready bucket sent one member per call"),
+        ("ddp_bucket_bytes_as_mb", "each launched at a gradient of its own: buckets sent as they filled"),
+    ],
+)
+def test_one_call_per_tensor_fails_the_call_count_alone_and_says_why(tmp_path, mutant, diagnosis):
+    """Right gradients and no call over the limit on the course's LM, but one call per tensor at every size (the
+    course's LM alone: its toy test passes as the gradients do). Buckets that, once complete, all-reduce each member
+    on its own launch their calls at one moment; a bucket of bytes compared with MB holds one tensor, and its call
+    comes at that tensor's gradient: the message tells the two apart by when the calls were launched."""
+    names = ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "ddp_bucketed_on_train_batch_start")
+    path = composed(tmp_path, **dict.fromkeys(names, mutant))
     got = DC.launch_each(LM.lm_worker, str(path), ["bucketed"], CHECKS_ONLY, world=LM.LM_WORLD, parts=("course",))
     checks = LMC.lm_checks("bucketed", got["bucketed"], str(path))
-    gate = [c for c in checks if c.status == FAIL]
-    assert {c.prop for c in gate} == {c.prop for c in checks if "all-reduce" in c.prop and "bucket " in c.prop}
-    assert all("one all-reduce per tensor" in c.detail and "only a gate" in c.detail for c in gate)
-    assert any(c.prop.endswith("one all-reduce a step") for c in gate)
-    assert any("fewer all-reduces than tensors" in c.prop for c in gate)
-    assert all(c.status == PASS for c in checks if c not in gate)
+    failed = [c for c in checks if c.status == FAIL]
+    assert {c.prop for c in failed} == {c.prop for c in checks if "all-reduce" in c.prop and "bucket " in c.prop}
+    assert all(diagnosis in c.detail for c in failed), [c.detail for c in failed]
+    assert any(c.prop.endswith("one all-reduce a step") for c in failed)
+    assert any("fewer all-reduces than tensors" in c.prop for c in failed)
+    assert all(c.status == PASS for c in checks if c not in failed)
 
 
 def test_without_cs336_basics_model_fsdp_is_judged_on_our_copy_of_the_staff_layers(monkeypatch):

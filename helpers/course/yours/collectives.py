@@ -41,12 +41,24 @@ class Call:
     dtype: str
     async_op: bool
     phase: str  # "forward" (before backward starts), "backward" (inside it: from a hook), "after" (once it returned)
+    ready: int = 0  # gradients accumulated (count_ready's hooks) when it was launched: calls sharing one came at once
 
 
 class Calls(list):
     """The calls watched so far, and the step's phase, moved by autograd hooks on the loss (backward_of)."""
 
     phase = "forward"
+    ready = 0
+
+    def count_ready(self, params) -> list:
+        """Count each parameter's gradient as it is accumulated (a hook registered after the code's own, so a call
+        from the code's hook on a tensor sees the tensors before it); returns the handles to remove."""
+
+        def one(_p):
+            self.ready += 1
+
+        self.ready = 0
+        return [p.register_post_accumulate_grad_hook(one) for p in params if p.requires_grad]
 
     def backward_of(self, loss: torch.Tensor) -> None:
         """Mark backward's start (a hook on the loss's gradient: the first thing backward computes) and its end (a
@@ -88,6 +100,7 @@ def watch_calls():
                     str(parts[0].dtype).removeprefix("torch.") if parts else "?",
                     bool(asked),
                     calls.phase,
+                    calls.ready,
                 )
             )
             return _fn(*args, **kwargs)

@@ -240,16 +240,20 @@ def lm_run(fns: dict, impl: str, cls: type, order: Readiness, bucket_mb: float |
         shim.on_train_batch_start()
         opt.zero_grad()
         with watch_calls() as calls:
+            counting = calls.count_ready(mine.values())
             loss = lm_loss(shim(x[rows]), y[rows])
             calls.backward_of(loss)
             loss.backward()
             shim.finish_gradient_synchronization()
+            for h in counting:
+                h.remove()
         grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in mine.items()}
         steps.append(
             {
                 **compare_step(grads, g_ref, scale, x.numel() + world),  # the tokens, then the average
                 "messages": [c.nbytes for c in calls.of("all_reduce")],
                 "calls": [(c.async_op, c.phase) for c in calls.of("all_reduce")],
+                "ready": [c.ready for c in calls.of("all_reduce")],  # calls sharing a count were launched at once
             }
         )
         opt.step()

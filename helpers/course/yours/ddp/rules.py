@@ -12,6 +12,8 @@ of backward they were launched in). The handouts' words:
 
 from __future__ import annotations
 
+import collections
+
 from helpers.course.yours.report import FAIL, PASS, SKIPPED, Check
 
 OVERLAP_HANDOUT = (
@@ -86,17 +88,29 @@ def call_count_checks(impl: str, done: list[list[dict]]) -> list[Check]:
             detail = f"at most {n} all-reduce{'s' if n > 1 else ''} a step for {tensors} tensors"
             checks.append(Check("ddp", impl, prop, PASS, detail + f" (a greedy fill makes at most {most} buckets)"))
             continue
-        why = (
-            "one all-reduce per tensor: each call carries one tensor, so either each bucket holds one tensor (is "
-            "bucket_size_mb compared with sizes in another unit, bytes against MB?) or a full bucket is only a gate "
-            "in front of one call per member, not one call"
-            if n >= tensors
-            else "more calls than buckets: a bucket sent in several calls (each member on its own, once the bucket is "
-            "ready?)"
-        )
+        why = _why_more_calls(n, tensors, runs[rank]["steps"][s].get("ready"))
         detail = (
             f"step {s}, rank {rank}: {n} all-reduces for {tensors} tensors, where buckets of {mb:.3g} MB filled "
             f"greedily in any order make at most {most} - {why}; {FEWER_HANDOUT}"
         )
         checks.append(Check("ddp", impl, prop, FAIL, detail))
     return checks
+
+
+def _why_more_calls(n: int, tensors: int, ready: list | None) -> str:
+    """The likely mistake behind more all-reduces than buckets, from when they were launched (`ready`: gradients
+    accumulated at each call): several calls at one moment are a ready bucket sent one member per call; calls each
+    at a moment of its own are buckets sent as they filled, far smaller than bucket_size_mb."""
+    burst = max(collections.Counter(ready).values()) if ready else 0
+    if burst > 1:
+        return (
+            f"up to {burst} all-reduces launched at one moment: a ready bucket sent one member per call, not as one "
+            "call (flatten its gradients into one buffer)"
+        )
+    if ready:
+        return (
+            f"{'one all-reduce per tensor, ' if n >= tensors else ''}each launched at a gradient of its own: buckets "
+            "sent as they filled, far smaller than bucket_size_mb (is it compared with sizes in another unit, bytes "
+            "against MB?)"
+        )
+    return "one all-reduce per tensor" if n >= tensors else "more calls than buckets: a bucket sent in several calls"
