@@ -177,15 +177,25 @@ def environment_checks(topic: str, impl: str, got) -> list[Check]:
     return [Check(topic, impl, "the environment: a crash outside Python, rerun", SKIPPED, got[0]["environment"], True)]
 
 
-def status_checks(topic: str, impl: str, got, path: str) -> list[Check] | None:
+def status_checks(topic: str, impl: str, got, path: str, world: int = WORLD) -> list[Check] | None:
     """The one check for an implementation that could not run (launch failure, not implemented, skipped, wrong kind),
     else None."""
     if isinstance(got, BaseException):
-        return [Check(topic, impl, "runs on 2 ranks", ERROR, failure_detail(got, path))]
+        return [Check(topic, impl, f"runs on {world} ranks", ERROR, failure_detail(got, path))]
     first = got[0]
     if first["status"] != "ok":
         return [Check(topic, impl, "adapters", first["status"], first["detail"])]
     return None
+
+
+def wider_checks(topic: str, impl: str, got, path: str, world: int, judge) -> list[Check]:
+    """The checks of a second launch on `world` ranks (a rule the 2-rank launch cannot see): judge(per-rank outcomes)
+    after the environment's note, or the ERROR of a launch that failed; none where the adapters could not run, which
+    the first launch reported."""
+    early = status_checks(topic, impl, got, path, world)
+    if early:
+        return early if isinstance(got, BaseException) else []
+    return environment_checks(topic, impl, got) + judge(got)
 
 
 def timing_rows(topic: str, impl: str, samples_per_rank: list[dict], labels: dict, unit_scale=1e3) -> list[dict]:

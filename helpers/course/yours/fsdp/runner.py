@@ -21,11 +21,11 @@ from helpers.course.yours.dist_common import (
     NotAsked,
     beyond_failed,
     environment_checks,
-    failure_detail,
     launch_each,
     rows_into,
     status_checks,
     timing_rows,
+    wider_checks,
 )
 from helpers.course.yours.fsdp.checks import (
     FSDP_CHECK,
@@ -36,7 +36,7 @@ from helpers.course.yours.fsdp.checks import (
 )
 from helpers.course.yours.fsdp.probe import probe_step
 from helpers.course.yours.options import Options
-from helpers.course.yours.report import ERROR, PASS, SKIPPED, Check, TopicResult
+from helpers.course.yours.report import PASS, SKIPPED, Check, TopicResult
 from helpers.experiments import fsdp as XF
 from helpers.experiments.common import make_batches, rank_share
 
@@ -159,11 +159,13 @@ def wide_worker(path: str, impls: list[str], opts: Options, parts=("course",)) -
 
 def wide_checks(impl: str, got, path: str, on_two: list[Check]) -> list[Check]:
     """wide_worker's checks from its per-rank outcomes, or the exception that stopped its launch."""
-    if isinstance(got, BaseException):
-        return [Check("fsdp", impl, f"runs on {CF.WIDE} ranks", ERROR, failure_detail(got, path))]
-    if got[0]["status"] != "ok":  # not implemented, a wrong kind: the 2-rank launch reported it
-        return []
-    return environment_checks("fsdp", impl, got) + CF.wide_checks(impl, got, on_two)
+    return wider_checks("fsdp", impl, got, path, CF.WIDE, lambda per_rank: CF.wide_checks(impl, per_rank, on_two))
+
+
+def _freed(checks: list[Check], impl: str) -> bool:
+    """Whether the handout's freeing rules, watched within it, all passed for `impl`."""
+    rules = [c for c in checks if c.impl == impl and c.prop in FR.FREEING]
+    return len(rules) == len(FR.FREEING) and all(c.status == PASS for c in rules)
 
 
 def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
@@ -200,13 +202,14 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
             continue
         beyond = []
 
-        def freed(impl):  # the handout's freeing rules, watched within it, all passed
-            rules = [c for c in result.checks if c.impl == impl and c.prop in FR.FREEING]
-            return len(rules) == len(FR.FREEING) and all(c.status == PASS for c in rules)
-
+        freed = _freed(result.checks, impl)  # the freeing rules within the handout, judged above
         phases = (
             ("equivalence", functools.partial(fsdp_equivalence_checks, impl, repeat=max(1, opts.repeat)), "runs"),
-            ("memory", lambda ph, impl=impl: rows_into(result, fsdp_memory_checks(impl, ph, freed(impl))), "memory"),
+            (
+                "memory",
+                lambda ph, impl=impl, freed=freed: rows_into(result, fsdp_memory_checks(impl, ph, freed)),
+                "memory",
+            ),
             ("logs", lambda ph, impl=impl: rows_into(result, fsdp_bytes_checks(impl, ph)), "bytes per step"),
         )
         for key, checks_of, what in phases:

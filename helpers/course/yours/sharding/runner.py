@@ -1,8 +1,8 @@
 """`yours` for the sharded optimizer: the course's test, a partitioned state and the handout's rules its test never
 tries (helpers.course.yours.sharding.rules: groups, add_param_group, zero_grad); beyond it bitwise equality with
 unsharded AdamW, state per rank vs the formula and the timing beside torch's ZeRO (helpers.course.yours.distributed).
-All in one launch, and the course's test again on R.WIDE ranks in a second; judge_sharding turns one
-implementation's per-rank results into checks and rows."""
+All in one launch, and the partition's rules again on R.WIDE ranks in a second (R.wide_run); judge_sharding turns
+one implementation's per-rank results into checks and rows."""
 
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ from helpers.course.yours.dist_common import (
     WORLD,
     beyond_failed,
     environment_checks,
-    failure_detail,
     launch_each,
     sent_bytes,
     status_checks,
     timing_rows,
+    wider_checks,
 )
 from helpers.course.yours.options import Options
-from helpers.course.yours.report import ERROR, FAIL, PASS, Check, TopicResult
+from helpers.course.yours.report import FAIL, PASS, Check, TopicResult
 from helpers.experiments import sharding as XS
 from helpers.formulas import MiB
 
@@ -157,7 +157,7 @@ def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
     (groups with their own hyperparameters, add_param_group during training, zero_grad() of every parameter); beyond
     it, bitwise equality on our toy, each rank's state at most 1/N of the total plus its largest tensor on small/cpu,
     and yours vs ours vs torch's ZeroRedundancyOptimizer. One launch (launch_each), and one on R.WIDE ranks for the
-    course's test and the partition again."""
+    weights and the state per rank again (R.wide_run)."""
     result, path = TopicResult("sharding"), str(adapters_path)
     got = launch_each(sharding_worker, path, list(A.ADAPTERS["sharding"]), opts)
     runnable = [  # the course's test ran on 2 ranks, else R.WIDE ranks add nothing
@@ -184,14 +184,13 @@ def _wide(path: str, impl: str) -> dict:
 
 def wide_checks(impl: str, got, path: str) -> list[Check]:
     """wide_worker's checks from its per-rank outcomes, or the exception that stopped its launch."""
-    if isinstance(got, BaseException):
-        return [Check("sharding", impl, f"runs on {R.WIDE} ranks", ERROR, failure_detail(got, path))]
-    if got[0]["status"] != "ok":  # not implemented, a wrong kind: the 2-rank launch reported it
-        return []
-    runs = [r["wide"] for r in got]
-    error = S.phase_error("sharding", impl, R.WIDE_PROP, runs, False)
-    checks = [error] if error else [RC.wide_check(impl, runs), RC.wide_state_check(impl, runs)]
-    return environment_checks("sharding", impl, got) + checks
+
+    def judge(per_rank):
+        runs = [r["wide"] for r in per_rank]
+        error = S.phase_error("sharding", impl, R.WIDE_PROP, runs, False)
+        return [error] if error else [RC.wide_check(impl, runs), RC.wide_state_check(impl, runs)]
+
+    return wider_checks("sharding", impl, got, path, R.WIDE, judge)
 
 
 def _student(path: str, impl: str):
