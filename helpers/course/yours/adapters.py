@@ -154,7 +154,7 @@ def fix_for(exc: ModuleNotFoundError, root: Path, path: Path | None = None) -> s
             f"{submodule} is a git submodule that is not checked out here (an empty folder): cd {root} && git "
             "submodule update --init && uv sync"
         )
-    if venv.exists() and Path(sys.prefix).resolve() != (root / ".venv").resolve():
+    if venv.exists() and not own_environment(root):
         return f"run with --python {venv} (your assignment's environment)"
     if top.startswith("cs336"):
         return (
@@ -172,10 +172,9 @@ def unchecked_submodule(root: Path) -> Path | None:
     return folder if "cs336-basics" in modules.read_text(errors="replace") else None
 
 
-def own_environment(path: Path) -> bool:
+def own_environment(root: Path) -> bool:
     """Whether this Python is the assignment's own environment (its .venv), where a missing module is the student's."""
-    venv = assignment_root(Path(path)) / ".venv"
-    return Path(sys.prefix).resolve() == venv.resolve()
+    return Path(sys.prefix).resolve() == (root / ".venv").resolve()
 
 
 def no_adapters_file(path) -> AdaptersError:

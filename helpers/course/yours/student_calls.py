@@ -104,8 +104,9 @@ def phase(path: str, fn) -> dict:
     except Exception as exc:  # noqa: BLE001 - a student's exception is a result, not a crash of the checker
         frames = [(f.filename, str(f.lineno)) for f in traceback.extract_tb(exc.__traceback__)]
         detail = f"{type(exc).__name__}: {exc} (at {student_frame(frames, path)})"
-        if isinstance(exc, ModuleNotFoundError) and not A.own_environment(path):  # this Python's, not the student's
-            fix = A.fix_for(exc, A.assignment_root(Path(path)), Path(path))
+        root = A.assignment_root(Path(path))
+        if isinstance(exc, ModuleNotFoundError) and not A.own_environment(root):  # this Python's, not the student's
+            fix = A.fix_for(exc, root, Path(path))
             return {"status": NEEDS_ENV, "detail": f"{detail}: not importable where the check ran. To fix: {fix}"}
         return {"status": ERROR, "detail": detail}
 
