@@ -3,6 +3,7 @@ configuration the code uses, from the ptxas shipped in the triton wheel (no GPU 
 
     python -m helpers kernels                       # every configuration, sm_80 and sm_90a; ends "N ... S with spills"
     python -m helpers kernels --quick               # a subset (what `make test` runs)
+    python -m helpers kernels --quick --arch sm_90a # one architecture (make test's run under the newest Triton)
     python -m helpers kernels --grid                # every configuration `python -m helpers tune` may time (minutes)
 
 Compiling needs Triton's real compiler, not its interpreter: the command runs itself in a child process with
@@ -291,10 +292,11 @@ def compile_config(cfg: KernelConfig, arch: str) -> dict:
     }
 
 
-def check(quick: bool = False, grid: bool = False, configs=None, workers: int = 1) -> list[dict]:
-    """Rows of compile_config for every configuration (all_configs', or `configs`) and each of its architectures;
-    `workers` compile in parallel processes (ptxas and Triton's passes are single-threaded)."""
-    jobs = [(cfg, arch) for cfg in (configs if configs is not None else all_configs(quick, grid)) for arch in cfg.archs]
+def check(quick: bool = False, grid: bool = False, configs=None, workers: int = 1, archs=tuple(ARCHS)) -> list[dict]:
+    """Rows of compile_config for every configuration (all_configs', or `configs`) and each of its architectures
+    among `archs`; `workers` compile in parallel processes (ptxas and Triton's passes are single-threaded)."""
+    configs = configs if configs is not None else all_configs(quick, grid)
+    jobs = [(cfg, arch) for cfg in configs for arch in cfg.archs if arch in archs]
     if workers <= 1:
         return [compile_config(cfg, arch) for cfg, arch in jobs]
     from concurrent.futures import ProcessPoolExecutor
@@ -320,6 +322,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--grid", action="store_true", help="every configuration `python -m helpers tune` may time")
     parser.add_argument("--only", choices=("attention", "rmsnorm"), help="with --grid: one kernel family")
     parser.add_argument("--workers", type=int, default=1, help="parallel compiler processes")
+    parser.add_argument(
+        "--arch", action="append", choices=tuple(ARCHS), help="only this architecture (repeat for more; default: all)"
+    )
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter cannot compile: run again without it
         env = {**os.environ, "TRITON_INTERPRET": "0"}
@@ -327,12 +332,13 @@ def main(argv: list[str]) -> int:
     configs = None
     if args.grid and args.only:
         configs = attention_grid_configs() if args.only == "attention" else rmsnorm_grid_configs()
-    rows = check(args.quick, args.grid, configs=configs, workers=args.workers)
+    archs = tuple(args.arch or ARCHS)
+    rows = check(args.quick, args.grid, configs=configs, workers=args.workers, archs=archs)
     for r in rows:
         print(
             f"{r['kernel']:<54} {r['arch']:<7} warps {r['num_warps']:>2}  registers {r['registers']:>3}  "
             f"spill bytes {r['spill_bytes']:>5}  shared {r['shared_bytes']:>6} B"
         )
     spilled = sum(r["spill_bytes"] > 0 for r in rows)
-    print(f"{len(rows)} configurations compiled for {', '.join(ARCHS)}; {spilled} with spills")
+    print(f"{len(rows)} configurations compiled for {', '.join(archs)}; {spilled} with spills")
     return 1 if spilled else 0

@@ -45,6 +45,10 @@ def _compile_tiny_rmsnorm(cache: Path, switches: dict) -> subprocess.CompletedPr
     # the vector ISAs taken from the CPU's flags, not proven by compiling a probe for each (5.6 s of a cold cache's
     # 10): the same kernel, and the heap corruption still shows in one shared folder (checked with the repro's order)
     env["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
+    # no precompiled header (inductor's are machine-wide, one per set of flags): this one kernel then compiles in 2 s
+    # where the native flags' header took 5 s more; in both runs, so both key their kernel alike, and with a shared
+    # folder the native run still dies (checked with this code, 2026-11-29)
+    env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 
