@@ -73,6 +73,16 @@ def test_checkpointing_model_and_sweep():
     # the sweep itself, as notebook 07 runs it: tests/test_fsdp_sections.py (checkpoint_section)
 
 
+def test_the_gpu_checkpoint_sweep_times_enough_pairs_for_a_verdict():
+    """§5's sentence on a GPU compares checkpointing with none from ckpt_steps paired steps: at 5 (below
+    timing.MIN_PAIRS) it could only ever say "too few paired samples to tell"."""
+    from helpers.timing import MIN_PAIRS, Ratio, verdict
+
+    steps = X.PROFILES["gpu"]["ckpt_steps"]
+    assert steps >= MIN_PAIRS
+    assert "too few" not in verdict("checkpointing", "no checkpointing", Ratio(1.3, 1.2, 1.4, steps))
+
+
 def test_calculators_known_values():
     xxl = F.xxl_memory(tokens=0)
     assert xxl["params"] == 126 * 2 * 16384 * 53248 and xxl["states"] == 16 * xxl["params"]
