@@ -312,6 +312,12 @@ def optimizer_state(obj) -> list[torch.Tensor]:
     ]
 
 
+def optimizer_state_bytes(obj) -> int:
+    """Bytes of the distinct storages behind optimizer_state(obj): what the state of every torch optimizer `obj` is
+    or holds takes in memory (a storage several state tensors view is counted once)."""
+    return sum({storage_key(t): t.untyped_storage().nbytes() for t in optimizer_state(obj)}.values())
+
+
 def optimizers_in(obj, depth: int = 3) -> list[torch.optim.Optimizer]:
     """The torch optimizers `obj` is or holds: in its attributes, lists, tuples and dict values, `depth` levels down
     (self.optimizer, self._local_optimizers[i], ...)."""

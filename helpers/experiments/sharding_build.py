@@ -85,8 +85,8 @@ def forward_backward(model, grad_sync, opt, x, y) -> None:
 
 def optimizer_state_bytes(opt) -> int:
     """Bytes of optimizer state this rank holds, in every torch optimizer `opt` is or holds (torch's
-    ZeroRedundancyOptimizer keeps it in .optim, a student's wrapper in one per shard); a tensor counted once."""
-    return sum({id(t): t.numel() * t.element_size() for t in M.optimizer_state(opt)}.values())
+    ZeroRedundancyOptimizer keeps it in .optim, a student's wrapper in one per shard): memory.optimizer_state_bytes."""
+    return M.optimizer_state_bytes(opt)
 
 
 def run_all(calls: list[Callable]) -> list:

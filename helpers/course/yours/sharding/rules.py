@@ -157,9 +157,7 @@ def state_growth(opt, params: dict) -> int:
 def state_bytes(obj) -> int | None:
     """Bytes of the tensors in the state of every torch optimizer `obj` is or holds (a storage counted once), or None
     when it holds none."""
-    if not M.optimizers_in(obj):
-        return None
-    return sum({M.storage_key(t): t.untyped_storage().nbytes() for t in M.optimizer_state(obj)}.values())
+    return M.optimizer_state_bytes(obj) if M.optimizers_in(obj) else None
 
 
 def alive_tensors() -> list[torch.Tensor]:
