@@ -188,6 +188,14 @@ def status_checks(topic: str, impl: str, got, path: str, world: int = WORLD) -> 
     return None
 
 
+def ran_everywhere(topic: str, per_rank, phase_of) -> bool:
+    """Whether a launch went through and phase_of(a rank's result), one phase's outcome, is "ok" on every rank: where
+    the course's test ran on 2 ranks, so that a launch on more can add something."""
+    if status_checks(topic, "", per_rank, ""):
+        return False
+    return all((phase_of(r) or {}).get("status") == "ok" for r in per_rank)
+
+
 def wider_checks(topic: str, impl: str, got, path: str, world: int, judge) -> list[Check]:
     """The checks of a second launch on `world` ranks (a rule the 2-rank launch cannot see): judge(per-rank outcomes)
     after the environment's note, or the ERROR of a launch that failed; none where the adapters could not run, which

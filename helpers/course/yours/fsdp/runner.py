@@ -22,6 +22,7 @@ from helpers.course.yours.dist_common import (
     beyond_failed,
     environment_checks,
     launch_each,
+    ran_everywhere,
     rows_into,
     status_checks,
     timing_rows,
@@ -141,13 +142,6 @@ def fsdp_worker(path: str, impls: list[str], opts: Options, parts=PARTS) -> dict
     return out
 
 
-def _course_ran(per_rank) -> bool:
-    """Whether the test's fp32 run went through on every rank of the 2-rank launch."""
-    if status_checks("fsdp", "", per_rank, ""):
-        return False
-    return all(r["course"] and r["course"].get("run fp32", {}).get("status") == "ok" for r in per_rank)
-
-
 def wide_worker(path: str, impls: list[str], opts: Options, parts=("course",)) -> dict:
     """In each of CF.WIDE ranks, per implementation: the test's fp32 run and the shard after get_fsdp."""
 
@@ -177,7 +171,11 @@ def run_fsdp(adapters_path: str, opts: Options) -> TopicResult:
     times), memory and bytes vs the formulas, and yours vs ours vs torch's fully_shard."""
     result, path = TopicResult("fsdp"), str(adapters_path)
     got = launch_each(fsdp_worker, path, list(A.ADAPTERS["fsdp"]), opts)
-    runnable = [impl for impl, per_rank in got.items() if _course_ran(per_rank)]  # else CF.WIDE adds nothing
+    runnable = [  # the test's fp32 run went through on 2 ranks, else CF.WIDE ranks add nothing
+        impl
+        for impl, per_rank in got.items()
+        if ran_everywhere("fsdp", per_rank, lambda r: (r["course"] or {}).get("run fp32"))
+    ]
     wide = launch_each(wide_worker, path, runnable, opts, world=CF.WIDE, parts=("course",)) if runnable else {}
     for impl, per_rank in got.items():
         result.checks += environment_checks("fsdp", impl, per_rank)

@@ -27,6 +27,7 @@ from helpers.course.yours.dist_common import (
     beyond_failed,
     environment_checks,
     launch_each,
+    ran_everywhere,
     sent_bytes,
     status_checks,
     timing_rows,
@@ -163,8 +164,7 @@ def run_sharding(adapters_path: str, opts: Options) -> TopicResult:
     runnable = [  # the course's test ran on 2 ranks, else R.WIDE ranks add nothing
         impl
         for impl, per_rank in got.items()
-        if not status_checks("sharding", impl, per_rank, "")
-        and all((r.get("course") or [{}])[0].get("status") == "ok" for r in per_rank)
+        if ran_everywhere("sharding", per_rank, lambda r: (r.get("course") or [{}])[0])
     ]
     wide = launch_each(wide_worker, path, runnable, opts, world=R.WIDE, parts=("course",)) if runnable else {}
     for impl, per_rank in got.items():
