@@ -173,7 +173,7 @@ class SlowBackend:
     barrier took the work as prior work: the race behind issue 43). The hold is a C++ reference
     (torch._C.ScriptList), which a tensor's use count sees, as it sees a work's."""
 
-    HOLD_S = 0.2
+    HOLD_S = 0.05
 
     def __init__(self):
         import threading

@@ -75,7 +75,7 @@ def test_failure_timeout_and_budget_each_recorded_and_the_rest_still_runs(tmp_pa
     )
     start = time.perf_counter()
     table = R.run_reference(
-        budget_s=120, out=tmp_path, profile="cpu", plan=plan, rates=RATES, max_batch_s=3, **QUIET
+        budget_s=120, out=tmp_path, profile="cpu", plan=plan, rates=RATES, max_batch_s=1.5, **QUIET
     ).set_index("batch")
     assert time.perf_counter() - start < 30  # the hung batch was killed at its limit
     assert table.loc["a", "status"] == "ok" and table.loc["b", "status"] == "ok"
