@@ -35,7 +35,8 @@
 # installed requires no Triton of its own: a CPU build, so a student's block-pointer kernel runs in the interpreter
 # here. PyPI's CUDA wheels require the one Triton inductor was built for (2.11: 3.6; 2.13: its own), which is kept
 # (helpers/pins.py decides). With TORCH= it is empty too (the machine's own triton matches its torch).
-# Without CUDA, `make test` runs the kernel tests again under NEWEST_TRITON, so the kernels work in both.
+# Without CUDA, `make test` runs the kernel tests again under NEWEST_TRITON, so the kernels work in both: all but
+# test_yours.py, whose Triton runtime (the interpreter's semantics) is test_yours_triton.py's (5 s less).
 
 PYTHON    ?= python3
 VENV      := .venv
@@ -44,7 +45,8 @@ TORCH     ?= torch==2.13.0
 TRITON    ?= $(if $(strip $(TORCH)),triton==3.6.0; platform_system == 'Linux')
 NEWEST_TRITON ?= triton==3.9.0
 NEWEST_DIR := build/newest-triton
-KERNEL_TESTS := tests/test_rmsnorm.py tests/test_attention.py tests/test_kernels.py tests/test_yours.py
+NEWEST_TESTS := tests/test_rmsnorm.py tests/test_attention.py tests/test_kernels.py tests/test_yours_triton.py
+KERNEL_TESTS := $(NEWEST_TESTS) tests/test_yours.py
 VENV_ARGS ?=
 PROFILE   ?= auto
 BUDGET    ?= auto
@@ -149,7 +151,7 @@ TESTS ?= $(if $(filter 1,$(HAS_CUDA)),$(SMOKE_TESTS),tests)
 # Without CUDA the kernel tests' run under NEWEST_TRITON is one test of this run (tests/test_newest_triton.py, started
 # first, beside the rest: 30 s less than after it); --no-loadscope-reorder keeps conftest.py's longest-first order
 NEWEST_ENV = HELPERS_NEWEST_TRITON=$(subst triton==,,$(NEWEST_TRITON)) HELPERS_NEWEST_DIR=$(NEWEST_DIR) \
-	HELPERS_KERNEL_TESTS="$(KERNEL_TESTS)"
+	HELPERS_KERNEL_TESTS="$(NEWEST_TESTS)"
 
 # Where no GPU is in sight, NEWEST_TRITON's install (unpacking, about 5 s) runs beside setup's instead of after it;
 # the test recipe installs it where torch turns out to have no CUDA after all
@@ -173,7 +175,7 @@ $(NEWEST_STAMP): | $(PY)
 
 test-newest-triton: setup $(NEWEST_STAMP)
 	EXPECT_TRITON=$(subst triton==,,$(NEWEST_TRITON)) PYTHONPATH=$(NEWEST_DIR) \
-	    $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -q $(KERNEL_TESTS)
+	    $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -q $(NEWEST_TESTS)
 
 lint: setup
 	$(PY) -m ruff check .

@@ -101,8 +101,10 @@ def test_every_notebook_and_the_kernel_tests_are_counted():
     assert list(T.SMOKE_COUNTS) == [*notebooks, "kernel tests"]
     assert set(T.cpu_scales()) <= set(notebooks)
     makefile = (ROOT / "Makefile").read_text()
-    kernel_tests = re.search(r"^KERNEL_TESTS := (.*)$", makefile, re.M).group(1).split()
-    assert {"tests/test_rmsnorm.py", "tests/test_attention.py", "tests/test_kernels.py"} <= set(kernel_tests)
+    newest = re.search(r"^NEWEST_TESTS := (.*)$", makefile, re.M).group(1).split()
+    assert {"tests/test_rmsnorm.py", "tests/test_attention.py", "tests/test_kernels.py"} <= set(newest)
+    assert "tests/test_yours_triton.py" in newest  # the interpreter's semantics, under each Triton
+    assert "KERNEL_TESTS := $(NEWEST_TESTS) tests/test_yours.py" in makefile
     assert "SMOKE_TESTS := $(KERNEL_TESTS)" in makefile  # what `make test` runs on a GPU, with the notebooks
     assert "TESTS ?= $(if $(filter 1,$(HAS_CUDA)),$(SMOKE_TESTS),tests)" in makefile
     assert "$(TESTS) notebooks" in makefile
