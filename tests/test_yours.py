@@ -641,3 +641,18 @@ def test_a_missing_adapters_file_points_to_the_one_2024s_layout_keeps_a_folder_d
     real.write_text("")
     said = str(no_adapters_file(readme_path))
     assert said.startswith(f"no adapters file at {readme_path}") and said.endswith(f"found: {real}")
+
+
+def test_a_compiled_function_out_of_recompiles_is_judged_after_a_reset():
+    """A student's torch.compile(fullgraph=True) function that our earlier shapes ran out of recompiles raises on the
+    next case: that case is judged after torch._dynamo.reset(), not taken for a refusal of its layout (a 2026
+    repository's PyTorch FlashAttention met it at the expanded-gradient case, 2026-11-29)."""
+    double = torch.compile(lambda x: x * 2, backend="eager", fullgraph=True, dynamic=False)
+    for n in range(1, torch._dynamo.config.recompile_limit + 1):  # every recompile the limit allows, one per shape
+        double(torch.ones(n))
+
+    def check(n: int) -> str:
+        return "" if torch.equal(double(torch.ones(n)), torch.full((n,), 2.0)) else f"{n}: wrong values"
+
+    assert K._one_case(check, 99, None, refusable=True) == (PASS, "")
+    assert K.hit_recompile_limit(RuntimeError("x")) is False

@@ -157,6 +157,16 @@ FORWARD_ONLY = "forward only: the backward is not implemented"
 BACKWARD_MISSING = "backward missing"  # _one_case's status for a forward within its bounds and no backward
 
 
+def hit_recompile_limit(exc: BaseException) -> bool:
+    """Whether torch.compile stopped because a function ran out of recompiles (torch._dynamo's recompile_limit, 8
+    guards' worth of shapes, dtypes and strides), here or in what caused it."""
+    while exc is not None:
+        if type(exc).__name__ in ("FailOnRecompileLimitHit", "RecompileLimitExceeded", "CacheLimitExceeded"):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class CudaFault(Exception):
     """A case raised a CUDA error (the message says which and where)."""
 
@@ -168,10 +178,14 @@ REFUSAL = (
 )
 
 
-def _one_case(check, case, runtime: TritonRuntime | None, refusable: bool = False) -> tuple[str, str]:
+def _one_case(
+    check, case, runtime: TritonRuntime | None, refusable: bool = False, reset: bool = True
+) -> tuple[str, str]:
     """(status, detail) of one case: PASS, FAIL, ERROR, BACKWARD_MISSING, or NEEDS_GPU / NEEDS_TRITON where this
     environment cannot run it; REFUSED for an error that is not an access outside a tensor where `refusable`.
-    CudaFault when the student's code left a CUDA error (the process is unusable)."""
+    CudaFault when the student's code left a CUDA error (the process is unusable). A torch.compile'd student function
+    that ran out of recompiles (fullgraph=True raises then) was used up by our many shapes, not by this case: run
+    again once after torch._dynamo.reset()."""
     try:
         with runtime.running() if runtime else contextlib.nullcontext():
             detail = check(case)
@@ -194,7 +208,10 @@ def _one_case(check, case, runtime: TritonRuntime | None, refusable: bool = Fals
             ) from None
         if runtime and runtime.device == "cpu" and not runtime.pretend_cuda and asserts_is_cuda(exc):
             runtime.pretend_cuda = True  # the handout's example asserts is_cuda: the interpreter runs it on CPU
-            return _one_case(check, case, runtime, refusable)
+            return _one_case(check, case, runtime, refusable, reset)
+        if reset and hit_recompile_limit(exc):
+            torch._dynamo.reset()  # every compiled function of the process starts afresh: slower, never wrong
+            return _one_case(check, case, runtime, refusable, reset=False)
         why = unrunnable(exc, runtime) if runtime else None
         if not why and refusable and not oob:
             return REFUSED, f"{raised} - {REFUSAL}"
