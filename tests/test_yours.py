@@ -613,22 +613,26 @@ def test_a_layout_case_whose_twin_raises_says_so():
 
 
 def test_a_students_failed_compile_leaves_no_torch_error_log_above_the_report(caplog, monkeypatch):
-    """The fake-tensor error log of a torch.compile'd function that fails to trace is held back in checked processes
-    (the check reports the exception), also after torch._logging resets its loggers, and only that logger's."""
+    """The fake-tensor error log of a torch.compile'd function that fails to trace, and dynamo's warning that one hit
+    its recompile limit (our checks' many shapes did), are held back in checked processes (the check reports the
+    exception), also after torch._logging resets its loggers, and only those records."""
     import logging
 
     from helpers.course.yours.adapters import quiet_compile_errors
 
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    monkeypatch.setattr(log, "filters", [])  # this process's logger as it was, after the test
+    log, frames = logging.getLogger("torch._subclasses.fake_tensor"), logging.getLogger("torch._dynamo.convert_frame")
+    monkeypatch.setattr(log, "filters", [])  # these processes' loggers as they were, after the test
+    monkeypatch.setattr(frames, "filters", [])
     quiet_compile_errors()
     quiet_compile_errors()  # once is enough: no second filter
     torch._logging.set_logs()  # what dynamo's start does to torch's loggers' levels
-    assert len(log.filters) == 1
-    with caplog.at_level(logging.ERROR):
+    assert len(log.filters) == len(frames.filters) == 1
+    with caplog.at_level(logging.WARNING):
         log.error("failed while attempting to run meta for aten.bmm")
+        frames.warning("torch._dynamo hit config.%s (%s)\n   function: %s", "recompile_limit", 8, "tile")
+        frames.warning("another warning")
         logging.getLogger("torch._dynamo").error("still shown")
-    assert [r.getMessage() for r in caplog.records] == ["still shown"]
+    assert [r.getMessage() for r in caplog.records] == ["another warning", "still shown"]
 
 
 def test_a_missing_adapters_file_points_to_the_one_2024s_layout_keeps_a_folder_down(tmp_path):

@@ -191,13 +191,25 @@ class _CriticalOnly(logging.Filter):
         return record.levelno >= logging.CRITICAL
 
 
+class _NotRecompileLimit(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("torch._dynamo hit config.")  # recompile_limit and its kin
+
+
 def quiet_compile_errors() -> None:
     """In a process that runs a student's code: no error log from torch's fake tensors when their torch.compile'd
     code fails to trace (a screenful on the terminal, above the report); the check catches the exception and reports
-    it. A filter, not a level: torch._logging resets its loggers' levels when dynamo starts."""
-    log = logging.getLogger("torch._subclasses.fake_tensor")
-    if not any(isinstance(f, _CriticalOnly) for f in log.filters):
-        log.addFilter(_CriticalOnly())
+    it. Nor dynamo's warning that a compiled function hit its recompile limit: our checks' many shapes, dtypes and
+    strides did that, not the student (the function runs on, eagerly; under fullgraph=True the case is judged again
+    after a reset, kernels._one_case). Filters, not levels: torch._logging resets its loggers' levels when dynamo
+    starts."""
+    for name, kind in (
+        ("torch._subclasses.fake_tensor", _CriticalOnly),
+        ("torch._dynamo.convert_frame", _NotRecompileLimit),
+    ):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, kind) for f in log.filters):
+            log.addFilter(kind())
 
 
 def load(path) -> ModuleType:
