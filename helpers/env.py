@@ -141,13 +141,20 @@ def fix_triton_interpreter() -> bool:
     made a tuple. (2) Triton 3.6's interpreter (the course's pin) turns a scalar, a one-element array, into a loop
     bound or an index with int(array), which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python
     scalars"): every `range(...)` over a kernel argument fails. Newer Tritons squeeze the array first; give older ones
-    the same `__index__`. True when (2) was applied (here or earlier)."""
+    the same `__index__`. (3) A Python bool for an argument that is not constexpr (`causal` as a runtime flag; a GPU
+    takes it as an int1) fails in 3.6's interpreter ("numpy data itemsize (32 bits) exceeds dtype primitive_bitwidth
+    (1 bits)"): converted as 3.7 and newer do. (4) A triton.language function imported by name into the kernel's
+    module (`from triton.language import make_block_ptr`; the compiler resolves it as tl.make_block_ptr) is patched
+    for the interpreter as tl's own are; unpatched it raised "Did you forget to add @triton.jit ?" (3.6 to 3.9).
+    True when (2) was applied (here or earlier)."""
     import inspect
 
     import numpy as np
     from triton.runtime import interpreter
 
     _tuple_grids(interpreter)
+    _bool_arguments(interpreter)
+    _imported_builtins(interpreter)
 
     patch = getattr(interpreter, "_patch_lang_tensor", None)
     if patch is None or getattr(patch, "squeezes", False):
@@ -185,6 +192,65 @@ def _tuple_grids(interpreter) -> None:
 
     cls.__init__ = __init__
     cls.tuple_grids = True
+
+
+def _bool_arguments(interpreter) -> None:
+    """A bool kernel argument is an int1 scalar in the interpreter (fix_triton_interpreter, (3))."""
+    convert = getattr(interpreter, "_implicit_cvt", None)
+    if convert is None or getattr(convert, "bools", False):
+        return
+    import numpy as np
+    import triton.language as tl
+
+    def with_bools(arg):
+        if isinstance(arg, bool):  # before int: a bool is one
+            return tl.tensor(interpreter.TensorHandle(np.array([arg], dtype=np.bool_), tl.int1), tl.int1)
+        return convert(arg)
+
+    with_bools.bools = True
+    interpreter._implicit_cvt = with_bools
+
+
+class _Globals:
+    """A function's globals as an object, whose names the interpreter's patch scope sets and restores."""
+
+    def __init__(self, names: dict):
+        object.__setattr__(self, "names", names)
+
+    def __getattr__(self, name):
+        try:
+            return self.names[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        self.names[name] = value
+
+    def __delattr__(self, name):
+        del self.names[name]
+
+
+def _imported_builtins(interpreter) -> None:
+    """triton.language functions imported by name are patched as tl's own (fix_triton_interpreter, (4))."""
+    patch = getattr(interpreter, "_patch_lang", None)
+    if patch is None or getattr(patch, "imported", False):
+        return
+    import triton.language as tl
+
+    def patch_lang(fn):
+        imported = {}  # global name -> (module, attribute) of a builtin imported from triton.language
+        for name, value in list(fn.__globals__.items()):
+            attr = getattr(value, "__name__", "") if tl.core.is_builtin(value) else ""
+            module = next((m for m in (tl, tl.math) if attr and getattr(m, attr, None) is value), None)
+            if module is not None:
+                imported[name] = module, attr
+        scope = patch(fn)
+        for name, (module, attr) in imported.items():
+            scope.set_attr(_Globals(fn.__globals__), name, getattr(module, attr))  # restored with tl's
+        return scope
+
+    patch_lang.imported = True
+    interpreter._patch_lang = patch_lang
 
 
 def triton_mode() -> str:

@@ -73,6 +73,7 @@ def test_kernels_compile_for_sm80_and_sm90a_without_spills():
 
 if triton is not None:
     import triton.language as tl
+    from triton.language import arange, full  # by name, as some students write them
 
     @triton.jit
     def _count_to(out_ptr, n):
@@ -82,6 +83,19 @@ if triton is not None:
         for _ in range(0, n):
             acc += 1
         tl.store(out_ptr + tl.program_id(0), acc)
+
+    @triton.jit
+    def _by_name(out_ptr, N: tl.constexpr):
+        """out[:N] = 3, through triton.language functions imported by name."""
+        tl.store(out_ptr + arange(0, N), full((N,), 3, tl.int32))
+
+    @triton.jit
+    def _flagged(out_ptr, flag):
+        """out[pid] = 2 where `flag` (a runtime argument, not constexpr) is true, else 1."""
+        value = 1
+        if flag:
+            value = 2
+        tl.store(out_ptr + tl.program_id(0), value)
 
 
 def test_a_loop_over_a_kernel_argument_runs_in_this_triton():
@@ -101,6 +115,26 @@ def test_a_grid_given_as_a_list_runs_as_on_a_gpu():
     _count_to[lambda meta: [2]](out, 4)
     _count_to[[2]](out, 3)
     assert out.tolist() == [3, 3]
+
+
+def test_a_bool_given_for_a_runtime_argument_runs_as_on_a_gpu():
+    """A student's `causal` passed as a plain argument (not constexpr) is an int1 on a GPU; Triton 3.6's interpreter
+    failed it ("numpy data itemsize (32 bits) exceeds dtype primitive_bitwidth (1 bits)"), six red lines over a 2025
+    repository's FlashAttention (2026-11-29); helpers.env.fix_triton_interpreter converts it as 3.7 and newer do."""
+    out = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    _flagged[(1,)](out, True)
+    _flagged[(1,)](out[1:], False)
+    assert out.tolist() == [2, 1]
+
+
+def test_triton_functions_imported_by_name_run_as_on_a_gpu():
+    """`from triton.language import make_block_ptr` (a 2025 repository's FlashAttention, 2026-11-29): the compiler
+    resolves the name as tl's, the interpreter (3.6 to 3.9) raised "Did you forget to add @triton.jit ?" unless
+    helpers.env.fix_triton_interpreter patches it as tl's own, and puts the original back after the launch."""
+    out = torch.zeros(4, dtype=torch.int32, device=DEVICE)
+    _by_name[(1,)](out, N=4)
+    assert out.tolist() == [3, 3, 3, 3]
+    assert arange is tl.arange and full is tl.full  # both put back
 
 
 def test_each_make_test_run_imports_the_triton_it_names(monkeypatch):
