@@ -47,6 +47,7 @@ from helpers.course.yours.kernels.triton_runtime import (  # noqa: F401
     TritonRuntime,
     asserts_is_cuda,
     block_pointer_probe,
+    causes,
     cuda_broken,
     is_cuda_error,
     out_of_bounds,
@@ -160,11 +161,8 @@ BACKWARD_MISSING = "backward missing"  # _one_case's status for a forward within
 def hit_recompile_limit(exc: BaseException) -> bool:
     """Whether torch.compile stopped because a function ran out of recompiles (torch._dynamo's recompile_limit, 8
     guards' worth of shapes, dtypes and strides), here or in what caused it."""
-    while exc is not None:
-        if type(exc).__name__ in ("FailOnRecompileLimitHit", "RecompileLimitExceeded", "CacheLimitExceeded"):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    limits = ("FailOnRecompileLimitHit", "RecompileLimitExceeded", "CacheLimitExceeded")
+    return any(type(e).__name__ in limits for e in causes(exc))
 
 
 class CudaFault(Exception):

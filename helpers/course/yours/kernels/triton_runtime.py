@@ -280,15 +280,20 @@ def interpreted(check):
     return run
 
 
+def causes(exc: BaseException | None):
+    """`exc`, then what caused it (__cause__), and so on: the interpreter and autograd wrap what student code raised."""
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__
+
+
 def _interpreter_gap(exc: BaseException) -> bool:
     """The interpreter lacks what the kernel asked for in bf16 (an operation its builder does not have, or its
     execution refuses, e.g. an atomic add "Unsupported data type"); not a check of Triton's front end, which a GPU
     makes too."""
     import traceback
 
-    chain = [exc]
-    while chain[-1].__cause__ is not None:
-        chain.append(chain[-1].__cause__)
+    chain = list(causes(exc))
     frames = traceback.extract_tb(chain[-1].__traceback__)  # where the first error was raised
     inner = frames[-1].filename if frames else ""
     return any("InterpreterBuilder" in str(e) for e in chain) or inner.endswith(f"runtime{os.sep}interpreter.py")
@@ -296,9 +301,7 @@ def _interpreter_gap(exc: BaseException) -> bool:
 
 def out_of_bounds(exc: BaseException) -> OutOfBounds | None:
     """The OutOfBounds behind an exception (the interpreter wraps what a kernel raises), or None."""
-    while exc is not None and not isinstance(exc, OutOfBounds):
-        exc = exc.__cause__
-    return exc
+    return next((e for e in causes(exc) if isinstance(e, OutOfBounds)), None)
 
 
 class Poisoned(Exception):
