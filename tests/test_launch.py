@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.optim  # noqa: F401  (imported here, as notebook 05 does: the ranks fork with it)
 
 from helpers import launch as L
 from helpers.env import usable_cores
 from helpers.launch import RankError, all_reduce_rank_ids, launch
+from helpers.launch.core import preload
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -247,3 +249,13 @@ def _returns_rank(_ignored) -> int:
 def test_timeout_counts_from_every_ranks_start_not_from_the_spawn():
     """Issue 31: notebook 00's hang demo (then timeout_s=5) timed out while GPU ranks were still starting."""
     assert launch(_returns_rank, 2, _SlowToStart(3.0), backend="gloo", device="cpu", timeout_s=2) == [0, 1]
+
+
+def test_a_slow_module_the_launcher_imported_is_imported_once_for_every_rank(monkeypatch):
+    """torch.distributed.optim (TorchScript at import, 1 s a rank on a 2-core CPU) is preloaded by the forkserver
+    where the launcher has imported it (this module has): the ranks find it imported at their start."""
+    in_rank = "'torch.distributed.optim' in __import__('sys').modules"
+    if L.start_method() == "forkserver":
+        assert launch(eval, 2, in_rank, backend="gloo", device="cpu") == [True, True]
+    monkeypatch.delitem(sys.modules, "torch.distributed.optim")
+    assert "torch.distributed.optim" not in preload()  # a launcher that did not import it: not loaded for its ranks

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
+from torch.distributed.optim import ZeroRedundancyOptimizer  # here, not in the ranks: launch preloads it (1 s a rank)
 
 from helpers import ddp as D
 from helpers import memory as M
@@ -67,8 +68,6 @@ def build(
     if impl is not None:
         opt = impl(params, cls, **kwargs)
     elif kind == "torch_zero":
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
         opt = ZeroRedundancyOptimizer(params, cls, **kwargs)
     else:
         opt = KINDS[kind](params, cls, **kwargs) if KINDS[kind] else cls(params, **kwargs)

@@ -212,8 +212,19 @@ def _short_socket_folder() -> None:
         tempfile.tempdir = before
 
 
-PRELOAD = ("helpers.launch", "torch._dynamo")  # torch and helpers; torch._dynamo, which a rank's first optimizer or
-# torch DDP imports (about 2 s a rank on a 2-core CPU, each launch: notebook 04's speed launch spent 4 of its 6 s there)
+PRELOAD = ("helpers.launch", "torch._dynamo", "pandas")  # torch and helpers; torch._dynamo, which a rank's first
+# optimizer or torch DDP imports (about 2 s a rank on a 2-core CPU, each launch: notebook 04's speed launch spent 4 of
+# its 6 s there); pandas, which the workers' modules import (helpers.results: 0.2 s a rank, 116 of make test's 293)
+# Preloaded as well where the launcher has imported them itself (its ranks will, most likely): torch.distributed.optim
+# scripts eight functional optimizers with TorchScript as it is imported (1 s a rank on a 2-core CPU, every launch of
+# notebook 05 and of `yours` sharding that builds torch's ZeroRedundancyOptimizer)
+PRELOAD_IF_IMPORTED = ("torch.distributed.optim",)
+
+
+def preload() -> list[str]:
+    """The modules a forkserver started now imports once for all the ranks it forks: PRELOAD, and those of
+    PRELOAD_IF_IMPORTED this process has imported."""
+    return [*PRELOAD, *(m for m in PRELOAD_IF_IMPORTED if m in sys.modules)]
 
 
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 600, device: str = "auto") -> list:
@@ -246,7 +257,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
     ctx = mp.get_context(start_method())
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(list(PRELOAD))  # imported once, in the server: each rank forks with them
+        ctx.set_forkserver_preload(preload())  # imported once, in the server: each rank forks with them
         _short_socket_folder()
     with tempfile.TemporaryDirectory(prefix="launch-") as workdir:
         procs = [

@@ -15,7 +15,7 @@ from helpers import launch as L
 from helpers.course.yours.options import Options
 from helpers.course.yours.report import ERROR, SKIPPED, Check, TopicResult
 from helpers.experiments.common import slowest_rank
-from helpers.launch.core import PRELOAD as PRELOAD_LAUNCH
+from helpers.launch.core import preload
 from helpers.timing import paired_ratio, ratio_columns, verdict
 
 WORLD = S.WORLD
@@ -32,14 +32,16 @@ def sent_bytes(log, world: int) -> float:
 
 # ---- in the parent: launches that never crash the driver ----
 
-PRELOAD = (*PRELOAD_LAUNCH, "helpers.course.yours.distributed")  # launch's, and the checks' modules every rank imports
+CHECKS = "helpers.course.yours.distributed"  # the checks' modules, which every rank imports
 
 
 def warm_launches() -> None:
     """Start helpers.launch's forkserver (its start method without CUDA) with the distributed checks' modules
     imported once, when none is running yet: each launched rank then forks with them instead of importing them
     itself (on a 2-core CPU about 0.7 s a rank for the checks' modules, pandas and matplotlib among them, and 1 s
-    for torch._dynamo, which torch.optim's first optimizer imports; a topic's launches start 2 or 3 ranks each).
+    for torch._dynamo, which torch.optim's first optimizer imports, and 1 s for torch.distributed.optim, which the
+    sharding checks' torch ZeRO row needs, where this process has imported it: launch.preload; a topic's launches
+    start 2 or 3 ranks each).
     A forkserver already running keeps its modules (no change). Returns at once: the server imports in the
     background, and the first launch waits for it."""
     if L.start_method() != "forkserver":
@@ -49,7 +51,7 @@ def warm_launches() -> None:
 
     from helpers.launch.core import _short_socket_folder
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))  # read only when one starts
+    multiprocessing.get_context("forkserver").set_forkserver_preload([*preload(), CHECKS])  # read only when one starts
     _short_socket_folder()  # as launch does before its forkserver starts: a socket path short enough to bind
     forkserver.ensure_running()
 
