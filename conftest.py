@@ -27,7 +27,6 @@ def pytest_configure(config):
 LONGEST_FIRST = (  # make test's longest files and notebooks, longest first (build/test_times.jsonl on a 2-core EPYC
     # with the AVX2 switches, 2026-11-29): each worker starts on one, and short ones fill in at the end instead of one
     # worker running a long one alone (the Makefile's --no-loadscope-reorder keeps this order)
-    "tests/test_newest_triton.py",
     "tests/test_yours_distributed.py",
     "tests/test_dry_run.py",
     "tests/test_yours_corpus.py",

@@ -56,8 +56,8 @@ def test_launch_configs_cover_every_width():
 
 def test_kernels_compile_for_sm80_and_sm90a_without_spills():
     """`python -m helpers kernels --quick` (no GPU needed): every configuration compiles, none spills. Under the newest
-    Triton make test compiles for the course's H100 alone (HELPERS_KERNEL_ARCHS, set by test_newest_triton): sm_80's
-    registers and spills are the course's Triton's to answer for, and the other architecture took 9 s of make test."""
+    Triton (make test-newest-triton) it compiles for the course's H100 alone (HELPERS_KERNEL_ARCHS): sm_80's
+    registers and spills are the course's Triton's to answer for."""
     archs = os.environ.get("HELPERS_KERNEL_ARCHS", "sm_80 sm_90a").split()
     run = subprocess.run(
         [sys.executable, "-m", "helpers", "kernels", "--quick", *(f"--arch={a}" for a in archs)],
@@ -137,12 +137,13 @@ def test_triton_functions_imported_by_name_run_as_on_a_gpu():
     assert arange is tl.arange and full is tl.full  # both put back
 
 
-def test_each_make_test_run_imports_the_triton_it_names(monkeypatch):
-    """make test's second run puts NEWEST_TRITON first on PYTHONPATH and names it in EXPECT_TRITON; the default
-    environment has the course's pin. A run that silently imported the other one would test nothing new."""
+def test_each_kernel_test_run_imports_the_triton_it_names(monkeypatch):
+    """make test-newest-triton (CI's run after make test) puts NEWEST_TRITON first on PYTHONPATH and names it in
+    EXPECT_TRITON; the default environment has the course's pin. A run that silently imported the other one would test
+    nothing new."""
     import os
 
     expected = os.environ.get("EXPECT_TRITON")
     if expected is None:
-        pytest.skip("EXPECT_TRITON is set by make test's run under another Triton")
+        pytest.skip("EXPECT_TRITON is set by make test-newest-triton's run under another Triton")
     assert triton.__version__ == expected
