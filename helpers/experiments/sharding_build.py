@@ -7,11 +7,17 @@ forward/backward every worker times or measures.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from torch.distributed.optim import ZeroRedundancyOptimizer  # here, not in the ranks: launch preloads it (1 s a rank)
+
+# imported here, not in each rank (launch preloads it: 1 s a rank); it scripts its functional optimizers, whose
+# TorchScript deprecation notices are torch's, not ours
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from helpers import ddp as D
 from helpers import memory as M
