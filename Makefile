@@ -11,7 +11,9 @@
 #   make test                    pytest on tests/ and nbval on notebooks/ (what CI runs; TEST_WORKERS=1: one at a
 #                                time); on a GPU the smoke run: every notebook at the cpu profile's sizes on the GPU
 #                                and the kernel tests compiled, on up to 4 workers (TESTS=tests: all of tests/)
-#   make test-newest-triton      the kernel tests again under NEWEST_TRITON's interpreter (CI runs it after make test)
+#   make test-ci                 what CI runs after make test: the slow end-to-end checks marked `ci` (kernels compiled
+#                                for sm_80/sm_90a, the compile cache's repro), then make test-newest-triton
+#   make test-newest-triton      the kernel tests again under NEWEST_TRITON's interpreter
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing
 #   make lint                    ruff check and ruff format --check (make test runs both, in tests/test_style.py)
@@ -36,7 +38,7 @@
 # installed requires no Triton of its own: a CPU build, so a student's block-pointer kernel runs in the interpreter
 # here. PyPI's CUDA wheels require the one Triton inductor was built for (2.11: 3.6; 2.13: its own), which is kept
 # (helpers/pins.py decides). With TORCH= it is empty too (the machine's own triton matches its torch).
-# CI (.ci/run) runs the kernel tests again under NEWEST_TRITON after make test (make test-newest-triton), so the
+# CI (.ci/run) runs the kernel tests again under NEWEST_TRITON after make test (make test-ci), so the
 # kernels work in both: all but test_yours.py, whose Triton runtime (the interpreter's semantics) is
 # test_yours_triton.py's. A student's make test checks the course's Triton, the one their environment has.
 
@@ -62,7 +64,7 @@ REFERENCE_ARGS ?=
 WHEELS_DIR ?= build/wheels
 WHEELS_PYTHON ?= 3.12
 
-.PHONY: setup test test-newest-triton lint format writeup lab strip bench stress yours reference wheels smoke-wheels smoke-offline clean
+.PHONY: setup test test-ci test-newest-triton lint format writeup lab strip bench stress yours reference wheels smoke-wheels smoke-offline clean
 
 # A PYTHON that is itself a venv (GPU images: torch in /opt/.../.venv): --system-site-packages would show .venv only
 # the *base* interpreter's packages (CPython #95469), so a .pth file in .venv lists the outer venv's site-packages.
@@ -152,7 +154,7 @@ TESTS ?= $(if $(filter 1,$(HAS_CUDA)),$(SMOKE_TESTS),tests)
 test: setup
 	rm -f $(TEST_TIMES)
 	TORCHINDUCTOR_VEC_ISA_OK=1 HELPERS_TEST_TIMES=$(TEST_TIMES) \
-	    HELPERS_BUDGET_SCALE=0.5 HELPERS_PROFILE=cpu $(PY) -m pytest \
+	    HELPERS_BUDGET_SCALE=0.5 HELPERS_PROFILE=cpu $(PY) -m pytest -m "not ci" \
 	    -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --nbval-lax --nbval-current-env \
 	    --nbval-cell-timeout=$(CELL_TIMEOUT) $(TESTS) notebooks
 
@@ -169,6 +171,13 @@ $(NEWEST_STAMP): | $(PY)
 test-newest-triton: setup $(NEWEST_STAMP)
 	EXPECT_TRITON=$(subst triton==,,$(NEWEST_TRITON)) PYTHONPATH=$(NEWEST_DIR) HELPERS_KERNEL_ARCHS=sm_90a \
 	    $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -q -p no:cacheprovider $(NEWEST_TESTS)
+
+# What CI runs after make test (.ci/run): the slow end-to-end checks marked `ci`, which make test leaves out (the
+# kernels compiled for sm_80 and sm_90a by Triton and ptxas; the compile cache's AVX2-then-native repro on an AVX-512
+# CPU: about 35 worker-seconds), then the kernel tests under the newest Triton
+test-ci: setup
+	$(PY) -m pytest -m ci -n $(TEST_WORKERS) --dist loadfile -q -p no:cacheprovider tests
+	$(MAKE) --no-print-directory test-newest-triton
 
 lint: setup
 	$(PY) -m ruff check .

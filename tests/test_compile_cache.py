@@ -54,10 +54,11 @@ def _compile_tiny_rmsnorm(cache: Path, switches: dict) -> subprocess.CompletedPr
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.ci  # make test-ci (CI, after make test): two compiles, 18 s of one worker
 def test_avx2_then_native_through_import_helpers(tmp_path):
     """The repro's order (../shared/repro/inductor_isa_cache.py): without the separate folders the native run aborts
     with heap corruption on an AVX-512 machine (torch 2.13). On a CPU without AVX-512 the native run compiles for
-    AVX2 too: nothing can collide and both runs pass either way, so the two compiles (20 s of make test) are not run
+    AVX2 too: nothing can collide and both runs pass either way, so the two compiles (20 s) are not run
     there (the folders are the tests above')."""
     if not cpu_flags() >= AVX512:
         pytest.skip("no AVX-512 on this CPU: the native run would compile for AVX2 as well, nothing to collide")

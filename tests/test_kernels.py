@@ -54,6 +54,7 @@ def test_launch_configs_cover_every_width():
             assert cfg.block_h <= R.MAX_BLOCK[kind]
 
 
+@pytest.mark.ci  # make test-ci (CI, after make test): 15 s of one worker
 def test_kernels_compile_for_sm80_and_sm90a_without_spills():
     """`python -m helpers kernels --quick` (no GPU needed): every configuration compiles, none spills. Under the newest
     Triton (make test-newest-triton) it compiles for the course's H100 alone (HELPERS_KERNEL_ARCHS): sm_80's
