@@ -110,6 +110,7 @@ def test_tune_without_a_gpu_says_what_to_run_instead(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+@pytest.mark.ci  # make test-ci (CI, after make test): Triton and ptxas for both GPUs, 4.5 s of one worker
 def test_two_grid_configurations_compile_without_spills():
     """Compile-only (no GPU): the grid's largest dK/dV tiles for each architecture (`kernels --grid` does all)."""
     import subprocess
