@@ -2,7 +2,7 @@
 configuration the code uses, from the ptxas shipped in the triton wheel (no GPU needed).
 
     python -m helpers kernels                       # every configuration, sm_80 and sm_90a; ends "N ... S with spills"
-    python -m helpers kernels --quick               # a subset (what `make test` runs)
+    python -m helpers kernels --quick               # a subset (what `make test-ci` runs, CI after make test)
     python -m helpers kernels --quick --arch sm_90a # one architecture (make test-newest-triton's run)
     python -m helpers kernels --grid                # every configuration `python -m helpers tune` may time (minutes)
 
