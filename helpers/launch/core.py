@@ -227,6 +227,25 @@ def preload() -> list[str]:
     return [*PRELOAD, *(m for m in PRELOAD_IF_IMPORTED if m in sys.modules)]
 
 
+def _ready_forkserver(extra: tuple[str, ...] = ()) -> None:
+    """Before a forkserver starts: what it imports once for every rank (preload() and `extra`; read only when one
+    starts, a running server keeps its modules) and a temporary folder short enough for its socket."""
+    mp.get_context("forkserver").set_forkserver_preload([*preload(), *extra])
+    _short_socket_folder()
+
+
+def start_forkserver(extra: tuple[str, ...] = ()) -> None:
+    """Start launch's forkserver now, where launch uses one (start_method), with `extra` modules imported beside
+    preload()'s: a caller whose ranks all import them. Returns at once: the server imports in the background, and
+    the first launch waits for it."""
+    if start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    _ready_forkserver(extra)
+    forkserver.ensure_running()
+
+
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float = 600, device: str = "auto") -> list:
     """Run fn(*args) on `world_size` ranks with the process group initialised; return each rank's result in rank order.
 
@@ -257,8 +276,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout_s: float =
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
     ctx = mp.get_context(start_method())
     if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(preload())  # imported once, in the server: each rank forks with them
-        _short_socket_folder()
+        _ready_forkserver()  # imported once, in the server: each rank forks with them
     with tempfile.TemporaryDirectory(prefix="launch-") as workdir:
         procs = [
             ctx.Process(

@@ -15,7 +15,7 @@ from helpers import launch as L
 from helpers.course.yours.options import Options
 from helpers.course.yours.report import ERROR, SKIPPED, Check, TopicResult
 from helpers.experiments.common import slowest_rank
-from helpers.launch.core import preload
+from helpers.launch.core import start_forkserver
 from helpers.timing import paired_ratio, ratio_columns, verdict
 
 WORLD = S.WORLD
@@ -42,18 +42,8 @@ def warm_launches() -> None:
     for torch._dynamo, which torch.optim's first optimizer imports, and 1 s for torch.distributed.optim, which the
     sharding checks' torch ZeRO row needs, where this process has imported it: launch.preload; a topic's launches
     start 2 or 3 ranks each).
-    A forkserver already running keeps its modules (no change). Returns at once: the server imports in the
-    background, and the first launch waits for it."""
-    if L.start_method() != "forkserver":
-        return
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    from helpers.launch.core import _short_socket_folder
-
-    multiprocessing.get_context("forkserver").set_forkserver_preload([*preload(), CHECKS])  # read only when one starts
-    _short_socket_folder()  # as launch does before its forkserver starts: a socket path short enough to bind
-    forkserver.ensure_running()
+    A forkserver already running keeps its modules (no change). Returns at once (launch.core.start_forkserver)."""
+    start_forkserver((CHECKS,))
 
 
 def where_in(text: str, path: str) -> str:
