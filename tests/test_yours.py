@@ -635,6 +635,29 @@ def test_a_students_failed_compile_leaves_no_torch_error_log_above_the_report(ca
     assert [r.getMessage() for r in caplog.records] == ["another warning", "still shown"]
 
 
+def test_torchs_notices_about_a_students_calls_are_held_back_and_theirs_are_not(recwarn):
+    """A deprecated collective's name (torch 2.13's FutureWarning from torch.distributed) and a full backward hook on
+    a module whose inputs need no gradient printed once per rank above a 2026 repository's report; other warnings
+    still show."""
+    import warnings
+
+    from helpers.course.yours.adapters import quiet_compile_errors
+
+    with warnings.catch_warnings():
+        quiet_compile_errors()
+        warnings.warn_explicit(
+            "`all_gather_into_tensor` is deprecated",
+            FutureWarning,
+            "c10d_logger.py",
+            83,
+            module="torch.distributed.c10d_logger",
+        )
+        warnings.warn("Full backward hook is firing when gradients are computed with respect to outputs", stacklevel=1)
+        warnings.warn_explicit("their own", FutureWarning, "fsdp.py", 1, module="cs336_systems.fsdp")
+        warnings.warn("another", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in recwarn] == ["their own", "another"]
+
+
 def test_a_missing_adapters_file_points_to_the_one_2024s_layout_keeps_a_folder_down(tmp_path):
     from helpers.course.yours.adapters import no_adapters_file
 

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -202,7 +203,11 @@ def quiet_compile_errors() -> None:
     it. Nor dynamo's warning that a compiled function hit its recompile limit: our checks' many shapes, dtypes and
     strides did that, not the student (the function runs on, eagerly; under fullgraph=True the case is judged again
     after a reset, kernels._one_case). Filters, not levels: torch._logging resets its loggers' levels when dynamo
-    starts."""
+    starts. Nor torch's notices about the calls their code makes, once per rank above the report: this torch's
+    deprecation of a collective's name (all_gather_into_tensor in 2.13, the course's 2.11 takes it) and the full
+    backward hook that fires on a module whose inputs need no gradient (our checks' token ids)."""
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.")
+    warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
     for name, kind in (
         ("torch._subclasses.fake_tensor", _CriticalOnly),
         ("torch._dynamo.convert_frame", _NotRecompileLimit),
