@@ -12,7 +12,8 @@
 #                                time); on a GPU the smoke run: every notebook at the cpu profile's sizes on the GPU
 #                                and the kernel tests compiled, on up to 4 workers (TESTS=tests: all of tests/)
 #   make test-ci                 what CI runs after make test: the slow end-to-end checks marked `ci` (kernels compiled
-#                                for sm_80/sm_90a, the compile cache's repro), then make test-newest-triton
+#                                for sm_80/sm_90a, the compile cache's repro, the pages and JupyterLab in headless
+#                                Chromium), then make test-newest-triton
 #   make test-newest-triton      the kernel tests again under NEWEST_TRITON's interpreter
 #   make lab                     JupyterLab on the project's .venv (--allow-root when run as root, e.g. in a container)
 #   make strip                   clear notebook outputs before committing

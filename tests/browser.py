@@ -1,7 +1,9 @@
 """Headless Chromium for tests/test_browser.py and tests/test_lab.py: the driver, page checks, calculator checks.
 
-Needs Debian's `chromium` and `chromium-driver` (apt-get install chromium chromium-driver); without them
-the tests that use `needs_chromium` skip. Every driver sends non-loopback traffic to a proxy that is not there.
+Needs Debian's `chromium` and `chromium-driver` (apt-get install chromium chromium-driver); without them the tests
+that use `needs_chromium` skip. Every test that drives Chromium is marked `ci` as well (in_chromium): CI installs
+Chromium and runs them in make test-ci; a student's make test leaves them out (a laptop has no chromedriver, so they
+would only skip there) and keeps its budget. Every driver sends non-loopback traffic to a proxy that is not there.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ needs_chromium = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
     reason="no Chromium/chromedriver on PATH; enable with: apt-get install chromium chromium-driver",
 )
+in_chromium = [needs_chromium, pytest.mark.ci]  # a module's pytestmark; a test's: both decorators
 
 REMOTE = ("http:", "https:", "ws:", "wss:")
 # TeX that MathML conversion should have consumed: $$, \(, \[, common commands, or $...$ holding TeX syntax

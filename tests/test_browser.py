@@ -20,7 +20,7 @@ from browser import (
     console_errors,
     exercise_calc,
     full_page_screenshot,
-    needs_chromium,
+    in_chromium,
     remote_requests,
     start_chrome,
     visible_tex,
@@ -35,7 +35,7 @@ WITHOUT_LAUNCHES = {"00_setup"}  # every cell but those that launch ranks (text 
 EXPORTED = sorted(p.name for p in (ROOT / "writeups").glob("*.html"))
 SHOTS = ROOT / "writeups" / "screenshots"
 
-pytestmark = needs_chromium
+pytestmark = in_chromium
 
 
 @pytest.fixture(scope="module")

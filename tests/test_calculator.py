@@ -219,6 +219,7 @@ def test_notebook_tables_state_their_unit():
 # ---- in a real browser ----
 
 
+@pytest.mark.ci  # drives Chromium: make test-ci (tests/browser.py)
 def test_two_calculators_on_one_page_work_offline_and_apart(tmp_path):
     browser = pytest.importorskip("browser", reason="tests/browser.py (headless Chromium helpers)")
     if not (browser.CHROMIUM and browser.CHROMEDRIVER):
@@ -271,6 +272,7 @@ def test_notebook_calculators_page_is_small_and_gives_back_every_table(notebook_
         assert all(grid_table(data, p) == calc.html[i] for i, p in enumerate(combos)), calc
 
 
+@pytest.mark.ci  # drives Chromium: make test-ci (tests/browser.py)
 def test_the_page_script_gives_the_python_closed_forms_in_chromium(notebook_calculators, tmp_path):
     """Notebook 07's calculators, offline, full grids: every input changes the table, and at 12 random choices per
     calculator the table the page's script assembles is the one the Python function returns for those inputs."""

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from browser import assert_calc_reacts, full_page_screenshot, needs_chromium, start_chrome, without_colours
+from browser import assert_calc_reacts, full_page_screenshot, in_chromium, start_chrome, without_colours
 
 from helpers.launch import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = needs_chromium
+pytestmark = in_chromium
 NOTEBOOK_05 = "05_optimizer_state_sharding.ipynb"
 
 CALC_CELL = r'''import sys

@@ -264,6 +264,7 @@ def test_beyond_the_handout_reads_as_information_in_the_terminal_and_on_the_page
     assert "<b>fail</b>" in page.split("<h2 id='beyond'>")[0]  # within the handout, a failure stays one
 
 
+@pytest.mark.ci
 @needs_chromium
 def test_the_page_passes_the_browser_checks_offline(command):
     from test_browser import check_page
