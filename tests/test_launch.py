@@ -153,7 +153,13 @@ def _run_python(code: str, cwd: Path, timeout: int = 120) -> subprocess.Complete
     return subprocess.run([sys.executable, *code], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_function_defined_in_main_is_pickled_by_value(tmp_path):
+def test_a_function_defined_in_main_launches_from_a_long_temporary_folder(tmp_path):
+    """A worker defined in __main__ (a notebook cell, `python -c`) is pickled by value; and multiprocessing's
+    forkserver, which binds a socket under TMPDIR, still starts where TMPDIR is longer than a socket path's 107 bytes
+    (pytest's per-worker folders, macOS's: "AF_UNIX path too long", the CI failure of 2026-11-26). One script for
+    both: a fresh Python and its forkserver cost 5 s apiece on a 2-core CPU."""
+    deep = tmp_path / ("a-long-temporary-folder-" * 4)
+    deep.mkdir()
     code = textwrap.dedent("""
         import torch.distributed as dist
         from helpers.launch import launch
@@ -161,22 +167,12 @@ def test_function_defined_in_main_is_pickled_by_value(tmp_path):
             return base + dist.get_rank()
         print(launch(cell_worker, 2, 100))
     """)
-    proc = _run_python(["-c", code], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[100, 101]"
-
-
-def test_a_long_temporary_folder_does_not_stop_the_launch(tmp_path):
-    """multiprocessing's forkserver binds a socket under TMPDIR; pytest's per-worker folders and macOS's are long
-    enough to pass a socket path's 107 bytes ("AF_UNIX path too long", the CI failure of 2026-11-26)."""
-    deep = tmp_path / ("a-long-temporary-folder-" * 4)
-    deep.mkdir()
-    code = "from helpers.launch import launch, all_reduce_rank_ids\nprint(launch(all_reduce_rank_ids, 2))\n"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(deep), "LAUNCH_START_METHOD": "forkserver"}
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[100, 101]"
 
 
 def test_script_without_main_guard_gets_a_hint(tmp_path):
