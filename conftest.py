@@ -28,18 +28,18 @@ LONGEST_FIRST = (  # make test's longest files and notebooks, longest first (bui
     # with the AVX2 switches, 2026-11-29): each worker starts on one, and short ones fill in at the end instead of one
     # worker running a long one alone (the Makefile's --no-loadscope-reorder keeps this order)
     "tests/test_yours_distributed.py",
-    "tests/test_dry_run.py",
     "tests/test_yours_corpus.py",
+    "notebooks/02_rmsnorm_triton.ipynb",
     "notebooks/04_ddp.ipynb",
+    "tests/test_dry_run.py",
     "notebooks/03_collectives.ipynb",
     "notebooks/01_benchmarking_and_profiling.ipynb",
-    "tests/test_lab.py",
-    "notebooks/07_fsdp.ipynb",
-    "tests/test_browser.py",
-    "tests/test_compile_cache.py",
     "notebooks/05_optimizer_state_sharding.ipynb",
+    "notebooks/07_fsdp.ipynb",
     "tests/test_launch.py",
-    "notebooks/02_rmsnorm_triton.ipynb",
+    "tests/test_exit.py",
+    "notebooks/06_flash_attention.ipynb",
+    "tests/test_yours.py",
 )
 
 
