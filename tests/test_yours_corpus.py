@@ -460,3 +460,35 @@ def test_the_basics_pyproject_points_to_are_the_ones_imported(tmp_path, monkeypa
     (root / "tests").mkdir()
     (root / "tests" / "adapters.py").write_text("import cs336_basics\nWHO = cs336_basics.WHO\n")
     assert load(root / "tests" / "adapters.py").WHO == "mine"
+
+
+TWIN_FAILS = [  # (mutant, implementation, the layout property whose bug hides behind another one)
+    pytest.param(
+        "rmsnorm_triton_no_eps_dy_row_stride", "triton", next(iter(K.NORM_LAYOUTS)), marks=needs_block_pointers
+    ),
+    ("attention_unscaled_contiguous_strides", "pytorch", list(ATTN_LAYOUTS)[1]),
+]
+
+
+@pytest.mark.parametrize("mutant, impl, layout", TWIN_FAILS, ids=["rmsnorm_dy_row_stride", "attention_strides"])
+def test_a_layout_bug_is_found_where_the_contiguous_twin_fails_too(mutant, impl, layout):
+    """A layout read wrong is a second bug, not the first one again: where the contiguous twin fails, the layout case
+    is judged against the implementation's own outputs on the same values laid out contiguously (go-akshit's 2024
+    Triton RMSNorm has no eps and steps dy by x's row stride)."""
+    topic = mutant.split("_")[0]
+    checks = {c.prop: c for c in judged(CORPUS / "mutants" / f"{mutant}.py", topic, impl) if c.impl == impl}
+    assert checks[layout].status in FAILED and "laid out contiguously" in checks[layout].detail, checks[layout]
+    assert any(c.status in FAILED for p, c in checks.items() if p != layout)  # the first bug, in the rules above
+    layouts = K.NORM_LAYOUTS if topic == "rmsnorm" else ATTN_LAYOUTS
+    for other in set(layouts) - {layout}:  # the layouts it reads right are not failed
+        assert checks[other].status not in FAILED, checks[other]
+
+
+def test_a_wrong_implementation_that_reads_every_layout_right_passes_no_layout_rule_and_says_so():
+    """eps missing in PyTorch ops (layout-blind): its layout cases give its own contiguous outputs, so they are not
+    failed; they are not judged against float64 either (its contiguous twin fails), and the detail says both."""
+    checks = [
+        c for c in judged(CORPUS / "mutants" / "rmsnorm_no_eps.py", "rmsnorm", "pytorch") if c.prop in K.NORM_LAYOUTS
+    ]
+    assert checks and all(c.status not in FAILED for c in checks), checks
+    assert all("gives the same outputs" in c.detail for c in checks), [c.detail for c in checks]

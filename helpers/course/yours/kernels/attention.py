@@ -18,8 +18,10 @@ from helpers.course.yours.kernels.numerics import (
     _grads,
     bounds,
     constant_factor,
+    contiguous_twin,
     first_mismatch,
     matches,
+    outputs,
     saved_tensors,
     short,
     unit,
@@ -251,6 +253,16 @@ class Differs:
 
     def __str__(self) -> str:
         return f"{self.case}: {self.what}" + (f". {self.mistake}" if self.mistake else "")
+
+
+def attn_layout_outputs(apply, case: AttnCase, device="cpu", *, tolerance: str = DERIVED) -> tuple:
+    """For suites.layout_check: (a call giving the layout case's o, dq, dk, dv; the same implementation's outputs on
+    the same values laid out contiguously, run now; their bounds)."""
+    q, k, v, do = attn_inputs(case, device=device)
+    names, fn = ("o", "dq", "dk", "dv"), lambda *qkv: apply(*qkv, case.is_causal)
+    dense = outputs(fn, contiguous_twin((q, k, v)), do.contiguous(), names)
+    _, bound = _reference(q, k, v, do, case, tolerance)
+    return (lambda: outputs(fn, (q, k, v), do, names)), dense, bound
 
 
 def check_attn_function(

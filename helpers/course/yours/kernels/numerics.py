@@ -102,6 +102,39 @@ def bounds(scales: dict, dtype: torch.dtype, terms: dict, extra: float = 0.0) ->
     return {k: (ROUNDINGS[k] * u + terms[k] * U32 + extra) * s + 1e-30 for k, s in scales.items()}
 
 
+def outputs(fn, inputs: tuple, grad_out: Tensor, names: tuple) -> dict:
+    """{names[0]: fn(*inputs), and the gradients of inputs under names[1:] when the backward gives them}."""
+    out = fn(*inputs)
+    if not isinstance(out, Tensor):
+        raise ShapeError(f"returned {type(out).__name__}, expected a tensor")
+    grads = _grads(out, inputs, grad_out)
+    if not all(isinstance(g, Tensor) for g in grads):
+        return {names[0]: out}
+    return {names[0]: out, **dict(zip(names[1:], grads, strict=True))}
+
+
+def contiguous_twin(inputs: tuple) -> tuple:
+    """The same values, each laid out contiguously (a new leaf when the input was one that requires grad)."""
+    return tuple(t.detach().contiguous().requires_grad_(t.requires_grad) for t in inputs)
+
+
+def layout_differs(got: dict, dense: dict, bound: dict) -> str:
+    """'' when each output of a layout case is within twice its rounding bound of the same implementation's output on
+    the same values laid out contiguously, else the worst element: the layout is read wrong, whatever else is. Not
+    judged ('') where the contiguous outputs are not finite."""
+    for name, d in dense.items():
+        want = d.detach().double().cpu()
+        if name not in got or not torch.isfinite(want).all():
+            return ""
+        m = worst(name, got[name], want, 2 * bound[name])
+        if m is not None:
+            return (
+                f"{m.tensor}{list(m.index)} = {m.got:.6g}, but {m.want:.6g} on the same values laid out contiguously "
+                f"(a difference of {abs(m.got - m.want):.3g}; twice the rounding bound is {m.bound:.3g})"
+            )
+    return ""
+
+
 def matches(got: dict, want: dict, bound: dict) -> bool:
     """Every output in `got` within its bound of `want` (the same shape): the whole signature of a variant."""
     return bool(got) and all(

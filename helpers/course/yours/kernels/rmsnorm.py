@@ -17,8 +17,10 @@ from helpers.course.yours.kernels.numerics import (
     _grads,
     bounds,  # noqa: F401
     constant_factor,
+    contiguous_twin,
     first_mismatch,
     matches,
+    outputs,
     short,
     worst,
 )
@@ -135,6 +137,16 @@ def norm_float64(
 def norm_bounds(x: Tensor, scales: dict, dtype: torch.dtype) -> dict:
     H, rows = x.shape[-1], x.numel() // x.shape[-1]
     return bounds(scales, dtype, {"y": H, "dx": 2 * H, "dg": rows})
+
+
+def norm_layout_outputs(apply, case: NormCase, device="cpu") -> tuple:
+    """For suites.layout_check: (a call giving the layout case's y, dx, dg; the same implementation's outputs on the
+    same values laid out contiguously, run now; their bounds)."""
+    x, g, dy = norm_inputs(case, device=device)
+    names = ("y", "dx", "dg")
+    dense = outputs(apply, contiguous_twin((x, g)), dy.contiguous(), names)
+    _, scales = norm_float64(x, g, dy)
+    return (lambda: outputs(apply, (x, g), dy, names)), dense, norm_bounds(x, scales, case.dtype)
 
 
 NORM_MISTAKES = [  # (what the mistake is, norm_float64's keywords that reproduce it)

@@ -25,17 +25,19 @@ from helpers.course.yours.kernels.attention import (
     COURSE,
     DERIVED,
     LSE_CASE,
+    attn_layout_outputs,
     check_attn_function,
     check_lse_saved,
     check_nothing_square_saved,
 )
-from helpers.course.yours.kernels.numerics import BackwardMissing
+from helpers.course.yours.kernels.numerics import BackwardMissing, layout_differs
 from helpers.course.yours.kernels.rmsnorm import (
     NORM_BEYOND,
     NORM_CONTRACT,
     NORM_GPU_CONTRACT,
     NORM_LAYOUTS,
     check_norm_function,
+    norm_layout_outputs,
 )
 from helpers.course.yours.kernels.triton_runtime import interpreted
 from helpers.course.yours.options import Options
@@ -55,18 +57,32 @@ class NotALayoutBug(Exception):
     """A layout case whose plain (contiguous, dense-gradient) twin fails too: the rules above judge that mistake."""
 
 
-def layout_check(check, apply, case, device="cpu") -> str:
+def layout_check(check, apply, case, device="cpu", *, twin_outputs=None) -> str:
     """check on a layout case (an expanded gradient, a transposed or sliced view), once its plain twin passes: a
-    failure here is then the layout's, not a mistake every input shows (NotALayoutBug otherwise)."""
+    failure here is then the layout's, not a mistake every input shows (NotALayoutBug otherwise). Where the twin
+    fails, twin_outputs (norm_layout_outputs, attn_layout_outputs) still judges the layout: the layout case's outputs
+    against the same implementation's on the same values laid out contiguously (numerics.layout_differs)."""
     plain = dataclasses.replace(case, **{f: False for f in ("expanded", "sliced", "transposed") if hasattr(case, f)})
     try:
         failed = "fails already" if check(apply, plain, device) else ""
     except Exception as exc:  # noqa: BLE001 - the twin raising (an out-of-bounds load, say) is failing too
         failed = "has no backward yet" if isinstance(exc, BackwardMissing) else f"raises {type(exc).__name__} already"
-    if failed:
-        twin = f"its contiguous twin ({plain}) {failed} (the rules above)"
+    if not failed:
+        return check(apply, case, device)
+    twin = f"its contiguous twin ({plain}) {failed} (the rules above)"
+    if failed != "fails already" or twin_outputs is None:
         raise NotALayoutBug(f"{case}: not judged here - {twin}")
-    return check(apply, case, device)
+    try:
+        layout, dense, bound = twin_outputs(apply, case, device)
+    except Exception:  # noqa: BLE001 - the contiguous run raising is not the layout's doing
+        raise NotALayoutBug(f"{case}: not judged here - {twin}") from None
+    differs = layout_differs(layout(), dense, bound)  # the layout run's own exception is judged as the layout's
+    if differs:
+        return f"{case}: {differs} - the layout is read wrong ({twin})"
+    raise NotALayoutBug(
+        f"{case}: not judged against float64 here - {twin}; on the same values laid out contiguously it gives the "
+        "same outputs"
+    )
 
 
 def triton_device() -> str:
@@ -81,7 +97,8 @@ def norm_suites(impl: str, opts: Options) -> list[Suite]:
         check = interpreted(check_norm_function)
         if triton_device() == "cuda" and opts.profile == "gpu":
             contract.update(NORM_GPU_CONTRACT)
-    layouts = Suite(NORM_LAYOUTS, functools.partial(layout_check, check), refusable=True)
+    on_layouts = functools.partial(layout_check, check, twin_outputs=norm_layout_outputs)
+    layouts = Suite(NORM_LAYOUTS, on_layouts, refusable=True)
     return [Suite(contract, check), layouts, Suite(NORM_BEYOND, check, beyond=True)]
 
 
@@ -97,7 +114,11 @@ def attention_suites(impl: str, opts: Options) -> list[Suite]:
             Suite(ATTN_PYTORCH_CONTRACT, check_attn_function),
             Suite(ATTN_CAUSAL_RUNS, functools.partial(check_attn_function, mask_optional=True)),
             Suite(lse_case, check_lse_saved),
-            Suite(ATTN_LAYOUTS, functools.partial(layout_check, check_attn_function), refusable=True),
+            Suite(
+                ATTN_LAYOUTS,
+                functools.partial(layout_check, check_attn_function, twin_outputs=attn_layout_outputs),
+                refusable=True,
+            ),  # fmt: skip
             Suite(ATTN_PYTORCH_MASK, check_attn_function, beyond=True),
             # a PyTorch version that leaves the mask out (allowed) is judged on 4-D, tails and bf16 for what they are
             Suite(ATTN_PYTORCH_BEYOND, functools.partial(check_attn_function, mask_optional=True), beyond=True),
@@ -106,11 +127,12 @@ def attention_suites(impl: str, opts: Options) -> list[Suite]:
     gpu = triton_device() == "cuda"
     tolerance = COURSE if gpu else DERIVED  # the interpreter's tl.dot is exact fp32: the derived bound holds
     check = interpreted(functools.partial(_attn_check_at, tolerance=tolerance))
+    twin = functools.partial(attn_layout_outputs, tolerance=tolerance)
     contract = {**ATTN_TRITON_CONTRACT, **(ATTN_TRITON_GPU_CONTRACT if gpu and opts.profile == "gpu" else {})}
     suites = [
         Suite(contract, check),
         Suite(lse_case, functools.partial(check_lse_saved, tolerance=tolerance)),
-        Suite(ATTN_LAYOUTS, functools.partial(layout_check, check), refusable=True),
+        Suite(ATTN_LAYOUTS, functools.partial(layout_check, check, twin_outputs=twin), refusable=True),
         Suite(ATTN_BEYOND, check, beyond=True),
         square,
     ]
