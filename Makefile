@@ -175,7 +175,8 @@ test-newest-triton: setup $(NEWEST_STAMP)
 
 # What CI runs after make test (.ci/run): the slow end-to-end checks marked `ci`, which make test leaves out (the
 # kernels and two tuning-grid tiles compiled for sm_80 and sm_90a by Triton and ptxas; the compile cache's
-# AVX2-then-native repro on an AVX-512 CPU: about 38 worker-seconds), then the kernel tests under the newest Triton
+# AVX2-then-native repro on an AVX-512 CPU; every check that drives headless Chromium, tests/browser.py: 74 s on a
+# 2-core EPYC), then the kernel tests under the newest Triton
 test-ci: setup
 	$(PY) -m pytest -m ci -n $(TEST_WORKERS) --dist loadfile -q -p no:cacheprovider tests
 	$(MAKE) --no-print-directory test-newest-triton

@@ -1,7 +1,6 @@
 """`python -m helpers yours`' Triton runtime: what the interpreter is given and refuses, and what a GPU would do.
 Part of the kernel tests (CI runs them again under the newest Triton, make test-newest-triton, whose interpreter they
-are about); the
-rest of the kernel topics' checks are tests/test_yours.py's."""
+are about); the rest of the kernel topics' checks are tests/test_yours.py's."""
 
 import pytest
 import torch
