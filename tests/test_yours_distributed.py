@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -757,3 +758,23 @@ def test_a_signal_that_a_fresh_launch_does_not_repeat_is_the_environments(tmp_pa
     assert [r["status"] for r in got["individual"]] == [PASS, PASS]
     [env] = DC.environment_checks("ddp", "individual", got["individual"])
     assert env.beyond and env.status == SKIPPED and "killed by SIGSEGV" in env.detail and "course part" in env.detail
+
+
+def test_a_rank_that_loads_a_students_file_guards_the_interpreter(tmp_path):
+    """The distributed checks' ranks import the checks, load the student's file and run their model, which may call
+    their own Triton kernel (sara-kothari's 2026 LM calls its FlashAttention): the interpreter there has the kernel
+    checks' fixes (bf16 into tl.dot as on a GPU, an access outside the kernel's tensors refused). Without them every
+    DDP run of that repository on the course LM died by SIGABRT, reported as a crash of a DDP that is right."""
+    adapters = tmp_path / "adapters.py"
+    adapters.write_text("X = 1\n")
+    code = (
+        "import helpers.course.yours.distributed\n"
+        "from helpers.course.yours import adapters as A\n"
+        f"A.load({str(adapters)!r})\n"
+        "from triton.runtime import interpreter\n"
+        "b = type(interpreter.interpreter_builder)\n"
+        "print(getattr(b.create_masked_load, 'guarded', False), getattr(b.create_dot, 'widens_bf16', False))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "True True"

@@ -217,6 +217,16 @@ def quiet_compile_errors() -> None:
             log.addFilter(kind())
 
 
+def guard_interpreter() -> None:
+    """Triton's interpreter as the kernel checks run it, in every process that loads a student's file
+    (kernels.triton_runtime's fixes, applied as it is imported: bf16 tiles into tl.dot computed as on a GPU, an access
+    outside a kernel's tensors refused with OutOfBounds, an autotuned kernel run on its first config). The distributed
+    checks' ranks run the student's model, which may call their own Triton kernel (sara-kothari's 2026 LM calls its
+    FlashAttention): without the fixes there, its bf16 tiles multiplied as raw 16-bit patterns and the rank died by
+    SIGABRT, a crash the report put on a DDP that is right."""
+    import helpers.course.yours.kernels.triton_runtime  # noqa: F401 - imported for its patches
+
+
 def load(path) -> ModuleType:
     """Import the adapters file as pytest would: its own folder and the root (prepare()) first on sys.path, and the
     working directory a folder pytest may run from (the assignment root, else an ancestor up to the repository's root:
@@ -224,6 +234,7 @@ def load(path) -> ModuleType:
     then made absolute. AdaptersError, saying what to do, if it cannot be imported from any of them."""
     global _LOADED_FROM
     quiet_compile_errors()
+    guard_interpreter()
     path = Path(path)
     if not path.is_file():
         raise no_adapters_file(path)
